@@ -369,6 +369,40 @@ def cases():
     return cs
 
 
+# Python json.dumps(ensure_ascii=False) cases for the C serialiser
+# (src/text/encoder_json.c). Values cJSON cannot represent faithfully
+# (integral floats such as 1.0, integers beyond 2**53) are the documented
+# known limit and are left out.
+PYJSON_TEXTS = [
+    '0.1', '-2.5', '1e-05', '0.0001', '0.00012345', '123.456', '1e+22', '3.141592653589793', '1e-7',
+    '2.5e-300', '1.7976931348623157e308', '5e-324', '-0.5', '9007199254740993.5', '1.5e16', '0', '-17',
+    '9007199254740992', 'true', 'false', 'null', '""', '"a/b"', '"\\u2028\\u2029\\u007f"',
+    '"tab\\tnl\\ncr\\rbs\\bff\\f\\u0001\\u001f q\\" bs\\\\"', '"\u00fcnï 中文 😀 👨‍👩‍👧"',
+    '[]', '{}', '[1, [2, [3, {}]], "x"]', '{"b": 1, "a": {"c": [true, null]}}',
+    '{"a": 1, "b": 2, "a": 3}', '{"k":0.25,"e":1e-9,"big":123456789}',
+]
+
+
+def fits_cjson(v):
+    if isinstance(v, bool) or v is None or isinstance(v, str):
+        return True
+    if isinstance(v, float):
+        return not (v == int(v) and abs(v) <= 2 ** 53) if v == v and abs(v) != float("inf") else True
+    if isinstance(v, int):
+        return abs(v) <= 2 ** 53
+    if isinstance(v, list):
+        return all(fits_cjson(x) for x in v)
+    return all(fits_cjson(x) for x in v.values())
+
+
+def write_pyjson(path):
+    with open(path, "w", encoding="utf-8") as f:
+        for t in PYJSON_TEXTS:
+            v = json.loads(t)
+            if fits_cjson(v):
+                f.write(json.dumps({"in": t, "out": json.dumps(v, ensure_ascii=False)}, ensure_ascii=False) + "\n")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ref-0731", required=True, help="encoding_dsv4.py with REASONING_EFFORT_PROMPTS")
@@ -436,6 +470,7 @@ def main():
                 rec["hardened_ids"] = out
             f.write(json.dumps(rec, ensure_ascii=False) + "\n")
             n += 1
+    write_pyjson(os.path.join(os.path.dirname(a.out), "pyjson.jsonl"))
     probe = {}
     for line in open(a.out, encoding="utf-8"):
         r = json.loads(line)
