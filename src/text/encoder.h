@@ -31,6 +31,7 @@
 
 #include "dsv4/common.h"
 #include "text/thinking.h"
+#include "text/tokenizer.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -124,6 +125,21 @@ void dsv4_prompt_free(dsv4_prompt *p);
  */
 int dsv4_encoder_detect_profile(const char *ckpt_dir, dsv4_effort_profile override,
                                 dsv4_effort_profile *out, dsv4_err *err);
+
+/*
+ * dsv4_prompt_tokenize — token ids of a rendered prompt, APPENDED to *out
+ * (spec/SERVING.md §1.2). No BOS is added (the prompt starts with it).
+ *   special_in_content = 0 (default, hardened): SPECIAL segments become their
+ *     single id; each maximal run of MARKUP/CONTENT segments is encoded as
+ *     ordinary text (allow_special = 0) in one call.
+ *   special_in_content = 1 (--special-tokens-in-content, vLLM parity): the
+ *     whole text is encoded with every added-token string recognised.
+ * Errors: a SPECIAL segment that is not a single added token of this
+ * tokenizer -> DSV4_EFORMAT naming the token (the server checks the markers
+ * at startup, §1.1); tokenizer errors are passed through.
+ */
+int dsv4_prompt_tokenize(const dsv4_prompt *p, const dsv4_tokenizer *tok, int special_in_content,
+                         dsv4_tokvec *out, dsv4_err *err);
 
 /* Literal effort prefix for a resolved level on a profile ("" when none). */
 const char *dsv4_encoder_effort_prefix(dsv4_effort_profile p, dsv4_effort e);

