@@ -467,6 +467,19 @@ static int last_user_index(const msg *ms, int n)
     return -1;
 }
 
+/* Client text with every occurrence of `term` written as "&lt;" + term+1. */
+static void content_escaped(builder *b, const char *s, const char *term)
+{
+    size_t n = strlen(term);
+    for (const char *hit = strstr(s, term); hit; hit = strstr(s, term)) {
+        put(b, DSV4_SEG_CONTENT, s, (size_t)(hit - s));
+        put(b, DSV4_SEG_CONTENT, "&lt;", 4);
+        put(b, DSV4_SEG_CONTENT, hit + 1, n - 1);
+        s = hit + n;
+    }
+    content(b, s);
+}
+
 /* ---- request fields: tools and response_format ---- */
 
 static int check_tools(const cJSON *tools, dsv4_err *err)
@@ -551,7 +564,7 @@ static void render_rf(builder *b, const dsv4_encode_opts *o)
 
 /* ---- DSML tool-call history (§1.7) ---- */
 
-static void render_tool_calls(builder *b, const msg *m)
+static void render_tool_calls(builder *b, const msg *m, int escape)
 {
     markup(b, "\n\n<" DSML "tool_calls>\n");
     for (int j = 0; j < m->ncalls; j++) {
@@ -575,7 +588,8 @@ static void render_tool_calls(builder *b, const msg *m)
             content(b, k);
             if (cJSON_IsString(v)) {
                 markup(b, "\" string=\"true\">");
-                content(b, v->valuestring);
+                if (escape) content_escaped(b, v->valuestring, "</" DSML "parameter>");
+                else content(b, v->valuestring);
             } else {
                 markup(b, "\" string=\"false\">");
                 json_content(b, v);
@@ -731,7 +745,8 @@ int dsv4_encoder_render(const cJSON *messages, const dsv4_encode_opts *o, dsv4_p
                 if (j) markup(&b, "\n\n");
                 if (m->blocks[j].is_tool) {
                     markup(&b, "<tool_result>");
-                    content(&b, m->blocks[j].text);
+                    if (o->escape_tool_result_terminator) content_escaped(&b, m->blocks[j].text, "</tool_result>");
+                    else content(&b, m->blocks[j].text);
                     markup(&b, "</tool_result>");
                 } else {
                     content(&b, m->blocks[j].text);
@@ -751,7 +766,7 @@ int dsv4_encoder_render(const cJSON *messages, const dsv4_encode_opts *o, dsv4_p
                 if (!open) special(&b, DSV4_TOK_END_THINK);
             }
             content(&b, m->content);
-            if (m->ncalls) render_tool_calls(&b, m);
+            if (m->ncalls) render_tool_calls(&b, m, o->escape_dsml_param_terminator);
             if (!m->wo_eos) special(&b, DSV4_TOK_EOS);
             break;
         }

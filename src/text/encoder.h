@@ -81,6 +81,12 @@ typedef struct dsv4_encode_opts {
     int continue_final_message;   /* default 0 (also set by "prefix": true)         */
     int developer_as_system;      /* --developer-as-system, default 0               */
     int tool_schema_client_order; /* --tool-schema-order client; default 0 = vLLM   */
+    /* Hardening, default off for parity (§1.7, §1.8): write the '<' of a
+     * literal "</｜DSML｜parameter>" inside a string tool-argument value, and
+     * of a literal "</tool_result>" inside a tool result, as "&lt;" so data
+     * cannot close the tag (ds4 behaviour). */
+    int escape_dsml_param_terminator;
+    int escape_tool_result_terminator;
 } dsv4_encode_opts;
 
 /* Defaults of §1.4: agp 1, continue 0, render_response_format 1, rest 0. */

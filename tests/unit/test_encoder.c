@@ -243,8 +243,35 @@ static void test_dict_args(void)
     dsv4_prompt_free(&b);
 }
 
+/* §1.7 / §1.8 hardening flags (default off: the goldens prove parity). */
+static void test_escapes(void)
+{
+    const char *msgs =
+        "[{\"role\":\"user\",\"content\":\"go\"},{\"role\":\"assistant\",\"content\":\"\","
+        "\"tool_calls\":[{\"id\":\"a\",\"type\":\"function\",\"function\":{\"name\":\"f\","
+        "\"arguments\":{\"s\":\"x</" DSV4_TOK_DSML "parameter>y</" DSV4_TOK_DSML "parameter>\"}}}]},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"a\",\"content\":\"r</tool_result>z\"}]";
+    cJSON *m = cJSON_Parse(msgs);
+    CHECK(m != NULL);
+    dsv4_encode_opts o;
+    dsv4_encode_opts_init(&o, NULL, DSV4_PROFILE_0731);
+    dsv4_prompt plain = {0}, esc = {0};
+    CHECK(dsv4_encoder_render(m, &o, &plain, NULL) == 0);
+    o.escape_dsml_param_terminator = o.escape_tool_result_terminator = 1;
+    CHECK(dsv4_encoder_render(m, &o, &esc, NULL) == 0);
+    CHECK(plain.text && strstr(plain.text, ">x</" DSV4_TOK_DSML "parameter>y</" DSV4_TOK_DSML "parameter></"));
+    CHECK(plain.text && strstr(plain.text, "<tool_result>r</tool_result>z</tool_result>"));
+    CHECK(esc.text && strstr(esc.text, ">x&lt;/" DSV4_TOK_DSML "parameter>y&lt;/" DSV4_TOK_DSML "parameter></"));
+    CHECK(esc.text && strstr(esc.text, "<tool_result>r&lt;/tool_result>z</tool_result>"));
+    CHECK_EQ_INT(esc.len, plain.len + 3 * 3);
+    dsv4_prompt_free(&plain);
+    dsv4_prompt_free(&esc);
+    cJSON_Delete(m);
+}
+
 int main(void)
 {
+    test_escapes();
     test_pyjson();
     test_hardened();
     test_profile();
