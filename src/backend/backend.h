@@ -319,12 +319,13 @@ struct dsv4_backend {
 
     /*
      * Lightning-indexer selection (§3.4.6): for row t (slot s, position p),
-     * score of emitted row w < (p+1)/ratio: I = Σ_h g[t][h]·ReLU(qi[t][h]·k[s][w]).
-     * qi [T][H*dk] (RoPE'd, QAT'd by the caller), g [T][H] (already scaled),
+     * score of emitted row w < (p+1)/ratio:
+     * I = Σ_h g_scale·g[t][h]·ReLU(qi[t][h]·k[s][w]), g_scale = (dk·H)^-½.
+     * qi [T][H*dk] (RoPE'd, QAT'd by the caller), g [T][H] (weights_proj output),
      * keys = idx->rows. sel I32 [T][topk]: the top-min(topk, visible) rows by
      * score, then −1 padding. Order within the set is unspecified.
      */
-    int (*indexer_select)(dsv4_backend *be, const dsv4_buf *qi, const dsv4_buf *g,
+    int (*indexer_select)(dsv4_backend *be, const dsv4_buf *qi, const dsv4_buf *g, float g_scale,
                           const dsv4_cmp_state *idx, int topk, const dsv4_batch *b,
                           dsv4_buf *sel, dsv4_err *err);
 

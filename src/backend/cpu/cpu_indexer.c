@@ -23,7 +23,7 @@ static int cmp_i32(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-int dsv4_cpu_indexer_select(dsv4_backend *be, const dsv4_buf *qi, const dsv4_buf *g,
+int dsv4_cpu_indexer_select(dsv4_backend *be, const dsv4_buf *qi, const dsv4_buf *g, float g_scale,
                             const dsv4_cmp_state *idx, int topk, const dsv4_batch *b,
                             dsv4_buf *sel, dsv4_err *err) {
     int T = b->n_rows;
@@ -58,7 +58,7 @@ int dsv4_cpu_indexer_select(dsv4_backend *be, const dsv4_buf *qi, const dsv4_buf
             for (int64_t h = 0; h < H; h++) {
                 float dot = 0;
                 for (int64_t k = 0; k < dk; k++) dot += q[h * dk + k] * keys[w * dk + k];
-                total += gw[h] * (dot > 0 ? dot : 0);
+                total += g_scale * gw[h] * (dot > 0 ? dot : 0);
             }
             sc[w].s = total;
             sc[w].w = (int32_t)w;

@@ -64,7 +64,7 @@ int dsv4_cpu_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv,
 int dsv4_cpu_compress(dsv4_backend *be, dsv4_cmp_state *cs, const dsv4_buf *K, const dsv4_buf *Z,
                       const dsv4_tview *ape, const dsv4_tview *norm_w, float eps,
                       const dsv4_rope *rope, dsv4_qat qat, const dsv4_batch *b, dsv4_err *err);
-int dsv4_cpu_indexer_select(dsv4_backend *be, const dsv4_buf *qi, const dsv4_buf *g,
+int dsv4_cpu_indexer_select(dsv4_backend *be, const dsv4_buf *qi, const dsv4_buf *g, float g_scale,
                             const dsv4_cmp_state *idx, int topk, const dsv4_batch *b,
                             dsv4_buf *sel, dsv4_err *err);
 
