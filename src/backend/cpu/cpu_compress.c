@@ -121,7 +121,8 @@ int dsv4_cpu_compress(dsv4_backend *be, dsv4_cmp_state *cs, const dsv4_buf *K, c
         for (int j = 0; j < D; j++) row[j] = row[j] * r * dsv4_cpu_load_f(norm_w->data, norm_w->dtype, j);
         dsv4_cpu_rope_row(row, D, rope, w * m, 0); /* at the window's first position */
         if (ref && qat == DSV4_QAT_FP8_NOPE) {
-            for (int k = 0; k + 64 <= D - rope->rope_dim; k += 64) dsv4_cpu_fp8_roundtrip(row + k, 64);
+            int nope = D - rope->rope_dim; /* blocks of 64 (a shorter tail only in toy shapes) */
+            for (int k = 0; k < nope; k += 64) dsv4_cpu_fp8_roundtrip(row + k, nope - k < 64 ? nope - k : 64);
         } else if (ref && qat == DSV4_QAT_HADAMARD_FP4) {
             dsv4_cpu_hadamard(row, D);
             for (int k = 0; k < D; k += 32) dsv4_cpu_fp4_roundtrip(row + k, 32);
