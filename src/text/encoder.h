@@ -30,6 +30,7 @@
 #include <cjson/cJSON.h>
 
 #include "dsv4/common.h"
+#include "text/encoder_json.h"
 #include "text/thinking.h"
 #include "text/tokenizer.h"
 
@@ -87,6 +88,12 @@ typedef struct dsv4_encode_opts {
      * cannot close the tag (ds4 behaviour). */
     int escape_dsml_param_terminator;
     int escape_tool_result_terminator;
+    /* Python's exact text for the number nodes of the request body (so a
+     * schema's 1.0 stays "1.0"): build with dsv4_json_numbers_build(body,
+     * raw_text, len) right after parsing the body. NULL: numbers print from
+     * the double (integral values as integers). Arguments given as JSON
+     * strings are always exact. */
+    const dsv4_json_numbers *numbers;
 } dsv4_encode_opts;
 
 /* Defaults of §1.4: agp 1, continue 0, render_response_format 1, rest 0. */

@@ -69,17 +69,33 @@ static void test_pyjson(void)
         const char *want = cJSON_GetObjectItemCaseSensitive(c, "out")->valuestring;
         cJSON *v = cJSON_Parse(in);
         CHECK_MSG(v != NULL, "cJSON cannot parse %s", in);
+        dsv4_json_numbers nums;
+        CHECK(dsv4_json_numbers_build(v, in, strlen(in), &nums) == 0);
         dsv4_sbuf b = {0};
-        dsv4_pyjson_dump(v, &b);
+        dsv4_pyjson_dump(v, &nums, &b);
+        dsv4_json_numbers_free(&nums);
         CHECK_MSG(b.p && !strcmp(b.p, want), "json.dumps(%s): got %s want %s", in, b.p ? b.p : "(null)", want);
         dsv4_sbuf_free(&b);
+        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "plain_ok"))) { /* without the table */
+            dsv4_pyjson_dump(v, NULL, &b);
+            CHECK_MSG(b.p && !strcmp(b.p, want), "json.dumps(%s) without table: got %s", in, b.p ? b.p : "(null)");
+            dsv4_sbuf_free(&b);
+        }
         cJSON_Delete(v);
         cJSON_Delete(c);
         n++;
     }
     free(line);
     fclose(f);
-    CHECK(n >= 25);
+    CHECK(n >= 40);
+    /* text and tree that do not belong together: refused, table empty */
+    cJSON *v = cJSON_Parse("[1.5, 2]");
+    dsv4_json_numbers nums;
+    CHECK_EQ_INT(dsv4_json_numbers_build(v, "[1.5, 3]", 8, &nums), DSV4_EINVAL);
+    CHECK(nums.n == 0 && nums.e == NULL);
+    CHECK_EQ_INT(dsv4_json_numbers_build(v, "[1.5]", 5, &nums), DSV4_EINVAL);
+    CHECK_EQ_INT(dsv4_json_numbers_build(v, "[1.5, 2, 4]", 11, &nums), DSV4_EINVAL);
+    cJSON_Delete(v);
 }
 
 static void test_hardened(void)
