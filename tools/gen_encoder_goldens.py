@@ -356,6 +356,15 @@ def cases():
     add("rf.json_object", messages=[U("give json")], response_format={"type": "json_object"}, thinking=True, effort="high")
     add("rf.schema_with_tools", messages=[S("sys"), U("q")], response_format=schema, tools=[WEATHER], thinking=False)
     add("rf.text_renders_nothing", messages=[U("q")], response_format={"type": "text"})
+    # numbers as Python prints them: integral floats, big ints (tools, args, response_format)
+    floaty = {"type": "function", "function": {"name": "f", "description": "d", "parameters": {
+        "type": "object", "properties": {"t": {"type": "number", "minimum": 0.0, "maximum": 2.0, "default": 1.0},
+                                         "n": {"type": "integer", "maximum": 12345678901234567890}}}}}
+    add("numbers.python_text", messages=[U("go"), A("", tool_calls=[call("a", "f", {"t": 1.0, "n": 10, "l": [2.0, 1e5]}),
+                                                                   call("b", "f", '{"t": 1.0, "big": 98765432109876543210, "e": 1E+2}')]),
+                                          {"role": "tool", "tool_call_id": "a", "content": "ok"},
+                                          {"role": "tool", "tool_call_id": "b", "content": "ok"}],
+        tools=[floaty], response_format={"type": "json_schema", "json_schema": {"schema": {"minimum": 5.0}}}, thinking=False)
     # ignored keys
     add("ignored.keys", messages=[dict(U("q"), name="bob", task="title", refusal=None, annotations=[])], thinking=False)
     # special-token text in client content (hardened cases)
@@ -370,9 +379,9 @@ def cases():
 
 
 # Python json.dumps(ensure_ascii=False) cases for the C serialiser
-# (src/text/encoder_json.c). Values cJSON cannot represent faithfully
-# (integral floats such as 1.0, integers beyond 2**53) are the documented
-# known limit and are left out.
+# (src/text/encoder_json.c). Integral floats (1.0, 1e5) and integers beyond
+# 2**53 need the number table built from the raw text (dsv4_json_numbers);
+# `fits_cjson` marks the cases that also hold without it.
 PYJSON_TEXTS = [
     '0.1', '-2.5', '1e-05', '0.0001', '0.00012345', '123.456', '1e+22', '3.141592653589793', '1e-7',
     '2.5e-300', '1.7976931348623157e308', '5e-324', '-0.5', '9007199254740993.5', '1.5e16', '0', '-17',
@@ -380,6 +389,8 @@ PYJSON_TEXTS = [
     '"tab\\tnl\\ncr\\rbs\\bff\\f\\u0001\\u001f q\\" bs\\\\"', '"\u00fcnï 中文 😀 👨‍👩‍👧"',
     '[]', '{}', '[1, [2, [3, {}]], "x"]', '{"b": 1, "a": {"c": [true, null]}}',
     '{"a": 1, "b": 2, "a": 3}', '{"k":0.25,"e":1e-9,"big":123456789}',
+    '1.0', '100.0', '1e5', '1E+2', '-0', '-0.0', '12345678901234567890', '-98765432109876543210.5',
+    '1e400', '[0.0, 2.50, 1.000e3, {"x": [3.0]}]', '{"s": "1.0 \\" 2.0", "n": 2.0}',
 ]
 
 
@@ -399,8 +410,8 @@ def write_pyjson(path):
     with open(path, "w", encoding="utf-8") as f:
         for t in PYJSON_TEXTS:
             v = json.loads(t)
-            if fits_cjson(v):
-                f.write(json.dumps({"in": t, "out": json.dumps(v, ensure_ascii=False)}, ensure_ascii=False) + "\n")
+            f.write(json.dumps({"in": t, "out": json.dumps(v, ensure_ascii=False), "plain_ok": fits_cjson(v)},
+                               ensure_ascii=False) + "\n")
 
 
 def main():

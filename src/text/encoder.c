@@ -160,7 +160,8 @@ enum { R_SYSTEM, R_DEVELOPER, R_USER, R_ASSISTANT, R_TOOL, R_REMINDER };
 
 typedef struct tcall {
     const char *id, *name;
-    const cJSON *args; /* a JSON object */
+    const cJSON *args;               /* a JSON object */
+    const dsv4_json_numbers *nums;   /* exact number text for args, or NULL */
 } tcall;
 
 typedef struct blk {
@@ -186,8 +187,25 @@ typedef struct arena {
     size_t n, cap;
     cJSON **json;
     size_t nj, capj;
+    dsv4_json_numbers **nums;
+    size_t nn, capn;
     int oom;
 } arena;
+
+static dsv4_json_numbers *arena_nums(arena *a)
+{
+    if (a->nn == a->capn) {
+        size_t cap = a->capn ? a->capn * 2 : 8;
+        dsv4_json_numbers **q = realloc(a->nums, cap * sizeof *q);
+        if (!q) { a->oom = 1; return NULL; }
+        a->nums = q;
+        a->capn = cap;
+    }
+    dsv4_json_numbers *t = calloc(1, sizeof *t);
+    if (!t) { a->oom = 1; return NULL; }
+    a->nums[a->nn++] = t;
+    return t;
+}
 
 static void *arena_keep(arena *a, void *p)
 {
@@ -221,8 +239,13 @@ static void arena_free(arena *a)
 {
     for (size_t i = 0; i < a->n; i++) free(a->ptr[i]);
     for (size_t i = 0; i < a->nj; i++) cJSON_Delete(a->json[i]);
+    for (size_t i = 0; i < a->nn; i++) {
+        dsv4_json_numbers_free(a->nums[i]);
+        free(a->nums[i]);
+    }
     free(a->ptr);
     free(a->json);
+    free(a->nums);
 }
 
 static int is_text_part(const char *t)
@@ -263,10 +286,12 @@ static int flatten(const cJSON *c, int idx, arena *a, const char **out, dsv4_err
 }
 
 /* §1.3 rule 7: arguments as object, JSON string, "" / null -> {}. */
-static int tool_args(const cJSON *fn, int i, int j, arena *a, const cJSON **out, dsv4_err *err)
+static int tool_args(const cJSON *fn, int i, int j, arena *a, const dsv4_encode_opts *o, tcall *tc, dsv4_err *err)
 {
+    const cJSON **out = &tc->args;
     const cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
-    if (cJSON_IsObject(args)) { *out = args; return DSV4_OK; }
+    tc->nums = NULL;
+    if (cJSON_IsObject(args)) { *out = args; tc->nums = o->numbers; return DSV4_OK; }
     if (!args || cJSON_IsNull(args) || (cJSON_IsString(args) && !args->valuestring[0])) {
         *out = arena_json(a, cJSON_CreateObject());
         return *out ? DSV4_OK : dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
@@ -291,7 +316,14 @@ static int tool_args(const cJSON *fn, int i, int j, arena *a, const cJSON **out,
                             "messages[%d].tool_calls[%d].function.arguments: JSON must be an object", i, j);
     }
     *out = arena_json(a, parsed);
-    return *out ? DSV4_OK : dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
+    if (!*out) return dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
+    /* we hold the raw text: keep Python's spelling of every number */
+    dsv4_json_numbers *t = arena_nums(a);
+    if (!t) return dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
+    int rc = dsv4_json_numbers_build(parsed, args->valuestring, strlen(args->valuestring), t);
+    if (rc == DSV4_ENOMEM) return dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
+    tc->nums = t;
+    return DSV4_OK;
 }
 
 static int role_of(const char *r)
@@ -367,7 +399,7 @@ static int normalise(const cJSON *messages, const dsv4_encode_opts *o, arena *a,
                 const cJSON *id = cJSON_GetObjectItemCaseSensitive(tc, "id");
                 x->calls[j].id = cJSON_IsString(id) ? id->valuestring : "";
                 x->calls[j].name = name->valuestring;
-                if ((rc = tool_args(fn, n, j, a, &x->calls[j].args, err))) return rc;
+                if ((rc = tool_args(fn, n, j, a, o, &x->calls[j], err))) return rc;
             }
             x->ncalls = k;
         }
@@ -505,9 +537,9 @@ static int check_tools(const cJSON *tools, dsv4_err *err)
 /* The function object as vLLM's request model re-serialises it (§1.6):
  * name, description, parameters (null when omitted), then strict and
  * defer_loading only when given; other keys dropped. */
-static void dump_function(const cJSON *fn, int client_order, dsv4_sbuf *b)
+static void dump_function(const cJSON *fn, int client_order, const dsv4_json_numbers *nums, dsv4_sbuf *b)
 {
-    if (client_order) { dsv4_pyjson_dump(fn, b); return; }
+    if (client_order) { dsv4_pyjson_dump(fn, nums, b); return; }
     static const char *const fixed[] = {"name", "description", "parameters"};
     static const char *const opt[] = {"strict", "defer_loading"};
     dsv4_sbuf_puts(b, "{");
@@ -516,7 +548,7 @@ static void dump_function(const cJSON *fn, int client_order, dsv4_sbuf *b)
         dsv4_sbuf_puts(b, "\"");
         dsv4_sbuf_puts(b, fixed[i]);
         dsv4_sbuf_puts(b, "\": ");
-        dsv4_pyjson_dump(cJSON_GetObjectItemCaseSensitive(fn, fixed[i]), b);
+        dsv4_pyjson_dump(cJSON_GetObjectItemCaseSensitive(fn, fixed[i]), nums, b);
     }
     for (int i = 0; i < 2; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(fn, opt[i]);
@@ -524,15 +556,15 @@ static void dump_function(const cJSON *fn, int client_order, dsv4_sbuf *b)
         dsv4_sbuf_puts(b, ", \"");
         dsv4_sbuf_puts(b, opt[i]);
         dsv4_sbuf_puts(b, "\": ");
-        dsv4_pyjson_dump(v, b);
+        dsv4_pyjson_dump(v, nums, b);
     }
     dsv4_sbuf_puts(b, "}");
 }
 
-static void json_content(builder *b, const cJSON *v)
+static void json_content(builder *b, const cJSON *v, const dsv4_json_numbers *nums)
 {
     dsv4_sbuf s = {0};
-    dsv4_pyjson_dump(v, &s);
+    dsv4_pyjson_dump(v, nums, &s);
     if (s.oom) b->oom = 1;
     else if (s.p) put(b, DSV4_SEG_CONTENT, s.p, s.len);
     dsv4_sbuf_free(&s);
@@ -547,7 +579,7 @@ static void render_tools(builder *b, const dsv4_encode_opts *o)
         if (!first) markup(b, "\n");
         first = 0;
         dsv4_sbuf s = {0};
-        dump_function(cJSON_GetObjectItemCaseSensitive(t, "function"), o->tool_schema_client_order, &s);
+        dump_function(cJSON_GetObjectItemCaseSensitive(t, "function"), o->tool_schema_client_order, o->numbers, &s);
         if (s.oom) b->oom = 1;
         else if (s.p) put(b, DSV4_SEG_CONTENT, s.p, s.len);
         dsv4_sbuf_free(&s);
@@ -559,7 +591,7 @@ static void render_rf(builder *b, const dsv4_encode_opts *o)
 {
     markup(b, "\n\n");
     markup(b, RF_HEAD);
-    json_content(b, o->response_format);
+    json_content(b, o->response_format, o->numbers);
 }
 
 /* ---- DSML tool-call history (§1.7) ---- */
@@ -592,7 +624,7 @@ static void render_tool_calls(builder *b, const msg *m, int escape)
                 else content(b, v->valuestring);
             } else {
                 markup(b, "\" string=\"false\">");
-                json_content(b, v);
+                json_content(b, v, m->calls[j].nums);
             }
             markup(b, "</" DSML "parameter>");
         }

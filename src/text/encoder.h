@@ -30,6 +30,7 @@
 #include <cjson/cJSON.h>
 
 #include "dsv4/common.h"
+#include "text/encoder_json.h"
 #include "text/thinking.h"
 #include "text/tokenizer.h"
 
@@ -87,6 +88,12 @@ typedef struct dsv4_encode_opts {
      * cannot close the tag (ds4 behaviour). */
     int escape_dsml_param_terminator;
     int escape_tool_result_terminator;
+    /* Python's exact text for the number nodes of the request body (so a
+     * schema's 1.0 stays "1.0"): build with dsv4_json_numbers_build(body,
+     * raw_text, len) right after parsing the body. NULL: numbers print from
+     * the double (integral values as integers). Arguments given as JSON
+     * strings are always exact. */
+    const dsv4_json_numbers *numbers;
 } dsv4_encode_opts;
 
 /* Defaults of §1.4: agp 1, continue 0, render_response_format 1, rest 0. */
@@ -146,6 +153,35 @@ int dsv4_encoder_detect_profile(const char *ckpt_dir, dsv4_effort_profile overri
  */
 int dsv4_prompt_tokenize(const dsv4_prompt *p, const dsv4_tokenizer *tok, int special_in_content,
                          dsv4_tokvec *out, dsv4_err *err);
+
+/* Server-side encoder settings (CLI flags) for dsv4_encoder_build_chat. */
+typedef struct dsv4_encoder_config {
+    dsv4_thinking_defaults thinking;  /* profile + --default-thinking etc.   */
+    int special_tokens_in_content;    /* --special-tokens-in-content (vLLM)  */
+    int developer_as_system;          /* --developer-as-system               */
+    int tool_schema_client_order;     /* --tool-schema-order client          */
+    int render_response_format;       /* default 1 (--render-response-format)*/
+    int escape_dsml_param_terminator; /* hardening, default 0                */
+    int escape_tool_result_terminator;/* hardening, default 0                */
+} dsv4_encoder_config;
+
+/* §0.3 defaults: thinking off, effort high, drop on, response_format rendered, rest off. */
+void dsv4_encoder_config_init(dsv4_encoder_config *cfg, dsv4_effort_profile profile);
+
+/*
+ * dsv4_encoder_build_chat — the whole chat-request path from a parsed body to
+ * prompt ids, in the one correct order (spec/SERVING.md §1-§2):
+ * dsv4_thinking_resolve -> options from the body -> number table from `raw`
+ * (the exact text `body` was parsed from; NULL/0 to skip) -> render
+ * body.messages -> tokenize (ids appended to *ids; tok may be NULL to skip).
+ * *th receives the resolved pair every other component must use; *prompt
+ * must be zero-initialised and is freed by the caller (dsv4_prompt_free).
+ * Errors: those of the steps, DSV4_EINVAL ones being HTTP 400s that name the
+ * field; on error *prompt is empty.
+ */
+int dsv4_encoder_build_chat(const cJSON *body, const char *raw, size_t raw_len, const dsv4_encoder_config *cfg,
+                            const dsv4_tokenizer *tok, dsv4_thinking *th, dsv4_prompt *prompt, dsv4_tokvec *ids,
+                            dsv4_err *err);
 
 /* Literal effort prefix for a resolved level on a profile ("" when none). */
 const char *dsv4_encoder_effort_prefix(dsv4_effort_profile p, dsv4_effort e);

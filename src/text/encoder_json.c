@@ -4,6 +4,8 @@
  */
 #include "text/encoder_json.h"
 
+#include "dsv4/common.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -117,6 +119,107 @@ static void dump_string(const char *s, dsv4_sbuf *b)
     dsv4_sbuf_put(b, "\"", 1);
 }
 
+struct dsv4_json_num {
+    const cJSON *node;
+    char *text;
+};
+
+static int num_cmp(const void *a, const void *b)
+{
+    const cJSON *x = ((const struct dsv4_json_num *)a)->node, *y = ((const struct dsv4_json_num *)b)->node;
+    return x < y ? -1 : x > y;
+}
+
+static size_t count_numbers(const cJSON *v)
+{
+    if (cJSON_IsNumber(v)) return 1;
+    size_t n = 0;
+    for (const cJSON *c = v ? v->child : NULL; c && (cJSON_IsArray(v) || cJSON_IsObject(v)); c = c->next)
+        n += count_numbers(c);
+    return n;
+}
+
+static void collect_numbers(const cJSON *v, struct dsv4_json_num *e, size_t *k)
+{
+    if (cJSON_IsNumber(v)) { e[(*k)++].node = v; return; }
+    if (!cJSON_IsArray(v) && !cJSON_IsObject(v)) return;
+    for (const cJSON *c = v->child; c; c = c->next) collect_numbers(c, e, k);
+}
+
+void dsv4_json_numbers_free(dsv4_json_numbers *t)
+{
+    if (!t) return;
+    for (size_t i = 0; i < t->n; i++) free(t->e[i].text);
+    free(t->e);
+    t->e = NULL;
+    t->n = 0;
+}
+
+int dsv4_json_numbers_build(const cJSON *root, const char *text, size_t len, dsv4_json_numbers *out)
+{
+    out->e = NULL;
+    out->n = 0;
+    size_t n = count_numbers(root);
+    if (n == 0) return 0;
+    struct dsv4_json_num *e = calloc(n, sizeof *e);
+    if (!e) return DSV4_ENOMEM;
+    size_t k = 0;
+    collect_numbers(root, e, &k);
+    /* Number tokens of the text, in order; strings skipped. */
+    size_t t = 0;
+    for (size_t i = 0; i < len && text[i];) {
+        char c = text[i];
+        if (c == '"') {
+            for (i++; i < len && text[i] != '"'; i++)
+                if (text[i] == '\\') i++;
+            i++;
+            continue;
+        }
+        if (c != '-' && (c < '0' || c > '9')) { i++; continue; }
+        size_t j = i;
+        int is_float = 0;
+        while (j < len && (strchr("+-.eE", text[j]) || (text[j] >= '0' && text[j] <= '9'))) {
+            if (text[j] == '.' || text[j] == 'e' || text[j] == 'E') is_float = 1;
+            j++;
+        }
+        if (t == n) { t++; break; }
+        char tok[400];
+        size_t tl = j - i < sizeof tok - 1 ? j - i : sizeof tok - 1;
+        memcpy(tok, text + i, tl);
+        tok[tl] = '\0';
+        char buf[420];
+        if (is_float) dsv4_pyjson_float(strtod(tok, NULL), buf, sizeof buf);
+        else snprintf(buf, sizeof buf, "%s", strcmp(tok, "-0") ? tok : "0");
+        /* the token must be the number cJSON parsed at this position */
+        if (strtod(tok, NULL) != e[t].node->valuedouble && !(is_float && isinf(strtod(tok, NULL)))) { t = n + 1; break; }
+        e[t].text = strdup(buf);
+        if (!e[t].text) {
+            struct dsv4_json_numbers tmp = {e, n};
+            dsv4_json_numbers_free(&tmp);
+            return DSV4_ENOMEM;
+        }
+        t++;
+        i = j;
+    }
+    if (t != n) {
+        struct dsv4_json_numbers tmp = {e, n};
+        dsv4_json_numbers_free(&tmp);
+        return DSV4_EINVAL;
+    }
+    qsort(e, n, sizeof *e, num_cmp);
+    out->e = e;
+    out->n = n;
+    return 0;
+}
+
+static const char *known_number(const cJSON *v, const dsv4_json_numbers *nums)
+{
+    if (!nums || !nums->n) return NULL;
+    struct dsv4_json_num key = {v, NULL};
+    const struct dsv4_json_num *hit = bsearch(&key, nums->e, nums->n, sizeof key, num_cmp);
+    return hit ? hit->text : NULL;
+}
+
 static void dump_number(double d, dsv4_sbuf *b)
 {
     char buf[64];
@@ -127,12 +230,17 @@ static void dump_number(double d, dsv4_sbuf *b)
     dsv4_sbuf_puts(b, buf);
 }
 
-void dsv4_pyjson_dump(const cJSON *v, dsv4_sbuf *b)
+void dsv4_pyjson_dump(const cJSON *v, const dsv4_json_numbers *nums, dsv4_sbuf *b)
 {
     if (!v || cJSON_IsNull(v)) { dsv4_sbuf_puts(b, "null"); return; }
     if (cJSON_IsTrue(v)) { dsv4_sbuf_puts(b, "true"); return; }
     if (cJSON_IsFalse(v)) { dsv4_sbuf_puts(b, "false"); return; }
-    if (cJSON_IsNumber(v)) { dump_number(v->valuedouble, b); return; }
+    if (cJSON_IsNumber(v)) {
+        const char *t = known_number(v, nums);
+        if (t) dsv4_sbuf_puts(b, t);
+        else dump_number(v->valuedouble, b);
+        return;
+    }
     if (cJSON_IsString(v)) { dump_string(v->valuestring ? v->valuestring : "", b); return; }
     if (cJSON_IsArray(v)) {
         dsv4_sbuf_put(b, "[", 1);
@@ -140,7 +248,7 @@ void dsv4_pyjson_dump(const cJSON *v, dsv4_sbuf *b)
         for (const cJSON *c = v->child; c; c = c->next) {
             if (!first) dsv4_sbuf_put(b, ", ", 2);
             first = 0;
-            dsv4_pyjson_dump(c, b);
+            dsv4_pyjson_dump(c, nums, b);
         }
         dsv4_sbuf_put(b, "]", 1);
         return;
@@ -161,7 +269,7 @@ void dsv4_pyjson_dump(const cJSON *v, dsv4_sbuf *b)
             first = 0;
             dump_string(k, b);
             dsv4_sbuf_put(b, ": ", 2);
-            dsv4_pyjson_dump(val, b);
+            dsv4_pyjson_dump(val, nums, b);
         }
         dsv4_sbuf_put(b, "}", 1);
         return;

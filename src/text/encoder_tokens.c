@@ -10,6 +10,8 @@
  */
 #include "text/encoder.h"
 
+#include <string.h>
+
 int dsv4_prompt_tokenize(const dsv4_prompt *p, const dsv4_tokenizer *tok, int special_in_content,
                          dsv4_tokvec *out, dsv4_err *err)
 {
@@ -38,4 +40,44 @@ int dsv4_prompt_tokenize(const dsv4_prompt *p, const dsv4_tokenizer *tok, int sp
         if (rc) return rc;
     }
     return DSV4_OK;
+}
+
+void dsv4_encoder_config_init(dsv4_encoder_config *cfg, dsv4_effort_profile profile)
+{
+    memset(cfg, 0, sizeof *cfg);
+    dsv4_thinking_defaults_init(&cfg->thinking, profile);
+    cfg->render_response_format = 1;
+}
+
+int dsv4_encoder_build_chat(const cJSON *body, const char *raw, size_t raw_len, const dsv4_encoder_config *cfg,
+                            const dsv4_tokenizer *tok, dsv4_thinking *th, dsv4_prompt *prompt, dsv4_tokvec *ids,
+                            dsv4_err *err)
+{
+    memset(prompt, 0, sizeof *prompt);
+    int rc = dsv4_thinking_resolve(body, &cfg->thinking, th, err);
+    if (rc) return rc;
+    dsv4_encode_opts o;
+    dsv4_encode_opts_init(&o, th, cfg->thinking.profile);
+    if ((rc = dsv4_encode_opts_from_request(&o, body, err))) return rc;
+    o.developer_as_system = cfg->developer_as_system;
+    o.tool_schema_client_order = cfg->tool_schema_client_order;
+    o.render_response_format = cfg->render_response_format;
+    o.escape_dsml_param_terminator = cfg->escape_dsml_param_terminator;
+    o.escape_tool_result_terminator = cfg->escape_tool_result_terminator;
+    dsv4_json_numbers nums = {0};
+    if (raw && raw_len) {
+        rc = dsv4_json_numbers_build(body, raw, raw_len, &nums);
+        if (rc == DSV4_ENOMEM) return dsv4_err_set(err, rc, "out of memory");
+        if (rc) dsv4_log(DSV4_LOG_WARN, "request body: number table does not match the parsed tree; "
+                         "numbers print from their double value");
+        o.numbers = &nums;
+    }
+    rc = dsv4_encoder_render(cJSON_GetObjectItemCaseSensitive(body, "messages"), &o, prompt, err);
+    dsv4_json_numbers_free(&nums);
+    if (rc) return rc;
+    if (tok && ids) {
+        rc = dsv4_prompt_tokenize(prompt, tok, cfg->special_tokens_in_content, ids, err);
+        if (rc) dsv4_prompt_free(prompt);
+    }
+    return rc;
 }

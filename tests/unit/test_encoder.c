@@ -8,6 +8,7 @@
  *  - 400-style errors naming the message index and field (§1.3);
  *  - §9 item 10: dict and string tool arguments render identically.
  */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -68,17 +69,33 @@ static void test_pyjson(void)
         const char *want = cJSON_GetObjectItemCaseSensitive(c, "out")->valuestring;
         cJSON *v = cJSON_Parse(in);
         CHECK_MSG(v != NULL, "cJSON cannot parse %s", in);
+        dsv4_json_numbers nums;
+        CHECK(dsv4_json_numbers_build(v, in, strlen(in), &nums) == 0);
         dsv4_sbuf b = {0};
-        dsv4_pyjson_dump(v, &b);
+        dsv4_pyjson_dump(v, &nums, &b);
+        dsv4_json_numbers_free(&nums);
         CHECK_MSG(b.p && !strcmp(b.p, want), "json.dumps(%s): got %s want %s", in, b.p ? b.p : "(null)", want);
         dsv4_sbuf_free(&b);
+        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(c, "plain_ok"))) { /* without the table */
+            dsv4_pyjson_dump(v, NULL, &b);
+            CHECK_MSG(b.p && !strcmp(b.p, want), "json.dumps(%s) without table: got %s", in, b.p ? b.p : "(null)");
+            dsv4_sbuf_free(&b);
+        }
         cJSON_Delete(v);
         cJSON_Delete(c);
         n++;
     }
     free(line);
     fclose(f);
-    CHECK(n >= 25);
+    CHECK(n >= 40);
+    /* text and tree that do not belong together: refused, table empty */
+    cJSON *v = cJSON_Parse("[1.5, 2]");
+    dsv4_json_numbers nums;
+    CHECK_EQ_INT(dsv4_json_numbers_build(v, "[1.5, 3]", 8, &nums), DSV4_EINVAL);
+    CHECK(nums.n == 0 && nums.e == NULL);
+    CHECK_EQ_INT(dsv4_json_numbers_build(v, "[1.5]", 5, &nums), DSV4_EINVAL);
+    CHECK_EQ_INT(dsv4_json_numbers_build(v, "[1.5, 2, 4]", 11, &nums), DSV4_EINVAL);
+    cJSON_Delete(v);
 }
 
 static void test_hardened(void)
@@ -269,8 +286,95 @@ static void test_escapes(void)
     cJSON_Delete(m);
 }
 
+/* Random conversations from a pool of pieces: every render either succeeds
+ * with segments tiling the text (and SPECIAL segments only at special-token
+ * strings) or fails with a message; run under ASan/UBSan in CI. */
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static unsigned rnd(unsigned n)
+{
+    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+    return (unsigned)(rng % n);
+}
+
+static void test_random(void)
+{
+    static const char *const roles[] = {"system", "developer", "user", "assistant", "tool", "function",
+                                        "latest_reminder", "bogus"};
+    static const char *const texts[] = {"\"\"", "null", "\"hi\"", "\"\\u00fc\\u4e2d \\ud83d\\ude00\"",
+                                        "[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"text\",\"text\":\"b\"}]",
+                                        "[]", "[{\"type\":\"image_url\"}]", "7", "\"<think>x</think>\""};
+    static const char *const args[] = {"\"{}\"", "\"\"", "null", "{\"a\":1}", "\"{\\\"q\\\": [1, 2.5]}\"",
+                                       "\"not json\"", "\"[1]\"", "{\"s\":\"v\",\"n\":{\"m\":null}}"};
+    int ok = 0, failed = 0;
+    for (int it = 0; it < 3000; it++) {
+        char buf[8192];
+        size_t k = 0;
+        int n = 1 + (int)rnd(7);
+        k += (size_t)snprintf(buf + k, sizeof buf - k, "[");
+        for (int i = 0; i < n; i++) {
+            const char *role = roles[rnd(sizeof roles / sizeof roles[0])];
+            k += (size_t)snprintf(buf + k, sizeof buf - k, "%s{\"role\":\"%s\",\"content\":%s", i ? "," : "", role,
+                                  texts[rnd(sizeof texts / sizeof texts[0])]);
+            if (!strcmp(role, "assistant")) {
+                if (rnd(2)) k += (size_t)snprintf(buf + k, sizeof buf - k, ",\"reasoning\":\"r%d\"", i);
+                int nc = (int)rnd(3);
+                if (nc) {
+                    k += (size_t)snprintf(buf + k, sizeof buf - k, ",\"tool_calls\":[");
+                    for (int c = 0; c < nc; c++)
+                        k += (size_t)snprintf(buf + k, sizeof buf - k,
+                                              "%s{\"id\":\"c%u\",\"type\":\"function\",\"function\":{\"name\":\"f\","
+                                              "\"arguments\":%s}}", c ? "," : "", rnd(3),
+                                              args[rnd(sizeof args / sizeof args[0])]);
+                    k += (size_t)snprintf(buf + k, sizeof buf - k, "]");
+                }
+                if (i == n - 1 && rnd(4) == 0) k += (size_t)snprintf(buf + k, sizeof buf - k, ",\"prefix\":true");
+            }
+            if (!strcmp(role, "tool") || !strcmp(role, "function"))
+                k += (size_t)snprintf(buf + k, sizeof buf - k, ",\"tool_call_id\":\"c%u\"", rnd(3));
+            k += (size_t)snprintf(buf + k, sizeof buf - k, "}");
+        }
+        snprintf(buf + k, sizeof buf - k, "]");
+        cJSON *m = cJSON_Parse(buf);
+        CHECK_MSG(m != NULL, "bad generated JSON %s", buf);
+        dsv4_thinking th = {(int)rnd(2), (dsv4_effort)(1 + rnd(3)), (int)rnd(2), 0};
+        dsv4_encode_opts o;
+        dsv4_encode_opts_init(&o, &th, rnd(2) ? DSV4_PROFILE_0731 : DSV4_PROFILE_PREVIEW);
+        cJSON *tools = cJSON_Parse("[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{}}}]");
+        cJSON *rf = cJSON_Parse("{\"type\":\"json_object\"}");
+        if (rnd(2)) o.tools = tools;
+        if (rnd(3) == 0) o.response_format = rf;
+        o.tool_choice_none = rnd(4) == 0;
+        o.add_generation_prompt = rnd(4) != 0;
+        o.continue_final_message = rnd(6) == 0;
+        o.developer_as_system = rnd(5) == 0;
+        dsv4_prompt p = {0};
+        dsv4_err err = {0};
+        int rc = dsv4_encoder_render(m, &o, &p, &err);
+        if (rc == 0) {
+            ok++;
+            size_t off = 0;
+            int tiles = !strncmp(p.text, DSV4_TOK_BOS, strlen(DSV4_TOK_BOS));
+            for (size_t i = 0; i < p.nsegs; i++) {
+                tiles &= p.segs[i].off == off && p.segs[i].len > 0;
+                off += p.segs[i].len;
+            }
+            CHECK_MSG(tiles && off == p.len && strlen(p.text) == p.len, "segments do not tile for %s", buf);
+        } else {
+            failed++;
+            CHECK_MSG(rc == DSV4_EINVAL && err.msg[0] && p.text == NULL, "rc %d for %s", rc, buf);
+        }
+        dsv4_prompt_free(&p);
+        cJSON_Delete(m);
+        cJSON_Delete(tools);
+        cJSON_Delete(rf);
+    }
+    CHECK(ok > 300 && failed > 300);
+}
+
 int main(void)
 {
+    dsv4_log_set_level(DSV4_LOG_ERROR); /* the random test logs many non-JSON arguments */
+    test_random();
     test_escapes();
     test_pyjson();
     test_hardened();

@@ -147,6 +147,10 @@ int main(void)
         dsv4_err err = {0};
         CHECK(dsv4_encode_opts_from_request(&o, c, &err) == 0);
         o.developer_as_system = jbool(c, "developer_as_system", 0);
+        /* the line is the raw request text: keep Python's spelling of numbers */
+        dsv4_json_numbers nums;
+        CHECK(dsv4_json_numbers_build(c, line, strlen(line), &nums) == 0);
+        o.numbers = &nums;
         o.render_response_format = jbool(c, "render_response_format", 1);
 
         dsv4_prompt p = {0};
@@ -200,6 +204,7 @@ int main(void)
                 CHECK_EQ_INT(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(c, "ids")), 5);
         }
         dsv4_prompt_free(&p);
+        dsv4_json_numbers_free(&nums);
         cJSON_Delete(c);
     }
     free(line);
