@@ -409,7 +409,6 @@ static void push_special(dsv4_outparse *p, dsv4_special_kind kind, const char *t
         /* BOS, pad, role markers, others: stripped (§3.5, §5.4); they end
          * any held partial markup in plain text */
         if (!op_dsml_in_markup(&p->dsml)) op_dsml_break(&p->dsml);
-        p->counters_stripped++;
         p->seen_output = 1;
         return;
     }
