@@ -156,6 +156,7 @@ typedef struct {
     int stop_token;
     int completion_tokens, sum_kept;
     int violations; /* invariant failures seen in deltas */
+    int raw;        /* raw mode: special-token text is allowed in content */
 } outcome;
 
 static void outcome_free(outcome *o) {
@@ -194,7 +195,8 @@ static void collect(dsv4_outparse *p, outcome *o, const char *tag) {
             fprintf(stderr, "[%s] delta not well-formed UTF-8\n", tag);
         }
         if (d[i].kind == DSV4_DELTA_REASONING || d[i].kind == DSV4_DELTA_CONTENT) {
-            for (size_t f = 0; f < sizeof FORBIDDEN / sizeof *FORBIDDEN; f++)
+            /* raw mode (§3.6) keeps all special-token text but BOS/EOS/pad */
+            for (size_t f = o->raw ? 3 : 0; f < (o->raw ? 5 : sizeof FORBIDDEN / sizeof *FORBIDDEN); f++)
                 if (strstr(d[i].text, FORBIDDEN[f])) {
                     o->violations++;
                     fprintf(stderr, "[%s] delta contains forbidden text: \"%s\"\n", tag, d[i].text);
@@ -221,7 +223,7 @@ static void collect(dsv4_outparse *p, outcome *o, const char *tag) {
 }
 
 typedef struct {
-    int thinking, tools_enabled, stop_in_reasoning, include_stop, as_content;
+    int thinking, tools_enabled, stop_in_reasoning, include_stop, as_content, raw;
     const char *stops[4];
     int n_stops;
     const char *tools_json;
@@ -233,6 +235,7 @@ typedef struct {
 static void run(const pcfg *pc, const char *c, int mode, size_t split_at, uint64_t seed, int whole_step,
                 outcome *o, const char *tag) {
     memset(o, 0, sizeof *o);
+    o->raw = pc->raw;
     tvocab v = {0};
     int32_t *ids = malloc(8192 * sizeof *ids);
     uint64_t rng = seed;
@@ -248,6 +251,7 @@ static void run(const pcfg *pc, const char *c, int mode, size_t split_at, uint64
     cfg.stop_in_reasoning = pc->stop_in_reasoning;
     cfg.unterminated_reasoning_as_content = pc->as_content;
     cfg.id_seed = 42;
+    cfg.raw = pc->raw;
     /* stop_token_ids are given as special-token texts' kinds: map to our ids */
     int32_t stop_ids[2];
     for (int i = 0; i < pc->n_stop_ids; i++) {
@@ -675,6 +679,25 @@ static void test_stop_token_ids(void) {
             &(expect){.reasoning = "abc", .finish = "stop"});
 }
 
+/* §3.6 raw completions: no reasoning/tool parsing, <think>/</think>/DSML
+ * verbatim, BOS/EOS never; the guard arms when the prompt ends with <think>. */
+static void test_raw_completions(void) {
+    pcfg g = {.raw = 1, .thinking = 1, .stops = {"Question:"}, .n_stops = 1};
+    run_all("s3_6_raw_guard_until_think_close", &g, "Q Question: x" ETHINK "A. Question: b" EOS,
+            &(expect){.content = "Q Question: x</think>A. ", .finish = "stop", .stop_reason = "Question:"});
+    pcfg r = {.raw = 1, .stops = {"Question:"}, .n_stops = 1};
+    run_all("s3_6_raw_stops_from_first_char", &r, BOS "Q Question: x" ETHINK "y" EOS,
+            &(expect){.content = "Q ", .finish = "stop", .stop_reason = "Question:"});
+    pcfg t = {.raw = 1, .tools_enabled = 1};
+    run_all("s3_6_raw_dsml_verbatim", &t, "x" OPEN INV("bash") PAR("command", "true") "ls" EPAR EINV CLOSE EOS,
+            &(expect){.content = "x\n\n<\xEF\xBD\x9C" "DSML\xEF\xBD\x9C" "tool_calls>\n<\xEF\xBD\x9C" "DSML\xEF\xBD\x9C"
+                                 "invoke name=\"bash\">\n<\xEF\xBD\x9C" "DSML\xEF\xBD\x9C"
+                                 "parameter name=\"command\" string=\"true\">ls</\xEF\xBD\x9C" "DSML\xEF\xBD\x9C"
+                                 "parameter>\n</\xEF\xBD\x9C" "DSML\xEF\xBD\x9C" "invoke>\n</\xEF\xBD\x9C" "DSML\xEF\xBD\x9C"
+                                 "tool_calls>",
+                      .finish = "stop"});
+}
+
 /* ---- item 7 fuzz: random outputs mixing text, specials and DSML ---- */
 static void gen_random(uint64_t *rng, sb *out) {
     static const char *const parts[] = {
@@ -703,7 +726,8 @@ static void test_item7_fuzz(void) {
         sb c = {0};
         gen_random(&rng, &c);
         pcfg cfg = {.thinking = (int)(rng_next(&rng) % 2), .tools_enabled = (int)(rng_next(&rng) % 2),
-                    .tools_json = TOOLS, .stops = {"Question:", "STOP"}, .n_stops = (int)(rng_next(&rng) % 3)};
+                    .tools_json = TOOLS, .stops = {"Question:", "STOP"}, .n_stops = (int)(rng_next(&rng) % 3),
+                    .raw = rng_next(&rng) % 4 == 0};
         outcome ref, o;
         run(&cfg, c.s, MODE_WHOLE, 0, 1, 0, &ref, "fuzz/whole");
         bad += ref.violations != 0;
@@ -741,6 +765,7 @@ int main(void) {
     test_item13_json_object_thinking();
     test_think_never_arrives();
     test_stop_token_ids();
+    test_raw_completions();
     test_item7_fuzz();
     return TEST_REPORT();
 }
