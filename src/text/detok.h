@@ -78,6 +78,18 @@ typedef struct dsv4_detok_vocab {
     int (*piece)(void *ctx, int32_t id, const char **bytes, size_t *len, int *special);
 } dsv4_detok_vocab;
 
+struct dsv4_tokenizer; /* text/tokenizer.h */
+
+/*
+ * dsv4_detok_vocab_from_tokenizer — the adapter for our BPE tokenizer
+ * (text/tokenizer.h): bytes from dsv4_tokenizer_token_bytes; every added
+ * token (tokenizer.json `added_tokens`, whether flagged "special" or not:
+ * <think>, </think>, ｜DSML｜ and the role markers are not) is reported as a
+ * special token, so the parser acts on ids, never on text (§1.1, §5.4).
+ * tok must outlive every detok using the returned vocab.
+ */
+dsv4_detok_vocab dsv4_detok_vocab_from_tokenizer(const struct dsv4_tokenizer *tok);
+
 /* Result of pushing one token. Pointers stay valid until the next call on the same detok. */
 typedef struct dsv4_detok_out {
     const char *text;          /* complete UTF-8 text released by this token (may be empty) */

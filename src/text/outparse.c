@@ -44,7 +44,7 @@ typedef struct op_delta_rec {
 
 struct dsv4_outparse {
     /* configuration */
-    int thinking, tools_enabled, stop_in_reasoning, unterminated_as_content;
+    int thinking, tools_enabled, stop_in_reasoning, unterminated_as_content, raw;
     cJSON *tools;
     int32_t *stop_ids;
     int n_stop_ids;
@@ -154,7 +154,8 @@ static int stops_live(const dsv4_outparse *p) {
     return !p->guard_armed;
 }
 
-/* Text released by the DSML scanner (plain text of the current channel). */
+/* Text released by the DSML scanner (plain text of the current channel),
+ * or in raw mode the detokenized text itself (tags NULL: current token). */
 static void sink_text(void *ctx, const char *s, const int32_t *tags, size_t n) {
     dsv4_outparse *p = ctx;
     if (p->end != DSV4_END_NONE || !n) return;
@@ -164,7 +165,7 @@ static void sink_text(void *ctx, const char *s, const int32_t *tags, size_t n) {
     }
     int which = -1;
     int32_t tag = -1;
-    int r = op_stops_push(&p->stops, s, tags, n, emit_final, p, &which, &tag);
+    int r = op_stops_push(&p->stops, s, tags, p->cur_tag, n, emit_final, p, &which, &tag);
     if (r < 0) p->err_oom = 1;
     if (r == 1) {
         p->end = DSV4_END_STOP_STR;
@@ -294,7 +295,11 @@ dsv4_outparse *dsv4_outparse_create(const dsv4_outparse_config *cfg, const dsv4_
     p->tools_enabled = cfg->tools_enabled != 0;
     p->stop_in_reasoning = cfg->stop_in_reasoning != 0;
     p->unterminated_as_content = cfg->unterminated_reasoning_as_content != 0;
-    p->in_reasoning = p->thinking; /* §4.1: from the resolved mode only */
+    p->raw = cfg->raw != 0;
+    p->in_reasoning = p->thinking && !p->raw; /* §4.1: from the resolved mode only */
+    /* §3.6: raw completions never split reasoning; a prompt ending in
+     * <think> arms the stop guard until </think> instead */
+    p->guard_armed = p->thinking && p->raw && cfg->n_stops > 0;
     p->stop_token = -1;
     p->stop_which = -1;
     p->stop_tag = -1;
@@ -367,7 +372,31 @@ static int all_ws(const char *s, size_t n) {
 static void push_text(dsv4_outparse *p, const char *s, size_t n) {
     if (!n || p->end != DSV4_END_NONE) return;
     if (!all_ws(s, n)) p->seen_output = 1;
-    if (op_dsml_push(&p->dsml, s, n, p->cur_tag) < 0) p->err_oom = 1;
+    if (p->raw) sink_text(p, s, NULL, n); /* §3.6: no tool parsing */
+    else if (op_dsml_push(&p->dsml, s, n, p->cur_tag) < 0) p->err_oom = 1;
+}
+
+/* Raw mode (§3.6): special-token text other than BOS/EOS/pad is output
+ * verbatim. <think>/</think> are never stop candidates (§6.2): held text is
+ * released first, then the token's text is emitted outside the matcher. */
+static void push_special_raw(dsv4_outparse *p, dsv4_special_kind kind, const char *text, size_t len) {
+    switch (kind) {
+    case DSV4_SPECIAL_BOS:
+    case DSV4_SPECIAL_PAD:
+        return;
+    case DSV4_SPECIAL_THINK_OPEN:
+    case DSV4_SPECIAL_THINK_CLOSE:
+        if (p->end == DSV4_END_NONE) op_stops_flush(&p->stops, emit_final, p);
+        if (kind == DSV4_SPECIAL_THINK_OPEN && !p->seen_output && !p->guard_armed && p->stops.n) p->guard_armed = 1;
+        if (kind == DSV4_SPECIAL_THINK_CLOSE) p->guard_armed = 0;
+        p->seen_output = 1;
+        emit_final(p, text, len);
+        return;
+    default:
+        push_text(p, text, len);
+        p->seen_output = 1;
+        return;
+    }
 }
 
 /* Switch the channel from reasoning to content at </think> (§4.2). */
@@ -409,7 +438,6 @@ static void push_special(dsv4_outparse *p, dsv4_special_kind kind, const char *t
         /* BOS, pad, role markers, others: stripped (§3.5, §5.4); they end
          * any held partial markup in plain text */
         if (!op_dsml_in_markup(&p->dsml)) op_dsml_break(&p->dsml);
-        p->counters_stripped++;
         p->seen_output = 1;
         return;
     }
@@ -426,12 +454,12 @@ static void finalize(dsv4_outparse *p, dsv4_end_reason why) {
     if (p->end == DSV4_END_NONE) {
         dsv4_detok_out o;
         if (dsv4_detok_flush(p->detok, &o, NULL) == DSV4_OK && o.len) push_text(p, o.text, o.len);
-        op_dsml_end(&p->dsml);
+        if (!p->raw) op_dsml_end(&p->dsml);
         if (p->end == DSV4_END_NONE) op_stops_flush(&p->stops, emit_final, p);
     }
     if (p->end == DSV4_END_NONE) p->end = why;
-    if (p->end != DSV4_END_STOP_STR) op_dsml_end(&p->dsml);
-    if (p->thinking && !p->saw_think_close) p->res.reasoning_unterminated = 1;
+    if (p->end != DSV4_END_STOP_STR && !p->raw) op_dsml_end(&p->dsml);
+    if (p->thinking && !p->raw && !p->saw_think_close) p->res.reasoning_unterminated = 1;
 }
 
 static int process_token(dsv4_outparse *p, int32_t id, const dsv4_detok_out *o) {
@@ -449,6 +477,8 @@ static int process_token(dsv4_outparse *p, int32_t id, const dsv4_detok_out *o) 
     } else {
         if (o->len) push_text(p, o->text, o->len);
         if (p->end == DSV4_END_NONE && o->special == DSV4_SPECIAL_EOS) finalize(p, DSV4_END_EOS);
+        else if (p->end == DSV4_END_NONE && o->special != DSV4_SPECIAL_NONE && p->raw)
+            push_special_raw(p, o->special, o->special_text, o->special_len);
         else if (p->end == DSV4_END_NONE && o->special != DSV4_SPECIAL_NONE)
             push_special(p, o->special, o->special_text, o->special_len);
     }

@@ -66,6 +66,11 @@ typedef struct dsv4_outparse_config {
      * the final result reports the reasoning text as content instead
      * (streamed reasoning deltas cannot be taken back). Default 0. */
     int unterminated_reasoning_as_content;
+    /* Raw mode for /v1/completions (§3.6): no reasoning split, no tool
+     * parsing; all text is content, <think>, </think> and DSML text are
+     * output verbatim, BOS/EOS/pad never. With `thinking` set (the raw
+     * prompt's last token is <think>) stops are dormant until </think>. */
+    int raw;
     /* Tool-call ids: 0 = random from the OS (unguessable, §3.4); nonzero =
      * deterministic ids derived from this seed (tests only). */
     uint64_t id_seed;

@@ -395,7 +395,7 @@ static int parse_attrs(const char *b, size_t n, size_t pos, size_t *end, char **
     for (;;) {
         size_t p = pos, ws = 0;
         while (p < n && is_ws(b[p])) p++, ws++;
-        if (p == n) return 0;
+        if (p == n) goto more;
         if (b[p] == '>') {
             *end = p + 1;
             return 1;
@@ -403,19 +403,19 @@ static int parse_attrs(const char *b, size_t n, size_t pos, size_t *end, char **
         if (!ws) goto bad;
         size_t id0 = p;
         while (p < n && (isalnum((unsigned char)b[p]) || b[p] == '_' || b[p] == '-')) p++;
-        if (p == n) return 0;
+        if (p == n) goto more;
         size_t id1 = p;
         if (id1 == id0) goto bad;
         while (p < n && is_ws(b[p])) p++;
-        if (p == n) return 0;
+        if (p == n) goto more;
         if (b[p] != '=') goto bad;
         p++;
         while (p < n && is_ws(b[p])) p++;
-        if (p == n) return 0;
+        if (p == n) goto more;
         if (b[p] != '"') goto bad;
         p++;
         const char *q = memchr(b + p, '"', n - p);
-        if (!q) return 0;
+        if (!q) goto more;
         size_t v0 = p, v1 = (size_t)(q - b);
         char **slot = NULL;
         if (id1 - id0 == 4 && memcmp(b + id0, "name", 4) == 0) slot = name;
@@ -426,6 +426,11 @@ static int parse_attrs(const char *b, size_t n, size_t pos, size_t *end, char **
         }
         pos = v1 + 1;
     }
+more:
+    free(*name);
+    free(*string);
+    *name = *string = NULL;
+    return 0;
 bad:
     free(*name);
     free(*string);
@@ -480,7 +485,10 @@ static int step(op_dsml *d) {
                 /* stray tag: drop through its '>' (bounded look-ahead) */
                 b = pb->s;
                 n = pb->len;
-                const char *gt = memchr(b + m, '>', n - m < MAX_STRAY ? n - m : MAX_STRAY);
+                /* decide on the first MAX_STRAY bytes only, so the result
+                 * does not depend on how the text was split into tokens */
+                size_t win = n < MAX_STRAY ? n : MAX_STRAY;
+                const char *gt = win > m ? memchr(b + m, '>', win - m) : NULL;
                 if (gt) strip(d, (size_t)(gt - b) + 1);
                 else if (n < MAX_STRAY && !d->eof) return 0;
                 else strip(d, m);
@@ -512,10 +520,11 @@ static int step(op_dsml *d) {
         if (r == M_FULL) {
             char *name = NULL, *str = NULL;
             size_t end = 0;
-            int a = parse_attrs(b, n, m, &end, &name, &str);
+            /* only the first MAX_TAG bytes count (split-independent) */
+            int a = parse_attrs(b, n < MAX_TAG ? n : MAX_TAG, m, &end, &name, &str);
             if (a == 0) {
-                if (n > MAX_TAG) malformed(d);
-                return n > MAX_TAG;
+                if (n >= MAX_TAG) malformed(d);
+                return n >= MAX_TAG;
             }
             if (a < 0 || !name) {
                 free(name);
@@ -636,10 +645,31 @@ void op_dsml_break(op_dsml *d) {
     }
 }
 
+/* At end of generation: a held partial opener that already got past the
+ * marker ("\n\n<｜DSML｜tool_ca") is a tool call cut off by the token limit,
+ * not text (§5.2 length rule, §9 item 9); drop it. Returns 1 if dropped. */
+static int drop_truncated_opener(op_dsml *d) {
+    const char *b = d->pend.s;
+    size_t n = d->pend.len, m = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (b[i] != '\n' && b[i] != '<') continue;
+        if (pmatch(b + i, n - i, P_OPEN_NL, &m) != M_PART && pmatch(b + i, n - i, P_OPEN, &m) != M_PART) continue;
+        size_t j = i;
+        while (j < n && b[j] == '\n') j++;
+        if (pmatch(b + j, n - j, P_TAG, &m) != M_FULL) continue;
+        release_text(d, i);
+        if (d->tools_enabled) d->sink.tool_drop(d->sink.ctx, -1);
+        else d->sink.stripped(d->sink.ctx, d->pend.len);
+        op_buf_clear(&d->pend);
+        return 1;
+    }
+    return 0;
+}
+
 void op_dsml_end(op_dsml *d) {
     switch (d->state) {
     case OP_DSML_TEXT:
-        op_dsml_break(d);
+        if (!drop_truncated_opener(d)) op_dsml_break(d);
         break;
     case OP_DSML_BLOCK:
     case OP_DSML_INVOKE:

@@ -44,9 +44,9 @@ static size_t partial_suffix(const op_stops *st, const char *h, size_t n) {
     return best;
 }
 
-int op_stops_push(op_stops *st, const char *s, const int32_t *tags, size_t n, op_emit_fn emit, void *ctx,
-                  int *which, int32_t *tag) {
-    if (op_buf_put(&st->held, s, n, tags, 0)) return -1;
+int op_stops_push(op_stops *st, const char *s, const int32_t *tags, int32_t tag_all, size_t n, op_emit_fn emit,
+                  void *ctx, int *which, int32_t *tag) {
+    if (op_buf_put(&st->held, s, n, tags, tag_all)) return -1;
     op_buf *h = &st->held;
     /* Earliest-ending occurrence over all stops; the first occurrence of a
      * given stop is also its earliest-ending one. Ties keep list order. */

@@ -29,13 +29,14 @@ int op_stops_init(op_stops *st, const char *const *stops, int n, int include, ds
 void op_stops_free(op_stops *st);
 
 /*
- * Push text (tags: per-byte token index). Calls emit for released text.
+ * Push text (tags: per-byte token index, or NULL: every byte has token
+ * index `tag_all`). Calls emit for released text.
  * Returns 1 when a stop matched (then *which = its index, *tag = token index
  * of its last byte; text before the match was emitted, the rest is dropped),
  * 0 when none matched, -1 on allocation failure.
  */
-int op_stops_push(op_stops *st, const char *s, const int32_t *tags, size_t n, op_emit_fn emit, void *ctx,
-                  int *which, int32_t *tag);
+int op_stops_push(op_stops *st, const char *s, const int32_t *tags, int32_t tag_all, size_t n, op_emit_fn emit,
+                  void *ctx, int *which, int32_t *tag);
 
 /* Release all held text (no match can complete any more). */
 void op_stops_flush(op_stops *st, op_emit_fn emit, void *ctx);
