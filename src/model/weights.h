@@ -154,9 +154,10 @@ typedef struct dsv4_weights {
  *   "missing tensor NAME" — a slot the config requires is absent (checked
  *      first, in layer order);
  *   "unknown tensor NAME in FILE" — a checkpoint tensor bound to no slot;
- *   "NAME in FILE: dtype X, expected ..." / "shape [..], expected [..]";
- *   a .scale present for an unquantised weight (it is then unknown), or
- *   missing for a quantised one; tid2eid values out of range.
+ *   "tensor 'NAME' in FILE: dtype X, expected ..." / "shape [..], expected [..]";
+ *   a .scale present for an unquantised (BF16/F32) weight, or missing for
+ *   a quantised one ("missing tensor 'X.scale' ..."); tid2eid values out of
+ *   range. Errors are DSV4_EBIND (DSV4_ENOMEM on allocation failure).
  * On success *out is owned by the caller (dsv4_weights_free); views point
  * into ckpt.
  */
