@@ -304,6 +304,12 @@ def test_shard_tensor_not_in_index(models, tmp_path):
     rejected(d, "norm.weight", fname, "not listed")
 
 
+def test_stray_shard(models, tmp_path):
+    d = clone(models["tiny-flash"], tmp_path / "m")
+    shutil.copy(d / "model-00002-of-00007.safetensors", d / "model-00002-of-00007 (1).safetensors")
+    rejected(d, "model-00002-of-00007 (1).safetensors", "maps no tensor")
+
+
 def test_corrupt_header(models, tmp_path):
     d = clone(models["tiny-dspark"], tmp_path / "m")
     victim = "model-00005-of-00009.safetensors"
@@ -342,8 +348,11 @@ def test_config_wrong_type(models, tmp_path):
 
 def test_stage_gap(models, tmp_path):
     d = clone(models["tiny-dspark"], tmp_path / "m")
+    shards = set()
     for name in [k for k in index_of(d)["weight_map"] if k.startswith("mtp.1.")]:
-        remove_tensor(d, name)
+        shards.add(remove_tensor(d, name))
+    for s in shards - set(index_of(d)["weight_map"].values()):
+        os.unlink(d / s)  # now empty and unreferenced
     rejected(d, "mtp.1", "contiguous")
 
 
