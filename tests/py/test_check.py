@@ -363,6 +363,28 @@ def test_bf16_stray_scale(models, tmp_path):
     rejected(d, "layers.0.attn.wq_a.scale", "unquantised")
 
 
+def test_scan_values(models, tmp_path):
+    """--scan reads every value: a NaN E8M0 scale (0xFF) is found and named; the pristine
+    checkpoints scan clean. Without --scan the (layout-only) check still passes."""
+    for name in ("tiny-dspark", "tiny-flash-bf16"):
+        p = subprocess.run([DSV4, "check", "--scan", models[name]], capture_output=True,
+                           text=True, timeout=120)
+        assert p.returncode == 0 and "no NaN/Inf codes" in p.stdout, p.stderr
+    d = clone(models["tiny-dspark"], tmp_path / "m")
+    name = "mtp.1.ffn.experts.3.w2.scale"
+
+    def f(t):
+        b = bytearray(t[3])
+        b[5] = 0xFF
+        t[3] = bytes(b)
+
+    edit_tensor(d, name, f)
+    assert check(d)[0] == 0
+    p = subprocess.run([DSV4, "check", "--scan", str(d)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1
+    assert f"'{name}'" in p.stderr and "element 5" in p.stderr and shard_of(d, name) in p.stderr
+
+
 # spec/DSPARK.md §3.3: the 12 tensors the seed stack's draft loader dropped silently.
 SHARED_12 = [f"mtp.{s}.ffn.shared_experts.{w}.{k}"
              for s in range(3) for w in ("w1", "w3") for k in ("weight", "scale")]
