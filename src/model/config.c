@@ -399,14 +399,18 @@ dsv4_profile dsv4_config_detect_profile(dsv4_config *cfg, const char *dir) {
     dsv4_profile p = DSV4_PROFILE_UNKNOWN;
     FILE *f = fopen(path, "rb");
     if (f) {
-        static char buf[1 << 20];
-        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        enum { CAP = 1 << 20 }; /* the real encoder is ~30 KB */
+        char *buf = malloc(CAP);
+        if (buf) {
+            size_t n = fread(buf, 1, CAP - 1, f);
+            buf[n] = '\0';
+            if (strstr(buf, "REASONING_EFFORT_PROMPTS"))
+                p = DSV4_PROFILE_0731;
+            else if (strstr(buf, "REASONING_EFFORT_MAX"))
+                p = DSV4_PROFILE_PREVIEW;
+            free(buf);
+        }
         fclose(f);
-        buf[n] = '\0';
-        if (strstr(buf, "REASONING_EFFORT_PROMPTS"))
-            p = DSV4_PROFILE_0731;
-        else if (strstr(buf, "REASONING_EFFORT_MAX"))
-            p = DSV4_PROFILE_PREVIEW;
     }
     if (cfg) cfg->profile = p;
     return p;
