@@ -130,7 +130,7 @@ int dsv4_cmd_check(int argc, char **argv) {
     printf("checkpoint:     %s\n", dir);
     printf("kind:           %s\n", dsv4_config_kind_name(&cfg));
     printf("encoder:        reasoning-effort profile %s (encoding/encoding_dsv4.py)\n",
-           dsv4_profile_name(cfg.profile));
+           dsv4_config_profile_name(cfg.profile));
     printf("target layers:  %d: sliding (ratio 0) %d [%s], CSA (ratio 4) %d [%s], HCA (ratio 128) %d [%s]\n",
            cfg.num_hidden_layers, count_ratio(&cfg, 0), l0, count_ratio(&cfg, 4), l4,
            count_ratio(&cfg, 128), l128);
