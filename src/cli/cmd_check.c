@@ -153,6 +153,11 @@ int dsv4_cmd_check(int argc, char **argv) {
            (unsigned long long)(w->n_params - w->n_param_draft), (unsigned long long)w->n_param_draft);
     printf("bytes:          %llu (%s)\n", (unsigned long long)w->n_bytes, bytes);
     if (scan) printf("values:         %zu tensors scanned, no NaN/Inf codes\n", scanned);
+    if (cfg.quantized && (w->expert_dtype == DSV4_DT_I8) != cfg.experts_fp4 &&
+        (w->expert_dtype == DSV4_DT_I8 || w->expert_dtype == DSV4_DT_F8_E4M3))
+        printf("note:           config.json expert_dtype says %s but routed experts are stored as %s; "
+               "the stored dtype is used (spec/MODEL.md §2.2 Flash-Base note)\n",
+               cfg.experts_fp4 ? "fp4" : "not fp4", dsv4_dtype_name(w->expert_dtype));
     printf("OK\n");
     dsv4_weights_free(w);
     dsv4_ckpt_free(ck);
