@@ -419,9 +419,12 @@ static void push_special(dsv4_outparse *p, dsv4_special_kind kind, const char *t
             p->saw_think_close = 1;
             leave_reasoning(p);
         } else if (p->guard_armed) {
+            /* stops go live after this point: settle held text first */
             if (!op_dsml_in_markup(&p->dsml)) op_dsml_break(&p->dsml);
             p->guard_armed = 0;
         }
+        /* otherwise (chat mode, content) a dropped control token is
+         * transparent: the text on both sides is scanned as one */
         p->seen_output = 1;
         return;
     case DSV4_SPECIAL_THINK_OPEN:
@@ -435,9 +438,9 @@ static void push_special(dsv4_outparse *p, dsv4_special_kind kind, const char *t
         p->seen_output = 1;
         return;
     default:
-        /* BOS, pad, role markers, others: stripped (§3.5, §5.4); they end
-         * any held partial markup in plain text */
-        if (!op_dsml_in_markup(&p->dsml)) op_dsml_break(&p->dsml);
+        /* BOS, pad, role markers, others: stripped (§3.5, §5.4). Being
+         * removed, they are transparent: text on both sides is scanned as
+         * one, so no marker can be spliced together around them. */
         p->seen_output = 1;
         return;
     }

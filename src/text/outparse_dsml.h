@@ -43,6 +43,7 @@ typedef struct op_dsml {
     const cJSON *tools; /* not owned */
     int state;
     op_buf pend; /* tagged */
+    op_buf carry; /* tagged: text held across a stripped block (§5.5) */
     int next_index;
     /* current invoke */
     int cur_index; /* -1 when none */
