@@ -539,6 +539,12 @@ static void test_item7_no_special_text(void) {
             "string=\"true\">pwd</|DSML|parameter>\n</|DSML|invoke>\n</|DSML|tool_calls>" EOS,
             &(expect){.content = "ok", .n_calls = 1, .names = {"bash"}, .args = {"{\"command\":\"pwd\"}"},
                       .finish = "tool_calls"});
+    /* stripping must not splice a marker together (found by the fuzzer) */
+    run_all("item7_no_marker_spliced_by_stripping", &c, "a|DSM|DSML|L|b x|DSM" USER "L|y" EOS,
+            &(expect){.content = "ab xy", .finish = "stop"});
+    pcfg none = {0};
+    run_all("item7_no_marker_spliced_around_stripped_block", &none,
+            "a|DSM" OPEN INV("bash") EINV CLOSE "L|b" EOS, &(expect){.content = "ab", .finish = "stop"});
     run_all("item7_lt_and_newlines_released", &c, "a < b\n\nc <x> |y| \xEF\xBD\x9Cz\n" EOS,
             &(expect){.content = "a < b\n\nc <x> |y| \xEF\xBD\x9Cz\n", .finish = "stop"});
 }
