@@ -129,6 +129,11 @@ typedef struct dsv4_outparse_result {
     int reasoning_unterminated;   /* 1 if generation ended inside reasoning */
     int tool_parse_failures;      /* incomplete / malformed calls dropped  */
     int dsml_stripped;            /* markup or markers removed from text   */
+    /* appended after the first publication (fields above unchanged): */
+    int tool_parse_malformed;     /* of tool_parse_failures: kind="malformed"
+                                   * (the rest are kind="unterminated")     */
+    int stop_suppressed_in_reasoning; /* 1 if a stop string occurred in text
+                                   * where the §6.2 guard kept it dormant  */
 } dsv4_outparse_result;
 
 typedef struct dsv4_outparse dsv4_outparse;

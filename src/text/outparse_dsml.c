@@ -495,6 +495,7 @@ bad:
 
 /* Malformed markup inside a block: drop the call in progress, skip the block. */
 static void malformed(op_dsml *d) {
+    d->malformed_count++;
     if (d->cur_index >= 0) drop_invoke(d);
     else d->sink.tool_drop(d->sink.ctx, -1);
     d->state = OP_DSML_SKIP;

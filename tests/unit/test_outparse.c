@@ -157,6 +157,7 @@ typedef struct {
     int completion_tokens, sum_kept;
     int violations; /* invariant failures seen in deltas */
     int raw;        /* raw mode: special-token text is allowed in content */
+    int suppressed; /* result.stop_suppressed_in_reasoning */
 } outcome;
 
 static void outcome_free(outcome *o) {
@@ -313,6 +314,7 @@ static void run(const pcfg *pc, const char *c, int mode, size_t split_at, uint64
     snprintf(o->stop_reason, sizeof o->stop_reason, "%s", r->stop_reason_str ? r->stop_reason_str : "");
     o->stop_token = r->stop_reason_token;
     o->completion_tokens = r->completion_tokens;
+    o->suppressed = r->stop_suppressed_in_reasoning;
     /* streaming == non-streaming for text (except the §4.3 opt-in move) */
     if (!pc->as_content) {
         if (strcmp(sb_str(&o->reasoning), o->f_reasoning ? o->f_reasoning : "") ||
@@ -350,6 +352,7 @@ typedef struct {
     int n_calls;
     const char *names[4], *args[4];
     const char *finish, *stop_reason;
+    int suppressed; /* a stop occurred where the guard kept it dormant */
 } expect;
 
 static void check_expect(const char *name, const outcome *o, const expect *e) {
@@ -365,6 +368,7 @@ static void check_expect(const char *name, const outcome *o, const expect *e) {
     CHECK_MSG(!strcmp(o->finish, e->finish), "%s: finish %s != %s", name, o->finish, e->finish);
     CHECK_MSG(!strcmp(o->stop_reason, e->stop_reason ? e->stop_reason : ""), "%s: stop_reason %s", name,
               o->stop_reason);
+    CHECK_MSG(o->suppressed == e->suppressed, "%s: stop_suppressed_in_reasoning %d", name, o->suppressed);
 }
 
 /*
@@ -443,21 +447,21 @@ static void test_item5_stop_in_reasoning(void) {
     pcfg think = {.thinking = 1, .stops = {"Question:"}, .n_stops = 1};
     run_all("item5_stop_dormant_in_reasoning", &think, out,
             &(expect){.reasoning = "The user asks: Question: what is 2+2? Restating. Question: ok.",
-                      .content = "The answer is 4.\n", .finish = "stop", .stop_reason = "Question:"});
+                      .content = "The answer is 4.\n", .suppressed = 1, .finish = "stop", .stop_reason = "Question:"});
     pcfg chat = {.thinking = 0, .stops = {"Question:"}, .n_stops = 1};
     run_all("item5_thinking_off_stops_at_first", &chat, "Restating. Question: what is 2+2?\nQuestion: again" EOS,
             &(expect){.content = "Restating. ", .finish = "stop", .stop_reason = "Question:"});
     /* one-chunk leak (§6.2): reasoning text with the stop and </think> in one
      * step never fires; whole-one-step feeding covers that */
     run_all("item5_one_chunk_leak", &think, "x Question: y" ETHINK "z" EOS,
-            &(expect){.reasoning = "x Question: y", .content = "z", .finish = "stop"});
+            &(expect){.reasoning = "x Question: y", .content = "z", .suppressed = 1, .finish = "stop"});
     /* §6.3 opt-in: stop fires inside reasoning */
     pcfg optin = {.thinking = 1, .stops = {"Question:"}, .n_stops = 1, .stop_in_reasoning = 1};
     run_all("item5_stop_in_reasoning_opt_in", &optin, out,
             &(expect){.reasoning = "The user asks: ", .content = NULL, .finish = "stop", .stop_reason = "Question:"});
     /* output-side arming (§6.2, PR #42): chat prompt, first output <think> */
     run_all("item5_output_side_arming", &chat, "  " BTHINK "Question: hmm" ETHINK "A. Question: b" EOS,
-            &(expect){.content = "  Question: hmmA. ", .finish = "stop", .stop_reason = "Question:"});
+            &(expect){.content = "  Question: hmmA. ", .suppressed = 1, .finish = "stop", .stop_reason = "Question:"});
 }
 
 /* §9 item 6: stops spanning tokens / inside one speculative step; earliest
@@ -659,7 +663,7 @@ static void test_item13_json_object_thinking(void) {
 static void test_think_never_arrives(void) {
     pcfg t = {.thinking = 1, .stops = {"Question:"}, .n_stops = 1};
     run_all("s4_3_length_in_reasoning", &t, "Thinking... Question: still thinking",
-            &(expect){.reasoning = "Thinking... Question: still thinking", .content = NULL, .finish = "length"});
+            &(expect){.reasoning = "Thinking... Question: still thinking", .content = NULL, .suppressed = 1, .finish = "length"});
     run_all("s4_3_eos_in_reasoning", &t, "Thinking done" EOS,
             &(expect){.reasoning = "Thinking done", .content = NULL, .finish = "stop"});
     pcfg ac = {.thinking = 1, .as_content = 1};
@@ -670,7 +674,7 @@ static void test_think_never_arrives(void) {
     for (int i = 0; i < 40; i++) sb_put(&loop, "Wait, Question: is it 4? ", 25);
     char *runaway = strdup(loop.s);
     run_all("s4_4_runaway_not_cut_by_stop", &t, runaway,
-            &(expect){.reasoning = runaway, .content = NULL, .finish = "length"});
+            &(expect){.reasoning = runaway, .content = NULL, .suppressed = 1, .finish = "length"});
     free(runaway);
     free(loop.s);
     /* thinking budget (§4.3 row 2): the engine inserts </think>; continues */
@@ -690,7 +694,7 @@ static void test_stop_token_ids(void) {
 static void test_raw_completions(void) {
     pcfg g = {.raw = 1, .thinking = 1, .stops = {"Question:"}, .n_stops = 1};
     run_all("s3_6_raw_guard_until_think_close", &g, "Q Question: x" ETHINK "A. Question: b" EOS,
-            &(expect){.content = "Q Question: x</think>A. ", .finish = "stop", .stop_reason = "Question:"});
+            &(expect){.content = "Q Question: x</think>A. ", .suppressed = 1, .finish = "stop", .stop_reason = "Question:"});
     pcfg r = {.raw = 1, .stops = {"Question:"}, .n_stops = 1};
     run_all("s3_6_raw_stops_from_first_char", &r, BOS "Q Question: x" ETHINK "y" EOS,
             &(expect){.content = "Q ", .finish = "stop", .stop_reason = "Question:"});
