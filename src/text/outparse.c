@@ -345,6 +345,7 @@ dsv4_outparse *dsv4_outparse_create(const dsv4_outparse_config *cfg, const dsv4_
     if (op_stops_init(&p->stops, cfg->stops, cfg->n_stops, cfg->include_stop_str_in_output, err) != DSV4_OK)
         goto fail;
     if (op_stops_init(&p->shadow, cfg->stops, cfg->n_stops, 0, err) != DSV4_OK) goto fail;
+    p->stops.min_tag = cfg->min_tokens > 0 ? cfg->min_tokens - 1 : 0;
     p->detok = dsv4_detok_create(vocab, err);
     if (!p->detok) goto fail;
     op_dsml_sink sink = {p, sink_text, sink_block_open, sink_tool_header, sink_tool_args,

@@ -74,6 +74,11 @@ typedef struct dsv4_outparse_config {
     /* Tool-call ids: 0 = random from the OS (unguessable, §3.4); nonzero =
      * deterministic ids derived from this seed (tests only). */
     uint64_t id_seed;
+    /* min_tokens (§6.2 lists it as unaffected by the guard): a stop string
+     * is not checked while fewer than min_tokens tokens have been generated
+     * (vLLM semantics: a match completing in token t counts only if
+     * t + 1 >= min_tokens). EOS/stop_token_ids are masked by the sampler. */
+    int min_tokens;
 } dsv4_outparse_config;
 
 /* Kinds of streamed deltas, in the order a client must see them (§3.5). */

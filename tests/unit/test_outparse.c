@@ -689,6 +689,37 @@ static void test_stop_token_ids(void) {
             &(expect){.reasoning = "abc", .finish = "stop"});
 }
 
+/* min_tokens: a stop completing before min_tokens tokens is not checked */
+static void feed_pieces(dsv4_outparse *p, const char *const *pieces, int n) {
+    dsv4_err err = {0};
+    for (int i = 0; i < n && !dsv4_outparse_finished(p); i++)
+        CHECK_EQ_INT(dsv4_outparse_push_piece(p, -1, pieces[i], strlen(pieces[i]), 0, NULL, &err), DSV4_OK);
+    if (!dsv4_outparse_finished(p)) dsv4_outparse_finish(p, DSV4_END_LENGTH, &err);
+}
+
+static void test_min_tokens(void) {
+    const char *stops[] = {"STOP"};
+    const char *pieces[] = {"ab", "STOP", "cd", "STOP", "ef"};
+    dsv4_err err = {0};
+    dsv4_outparse_config cfg = {.stops = stops, .n_stops = 1, .min_tokens = 3};
+    dsv4_outparse *p = dsv4_outparse_create(&cfg, NULL, &err);
+    feed_pieces(p, pieces, 5);
+    const dsv4_outparse_result *r = dsv4_outparse_get_result(p);
+    CHECK_STR(r->content, "abSTOPcd");
+    CHECK_STR(r->finish_reason, "stop");
+    CHECK_EQ_INT(r->completion_tokens, 4);
+    dsv4_outparse_free(p);
+    /* a match spanning into token min_tokens-1 counts */
+    const char *span[] = {"xST", "OPy"};
+    dsv4_outparse_config c2 = {.stops = stops, .n_stops = 1, .min_tokens = 2};
+    p = dsv4_outparse_create(&c2, NULL, &err);
+    feed_pieces(p, span, 2);
+    r = dsv4_outparse_get_result(p);
+    CHECK_STR(r->content, "x");
+    CHECK_STR(r->finish_reason, "stop");
+    dsv4_outparse_free(p);
+}
+
 /* §3.6 raw completions: no reasoning/tool parsing, <think>/</think>/DSML
  * verbatim, BOS/EOS never; the guard arms when the prompt ends with <think>. */
 static void test_raw_completions(void) {
@@ -776,6 +807,7 @@ int main(void) {
     test_think_never_arrives();
     test_stop_token_ids();
     test_raw_completions();
+    test_min_tokens();
     test_item7_fuzz();
     return TEST_REPORT();
 }
