@@ -22,6 +22,8 @@
  */
 #include "text/outparse_dsml.h"
 
+#include "dsv4/common.h"
+
 #include <ctype.h>
 #include <math.h>
 #include <stdio.h>
@@ -170,6 +172,18 @@ static const cJSON *tool_params(const cJSON *tools, const char *name) {
     return NULL;
 }
 
+/* 1 if `tools` declares a function called `name` (with or without parameters). */
+static int tool_known(const cJSON *tools, const char *name) {
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tools) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        if (!cJSON_IsObject(fn)) fn = t;
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        if (cJSON_IsString(nm) && strcmp(nm->valuestring, name) == 0) return 1;
+    }
+    return 0;
+}
+
 static const cJSON *tool_props(const cJSON *tools, const char *name) {
     const cJSON *p = tool_params(tools, name);
     const cJSON *props = p ? cJSON_GetObjectItemCaseSensitive(p, "properties") : NULL;
@@ -292,6 +306,9 @@ static void start_invoke(op_dsml *d, const char *name) {
     d->cur_index = d->next_index++;
     d->cur_name = strdup(name);
     if (!d->cur_name) d->oom = 1;
+    /* §5.2: an unknown tool name is still returned (clients decide), logged */
+    if (cJSON_IsArray(d->tools) && !tool_known(d->tools, name))
+        dsv4_log(DSV4_LOG_DEBUG, "outparse: tool call names unknown tool \"%s\"", name);
     d->sink.tool_header(d->sink.ctx, d->cur_index, name);
 }
 
@@ -654,7 +671,11 @@ static int step(op_dsml *d) {
     }
     case OP_DSML_AFTER:
     default:
-        /* §5.2: text after the closer is discarded */
+        /* §5.2: text after the closer is discarded (logged) */
+        if (!d->after_logged) {
+            d->after_logged = 1;
+            dsv4_log(DSV4_LOG_DEBUG, "outparse: discarding text after the tool-call block");
+        }
         strip(d, n);
         return 0;
     }

@@ -55,6 +55,7 @@ typedef struct op_dsml {
     char *pkey;
     int pstring;         /* 1 string="true"; 0 "false"; -1 missing */
     op_buf pval;         /* buffered value (non-string params) */
+    int after_logged;
     int malformed_count; /* blocks with unparseable markup (§5.2 kind="malformed") */
     int eof; /* scanning with no more text to come (partial = no match) */
     int oom;
