@@ -15,6 +15,20 @@
  *  - never tool-call markup (the DSML scanner swallows it before the matcher;
  *    a "\n\n" that may open a call is held by the scanner, which is exactly
  *    the deferral §6.2 asks for).
+ *
+ * Decisions where the spec leaves room (each covered by a test):
+ *  - arguments are compact JSON (§5.2); a string="false" value that parses
+ *    is minified with its numbers kept as written (no float round trip);
+ *  - a duplicate parameter is streamed twice (fragments cannot be taken
+ *    back); JSON parsers keep the last value, which is §5.2's "last wins";
+ *  - a block opener cut off by the end of generation after its marker
+ *    ("\n\n<｜DSML｜tool_ca") counts as a dropped call, not as text;
+ *  - control tokens that are removed (BOS, role markers, </think> in chat
+ *    content) are transparent to the text scanners, so stripping can never
+ *    splice a marker together and a stop may span them;
+ *  - --unterminated-reasoning-as-content changes only the final result;
+ *  - a stop that completed in an earlier step but was held back reports
+ *    n_kept 0 for the current step; result.completion_tokens is exact.
  */
 #include "text/outparse.h"
 
