@@ -284,6 +284,29 @@ def reference_case(full, plain, name, value):
     return case
 
 
+VARIANTS = os.path.join(ROOT, "tests", "fixtures", "tokenizer", "variants.jsonl")
+
+
+def variant_goldens(path, corpus):
+    """Ids from a modified copy of tokenizer.json, for the merges form the real
+    file does not use but our loader accepts: [a, b] arrays (tokenizers >=
+    0.20 writes these). The C test makes the same edit."""
+    from tokenizers import Tokenizer
+    with open(tokenizer_json_path(), encoding="utf-8") as f:
+        base = json.load(f)
+    names = ["lang_english", "lang_chinese_simplified", "code_python", "special_chat", "spaces_33",
+             "long_word_mixed", "emoji_packed", "mixed_scripts", "digits_mixed", "lang_russian"]
+    with open(path, "w") as f:
+        for variant in ("merges_arrays",):
+            j = json.loads(json.dumps(base))
+            j["model"]["merges"] = [m.split(" ") if isinstance(m, str) else m for m in j["model"]["merges"]]
+            tok = Tokenizer.from_str(json.dumps(j))
+            for n in names:
+                text = corpus[n]
+                f.write(json.dumps({"variant": variant, "name": n, "hex": text.encode().hex(),
+                                    "special": tok.encode(text).ids}) + "\n")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=GOLDENS)
@@ -304,6 +327,7 @@ def main():
         for name, value in corpus.items():
             f.write(json.dumps(reference_case(full, plain, name, value)) + "\n")
     print("wrote %d cases to %s" % (len(corpus), args.out), file=sys.stderr)
+    variant_goldens(VARIANTS, corpus)
 
 
 if __name__ == "__main__":

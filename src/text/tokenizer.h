@@ -11,7 +11,7 @@
  * with an error naming the file and the JSON field):
  *   model          type "BPE", vocab object, merges as "a b" strings or
  *                  ["a","b"] arrays, dropout null, no unk/continuing/suffix
- *                  prefixes, byte_fallback false, ignore_merges either way
+ *                  prefixes, byte_fallback and ignore_merges false
  *   added_tokens   content/id/special/normalized; lstrip, rstrip and
  *                  single_word must be false
  *   normalizer     null or an empty Sequence

@@ -163,20 +163,6 @@ int tk_bpe_piece(const dsv4_tokenizer *t, const unsigned char *s, size_t n, dsv4
         int hit, rc = cache_get(t, s, n, out, &hit);
         if (rc || hit) return rc;
     }
-    /* ignore_merges: a whole pre-token that is a vocabulary entry is one token. */
-    if (t->ignore_merges) {
-        char stackbuf[256], *bl = n * 2 <= sizeof stackbuf ? stackbuf : malloc(n * 2);
-        if (!bl) return DSV4_ENOMEM;
-        size_t k = 0;
-        for (size_t i = 0; i < n; i++) {
-            uint32_t cp = tk_byte_to_cp(s[i]);
-            if (cp < 0x80) bl[k++] = (char)cp;
-            else { bl[k++] = (char)(0xC0 | (cp >> 6)); bl[k++] = (char)(0x80 | (cp & 63)); }
-        }
-        int32_t id = tk_strmap_get(&t->vocab, bl, k);
-        if (bl != stackbuf) free(bl);
-        if (id >= 0) return dsv4_tokvec_push(out, id);
-    }
     enum { STK = 128 };
     int32_t ids0_s[STK], res_s[STK];
     sym sy_s[STK];
