@@ -89,8 +89,9 @@ void dsv4_tokenizer_free(dsv4_tokenizer *tok);
  * String::from_utf8_lossy) is replaced by U+FFFD before tokenizing, so the
  * ids equal `tokenizers` on the Python-decoded string. Embedded NUL bytes are
  * ordinary characters. text may be NULL when len is 0.
- * Errors: DSV4_ENOMEM; DSV4_EINTERNAL if the regex engine fails (message
- * says why). On error, `out` keeps the ids appended before the failure.
+ * Errors: DSV4_ENOMEM; DSV4_ERANGE for a single pre-token (a run without
+ * any break the pre-tokenizer splits on) over 256 MiB; DSV4_EINTERNAL if the
+ * regex engine fails (message says why). On error, `out` keeps the ids appended before the failure.
  */
 int dsv4_tokenizer_encode(const dsv4_tokenizer *tok, const char *text, size_t len,
                           int allow_special, dsv4_tokvec *out, dsv4_err *err);

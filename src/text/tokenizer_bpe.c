@@ -156,6 +156,7 @@ static void cache_put(const dsv4_tokenizer *t, const unsigned char *s, size_t n,
 
 int tk_bpe_piece(const dsv4_tokenizer *t, const unsigned char *s, size_t n, dsv4_tokvec *out) {
     if (!n) return DSV4_OK;
+    if (n > (size_t)1 << 28) return DSV4_ERANGE; /* symbol positions are int32; heap holds 3n */
     /* Single byte: no merges possible. */
     if (n == 1) return t->byte_id[s[0]] >= 0 ? dsv4_tokvec_push(out, t->byte_id[s[0]]) : DSV4_OK;
     int cacheable = n <= TK_CACHE_MAX_PIECE;
