@@ -121,12 +121,13 @@ def main():
             f.write("# Tokenizer throughput: dsv4 vs Hugging Face tokenizers\n\n")
             f.write("Command: `python3 bench/tokenizer_bench.py --mb %g --repeat %d --out %s`\n\n"
                     % (args.mb, args.repeat, os.path.relpath(args.out, ROOT)))
-            f.write("Machine: %s, %d CPUs visible (shared with other jobs: numbers are noisy); "
-                    "tokenizers %s; best of %d runs.\n"
+            f.write("Machine: %s, %d CPUs visible, load average %.1f at the end (shared with other jobs: "
+                    "absolute numbers are noisy, the ratio less so); tokenizers %s; best of %d runs.\n"
                     "Ours: encode calls only, one thread (`dsv4 tokenize --batch-hex --stats`). "
                     "tokenizers: `Tokenizer.encode` per document (one thread), and `encode_batch` "
                     "(Rayon, all cores) for reference.\n\n"
-                    % (platform.processor() or platform.machine(), os.cpu_count(), tokenizers.__version__,
+                    % (platform.processor() or platform.machine(), os.cpu_count(), os.getloadavg()[0],
+                       tokenizers.__version__,
                        args.repeat))
             f.write("| workload | docs | MB | tokens | ids identical | ours (Mtok/s, 1 thread) | "
                     "tokenizers encode (Mtok/s, 1 thread) | ratio | tokenizers encode_batch (Mtok/s, all cores) |\n")
