@@ -306,20 +306,34 @@ def reference_case(full, plain, name, value):
 VARIANTS = os.path.join(ROOT, "tests", "fixtures", "tokenizer", "variants.jsonl")
 
 
+def apply_variant(j, variant):
+    """Edit a parsed tokenizer.json for a variant (the C test makes the same edits)."""
+    if variant == "merges_arrays":  # tokenizers >= 0.20 writes merges as pairs
+        j["model"]["merges"] = [m.split(" ") if isinstance(m, str) else m for m in j["model"]["merges"]]
+    elif variant == "split_removed":  # digits are dropped instead of isolated
+        j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Removed"
+    elif variant == "split_string":  # a literal String pattern in front
+        j["pre_tokenizer"]["pretokenizers"].insert(0, {"type": "Split", "pattern": {"String": "th"},
+                                                       "behavior": "Isolated", "invert": False})
+    else:
+        raise ValueError(variant)
+    return j
+
+
+VARIANT_NAMES = ("merges_arrays", "split_removed", "split_string")
+
+
 def variant_goldens(path, corpus):
-    """Ids from a modified copy of tokenizer.json, for the merges form the real
-    file does not use but our loader accepts: [a, b] arrays (tokenizers >=
-    0.20 writes these). The C test makes the same edit."""
+    """Ids from modified copies of tokenizer.json, for features our loader
+    accepts that the real file does not use."""
     from tokenizers import Tokenizer
     with open(tokenizer_json_path(), encoding="utf-8") as f:
         base = json.load(f)
     names = ["lang_english", "lang_chinese_simplified", "code_python", "special_chat", "spaces_33",
              "long_word_mixed", "emoji_packed", "mixed_scripts", "digits_mixed", "lang_russian"]
     with open(path, "w") as f:
-        for variant in ("merges_arrays",):
-            j = json.loads(json.dumps(base))
-            j["model"]["merges"] = [m.split(" ") if isinstance(m, str) else m for m in j["model"]["merges"]]
-            tok = Tokenizer.from_str(json.dumps(j))
+        for variant in VARIANT_NAMES:
+            tok = Tokenizer.from_str(json.dumps(apply_variant(json.loads(json.dumps(base)), variant)))
             for n in names:
                 text = corpus[n]
                 f.write(json.dumps({"variant": variant, "name": n, "hex": text.encode().hex(),

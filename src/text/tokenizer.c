@@ -179,7 +179,6 @@ static int want_false(loadctx *L, const cJSON *obj, const char *field, const cha
 static int want_null(loadctx *L, const cJSON *obj, const char *field, const char *where) {
     const cJSON *j = cJSON_GetObjectItemCaseSensitive(obj, field);
     if (!j || cJSON_IsNull(j)) return 0;
-    if (cJSON_IsString(j) && !*j->valuestring && strcmp(field, "unk_token")) return 0;
     return FAIL(DSV4_EUNSUPPORTED, "%s: %s.%s = %s is not supported (only null)", L->name, where,
                 field, jtype(j));
 }

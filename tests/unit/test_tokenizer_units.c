@@ -6,7 +6,8 @@
  *    (native) variant agrees wherever encode would pick it
  *  - constructs whose meaning differs between Oniguruma and PCRE2 are refused
  *  - load errors name the file and the field
- *  - merges in [a, b] array form give tokenizers' ids (variants.jsonl)
+ *  - merges in [a, b] array form, Split with Removed and with a String
+ *    pattern give tokenizers' ids (variants.jsonl)
  *  - ill-formed UTF-8: random byte strings never fail, decode gives valid
  *    UTF-8 equal to the repaired input, valid input is untouched
  *  - concurrent encodes from several threads equal single-threaded ones
@@ -288,58 +289,87 @@ static unsigned char *unhex(const char *h, size_t *n) {
     return o;
 }
 
-/* merges as ["a", "b"] arrays: rewrite the real file, compare with tokenizers. */
-static void test_merges_arrays(const char *path) {
-    size_t len;
-    char *text = slurp(path, &len);
-    CHECK_MSG(text != NULL, "cannot read %s", path);
-    if (!text) return;
-    cJSON *root = cJSON_ParseWithLength(text, len);
-    free(text);
-    cJSON *merges = cJSON_GetObjectItem(cJSON_GetObjectItem(root, "model"), "merges");
-    cJSON *arr = cJSON_CreateArray();
-    const cJSON *m;
-    cJSON_ArrayForEach(m, merges) {
-        const char *s = m->valuestring, *sp = strchr(s, ' ');
-        char a[256];
-        snprintf(a, sizeof a, "%.*s", (int)(sp - s), s);
-        cJSON *pair = cJSON_CreateArray();
-        cJSON_AddItemToArray(pair, cJSON_CreateString(a));
-        cJSON_AddItemToArray(pair, cJSON_CreateString(sp + 1));
-        cJSON_AddItemToArray(arr, pair);
+/* Edits of the real file, as tools/gen_tokenizer_goldens.py apply_variant(). */
+static void apply_variant(cJSON *root, const char *variant) {
+    cJSON *model = cJSON_GetObjectItem(root, "model");
+    cJSON *pre = cJSON_GetObjectItem(cJSON_GetObjectItem(root, "pre_tokenizer"), "pretokenizers");
+    if (!strcmp(variant, "merges_arrays")) {
+        cJSON *arr = cJSON_CreateArray();
+        const cJSON *m;
+        cJSON_ArrayForEach(m, cJSON_GetObjectItem(model, "merges")) {
+            const char *s = m->valuestring, *sp = strchr(s, ' ');
+            char a[256];
+            snprintf(a, sizeof a, "%.*s", (int)(sp - s), s);
+            cJSON *pair = cJSON_CreateArray();
+            cJSON_AddItemToArray(pair, cJSON_CreateString(a));
+            cJSON_AddItemToArray(pair, cJSON_CreateString(sp + 1));
+            cJSON_AddItemToArray(arr, pair);
+        }
+        cJSON_ReplaceItemInObject(model, "merges", arr);
+    } else if (!strcmp(variant, "split_removed")) {
+        cJSON_ReplaceItemInObject(cJSON_GetArrayItem(pre, 0), "behavior", cJSON_CreateString("Removed"));
+    } else if (!strcmp(variant, "split_string")) {
+        cJSON *sp = cJSON_CreateObject();
+        cJSON_AddStringToObject(sp, "type", "Split");
+        cJSON_AddStringToObject(cJSON_AddObjectToObject(sp, "pattern"), "String", "th");
+        cJSON_AddStringToObject(sp, "behavior", "Isolated");
+        cJSON_AddBoolToObject(sp, "invert", 0);
+        cJSON_InsertItemInArray(pre, 0, sp);
+    } else {
+        CHECK_MSG(0, "unknown variant %s", variant);
     }
-    cJSON_ReplaceItemInObject(cJSON_GetObjectItem(root, "model"), "merges", arr);
-    char *s = cJSON_PrintUnformatted(root);
-    cJSON_Delete(root);
-    dsv4_tokenizer *tok = NULL;
-    dsv4_err err = {0};
-    CHECK_MSG(dsv4_tokenizer_load_json(s, strlen(s), "arrays.json", &tok, &err) == 0, "%s", err.msg);
-    free(s);
+}
+
+/* Features the real file does not use (merges as [a, b] arrays, Removed,
+ * String patterns): edit the real file, compare with tokenizers' ids. */
+static void test_variants(const char *path) {
+    size_t len;
+    char *orig = slurp(path, &len);
+    CHECK_MSG(orig != NULL, "cannot read %s", path);
     char *fx = slurp(DSV4_SOURCE_DIR "/tests/fixtures/tokenizer/variants.jsonl", NULL);
     CHECK(fx != NULL);
-    int n_cases = 0;
-    for (char *line = fx, *next; tok && fx && line && *line; line = next) {
+    if (!orig || !fx) { free(orig); free(fx); return; }
+    char cur[64] = "";
+    dsv4_tokenizer *tok = NULL;
+    int n_cases = 0, n_variants = 0;
+    for (char *line = fx, *next; line && *line; line = next) {
         next = strchr(line, '\n');
         if (next) *next++ = 0;
         cJSON *c = cJSON_Parse(line);
         if (!c) continue;
+        const char *variant = cJSON_GetObjectItem(c, "variant")->valuestring;
+        if (strcmp(variant, cur)) {
+            dsv4_tokenizer_free(tok);
+            tok = NULL;
+            snprintf(cur, sizeof cur, "%s", variant);
+            cJSON *root = cJSON_ParseWithLength(orig, len);
+            apply_variant(root, variant);
+            char *s = cJSON_PrintUnformatted(root);
+            cJSON_Delete(root);
+            dsv4_err err = {0};
+            CHECK_MSG(dsv4_tokenizer_load_json(s, strlen(s), variant, &tok, &err) == 0, "%s", err.msg);
+            free(s);
+            n_variants++;
+        }
         size_t n;
         unsigned char *in = unhex(cJSON_GetObjectItem(c, "hex")->valuestring, &n);
         dsv4_tokvec v = {0};
-        CHECK(dsv4_tokenizer_encode(tok, (const char *)in, n, 1, &v, NULL) == 0);
+        CHECK(tok && dsv4_tokenizer_encode(tok, (const char *)in, n, 1, &v, NULL) == 0);
         const cJSON *want = cJSON_GetObjectItem(c, "special"), *x;
         int ok = (size_t)cJSON_GetArraySize(want) == v.n;
         size_t i = 0;
         cJSON_ArrayForEach(x, want) if (ok && v.ids[i++] != (int32_t)x->valuedouble) ok = 0;
-        CHECK_MSG(ok, "merges_arrays %s: ids differ", cJSON_GetObjectItem(c, "name")->valuestring);
+        CHECK_MSG(ok, "%s %s: ids differ from tokenizers", variant, cJSON_GetObjectItem(c, "name")->valuestring);
         n_cases++;
         dsv4_tokvec_free(&v);
         free(in);
         cJSON_Delete(c);
     }
-    CHECK(n_cases >= 10);
-    free(fx);
+    CHECK_EQ_INT(n_variants, 3);
+    CHECK(n_cases >= 30);
     dsv4_tokenizer_free(tok);
+    free(fx);
+    free(orig);
 }
 
 /* An independent UTF-8 validity check (Unicode Table 3-7). */
@@ -461,6 +491,6 @@ int main(void) {
         test_threads(tok);
         dsv4_tokenizer_free(tok);
     }
-    test_merges_arrays(path);
+    test_variants(path);
     return TEST_REPORT();
 }
