@@ -87,6 +87,10 @@ from transformers import DeepseekV4Config, DeepseekV4ForCausalLM  # noqa: E402
 from transformers.models.deepseek_v4 import modeling_deepseek_v4 as mdv4  # noqa: E402
 
 FORMAT = "dsv4-ref-v1"
+# transformers renamed the forward's `past_key_values` to `cache` (5.2x deprecates the old name);
+# 5.17 silently ignores an unknown `cache=` and runs every chunk without state.
+CACHE_KW = "cache" if "cache" in inspect.signature(mdv4.DeepseekV4Model.forward).parameters \
+    else "past_key_values"
 REF_MODELS = ["tiny-flash", "tiny-dspark"]
 
 # spec/MODEL.md §5.4: prefill lengths, decode (prefill 250 then 10 single steps), chunked 97+153.
@@ -276,7 +280,7 @@ def run_case(model, probe, ids, chunks):
     with torch.no_grad():
         for c in chunks:
             x = torch.from_numpy(ids[pos:pos + c]).unsqueeze(0)
-            out = model(input_ids=x, cache=cache, use_cache=True)
+            out = model(input_ids=x, use_cache=True, **{CACHE_KW: cache})
             logits.append(out.logits[0])
             streams.append(probe.take_streams())
             pos += c
@@ -376,11 +380,11 @@ def run_mtp(model, raw, ckpt, ids, h_last, log):
         x = mtp.e_proj(e).unsqueeze(2) + mtp.h_proj(mtp.hnorm(H))
         cache = DynamicCache(config=mtp.cfg)
         mask = mdv4.create_sliding_window_causal_mask(config=mtp.cfg, inputs_embeds=e, attention_mask=None,
-                                                      cache=cache, position_ids=pos)
+                                                      position_ids=pos, **{CACHE_KW: cache})
         pe = {"main": mtp.rotary(e, position_ids=pos, layer_type="main"),
               "compress": mtp.rotary(e, position_ids=pos, layer_type="compress")}
         X = mtp.layer(x, position_embeddings=pe, position_ids=pos, attention_mask=mask,
-                      input_ids=tok, cache=cache)
+                      input_ids=tok, **{CACHE_KW: cache})
         logits = model.lm_head(mtp.norm(mtp.hc_head(X)))[0]
     log(f"MTP reference: {n_used} mtp.0 tensors bound, {n} positions")
     return logits, X[0], n_used

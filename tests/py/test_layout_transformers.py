@@ -10,6 +10,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 import struct
 import sys
 
@@ -33,7 +34,8 @@ def generated(tmp_path_factory):
     out = tmp_path_factory.mktemp("models")
     names = list(gc.MODELS)
     assert gc.main(["--out", str(out)] + sum((["--only", n] for n in names), [])) == 0
-    return str(out)
+    yield str(out)
+    shutil.rmtree(str(out), ignore_errors=True)  # ~230 MB; do not leave it in pytest's tmp
 
 
 def _splitmix_reference(key, i):
