@@ -81,6 +81,13 @@ def main():
         if not ids:
             continue
         lines.append(" ".join(piece(i) for i in ids) + " => " + hx(tok.decode(ids, skip_special_tokens=False).encode()))
+    # Part C: single-byte tokens (bytes >= 0x80 and ASCII) in random order:
+    # the library's own lossy decode of ill-formed byte sequences.
+    u2b = b2u
+    byte_ids = [tok.token_to_id(ch) for ch, b in u2b.items() if tok.token_to_id(ch) is not None]
+    for _ in range(150):
+        ids = [rnd.choice(byte_ids) for _ in range(rnd.randint(1, 12))]
+        lines.append(" ".join(piece(i) for i in ids) + " => " + hx(tok.decode(ids, skip_special_tokens=False).encode()))
     with open(OUT, "w") as f:
         f.write("\n".join(lines) + "\n")
     print(f"wrote {len(lines)} cases to {OUT}")

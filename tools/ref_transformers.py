@@ -25,6 +25,11 @@ For each of tiny-flash and tiny-dspark (written by tools/gen_checkpoints.py):
        load).  The DSpark stages of tiny-dspark (main_proj, markov_head, confidence_head) have
        no transformers implementation; their layout is checked by name/shape against
        spec/DSPARK.md §3.1 by the C loader tests, not here.
+   Also (spec/MODEL.md §5.3 step 7, when `accelerate` is installed): the QUANTISED checkpoint
+   itself loads through transformers' FP8 path `FineGrainedFP8Config(dequantize=True)` with
+   empty loading info and a state dict bit-identical to the BF16 copy's -- so transformers reads
+   our `.scale` tensors, E8M0 block scales and low-nibble-first FP4 experts as we wrote them
+   (measured with 5.17.0 and 5.24.0; this answers spec §6.6 D15 / §8 item 3 for the tiny layout).
 2. Reference logits in fp32 "HF numerics" for the spec/MODEL.md §5.4 inputs (see CASES), the
    per-layer 4-stream outputs for some cases, and an MTP reference (tiny-flash).  Written to
    tests/fixtures/ref/<model>/ (format in tools/README.md): index.json + raw little-endian f32.
@@ -87,6 +92,10 @@ from transformers import DeepseekV4Config, DeepseekV4ForCausalLM  # noqa: E402
 from transformers.models.deepseek_v4 import modeling_deepseek_v4 as mdv4  # noqa: E402
 
 FORMAT = "dsv4-ref-v1"
+# transformers renamed the forward's `past_key_values` to `cache` (5.2x deprecates the old name);
+# 5.17 silently ignores an unknown `cache=` and runs every chunk without state.
+CACHE_KW = "cache" if "cache" in inspect.signature(mdv4.DeepseekV4Model.forward).parameters \
+    else "past_key_values"
 REF_MODELS = ["tiny-flash", "tiny-dspark"]
 
 # spec/MODEL.md §5.4: prefill lengths, decode (prefill 250 then 10 single steps), chunked 97+153.
@@ -214,13 +223,41 @@ def layout_proof(models_dir, name, log):
     # The shared-expert clamp must be in this transformers (spec §6.6 "§3.5 clamp").
     assert "clamp" in inspect.getsource(mdv4.DeepseekV4MLP.forward)
 
+    fp8 = quantised_load_proof(models_dir, name, sd, log)
     rep = {"checkpoint": name + "-bf16", "transformers_tensors": len(sd),
            "checkpoint_tensors": len(ckpt), "checkpoint_tensors_outside_mtp": len(main),
            "mtp_tensors_ignored_by_transformers": len(mtp), "elements": n_ck,
-           "missing": 0, "unexpected": 0, "mismatched": 0, "reinitialised": 0}
+           "missing": 0, "unexpected": 0, "mismatched": 0, "reinitialised": 0,
+           "quantised_checkpoint_via_FineGrainedFP8Config_dequantize": fp8}
     log(f"{name}: layout ok: {len(main)} tensors -> {len(sd)} transformers tensors, "
         f"{n_ck} elements, value multiset equal; {len(mtp)} mtp.* tensors ignored by transformers")
     return model, ckpt, rep
+
+
+def quantised_load_proof(models_dir, name, sd_bf16, log):
+    """spec/MODEL.md §5.3 step 7: load the QUANTISED checkpoint (F8_E4M3 + `.scale`, I8 FP4
+    experts) through transformers' own FP8 path, `FineGrainedFP8Config(dequantize=True)` (what
+    its integration test uses for the real model), and require the identical state dict as the
+    BF16 copy.  Needs `accelerate`; returns a short status string."""
+    import importlib.util
+    if importlib.util.find_spec("accelerate") is None:
+        log(f"{name}: quantised-load proof skipped (accelerate not installed)")
+        return "skipped: accelerate not installed"
+    from transformers import FineGrainedFP8Config
+    torch.manual_seed(3)
+    m, info = DeepseekV4ForCausalLM.from_pretrained(
+        os.path.join(models_dir, name), dtype=torch.float32, output_loading_info=True,
+        quantization_config=FineGrainedFP8Config(dequantize=True))
+    for k in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"):
+        assert not info.get(k), f"{name} (quantised): from_pretrained reported {k}: {sorted(info[k])[:10]}"
+    sq = m.state_dict()
+    assert sorted(sq) == sorted(sd_bf16), sorted(set(sq) ^ set(sd_bf16))[:10]
+    for k, v in sd_bf16.items():
+        assert sq[k].shape == v.shape and torch.equal(sq[k].float(), v.float()), \
+            f"{name}: {k} differs between the quantised load and the BF16 copy"
+    log(f"{name}: quantised checkpoint loads through FineGrainedFP8Config(dequantize=True) "
+        f"to the same {len(sq)} tensors, bit-identical to the BF16 copy")
+    return "ok: bit-identical to the BF16 copy"
 
 
 # --------------------------------------------------------------------------------------------
@@ -276,7 +313,7 @@ def run_case(model, probe, ids, chunks):
     with torch.no_grad():
         for c in chunks:
             x = torch.from_numpy(ids[pos:pos + c]).unsqueeze(0)
-            out = model(input_ids=x, cache=cache, use_cache=True)
+            out = model(input_ids=x, use_cache=True, **{CACHE_KW: cache})
             logits.append(out.logits[0])
             streams.append(probe.take_streams())
             pos += c
@@ -376,11 +413,11 @@ def run_mtp(model, raw, ckpt, ids, h_last, log):
         x = mtp.e_proj(e).unsqueeze(2) + mtp.h_proj(mtp.hnorm(H))
         cache = DynamicCache(config=mtp.cfg)
         mask = mdv4.create_sliding_window_causal_mask(config=mtp.cfg, inputs_embeds=e, attention_mask=None,
-                                                      cache=cache, position_ids=pos)
+                                                      position_ids=pos, **{CACHE_KW: cache})
         pe = {"main": mtp.rotary(e, position_ids=pos, layer_type="main"),
               "compress": mtp.rotary(e, position_ids=pos, layer_type="compress")}
         X = mtp.layer(x, position_embeddings=pe, position_ids=pos, attention_mask=mask,
-                      input_ids=tok, cache=cache)
+                      input_ids=tok, **{CACHE_KW: cache})
         logits = model.lm_head(mtp.norm(mtp.hc_head(X)))[0]
     log(f"MTP reference: {n_used} mtp.0 tensors bound, {n} positions")
     return logits, X[0], n_used

@@ -15,6 +15,20 @@
  *  - never tool-call markup (the DSML scanner swallows it before the matcher;
  *    a "\n\n" that may open a call is held by the scanner, which is exactly
  *    the deferral §6.2 asks for).
+ *
+ * Decisions where the spec leaves room (each covered by a test):
+ *  - arguments are compact JSON (§5.2); a string="false" value that parses
+ *    is minified with its numbers kept as written (no float round trip);
+ *  - a duplicate parameter is streamed twice (fragments cannot be taken
+ *    back); JSON parsers keep the last value, which is §5.2's "last wins";
+ *  - a block opener cut off by the end of generation after its marker
+ *    ("\n\n<｜DSML｜tool_ca") counts as a dropped call, not as text;
+ *  - control tokens that are removed (BOS, role markers, </think> in chat
+ *    content) are transparent to the text scanners, so stripping can never
+ *    splice a marker together and a stop may span them;
+ *  - --unterminated-reasoning-as-content changes only the final result;
+ *  - a stop that completed in an earlier step but was held back reports
+ *    n_kept 0 for the current step; result.completion_tokens is exact.
  */
 #include "text/outparse.h"
 
@@ -54,6 +68,8 @@ struct dsv4_outparse {
     dsv4_detok *detok;
     op_dsml dsml;
     op_stops stops;
+    op_stops shadow; /* the same stops over dormant text, for the metric */
+    int stop_suppressed;
 
     /* state */
     int in_reasoning;  /* current channel: reasoning (1) or content (0) */
@@ -148,6 +164,12 @@ static void emit_final(void *ctx, const char *s, size_t n) {
     }
 }
 
+static void emit_none(void *ctx, const char *s, size_t n) {
+    (void)ctx;
+    (void)s;
+    (void)n;
+}
+
 static int stops_live(const dsv4_outparse *p) {
     if (p->stops.n == 0) return 0;
     if (p->in_reasoning) return p->stop_in_reasoning;
@@ -160,6 +182,13 @@ static void sink_text(void *ctx, const char *s, const int32_t *tags, size_t n) {
     dsv4_outparse *p = ctx;
     if (p->end != DSV4_END_NONE || !n) return;
     if (!stops_live(p)) {
+        if (p->stops.n && !p->stop_suppressed) {
+            /* dsv4:stop_suppressed_in_reasoning_total (§3.9): would a stop
+             * have fired here without the guard? */
+            int w = -1;
+            int32_t t = -1;
+            if (op_stops_push(&p->shadow, s, tags, p->cur_tag, n, emit_none, NULL, &w, &t) == 1) p->stop_suppressed = 1;
+        }
         emit_final(p, s, n);
         return;
     }
@@ -329,6 +358,8 @@ dsv4_outparse *dsv4_outparse_create(const dsv4_outparse_config *cfg, const dsv4_
     }
     if (op_stops_init(&p->stops, cfg->stops, cfg->n_stops, cfg->include_stop_str_in_output, err) != DSV4_OK)
         goto fail;
+    if (op_stops_init(&p->shadow, cfg->stops, cfg->n_stops, 0, err) != DSV4_OK) goto fail;
+    p->stops.min_tag = cfg->min_tokens > 0 ? cfg->min_tokens - 1 : 0;
     p->detok = dsv4_detok_create(vocab, err);
     if (!p->detok) goto fail;
     op_dsml_sink sink = {p, sink_text, sink_block_open, sink_tool_header, sink_tool_args,
@@ -345,6 +376,7 @@ void dsv4_outparse_free(dsv4_outparse *p) {
     dsv4_detok_free(p->detok);
     op_dsml_free(&p->dsml);
     op_stops_free(&p->stops);
+    op_stops_free(&p->shadow);
     cJSON_Delete(p->tools);
     free(p->stop_ids);
     op_buf_free(&p->reasoning);
@@ -388,7 +420,10 @@ static void push_special_raw(dsv4_outparse *p, dsv4_special_kind kind, const cha
     case DSV4_SPECIAL_THINK_CLOSE:
         if (p->end == DSV4_END_NONE) op_stops_flush(&p->stops, emit_final, p);
         if (kind == DSV4_SPECIAL_THINK_OPEN && !p->seen_output && !p->guard_armed && p->stops.n) p->guard_armed = 1;
-        if (kind == DSV4_SPECIAL_THINK_CLOSE) p->guard_armed = 0;
+        if (kind == DSV4_SPECIAL_THINK_CLOSE) {
+            op_stops_flush(&p->shadow, emit_none, NULL);
+            p->guard_armed = 0;
+        }
         p->seen_output = 1;
         emit_final(p, text, len);
         return;
@@ -403,6 +438,7 @@ static void push_special_raw(dsv4_outparse *p, dsv4_special_kind kind, const cha
 static void leave_reasoning(dsv4_outparse *p) {
     if (!op_dsml_in_markup(&p->dsml)) op_dsml_break(&p->dsml);
     if (p->end == DSV4_END_NONE) op_stops_flush(&p->stops, emit_final, p);
+    op_stops_flush(&p->shadow, emit_none, NULL);
     p->in_reasoning = 0;
 }
 
@@ -419,9 +455,13 @@ static void push_special(dsv4_outparse *p, dsv4_special_kind kind, const char *t
             p->saw_think_close = 1;
             leave_reasoning(p);
         } else if (p->guard_armed) {
+            /* stops go live after this point: settle held text first */
             if (!op_dsml_in_markup(&p->dsml)) op_dsml_break(&p->dsml);
+            op_stops_flush(&p->shadow, emit_none, NULL);
             p->guard_armed = 0;
         }
+        /* otherwise (chat mode, content) a dropped control token is
+         * transparent: the text on both sides is scanned as one */
         p->seen_output = 1;
         return;
     case DSV4_SPECIAL_THINK_OPEN:
@@ -435,9 +475,9 @@ static void push_special(dsv4_outparse *p, dsv4_special_kind kind, const char *t
         p->seen_output = 1;
         return;
     default:
-        /* BOS, pad, role markers, others: stripped (§3.5, §5.4); they end
-         * any held partial markup in plain text */
-        if (!op_dsml_in_markup(&p->dsml)) op_dsml_break(&p->dsml);
+        /* BOS, pad, role markers, others: stripped (§3.5, §5.4). Being
+         * removed, they are transparent: text on both sides is scanned as
+         * one, so no marker can be spliced together around them. */
         p->seen_output = 1;
         return;
     }
@@ -609,6 +649,8 @@ const dsv4_outparse_result *dsv4_outparse_get_result(dsv4_outparse *p) {
     r->completion_tokens = p->end == DSV4_END_STOP_STR ? p->stop_tag + 1 : p->ntok;
     r->reasoning_tokens = p->reasoning_tokens;
     r->tool_parse_failures = p->counters_tool_fail;
+    r->tool_parse_malformed = p->dsml.malformed_count;
+    r->stop_suppressed_in_reasoning = p->stop_suppressed;
     r->dsml_stripped = p->counters_stripped;
     return r;
 }

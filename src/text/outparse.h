@@ -74,6 +74,11 @@ typedef struct dsv4_outparse_config {
     /* Tool-call ids: 0 = random from the OS (unguessable, §3.4); nonzero =
      * deterministic ids derived from this seed (tests only). */
     uint64_t id_seed;
+    /* min_tokens (§6.2 lists it as unaffected by the guard): a stop string
+     * is not checked while fewer than min_tokens tokens have been generated
+     * (vLLM semantics: a match completing in token t counts only if
+     * t + 1 >= min_tokens). EOS/stop_token_ids are masked by the sampler. */
+    int min_tokens;
 } dsv4_outparse_config;
 
 /* Kinds of streamed deltas, in the order a client must see them (§3.5). */
@@ -129,6 +134,11 @@ typedef struct dsv4_outparse_result {
     int reasoning_unterminated;   /* 1 if generation ended inside reasoning */
     int tool_parse_failures;      /* incomplete / malformed calls dropped  */
     int dsml_stripped;            /* markup or markers removed from text   */
+    /* appended after the first publication (fields above unchanged): */
+    int tool_parse_malformed;     /* of tool_parse_failures: kind="malformed"
+                                   * (the rest are kind="unterminated")     */
+    int stop_suppressed_in_reasoning; /* 1 if a stop string occurred in text
+                                   * where the §6.2 guard kept it dormant  */
 } dsv4_outparse_result;
 
 typedef struct dsv4_outparse dsv4_outparse;

@@ -64,6 +64,16 @@ static inline void op_buf_consume(op_buf *b, size_t n) {
     if (b->s) b->s[b->len] = '\0';
 }
 
+/* Remove n bytes at offset off. */
+static inline void op_buf_cut(op_buf *b, size_t off, size_t n) {
+    if (off >= b->len) return;
+    if (n > b->len - off) n = b->len - off;
+    memmove(b->s + off, b->s + off + n, b->len - off - n);
+    if (b->tagged) memmove(b->tag + off, b->tag + off + n, (b->len - off - n) * sizeof *b->tag);
+    b->len -= n;
+    b->s[b->len] = '\0';
+}
+
 static inline void op_buf_clear(op_buf *b) {
     b->len = 0;
     if (b->s) b->s[0] = '\0';

@@ -22,6 +22,8 @@
  */
 #include "text/outparse_dsml.h"
 
+#include "dsv4/common.h"
+
 #include <ctype.h>
 #include <math.h>
 #include <stdio.h>
@@ -170,6 +172,18 @@ static const cJSON *tool_params(const cJSON *tools, const char *name) {
     return NULL;
 }
 
+/* 1 if `tools` declares a function called `name` (with or without parameters). */
+static int tool_known(const cJSON *tools, const char *name) {
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tools) {
+        const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        if (!cJSON_IsObject(fn)) fn = t;
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(fn, "name");
+        if (cJSON_IsString(nm) && strcmp(nm->valuestring, name) == 0) return 1;
+    }
+    return 0;
+}
+
 static const cJSON *tool_props(const cJSON *tools, const char *name) {
     const cJSON *p = tool_params(tools, name);
     const cJSON *props = p ? cJSON_GetObjectItemCaseSensitive(p, "properties") : NULL;
@@ -292,6 +306,9 @@ static void start_invoke(op_dsml *d, const char *name) {
     d->cur_index = d->next_index++;
     d->cur_name = strdup(name);
     if (!d->cur_name) d->oom = 1;
+    /* §5.2: an unknown tool name is still returned (clients decide), logged */
+    if (cJSON_IsArray(d->tools) && !tool_known(d->tools, name))
+        dsv4_log(DSV4_LOG_DEBUG, "outparse: tool call names unknown tool \"%s\"", name);
     d->sink.tool_header(d->sink.ctx, d->cur_index, name);
 }
 
@@ -375,14 +392,69 @@ static void strip(op_dsml *d, size_t n) {
     op_buf_consume(&d->pend, n);
 }
 
-static void open_block(op_dsml *d) {
-    d->sink.block_open(d->sink.ctx);
+/*
+ * Why hold a marker-prefix suffix: removing markup splices the text on its
+ * two sides, and "|DSM" + <removed> + "L|" would otherwise leave a look-alike
+ * marker in content. Text that could start a marker stays pending until what
+ * follows it is settled, and every removal rescans from there.
+ */
+static size_t mark_prefix_suffix(const char *b, size_t n) {
+    size_t best = 0;
+    for (size_t a = 0; a < NMARKS; a++) {
+        size_t al = strlen(MARKS[a]), k = al - 1 < n ? al - 1 : n;
+        for (; k > best; k--)
+            if (memcmp(b + n - k, MARKS[a], k) == 0) break;
+        if (k > best) best = k;
+    }
+    return best;
+}
+
+/* Release pend[0..i) except a suffix that may splice into a marker; returns
+ * that suffix's length (now at the start of pend). */
+static size_t release_safe(op_dsml *d, size_t i) {
+    size_t k = mark_prefix_suffix(d->pend.s, i);
+    release_text(d, i - k);
+    return k;
+}
+
+static void strip_at(op_dsml *d, size_t off, size_t n) {
+    if (!n) return;
+    d->sink.stripped(d->sink.ctx, n);
+    op_buf_cut(&d->pend, off, n);
+}
+
+/* A block opener of m bytes starts at pend[i]. */
+static void open_block(op_dsml *d, size_t i, size_t m) {
     if (d->tools_enabled) {
+        release_text(d, i);
+        op_buf_consume(&d->pend, m);
+        d->sink.block_open(d->sink.ctx);
         d->state = OP_DSML_BLOCK;
     } else {
-        d->sink.stripped(d->sink.ctx, 1); /* §5.5: block removed, no calls */
+        /* §5.5: the block is removed and text resumes after it; keep a
+         * marker-prefix suffix aside so the splice is rescanned */
+        size_t k = release_safe(d, i);
+        op_buf_clear(&d->carry);
+        if (op_buf_put(&d->carry, d->pend.s, k, d->pend.tag, 0)) d->oom = 1;
+        op_buf_consume(&d->pend, k + m);
+        d->sink.block_open(d->sink.ctx);
+        d->sink.stripped(d->sink.ctx, m);
         d->state = OP_DSML_SKIP;
     }
+}
+
+/* Back to TEXT after a stripped block: the carried text goes first. */
+static void resume_text(op_dsml *d) {
+    d->state = OP_DSML_TEXT;
+    if (!d->carry.len) return;
+    if (op_buf_put(&d->carry, d->pend.s ? d->pend.s : "", d->pend.len, d->pend.tag, 0)) {
+        d->oom = 1;
+        return;
+    }
+    op_buf t = d->pend;
+    d->pend = d->carry;
+    d->carry = t;
+    op_buf_clear(&d->carry);
 }
 
 /*
@@ -440,6 +512,7 @@ bad:
 
 /* Malformed markup inside a block: drop the call in progress, skip the block. */
 static void malformed(op_dsml *d) {
+    d->malformed_count++;
     if (d->cur_index >= 0) drop_invoke(d);
     else d->sink.tool_drop(d->sink.ctx, -1);
     d->state = OP_DSML_SKIP;
@@ -456,51 +529,43 @@ static int step(op_dsml *d) {
         for (size_t i = 0; i < n; i++) {
             unsigned char c = (unsigned char)b[i];
             int r;
-            if (c == '\n') {
-                r = pmatch(b + i, n - i, P_OPEN_NL, &m);
+            if (c == '\n' || c == '<') {
+                r = pmatch(b + i, n - i, c == '\n' ? P_OPEN_NL : P_OPEN, &m);
                 if (r == M_PART && d->eof) r = M_NONE;
-                if (r == M_NONE) continue;
-                release_text(d, i);
-                if (r == M_PART) return 0;
-                op_buf_consume(pb, m);
-                open_block(d);
-                return 1;
-            }
-            if (c == '<') {
-                r = pmatch(b + i, n - i, P_OPEN, &m);
-                if (r == M_PART && d->eof) r = M_NONE;
-                if (r != M_NONE) {
-                    release_text(d, i);
-                    if (r == M_PART) return 0;
-                    op_buf_consume(pb, m);
-                    open_block(d);
+                if (r == M_FULL) {
+                    open_block(d, i, m);
                     return 1;
                 }
+                if (r == M_PART) {
+                    release_safe(d, i);
+                    return 0;
+                }
+                if (c == '\n') continue;
                 r = pmatch(b + i, n - i, P_TAG, &m);
                 if (r == M_NONE) r = pmatch(b + i, n - i, P_ENDTAG, &m);
                 if (r == M_PART && d->eof) r = M_NONE;
                 if (r == M_NONE) continue;
-                release_text(d, i);
+                size_t k = release_safe(d, i);
                 if (r == M_PART) return 0;
-                /* stray tag: drop through its '>' (bounded look-ahead) */
+                /* stray tag at pend[k]: drop through its '>', deciding on the
+                 * first MAX_STRAY bytes only so the result does not depend on
+                 * how the text was split into tokens */
                 b = pb->s;
                 n = pb->len;
-                /* decide on the first MAX_STRAY bytes only, so the result
-                 * does not depend on how the text was split into tokens */
-                size_t win = n < MAX_STRAY ? n : MAX_STRAY;
-                const char *gt = win > m ? memchr(b + m, '>', win - m) : NULL;
-                if (gt) strip(d, (size_t)(gt - b) + 1);
-                else if (n < MAX_STRAY && !d->eof) return 0;
-                else strip(d, m);
+                size_t win = n - k < MAX_STRAY ? n - k : MAX_STRAY;
+                const char *gt = win > m ? memchr(b + k + m, '>', win - m) : NULL;
+                if (gt) strip_at(d, k, (size_t)(gt - (b + k)) + 1);
+                else if (n - k < MAX_STRAY && !d->eof) return 0;
+                else strip_at(d, k, m);
                 return 1;
             }
             if (c == '|' || c == 0xEF || c == 0xE2) {
                 r = pmatch(b + i, n - i, P_MARK, &m);
                 if (r == M_PART && d->eof) r = M_NONE;
                 if (r == M_NONE) continue;
-                release_text(d, i);
+                size_t k = release_safe(d, i);
                 if (r == M_PART) return 0;
-                strip(d, m);
+                strip_at(d, k, m);
                 return 1;
             }
         }
@@ -597,7 +662,8 @@ static int step(op_dsml *d) {
             strip(d, i);
             if (r == M_PART) return 0;
             strip(d, m);
-            d->state = d->tools_enabled ? OP_DSML_AFTER : OP_DSML_TEXT;
+            if (d->tools_enabled) d->state = OP_DSML_AFTER;
+            else resume_text(d);
             return 1;
         }
         strip(d, n);
@@ -605,7 +671,11 @@ static int step(op_dsml *d) {
     }
     case OP_DSML_AFTER:
     default:
-        /* §5.2: text after the closer is discarded */
+        /* §5.2: text after the closer is discarded (logged) */
+        if (!d->after_logged) {
+            d->after_logged = 1;
+            dsv4_log(DSV4_LOG_DEBUG, "outparse: discarding text after the tool-call block");
+        }
         strip(d, n);
         return 0;
     }
@@ -617,12 +687,14 @@ void op_dsml_init(op_dsml *d, const op_dsml_sink *sink, int tools_enabled, const
     d->tools_enabled = tools_enabled;
     d->tools = tools;
     d->pend.tagged = 1;
+    d->carry.tagged = 1;
     d->cur_index = -1;
 }
 
 void op_dsml_free(op_dsml *d) {
     clear_invoke(d);
     op_buf_free(&d->pend);
+    op_buf_free(&d->carry);
     op_buf_free(&d->pval);
 }
 
@@ -645,6 +717,8 @@ void op_dsml_break(op_dsml *d) {
     }
 }
 
+void op_dsml_break(op_dsml *d);
+
 /* At end of generation: a held partial opener that already got past the
  * marker ("\n\n<｜DSML｜tool_ca") is a tool call cut off by the token limit,
  * not text (§5.2 length rule, §9 item 9); drop it. Returns 1 if dropped. */
@@ -657,10 +731,11 @@ static int drop_truncated_opener(op_dsml *d) {
         size_t j = i;
         while (j < n && b[j] == '\n') j++;
         if (pmatch(b + j, n - j, P_TAG, &m) != M_FULL) continue;
-        release_text(d, i);
         if (d->tools_enabled) d->sink.tool_drop(d->sink.ctx, -1);
-        else d->sink.stripped(d->sink.ctx, d->pend.len);
-        op_buf_clear(&d->pend);
+        else d->sink.stripped(d->sink.ctx, n - i);
+        /* drop the opener; what precedes it is settled by the normal scan */
+        op_buf_cut(&d->pend, i, n - i);
+        op_dsml_break(d);
         return 1;
     }
     return 0;
@@ -678,6 +753,14 @@ void op_dsml_end(op_dsml *d) {
         else d->sink.tool_drop(d->sink.ctx, -1); /* block never closed */
         op_buf_clear(&d->pend);
         d->state = OP_DSML_AFTER;
+        break;
+    case OP_DSML_SKIP:
+        op_buf_clear(&d->pend);
+        if (!d->tools_enabled) {
+            /* unterminated stripped block: text held before it still counts */
+            resume_text(d);
+            op_dsml_break(d);
+        }
         break;
     default:
         op_buf_clear(&d->pend);

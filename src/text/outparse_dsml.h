@@ -43,6 +43,7 @@ typedef struct op_dsml {
     const cJSON *tools; /* not owned */
     int state;
     op_buf pend; /* tagged */
+    op_buf carry; /* tagged: text held across a stripped block (§5.5) */
     int next_index;
     /* current invoke */
     int cur_index; /* -1 when none */
@@ -54,6 +55,8 @@ typedef struct op_dsml {
     char *pkey;
     int pstring;         /* 1 string="true"; 0 "false"; -1 missing */
     op_buf pval;         /* buffered value (non-string params) */
+    int after_logged;
+    int malformed_count; /* blocks with unparseable markup (§5.2 kind="malformed") */
     int eof; /* scanning with no more text to come (partial = no match) */
     int oom;
 } op_dsml;

@@ -53,7 +53,11 @@ int op_stops_push(op_stops *st, const char *s, const int32_t *tags, int32_t tag_
     int best = -1;
     size_t best_end = 0, best_start = 0;
     for (int i = 0; i < st->n; i++) {
-        const char *m = memmem(h->s, h->len, st->str[i], st->len[i]);
+        /* first occurrence that completes at or after token min_tag */
+        const char *m = h->s;
+        while ((m = memmem(m, h->len - (size_t)(m - h->s), st->str[i], st->len[i])) != NULL &&
+               h->tag[(size_t)(m - h->s) + st->len[i] - 1] < st->min_tag)
+            m++;
         if (!m) continue;
         size_t start = (size_t)(m - h->s), end = start + st->len[i];
         if (best < 0 || end < best_end) {

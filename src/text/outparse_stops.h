@@ -21,6 +21,7 @@ typedef struct op_stops {
     size_t *len;
     int n;
     int include; /* include_stop_str_in_output */
+    int32_t min_tag; /* matches completing in an earlier token are ignored (min_tokens) */
     op_buf held; /* tagged */
 } op_stops;
 

@@ -10,6 +10,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 import struct
 import sys
 
@@ -29,11 +30,20 @@ needs_torch = pytest.mark.skipif(not HAVE_TORCH, reason="torch/transformers not 
 
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory):
-    """All models regenerated from scratch into a temporary directory."""
+    """The tiny models regenerated from scratch into a temporary directory.  The 170 MB default
+    model is taken from models/ when scripts/setup.sh already made it (the generator itself
+    refuses output that differs from the lock), else generated here too."""
     out = tmp_path_factory.mktemp("models")
-    names = list(gc.MODELS)
+    names = [n for n in gc.MODELS if n != "default"]
+    lock = gc.load_lock()
+    root_default = os.path.join(ROOT, "models", "default")
+    if gc.up_to_date(root_default, lock.get("default")):
+        os.symlink(root_default, os.path.join(str(out), "default"))
+    else:
+        names.append("default")
     assert gc.main(["--out", str(out)] + sum((["--only", n] for n in names), [])) == 0
-    return str(out)
+    yield str(out)
+    shutil.rmtree(str(out), ignore_errors=True)  # up to ~230 MB; do not leave it in pytest's tmp
 
 
 def _splitmix_reference(key, i):
@@ -176,6 +186,8 @@ def test_from_pretrained_layout_and_refs(generated, name):
     model, ckpt, rep = rt.layout_proof(generated, name, lambda m: None)
     assert rep["missing"] == rep["unexpected"] == rep["mismatched"] == rep["reinitialised"] == 0
     assert rep["mtp_tensors_ignored_by_transformers"] == sum(k.startswith("mtp.") for k in ckpt)
+    if importlib.util.find_spec("accelerate") is not None:  # quantised layout via the FP8 path
+        assert rep["quantised_checkpoint_via_FineGrainedFP8Config_dequantize"].startswith("ok")
     idx = json.load(open(os.path.join(REF, name, "index.json")))
     case = next(c for c in idx["cases"] if c["name"] == "prefill_20")
     ids = np.array(case["input_ids"], dtype=np.int64)
@@ -186,3 +198,45 @@ def test_from_pretrained_layout_and_refs(generated, name):
     ref = np.fromfile(os.path.join(REF, name, arr["file"]), "<f4").reshape(arr["shape"])
     got = lg[case["positions"]].numpy()
     assert np.abs(got - ref).max() < 1e-3, np.abs(got - ref).max()
+
+
+@needs_torch
+@pytest.mark.parametrize("name", ["tiny-flash", "tiny-dspark"])
+def test_safetensors_library_reads_quantised_shards(generated, name):
+    """An independent reader (the safetensors library + torch's float8 dtypes) opens every shard
+    of the quantised checkpoint, and dequantising with torch (E4M3 x E8M0 per 128x128 block;
+    E2M1 nibbles, low first, x E8M0 per 32) gives exactly the BF16 copy."""
+    import torch
+    from safetensors import safe_open
+    fp4 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
+
+    def load(d):
+        idx = json.load(open(os.path.join(d, "model.safetensors.index.json")))
+        out = {}
+        for fn in sorted(set(idx["weight_map"].values())):
+            with safe_open(os.path.join(d, fn), "pt") as f:
+                for k in f.keys():
+                    out[k] = f.get_tensor(k)
+        return out
+    q = load(os.path.join(generated, name))
+    b = load(os.path.join(generated, name + "-bf16"))
+    seen = {torch.float8_e4m3fn: 0, torch.int8: 0}
+    for k, t in q.items():
+        if k.endswith(".scale"):
+            assert t.dtype == torch.float8_e8m0fnu, k
+            continue
+        if t.dtype in seen:
+            s = q[k[:-len("weight")] + "scale"].float()
+            if t.dtype == torch.float8_e4m3fn:
+                rs = s.repeat_interleave(128, 0).repeat_interleave(128, 1)[:t.shape[0], :t.shape[1]]
+                deq = t.float() * rs
+            else:
+                u = t.view(torch.uint8).long()
+                nib = torch.stack([u & 15, u >> 4], -1).reshape(t.shape[0], -1)
+                deq = fp4[nib] * s.repeat_interleave(32, 1)
+            seen[t.dtype] += 1
+            assert b[k].dtype == torch.bfloat16 and torch.equal(deq, b[k].float()), k
+        else:
+            assert torch.equal(t, b[k]), k
+    assert sorted(k for k in q if not k.endswith(".scale")) == sorted(b)
+    assert all(seen.values()), seen

@@ -157,6 +157,7 @@ typedef struct {
     int completion_tokens, sum_kept;
     int violations; /* invariant failures seen in deltas */
     int raw;        /* raw mode: special-token text is allowed in content */
+    int suppressed; /* result.stop_suppressed_in_reasoning */
 } outcome;
 
 static void outcome_free(outcome *o) {
@@ -313,6 +314,7 @@ static void run(const pcfg *pc, const char *c, int mode, size_t split_at, uint64
     snprintf(o->stop_reason, sizeof o->stop_reason, "%s", r->stop_reason_str ? r->stop_reason_str : "");
     o->stop_token = r->stop_reason_token;
     o->completion_tokens = r->completion_tokens;
+    o->suppressed = r->stop_suppressed_in_reasoning;
     /* streaming == non-streaming for text (except the §4.3 opt-in move) */
     if (!pc->as_content) {
         if (strcmp(sb_str(&o->reasoning), o->f_reasoning ? o->f_reasoning : "") ||
@@ -350,6 +352,7 @@ typedef struct {
     int n_calls;
     const char *names[4], *args[4];
     const char *finish, *stop_reason;
+    int suppressed; /* a stop occurred where the guard kept it dormant */
 } expect;
 
 static void check_expect(const char *name, const outcome *o, const expect *e) {
@@ -365,6 +368,7 @@ static void check_expect(const char *name, const outcome *o, const expect *e) {
     CHECK_MSG(!strcmp(o->finish, e->finish), "%s: finish %s != %s", name, o->finish, e->finish);
     CHECK_MSG(!strcmp(o->stop_reason, e->stop_reason ? e->stop_reason : ""), "%s: stop_reason %s", name,
               o->stop_reason);
+    CHECK_MSG(o->suppressed == e->suppressed, "%s: stop_suppressed_in_reasoning %d", name, o->suppressed);
 }
 
 /*
@@ -443,21 +447,21 @@ static void test_item5_stop_in_reasoning(void) {
     pcfg think = {.thinking = 1, .stops = {"Question:"}, .n_stops = 1};
     run_all("item5_stop_dormant_in_reasoning", &think, out,
             &(expect){.reasoning = "The user asks: Question: what is 2+2? Restating. Question: ok.",
-                      .content = "The answer is 4.\n", .finish = "stop", .stop_reason = "Question:"});
+                      .content = "The answer is 4.\n", .suppressed = 1, .finish = "stop", .stop_reason = "Question:"});
     pcfg chat = {.thinking = 0, .stops = {"Question:"}, .n_stops = 1};
     run_all("item5_thinking_off_stops_at_first", &chat, "Restating. Question: what is 2+2?\nQuestion: again" EOS,
             &(expect){.content = "Restating. ", .finish = "stop", .stop_reason = "Question:"});
     /* one-chunk leak (§6.2): reasoning text with the stop and </think> in one
      * step never fires; whole-one-step feeding covers that */
     run_all("item5_one_chunk_leak", &think, "x Question: y" ETHINK "z" EOS,
-            &(expect){.reasoning = "x Question: y", .content = "z", .finish = "stop"});
+            &(expect){.reasoning = "x Question: y", .content = "z", .suppressed = 1, .finish = "stop"});
     /* §6.3 opt-in: stop fires inside reasoning */
     pcfg optin = {.thinking = 1, .stops = {"Question:"}, .n_stops = 1, .stop_in_reasoning = 1};
     run_all("item5_stop_in_reasoning_opt_in", &optin, out,
             &(expect){.reasoning = "The user asks: ", .content = NULL, .finish = "stop", .stop_reason = "Question:"});
     /* output-side arming (§6.2, PR #42): chat prompt, first output <think> */
     run_all("item5_output_side_arming", &chat, "  " BTHINK "Question: hmm" ETHINK "A. Question: b" EOS,
-            &(expect){.content = "  Question: hmmA. ", .finish = "stop", .stop_reason = "Question:"});
+            &(expect){.content = "  Question: hmmA. ", .suppressed = 1, .finish = "stop", .stop_reason = "Question:"});
 }
 
 /* §9 item 6: stops spanning tokens / inside one speculative step; earliest
@@ -539,6 +543,12 @@ static void test_item7_no_special_text(void) {
             "string=\"true\">pwd</|DSML|parameter>\n</|DSML|invoke>\n</|DSML|tool_calls>" EOS,
             &(expect){.content = "ok", .n_calls = 1, .names = {"bash"}, .args = {"{\"command\":\"pwd\"}"},
                       .finish = "tool_calls"});
+    /* stripping must not splice a marker together (found by the fuzzer) */
+    run_all("item7_no_marker_spliced_by_stripping", &c, "a|DSM|DSML|L|b x|DSM" USER "L|y" EOS,
+            &(expect){.content = "ab xy", .finish = "stop"});
+    pcfg none = {0};
+    run_all("item7_no_marker_spliced_around_stripped_block", &none,
+            "a|DSM" OPEN INV("bash") EINV CLOSE "L|b" EOS, &(expect){.content = "ab", .finish = "stop"});
     run_all("item7_lt_and_newlines_released", &c, "a < b\n\nc <x> |y| \xEF\xBD\x9Cz\n" EOS,
             &(expect){.content = "a < b\n\nc <x> |y| \xEF\xBD\x9Cz\n", .finish = "stop"});
 }
@@ -653,7 +663,7 @@ static void test_item13_json_object_thinking(void) {
 static void test_think_never_arrives(void) {
     pcfg t = {.thinking = 1, .stops = {"Question:"}, .n_stops = 1};
     run_all("s4_3_length_in_reasoning", &t, "Thinking... Question: still thinking",
-            &(expect){.reasoning = "Thinking... Question: still thinking", .content = NULL, .finish = "length"});
+            &(expect){.reasoning = "Thinking... Question: still thinking", .content = NULL, .suppressed = 1, .finish = "length"});
     run_all("s4_3_eos_in_reasoning", &t, "Thinking done" EOS,
             &(expect){.reasoning = "Thinking done", .content = NULL, .finish = "stop"});
     pcfg ac = {.thinking = 1, .as_content = 1};
@@ -664,7 +674,7 @@ static void test_think_never_arrives(void) {
     for (int i = 0; i < 40; i++) sb_put(&loop, "Wait, Question: is it 4? ", 25);
     char *runaway = strdup(loop.s);
     run_all("s4_4_runaway_not_cut_by_stop", &t, runaway,
-            &(expect){.reasoning = runaway, .content = NULL, .finish = "length"});
+            &(expect){.reasoning = runaway, .content = NULL, .suppressed = 1, .finish = "length"});
     free(runaway);
     free(loop.s);
     /* thinking budget (§4.3 row 2): the engine inserts </think>; continues */
@@ -679,12 +689,43 @@ static void test_stop_token_ids(void) {
             &(expect){.reasoning = "abc", .finish = "stop"});
 }
 
+/* min_tokens: a stop completing before min_tokens tokens is not checked */
+static void feed_pieces(dsv4_outparse *p, const char *const *pieces, int n) {
+    dsv4_err err = {0};
+    for (int i = 0; i < n && !dsv4_outparse_finished(p); i++)
+        CHECK_EQ_INT(dsv4_outparse_push_piece(p, -1, pieces[i], strlen(pieces[i]), 0, NULL, &err), DSV4_OK);
+    if (!dsv4_outparse_finished(p)) dsv4_outparse_finish(p, DSV4_END_LENGTH, &err);
+}
+
+static void test_min_tokens(void) {
+    const char *stops[] = {"STOP"};
+    const char *pieces[] = {"ab", "STOP", "cd", "STOP", "ef"};
+    dsv4_err err = {0};
+    dsv4_outparse_config cfg = {.stops = stops, .n_stops = 1, .min_tokens = 3};
+    dsv4_outparse *p = dsv4_outparse_create(&cfg, NULL, &err);
+    feed_pieces(p, pieces, 5);
+    const dsv4_outparse_result *r = dsv4_outparse_get_result(p);
+    CHECK_STR(r->content, "abSTOPcd");
+    CHECK_STR(r->finish_reason, "stop");
+    CHECK_EQ_INT(r->completion_tokens, 4);
+    dsv4_outparse_free(p);
+    /* a match spanning into token min_tokens-1 counts */
+    const char *span[] = {"xST", "OPy"};
+    dsv4_outparse_config c2 = {.stops = stops, .n_stops = 1, .min_tokens = 2};
+    p = dsv4_outparse_create(&c2, NULL, &err);
+    feed_pieces(p, span, 2);
+    r = dsv4_outparse_get_result(p);
+    CHECK_STR(r->content, "x");
+    CHECK_STR(r->finish_reason, "stop");
+    dsv4_outparse_free(p);
+}
+
 /* §3.6 raw completions: no reasoning/tool parsing, <think>/</think>/DSML
  * verbatim, BOS/EOS never; the guard arms when the prompt ends with <think>. */
 static void test_raw_completions(void) {
     pcfg g = {.raw = 1, .thinking = 1, .stops = {"Question:"}, .n_stops = 1};
     run_all("s3_6_raw_guard_until_think_close", &g, "Q Question: x" ETHINK "A. Question: b" EOS,
-            &(expect){.content = "Q Question: x</think>A. ", .finish = "stop", .stop_reason = "Question:"});
+            &(expect){.content = "Q Question: x</think>A. ", .suppressed = 1, .finish = "stop", .stop_reason = "Question:"});
     pcfg r = {.raw = 1, .stops = {"Question:"}, .n_stops = 1};
     run_all("s3_6_raw_stops_from_first_char", &r, BOS "Q Question: x" ETHINK "y" EOS,
             &(expect){.content = "Q ", .finish = "stop", .stop_reason = "Question:"});
@@ -766,6 +807,7 @@ int main(void) {
     test_think_never_arrives();
     test_stop_token_ids();
     test_raw_completions();
+    test_min_tokens();
     test_item7_fuzz();
     return TEST_REPORT();
 }
