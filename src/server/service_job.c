@@ -246,12 +246,7 @@ static void final_body(job *j, dsv4_reply *out) {
     add_stop_reason(c, res);
     cJSON_AddItemToObject(o, "usage", usage_json(j, res));
     pthread_mutex_unlock(&j->mu);
-    out->status = 200;
-    out->content_type = "application/json";
-    out->body = cJSON_PrintUnformatted(o);
-    out->len = out->body ? strlen(out->body) : 0;
-    cJSON_Delete(o);
-    if (!out->body) dsv4_reply_error(out, 500, NULL, "out of memory");
+    dsv4_reply_json(out, 200, o);
 }
 
 /* ---- streaming ---- */
