@@ -739,6 +739,45 @@ def build_ring(drafter: Drafter, feats: torch.Tensor, P: int) -> Ring:
     return ring
 
 
+@torch.no_grad()
+def spec_trace(target: Target, d: Drafter, prompt_ids: torch.Tensor, steps: int, k: int, forced=None):
+    """Greedy speculative decoding with the drafter (DSPARK.md §4.2, §4.6, §4.7), the target
+    recomputed from scratch each step (no cache). With `forced` (accept counts per step) the
+    verification outcome is scripted instead (a = forced[i]; the emitted token after the accepted
+    drafts is still the target's greedy token at row a): random tiny drafters almost never match the
+    target, and this makes the partial-acceptance ring path (C4) occur. Returns one record per step:
+    P, anchor, drafts (first k verified), verify-row features [k+1, F], accepted a, emitted tokens,
+    ring positions written (P..P+a only, C4) and the draft logits."""
+    c = d.c
+    seq = prompt_ids.clone()
+    run = target.run(seq)
+    P = len(seq)
+    anchor = int(run["logits"][-1].argmax())
+    ring = Ring(c.n_stages, c.window, c.head_dim)
+    pos = torch.arange(P)
+    ring.write(pos, d.context_rows(features(run, c.target_layers), pos))
+    out = []
+    for _ in range(steps):
+        r = d.draft([(ring, anchor, P)])
+        drafts = r["tokens"][0, :k]
+        vrun = target.run(torch.cat([seq, torch.tensor([anchor]), drafts]))
+        vf = features(vrun, c.target_layers)[P:P + k + 1]  # verify rows P..P+k
+        tgt = vrun["logits"][P:P + k + 1].argmax(-1)  # target greedy token after each row
+        a = 0
+        while a < k and int(drafts[a]) == int(tgt[a]):
+            a += 1
+        if forced is not None:
+            a = min(forced[len(out)], k)
+        emitted = drafts[:a].tolist() + [int(tgt[a])]
+        rows = torch.arange(P, P + a + 1)
+        ring.write(rows, d.context_rows(vf[:a + 1], rows))
+        out.append(dict(P=P, anchor=anchor, drafts=drafts.clone(), verify_features=vf, accepted=a,
+                        emitted=emitted, logits=r["logits"][0], written=rows))
+        seq = torch.cat([seq, torch.tensor([anchor]), drafts[:a]])
+        P, anchor = P + a + 1, emitted[-1]
+    return out
+
+
 def default_prompts(vocab: int, noise: int):
     """Deterministic prompts (ids in [2, vocab), noise id excluded); lengths cross the window."""
     g = torch.Generator().manual_seed(1234)
@@ -748,6 +787,9 @@ def default_prompts(vocab: int, noise: int):
         ids[ids == noise] = 2
         out.append(ids)
     return out
+
+
+FORCED_ACCEPT = [2, 0, 4, 1, 3, 0]
 
 
 @torch.no_grad()
@@ -810,6 +852,18 @@ def make_fixtures(model_dir: str, out_dir: str, prompts=None, anchors=None):
         r = d.draft(reqs)
         w.add(f"batch/{mode}/logits", r["logits"])
         w.add(f"batch/{mode}/tokens", r["tokens"])
+    # A short greedy speculative loop (C4: only accepted rows reach the ring).
+    trace_meta = {}
+    tp = prompts[0]
+    for mode in ("hf", "ref"):
+        steps = spec_trace(target, Drafter(c, Weights(tensors, quantised, mode)), tp, steps=6, k=4,
+                           forced=FORCED_ACCEPT)
+        trace_meta[mode] = [{"P": s["P"], "anchor": s["anchor"], "accepted": s["accepted"],
+                             "emitted": s["emitted"], "drafts": s["drafts"].tolist(),
+                             "written": s["written"].tolist()} for s in steps]
+        for i, s in enumerate(steps):
+            w.add(f"trace/{mode}/s{i}/logits", s["logits"])
+            w.add(f"trace/{mode}/s{i}/verify_features", s["verify_features"])
     meta = {
         "what": "DSpark drafter reference (tools/ref_dspark.py): spec/DSPARK.md §2",
         "model_dir": os.path.relpath(model_dir),
@@ -817,6 +871,7 @@ def make_fixtures(model_dir: str, out_dir: str, prompts=None, anchors=None):
                    "n_stages": c.n_stages, "window": c.window, "vocab": c.vocab},
         "cases": cases,
         "batch": [{"prompt": f"p{pi}", "P": P, "anchor": x0} for pi, P, x0 in batch],
+        "trace": {"prompt": "p0", "k": 4, "forced_accept": FORCED_ACCEPT, "steps": trace_meta},
         "sensitivity": worst,
         "tolerance": {"hf": {"logits_abs": 1e-3}, "ref": {"logits_abs": 5e-2, "note":
                       "W8A8 block scales can flip near rounding ties; compare greedy tokens where the "

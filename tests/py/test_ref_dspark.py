@@ -596,6 +596,16 @@ def test_dspark_fixture_consistent():
         assert torch.allclose(get(k + "/conf"), torch.sigmoid(get(k + "/conf_logit")))
     for key, v in meta["sensitivity"].items():
         assert v > 10 * meta["tolerance"]["hf"]["logits_abs"], key
+    tr = meta["trace"]
+    for mode, steps in tr["steps"].items():
+        for i, s in enumerate(steps):
+            a = s["accepted"]
+            assert a == tr["forced_accept"][i] and s["written"] == list(range(s["P"], s["P"] + a + 1))
+            assert s["emitted"][:a] == s["drafts"][:a]
+            z = get(f"trace/{mode}/s{i}/logits")
+            assert z.argmax(-1)[:tr["k"]].tolist() == s["drafts"]
+            if i + 1 < len(steps):
+                assert steps[i + 1]["P"] == s["P"] + a + 1 and steps[i + 1]["anchor"] == s["emitted"][-1]
 
 
 def test_mtp_fixture_consistent():
@@ -606,3 +616,32 @@ def test_mtp_fixture_consistent():
         assert torch.equal(nxt[:-1], ids[1:])
         assert get(k + "/hf/logits").shape[0] == case["T"]
     assert meta["sensitivity"]["unshifted_ids"] > 10 * meta["tolerance"]["hf"]["logits_abs"]
+
+
+@pytest.mark.parametrize("forced", [None, [3, 0, 4, 1]])
+def test_spec_trace_lossless_and_ring(forced):
+    """Greedy speculative decoding with the reference drafter emits exactly the target's greedy
+    continuation, and every step's draft equals a draft from a ring rebuilt from the committed
+    sequence (so nothing from rejected rows leaked into the ring). With scripted accept counts
+    (`forced`, partial acceptance) only the ring property applies."""
+    d = drafter()
+    target_run(prompt())  # builds the cached target
+    tg = _RUNS[("target", "dspark")]
+    ids = prompt(18)
+    steps = R.spec_trace(tg, d, ids, steps=4, k=4, forced=forced)
+    seq = ids.clone()
+    for s in steps:
+        run = tg.run(seq)
+        if s is steps[0]:
+            assert s["anchor"] == int(run["logits"][-1].argmax())
+        assert s["P"] == len(seq) and list(s["written"]) == list(range(s["P"], s["P"] + s["accepted"] + 1))
+        r = d.draft([(R.build_ring(d, R.features(run, d.c.target_layers), s["P"]), s["anchor"], s["P"])])
+        assert torch.allclose(r["logits"][0], s["logits"], atol=1e-4)
+        seq = torch.cat([seq, torch.tensor([s["anchor"]] + s["emitted"][:-1])])
+    if forced:
+        assert [s["accepted"] for s in steps] == forced
+        return
+    greedy = ids.clone()
+    for _ in range(len(seq) - len(ids)):
+        greedy = torch.cat([greedy, tg.run(greedy)["logits"][-1].argmax()[None]])
+    assert torch.equal(greedy, seq)
