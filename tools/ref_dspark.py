@@ -48,8 +48,9 @@ C4 Ring update from accepted rows only (DSPARK.md §4.6): after a verify with a 
    still inside the next window). Ring slot = position mod sliding_window; a write of more than
    `window` rows keeps only the last `window`.
    Caught by: pytest test_ring_accepted_rows_only (incremental ring == ring rebuilt from the
-   committed sequence; writing the rejected rows changes the next draft); C side: the same
-   scenario against the `ring` case of the fixture.
+   committed sequence; writing the rejected rows changes the next draft),
+   test_spec_trace_lossless_and_ring and test_ring_ignores_stale_slots (slots >= P of a reused
+   ring are invisible); C side: replay `meta.trace` of the fixture (scripted partial acceptance).
 C5 Noise token id: read `dspark_noise_token_id` from config.json, refuse if absent (never 0, never
    vocab_size). Caught by: pytest test_noise_id_required.
 C6 Stage count: inferred from tensor names mtp.0..mtp.{S-1} (contiguous), never from

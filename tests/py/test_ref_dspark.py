@@ -645,3 +645,19 @@ def test_spec_trace_lossless_and_ring(forced):
     for _ in range(len(seq) - len(ids)):
         greedy = torch.cat([greedy, tg.run(greedy)["logits"][-1].argmax()[None]])
     assert torch.equal(greedy, seq)
+
+
+def test_ring_ignores_stale_slots():
+    """With P < window only slots 0..P-1 are visible (DSPARK.md §2.4): a ring slot reused from an
+    earlier request (stale rows in slots >= P) must not change the draft."""
+    d = drafter()
+    ids = prompt()
+    P = 5
+    fresh = R.build_ring(d, feats_of(ids), P)
+    stale = R.build_ring(d, feats_of(prompt(seed=3)), 16)  # previous occupant of the slot
+    pos = torch.arange(P)
+    stale.write(pos, d.context_rows(feats_of(ids)[:P], pos))
+    assert not torch.equal(stale.k[:, P:], fresh.k[:, P:])
+    a = d.draft([(fresh, int(ids[P]), P)])
+    b = d.draft([(stale, int(ids[P]), P)])
+    assert torch.equal(a["logits"], b["logits"])
