@@ -29,7 +29,7 @@ Choices where the sources differ, and the test that catches each one flipping
 ---------------------------------------------------------------------------------
 C1 Anchor position (DSPARK.md §4.8): the anchor token x0 sits at its own position P; block slot i is
    at position P+i; context = committed positions <= P-1. (vLLM-A puts it at P-1: wrong.)
-   Caught by: C test comparing draft logits to this fixture (the fixture's meta records
+   Caught by: C test comparing draft logits to this fixture (the fixture's index.json records
    `sensitivity.anchor_at_P_minus_1`, the change a P-1 convention causes, which is far above the
    tolerance); pytest test_anchor_convention_is_observable asserts that change is large.
 C2 Tap points (DSPARK.md §2.2, §7.1): features = plain mean over the hc streams of the OUTPUT of
@@ -50,7 +50,7 @@ C4 Ring update from accepted rows only (DSPARK.md §4.6): after a verify with a 
    Caught by: pytest test_ring_accepted_rows_only (incremental ring == ring rebuilt from the
    committed sequence; writing the rejected rows changes the next draft),
    test_spec_trace_lossless_and_ring and test_ring_ignores_stale_slots (slots >= P of a reused
-   ring are invisible); C side: replay `meta.trace` of the fixture (scripted partial acceptance).
+   ring are invisible); C side: replay `trace` (index.json) of the fixture (scripted partial acceptance).
 C5 Noise token id: read `dspark_noise_token_id` from config.json, refuse if absent (never 0, never
    vocab_size). Caught by: pytest test_noise_id_required.
 C6 Stage count: inferred from tensor names mtp.0..mtp.{S-1} (contiguous), never from
@@ -70,6 +70,7 @@ C11 Block attention is non-causal inside the block (all gamma queries see all ga
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -704,31 +705,43 @@ def features(run: dict, layers, tap="output") -> torch.Tensor:
 
 
 class FixtureWriter:
+    """Writes arrays in the dsv4-ref-v1 layout of branch `fixtures` (tools/README.md): raw
+    little-endian float32, row-major, no header, described by {file, dtype, shape, sha256}."""
+
     def __init__(self, out_dir):
         self.dir = out_dir
         os.makedirs(out_dir, exist_ok=True)
         for f in os.listdir(out_dir):
-            if f.endswith(".bin") or f == "meta.json":
+            if f.endswith((".f32", ".bin")) or f in ("index.json", "meta.json"):
                 os.remove(os.path.join(out_dir, f))
-        self.tensors = {}
 
-    def add(self, name: str, t) -> str:
-        t = torch.as_tensor(t)
-        if t.dtype.is_floating_point:
-            arr, dt = t.detach().to(torch.float32).numpy().astype("<f4"), "f32"
-        else:
-            arr, dt = t.detach().to(torch.int32).numpy().astype("<i4"), "i32"
-        fn = name.replace("/", ".") + ".bin"
+    def add(self, name: str, t) -> dict:
+        a = np.ascontiguousarray(torch.as_tensor(t).detach().to(torch.float32).numpy().astype("<f4"))
+        fn = name.replace("/", ".") + ".f32"
         with open(os.path.join(self.dir, fn), "wb") as f:
-            f.write(np.ascontiguousarray(arr).tobytes())
-        self.tensors[name] = {"file": fn, "dtype": dt, "shape": list(arr.shape)}
-        return name
+            f.write(a.tobytes())
+        return {"file": fn, "dtype": "f32", "shape": list(a.shape),
+                "sha256": hashlib.sha256(a.tobytes()).hexdigest()}
 
-    def finish(self, meta: dict):
-        meta["tensors"] = self.tensors
-        with open(os.path.join(self.dir, "meta.json"), "w") as f:
-            json.dump(meta, f, indent=1, sort_keys=True)
+    def finish(self, index: dict):
+        with open(os.path.join(self.dir, "index.json"), "w") as f:
+            json.dump(index, f, indent=1)
             f.write("\n")
+
+
+def checkpoint_digest(model_dir: str):
+    """`digest` of MODEL_DIR/manifest.json (tools/gen_checkpoints.py), None if absent."""
+    try:
+        with open(os.path.join(model_dir, "manifest.json")) as f:
+            return json.load(f).get("digest")
+    except FileNotFoundError:
+        return None
+
+
+def top2_margin(z: torch.Tensor) -> float:
+    """Smallest top-1/top-2 gap over rows of z (near-tie indicator for greedy comparisons)."""
+    t = z.topk(2, dim=-1).values
+    return float((t[..., 0] - t[..., 1]).min())
 
 
 def build_ring(drafter: Drafter, feats: torch.Tensor, P: int) -> Ring:
@@ -800,9 +813,13 @@ def make_fixtures(model_dir: str, out_dir: str, prompts=None, anchors=None):
     target = Target(cfg, tensors)
     prompts = prompts or default_prompts(c.vocab, c.noise_id)
     w = FixtureWriter(out_dir)
-    cases = []
+    pinfo, cases = [], []
     worst = {"anchor_at_P_minus_1": float("inf"), "tap_input_of_layer": float("inf"),
              "ref_without_kv_fp8": float("inf")}
+
+    def note(key, alt, r):
+        worst[key] = min(worst[key], float((alt["logits"] - r["logits"]).abs().max()))
+
     for pi, ids in enumerate(prompts):
         T = len(ids)
         run = target.run(ids)
@@ -810,80 +827,72 @@ def make_fixtures(model_dir: str, out_dir: str, prompts=None, anchors=None):
         feats_in = features(run, c.target_layers, tap="input")
         first = int(run["logits"][-1].argmax())  # first sampled token, anchor at P = T
         Ps = anchors[pi] if anchors else sorted({1, min(c.window - 1, T), min(c.window + 1, T), T})
-        pfx = f"p{pi}"
-        w.add(f"{pfx}/ids", ids)
-        w.add(f"{pfx}/features", feats)
-        w.add(f"{pfx}/target_logits_last", run["logits"][-1])
+        pn = f"p{pi}"
+        arrays = {"features": w.add(f"{pn}/features", feats),
+                  "target_logits_last": w.add(f"{pn}/target_logits_last", run["logits"][-1])}
         for mode in ("hf", "ref"):
-            W = Weights(tensors, quantised, mode)
-            d = Drafter(c, W)
-            w.add(f"{pfx}/{mode}/ring_rows", d.context_rows(feats, torch.arange(T)))
+            d = Drafter(c, Weights(tensors, quantised, mode))
+            arrays[f"ring_rows_{mode}"] = w.add(f"{pn}/{mode}/ring_rows", d.context_rows(feats, torch.arange(T)))
             for P in Ps:
                 x0 = int(ids[P]) if P < T else first
                 ring = build_ring(d, feats, P)
                 r = d.draft([(ring, x0, P)])
-                key = f"{pfx}/{mode}/P{P}"
-                for k in ("logits", "base_logits", "tokens", "conf_logit", "conf", "hidden", "markov_emb"):
-                    w.add(f"{key}/{k}", r[k][0])
-                cases.append({"prompt": pfx, "mode": mode, "P": P, "anchor": x0, "key": key})
+                name = f"{pn}_{mode}_P{P}"
+                cases.append({
+                    "name": name, "prompt": pn, "mode": mode, "P": P, "anchor": x0,
+                    "tokens": r["tokens"][0].tolist(), "min_top2_margin": top2_margin(r["logits"][0]),
+                    "arrays": {k: w.add(f"{pn}/{mode}/P{P}/{k}", r[k][0]) for k in
+                               ("logits", "base_logits", "conf_logit", "conf", "hidden", "markov_emb")}})
                 # Sensitivity of the fixture to each flipped choice (max |delta logits|).
-                alt = d.draft([(ring, x0, P)], anchor_offset=-1)
-                worst["anchor_at_P_minus_1"] = min(worst["anchor_at_P_minus_1"],
-                                                   float((alt["logits"] - r["logits"]).abs().max()))
-                alt = d.draft([(build_ring(d, feats_in, P), x0, P)])
-                worst["tap_input_of_layer"] = min(worst["tap_input_of_layer"],
-                                                  float((alt["logits"] - r["logits"]).abs().max()))
+                note("anchor_at_P_minus_1", d.draft([(ring, x0, P)], anchor_offset=-1), r)
+                note("tap_input_of_layer", d.draft([(build_ring(d, feats_in, P), x0, P)]), r)
                 if mode == "ref":
                     d2 = Drafter(c, Weights(tensors, quantised, "ref", kv_fp8=False))
-                    alt = d2.draft([(build_ring(d2, feats, P), x0, P)])
-                    worst["ref_without_kv_fp8"] = min(worst["ref_without_kv_fp8"],
-                                                      float((alt["logits"] - r["logits"]).abs().max()))
+                    note("ref_without_kv_fp8", d2.draft([(build_ring(d2, feats, P), x0, P)]), r)
+        pinfo.append({"name": pn, "input_ids": ids.tolist(), "target_greedy_next": first, "arrays": arrays})
     # A batched draft of several requests (batch independence, per-request rings and positions).
-    batch = []
-    for pi, ids in enumerate(prompts):
-        P = len(ids) - 2
-        batch.append((pi, P, int(ids[P])))
+    reqs_meta = [{"prompt": f"p{pi}", "P": len(ids) - 2, "anchor": int(ids[len(ids) - 2])}
+                 for pi, ids in enumerate(prompts)]
+    batch = {"requests": reqs_meta}
     for mode in ("hf", "ref"):
-        W = Weights(tensors, quantised, mode)
-        d = Drafter(c, W)
-        reqs = []
-        for pi, P, x0 in batch:
-            feats = features(target.run(prompts[pi]), c.target_layers)
-            reqs.append((build_ring(d, feats, P), x0, P))
+        d = Drafter(c, Weights(tensors, quantised, mode))
+        reqs = [(build_ring(d, features(target.run(prompts[pi]), c.target_layers), q["P"]), q["anchor"], q["P"])
+                for pi, q in enumerate(reqs_meta)]
         r = d.draft(reqs)
-        w.add(f"batch/{mode}/logits", r["logits"])
-        w.add(f"batch/{mode}/tokens", r["tokens"])
-    # A short greedy speculative loop (C4: only accepted rows reach the ring).
-    trace_meta = {}
-    tp = prompts[0]
+        batch[mode] = {"tokens": r["tokens"].tolist(), "arrays": {"logits": w.add(f"batch/{mode}/logits", r["logits"])}}
+    # A short speculative loop with scripted partial acceptance (C4: only accepted rows reach the ring).
+    trace = {"prompt": "p0", "k": 4, "forced_accept": FORCED_ACCEPT}
     for mode in ("hf", "ref"):
-        steps = spec_trace(target, Drafter(c, Weights(tensors, quantised, mode)), tp, steps=6, k=4,
+        steps = spec_trace(target, Drafter(c, Weights(tensors, quantised, mode)), prompts[0], steps=6, k=4,
                            forced=FORCED_ACCEPT)
-        trace_meta[mode] = [{"P": s["P"], "anchor": s["anchor"], "accepted": s["accepted"],
-                             "emitted": s["emitted"], "drafts": s["drafts"].tolist(),
-                             "written": s["written"].tolist()} for s in steps]
-        for i, s in enumerate(steps):
-            w.add(f"trace/{mode}/s{i}/logits", s["logits"])
-            w.add(f"trace/{mode}/s{i}/verify_features", s["verify_features"])
-    meta = {
-        "what": "DSpark drafter reference (tools/ref_dspark.py): spec/DSPARK.md §2",
-        "model_dir": os.path.relpath(model_dir),
-        "config": {"block": c.block, "noise_id": c.noise_id, "target_layers": c.target_layers,
-                   "n_stages": c.n_stages, "window": c.window, "vocab": c.vocab},
-        "cases": cases,
-        "batch": [{"prompt": f"p{pi}", "P": P, "anchor": x0} for pi, P, x0 in batch],
-        "trace": {"prompt": "p0", "k": 4, "forced_accept": FORCED_ACCEPT, "steps": trace_meta},
-        "sensitivity": worst,
-        "tolerance": {"hf": {"logits_abs": 1e-3}, "ref": {"logits_abs": 5e-2, "note":
-                      "W8A8 block scales can flip near rounding ties; compare greedy tokens where the "
-                      "top-1/top-2 margin of `logits` exceeds the tolerance"}},
-        "torch": torch.__version__,
-    }
+        trace[mode] = [{"P": s["P"], "anchor": s["anchor"], "accepted": s["accepted"], "emitted": s["emitted"],
+                        "drafts": s["drafts"].tolist(), "written": s["written"].tolist(),
+                        "arrays": {"logits": w.add(f"trace/{mode}/s{i}/logits", s["logits"]),
+                                   "verify_features": w.add(f"trace/{mode}/s{i}/verify_features",
+                                                            s["verify_features"])}}
+                       for i, s in enumerate(steps)]
     import transformers
 
-    meta["transformers"] = transformers.__version__
-    w.finish(meta)
-    return meta
+    index = {
+        "format": "dsv4-ref-v1", "kind": "dspark-drafter",
+        "what": "DSpark drafter reference (tools/ref_dspark.py, spec/DSPARK.md §2); layout: tools/REF_FORMAT.md",
+        "model": os.path.basename(os.path.normpath(model_dir)),
+        "checkpoint_digest": checkpoint_digest(model_dir),
+        "numerics": {"hf": "fp32, no quantisation steps", "ref": "fp32 + W8A8 activation quantisation of "
+                     "FP8/FP4 linears + FP8 round-trip of K/V nope dims (no bf16 storage emulation)",
+                     "features": "transformers DeepseekV4ForCausalLM fp32 (HF numerics), shared by both modes"},
+        "transformers_version": transformers.__version__, "torch_version": torch.__version__,
+        "config": {"block": c.block, "noise_id": c.noise_id, "target_layers": c.target_layers,
+                   "n_stages": c.n_stages, "window": c.window, "vocab": c.vocab, "hidden": c.hidden,
+                   "head_dim": c.head_dim, "markov_rank": c.markov_rank},
+        "prompts": pinfo, "cases": cases, "batch": batch, "trace": trace,
+        "sensitivity": worst,
+        "tolerance": {"hf": {"logits_abs": 1e-3}, "ref": {"logits_abs": 5e-2, "note":
+                      "W8A8 block scales can flip at rounding ties; compare greedy tokens only where the "
+                      "top-1/top-2 margin of the logits exceeds the tolerance"}},
+    }
+    w.finish(index)
+    return index
 
 
 def main(argv=None):
@@ -892,8 +901,8 @@ def main(argv=None):
     ap.add_argument("--out", default="tests/fixtures/ref/dspark")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
-    meta = make_fixtures(a.model_dir, a.out)
-    print(json.dumps({"cases": len(meta["cases"]), "sensitivity": meta["sensitivity"]}, indent=1))
+    index = make_fixtures(a.model_dir, a.out)
+    print(json.dumps({"cases": len(index["cases"]), "sensitivity": index["sensitivity"]}, indent=1))
 
 
 if __name__ == "__main__":

@@ -143,27 +143,31 @@ def make_fixtures(model_dir: str, out_dir: str, prompts=None):
         run = target.run(ids)
         Hs, nxt, pos = mtp_inputs(run, ids, c.n_layers)
         logits, Xo = mtp(Hs, nxt, pos)
-        key = f"p{pi}"
-        w.add(f"{key}/ids", ids)
-        w.add(f"{key}/next_ids", nxt)
-        w.add(f"{key}/streams", Hs)
-        w.add(f"{key}/hf/logits", logits)
-        w.add(f"{key}/hf/out_streams", Xo)
         own_ref, _ = mtp_own(R.Weights(tensors, quantised, "ref"), c, Hs, nxt, pos)
-        w.add(f"{key}/ref/logits", own_ref)
         alt, _ = mtp(*mtp_inputs(run, ids, c.n_layers, shift=False))
         worst = min(worst, float((alt[1:] - logits[1:]).abs().max()))
-        cases.append({"prompt": key, "T": len(ids)})
+        n = f"p{pi}"
+        cases.append({
+            "name": n, "input_ids": ids.tolist(), "next_ids": nxt.tolist(), "positions": pos.tolist(),
+            "argmax_hf": logits.argmax(-1).tolist(), "min_top2_margin_hf": R.top2_margin(logits[1:]),
+            "arrays": {"streams": w.add(f"{n}/streams", Hs), "logits_hf": w.add(f"{n}/hf/logits", logits),
+                       "out_streams_hf": w.add(f"{n}/hf/out_streams", Xo),
+                       "logits_ref": w.add(f"{n}/ref/logits", own_ref)}})
     import transformers
 
     w.finish({
-        "what": "MTP block reference (tools/ref_mtp.py): spec/MODEL.md §3.9, §5.6",
-        "model_dir": os.path.relpath(model_dir), "cases": cases, "compare_from_position": 1,
-        "inputs": "streams = target layer n-1 output [T,hc,H]; next_ids[i] = ids[i+1], last = target "
-                  "greedy token; MTP row i at RoPE position i predicts token i+2",
+        "format": "dsv4-ref-v1", "kind": "mtp",
+        "what": "MTP block reference (tools/ref_mtp.py, spec/MODEL.md §3.9, §5.6); layout: tools/REF_FORMAT.md",
+        "model": os.path.basename(os.path.normpath(model_dir)),
+        "checkpoint_digest": R.checkpoint_digest(model_dir),
+        "numerics": {"hf": "transformers building blocks, fp32", "ref": "own primitives (tools/ref_dspark.py) "
+                     "with W8A8 activations (incl. e_proj/h_proj) and the FP8 K/V round-trip"},
+        "transformers_version": transformers.__version__, "torch_version": torch.__version__,
+        "alignment": "row i = target last-layer streams at i + enorm(embed(next_ids[i])), next_ids[i] = "
+                     "input_ids[i+1] (last: target greedy token), RoPE position i, predicts token i+2",
+        "compare_from_position": 1, "cases": cases,
         "sensitivity": {"unshifted_ids": worst},
         "tolerance": {"hf": {"logits_abs": 1e-3}, "ref": {"logits_abs": 5e-2}},
-        "torch": torch.__version__, "transformers": transformers.__version__,
     })
     return cases
 

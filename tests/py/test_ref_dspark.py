@@ -570,52 +570,93 @@ def test_mtp_causal():
 
 def load_fixture(name):
     d = os.path.join(ROOT, "tests", "fixtures", "ref", name)
-    p = os.path.join(d, "meta.json")
+    p = os.path.join(d, "index.json")
     if not os.path.exists(p):
-        pytest.skip(f"{p} not generated yet (run tools/ref_{name}.py)")
-    meta = json.load(open(p))
+        pytest.skip(f"{p} not generated yet")
+    index = json.load(open(p))
 
-    def get(key):
-        e = meta["tensors"][key]
-        dt = "<f4" if e["dtype"] == "f32" else "<i4"
-        a = np.fromfile(os.path.join(d, e["file"]), dtype=dt)
-        assert a.size == int(np.prod(e["shape"])), key
-        return torch.from_numpy(a.reshape(e["shape"]))
+    def get(entry):
+        a = np.fromfile(os.path.join(d, entry["file"]), dtype="<f4")
+        assert a.size == int(np.prod(entry["shape"])), entry["file"]
+        import hashlib
+        if "sha256" in entry:
+            assert hashlib.sha256(a.tobytes()).hexdigest() == entry["sha256"], entry["file"]
+        return torch.from_numpy(a.reshape(entry["shape"]))
 
-    return meta, get
+    return index, get
 
 
 def test_dspark_fixture_consistent():
-    meta, get = load_fixture("dspark")
-    g = meta["config"]["block"]
-    for case in meta["cases"]:
-        k = case["key"]
-        z, toks = get(k + "/logits"), get(k + "/tokens")
-        assert z.shape == (g, meta["config"]["vocab"]) and toks.shape == (g,)
-        assert torch.equal(z.argmax(-1).int(), toks)
-        assert torch.allclose(get(k + "/conf"), torch.sigmoid(get(k + "/conf_logit")))
-    for key, v in meta["sensitivity"].items():
-        assert v > 10 * meta["tolerance"]["hf"]["logits_abs"], key
-    tr = meta["trace"]
-    for mode, steps in tr["steps"].items():
+    index, get = load_fixture("dspark")
+    assert index["format"] == "dsv4-ref-v1"
+    g, V = index["config"]["block"], index["config"]["vocab"]
+    for case in index["cases"]:
+        z = get(case["arrays"]["logits"])
+        assert z.shape == (g, V)
+        assert z.argmax(-1).tolist() == case["tokens"]
+        assert torch.allclose(get(case["arrays"]["conf"]), torch.sigmoid(get(case["arrays"]["conf_logit"])))
+    tol = index["tolerance"]
+    for key, v in index["sensitivity"].items():
+        assert v > 10 * tol["ref" if key.startswith("ref") else "hf"]["logits_abs"], key
+    tr = index["trace"]
+    for mode in ("hf", "ref"):
+        steps = tr[mode]
         for i, s in enumerate(steps):
             a = s["accepted"]
             assert a == tr["forced_accept"][i] and s["written"] == list(range(s["P"], s["P"] + a + 1))
             assert s["emitted"][:a] == s["drafts"][:a]
-            z = get(f"trace/{mode}/s{i}/logits")
-            assert z.argmax(-1)[:tr["k"]].tolist() == s["drafts"]
+            assert get(s["arrays"]["logits"]).argmax(-1)[:tr["k"]].tolist() == s["drafts"]
             if i + 1 < len(steps):
                 assert steps[i + 1]["P"] == s["P"] + a + 1 and steps[i + 1]["anchor"] == s["emitted"][-1]
 
 
 def test_mtp_fixture_consistent():
-    meta, get = load_fixture("mtp")
-    for case in meta["cases"]:
-        k = case["prompt"]
-        ids, nxt = get(k + "/ids"), get(k + "/next_ids")
-        assert torch.equal(nxt[:-1], ids[1:])
-        assert get(k + "/hf/logits").shape[0] == case["T"]
-    assert meta["sensitivity"]["unshifted_ids"] > 10 * meta["tolerance"]["hf"]["logits_abs"]
+    index, get = load_fixture("mtp")
+    for case in index["cases"]:
+        assert case["next_ids"][:-1] == case["input_ids"][1:]
+        z = get(case["arrays"]["logits_hf"])
+        assert z.shape[0] == len(case["input_ids"]) and z.argmax(-1).tolist() == case["argmax_hf"]
+    assert index["sensitivity"]["unshifted_ids"] > 10 * index["tolerance"]["hf"]["logits_abs"]
+
+
+def tiny(name):
+    d = os.path.join(ROOT, "models", name)
+    if not os.path.exists(os.path.join(d, "config.json")):
+        pytest.skip(f"{d} absent (python3 tools/gen_checkpoints.py --out models)")
+    return d
+
+
+def test_target_matches_transformers_fixture():
+    """Own loader + name mapping + transformers reproduce the target logits that branch
+    `fixtures` made with from_pretrained (tests/fixtures/ref/tiny-dspark, prefill_20)."""
+    cfg, t, q = R.load_checkpoint(tiny("tiny-dspark"))
+    index, get = load_fixture("tiny-dspark")
+    case = next(c for c in index["cases"] if c["name"] == "prefill_20")
+    run = R.Target(cfg, t).run(torch.tensor(case["input_ids"]))
+    want = get(case["arrays"]["logits"])
+    assert (run["logits"][case["positions"]] - want).abs().max() < 1e-4
+    ls = get(case["arrays"]["layer_streams"])  # [L, npos, hc, H]: output of layer l
+    for L in range(ls.shape[0]):
+        assert (run["out"][L][case["positions"]] - ls[L]).abs().max() < 1e-3 * ls[L].abs().max()
+
+
+def test_mtp_matches_transformers_fixture():
+    """Both MTP computations here reproduce the MTP reference of branch `fixtures` (a separate
+    composition of transformers modules) on tiny-flash prefill_129."""
+    cfg, t, q = R.load_checkpoint(tiny("tiny-flash"))
+    index, get = load_fixture("tiny-flash")
+    m = index["mtp"]
+    src = next(c for c in index["cases"] if c["name"] == m["source_case"])
+    ids = torch.tensor(src["input_ids"])
+    run = R.Target(cfg, t).run(ids)
+    Hs, nxt, pos = M.mtp_inputs(run, ids, cfg["num_hidden_layers"])
+    want = get(m["arrays"]["logits"])
+    mine, X = M.MTPTransformers(cfg, t)(Hs, nxt, pos)
+    own, _ = M.mtp_own(R.Weights(t, q, "hf"), R.model_config(cfg), Hs, nxt, pos)
+    assert (mine[m["positions"]] - want).abs().max() < 1e-4
+    assert (own[m["positions"]] - want).abs().max() < 1e-3
+    ws = get(m["arrays"]["streams"])
+    assert (X[m["positions"]] - ws).abs().max() < 1e-5 * ws.abs().max()
 
 
 @pytest.mark.parametrize("forced", [None, [3, 0, 4, 1]])
