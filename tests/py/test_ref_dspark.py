@@ -702,3 +702,32 @@ def test_ring_ignores_stale_slots():
     a = d.draft([(fresh, int(ids[P]), P)])
     b = d.draft([(stale, int(ids[P]), P)])
     assert torch.equal(a["logits"], b["logits"])
+
+
+def test_fixtures_tied_to_locked_checkpoints_and_reproducible():
+    """The committed fixtures were made from the locked tiny checkpoints, and the committed
+    scripts still reproduce them (one drafter case per mode, one MTP case)."""
+    lock = json.load(open(os.path.join(ROOT, "tools", "checkpoints.lock.json")))
+    index, get = load_fixture("dspark")
+    assert index["checkpoint_digest"] == lock["tiny-dspark"]["digest"]
+    mindex, mget = load_fixture("mtp")
+    assert mindex["checkpoint_digest"] == lock["tiny-flash"]["digest"]
+    cfg, t, q = R.load_checkpoint(tiny("tiny-dspark"))
+    c = R.draft_config(cfg, t.keys())
+    p0 = index["prompts"][0]
+    ids = torch.tensor(p0["input_ids"])
+    feats = R.features(R.Target(cfg, t).run(ids), c.target_layers)
+    assert (feats - get(p0["arrays"]["features"])).abs().max() < 1e-4
+    for mode in ("hf", "ref"):
+        case = next(k for k in index["cases"] if k["prompt"] == "p0" and k["mode"] == mode and k["P"] > 1)
+        d = R.Drafter(c, R.Weights(t, q, mode))
+        r = d.draft([(R.build_ring(d, feats, case["P"]), case["anchor"], case["P"])])
+        assert (r["logits"][0] - get(case["arrays"]["logits"])).abs().max() < 1e-4
+        assert r["tokens"][0].tolist() == case["tokens"]
+    cfg, t, q = R.load_checkpoint(tiny("tiny-flash"))
+    case = mindex["cases"][0]
+    ids = torch.tensor(case["input_ids"])
+    Hs, nxt, pos = M.mtp_inputs(R.Target(cfg, t).run(ids), ids, cfg["num_hidden_layers"])
+    assert nxt.tolist() == case["next_ids"]
+    lg, _ = M.MTPTransformers(cfg, t)(Hs, nxt, pos)
+    assert (lg - mget(case["arrays"]["logits_hf"])).abs().max() < 1e-4
