@@ -54,7 +54,7 @@ int dsv4_cpu_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv,
     /* Upper bound on candidates: raw window + compressed rows. */
     int64_t max_cand = ws->window + (cs ? (sel ? sel->cols : cs->max_rows) : 0);
     int fail = 0;
-#pragma omp parallel
+#pragma omp parallel if ((int64_t)T * n_heads * max_cand * hd > DSV4_CPU_PAR_MIN)
     {
         const float **keys = malloc((size_t)max_cand * sizeof *keys);
         float *s = malloc((size_t)max_cand * sizeof *s);

@@ -8,6 +8,10 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_num.h"
 
+/* Work (multiply-adds) below which an op stays single-threaded: thread
+ * start-up and barriers cost more than tiny ops, badly so on a loaded machine. */
+#define DSV4_CPU_PAR_MIN ((int64_t)1 << 22)
+
 /* Checks shared by every op; each returns DSV4_OK or DSV4_EINVAL naming `what`. */
 int dsv4_cpu_check_f32(const dsv4_buf *b, int64_t rows, int64_t cols, const char *what, dsv4_err *err);
 int dsv4_cpu_check_i32(const dsv4_buf *b, int64_t rows, int64_t cols, const char *what, dsv4_err *err);
