@@ -89,9 +89,7 @@ int dsv4_cpu_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv,
                 float sink = dsv4_cpu_load_f(sinks->data, sinks->dtype, h);
                 float mx = sink;
                 for (int64_t j = 0; j < n; j++) {
-                    float acc = 0;
-                    for (int64_t k = 0; k < hd; k++) acc += qh[k] * keys[j][k];
-                    s[j] = acc * scale;
+                    s[j] = dsv4_cpu_dot(qh, keys[j], hd) * scale;
                     mx = fmaxf(mx, s[j]);
                 }
                 /* One softmax over candidates plus the sink logit, which has no value row. */

@@ -56,8 +56,7 @@ int dsv4_cpu_indexer_select(dsv4_backend *be, const dsv4_buf *qi, const dsv4_buf
         for (int64_t w = 0; w < nvis; w++) {
             float total = 0;
             for (int64_t h = 0; h < H; h++) {
-                float dot = 0;
-                for (int64_t k = 0; k < dk; k++) dot += q[h * dk + k] * keys[w * dk + k];
+                float dot = dsv4_cpu_dot(q + h * dk, keys + w * dk, dk);
                 total += g_scale * gw[h] * (dot > 0 ? dot : 0);
             }
             sc[w].s = total;

@@ -110,10 +110,7 @@ int dsv4_cpu_matmul(const float *x, int64_t T, const dsv4_linear *w, float *y, i
             if (!wr) continue;
             dsv4_cpu_decode_row(w, o, wr);
             for (int64_t t = 0; t < T; t++) {
-                const float *xr = xs + t * in;
-                float acc = 0.0f;
-                for (int64_t k = 0; k < in; k++) acc += xr[k] * wr[k];
-                y[t * out + o] = acc;
+                y[t * out + o] = dsv4_cpu_dot(xs + t * in, wr, in);
             }
         }
         free(wr);
@@ -157,10 +154,7 @@ int dsv4_cpu_linear_grouped(dsv4_backend *be, const dsv4_buf *x, const dsv4_line
             dsv4_cpu_decode_row(w, o, wr);
             int64_t g = o / out_g;
             for (int64_t t = 0; t < T; t++) {
-                const float *xr = xp + t * in_g * groups + g * in_g;
-                float acc = 0.0f;
-                for (int64_t k = 0; k < in_g; k++) acc += xr[k] * wr[k];
-                yp[t * out + o] = acc;
+                yp[t * out + o] = dsv4_cpu_dot(xp + t * in_g * groups + g * in_g, wr, in_g);
             }
         }
         free(wr);
