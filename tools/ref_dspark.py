@@ -18,10 +18,12 @@ Numeric modes
 * "ref": fp32 arithmetic plus the discrete steps of the official numerics that move results far
          more than rounding does (MODEL.md §5.4b): W8A8 activation quantisation (FP8 E4M3, blocks of
          128 input elements, power-of-two scale) in front of every FP8/FP4 linear (wq_a, wq_b, wkv,
-         wo_b, main_proj, shared and routed experts; not wo_a, gate, head, Markov, confidence), and
-         the FP8 round-trip of the 448 (head_dim - rope) nope dims of every drafter K/V row, ring rows
-         and block rows alike (DSPARK.md §2.3 step 2, §2.4). The official code's bf16 storage
-         roundings are NOT emulated; compare "ref" results with a tolerance.
+         wo_b, main_proj, shared and routed experts; not wo_a, gate, head, Markov, confidence), the
+         FP8 round-trip of the 448 (head_dim - rope) nope dims of every drafter K/V row, ring rows
+         and block rows alike (DSPARK.md §2.3 step 2, §2.4), and bf16-rounded attention
+         probabilities (MODEL.md §3.4.7; the C CPU backend's reference numerics do the same).
+         The official code's bf16 storage of activations is NOT emulated; compare "ref" results
+         with a tolerance.
 Both modes consume the same context features (computed once by the fp32 transformers target), and
 the fixture stores those features, so the drafter can be validated in isolation from the target.
 
@@ -455,13 +457,16 @@ def queries(W: Weights, c: DraftConfig, y, pfx, pos):
     return rope(q, pos, c.rope_dim, c.rope_theta)
 
 
-def sink_attention(q, keys, visible, sink, head_dim):
+def sink_attention(q, keys, visible, sink, head_dim, bf16_probs=False):
     """q [T, nh, D], keys [K, D] (K = V), visible [T, K] bool, sink [nh] -> o [T, nh, D].
-    The sink logit enters the softmax denominator only (MODEL.md §3.4.7)."""
+    The sink logit enters the softmax denominator only (MODEL.md §3.4.7). bf16_probs ("ref"
+    numerics): probabilities rounded to bf16 before the PV product, as the official kernel does."""
     s = torch.einsum("thd,kd->thk", q, keys) / math.sqrt(head_dim)
     s = s.masked_fill(~visible[:, None, :], float("-inf"))
     sk = sink[None, :, None].expand(s.shape[0], -1, 1)
     p = torch.softmax(torch.cat([s, sk], dim=-1), dim=-1)[..., :-1]
+    if bf16_probs:
+        p = p.to(torch.bfloat16).to(torch.float32)
     return torch.einsum("thk,kd->thd", p, keys)
 
 
@@ -550,7 +555,7 @@ class Drafter:
                     bk = kv_rows(W, c, yr, pfx, pr)  # block's own K=V, transient (never in the ring)
                     keys = torch.cat([ring.visible(P)[s], bk], dim=0)
                     vis = torch.ones(g, keys.shape[0], dtype=torch.bool)  # non-causal (C11)
-                    o = sink_attention(q, keys, vis, W[pfx + "attn.attn_sink"], c.head_dim)
+                    o = sink_attention(q, keys, vis, W[pfx + "attn.attn_sink"], c.head_dim, W.mode == "ref")
                     outs.append(attn_out(W, c, o, pfx, pr))
                 return torch.cat(outs, dim=0)
 

@@ -112,7 +112,7 @@ def mtp_own(W: R.Weights, c: R.DraftConfig, Hs, next_ids, positions):
     def attention(y):
         q = R.queries(W, c, y, p, positions)
         kv = R.kv_rows(W, c, y, p, positions)
-        o = R.sink_attention(q, kv, vis, W[p + "attn.attn_sink"], c.head_dim)
+        o = R.sink_attention(q, kv, vis, W[p + "attn.attn_sink"], c.head_dim, W.mode == "ref")
         return R.attn_out(W, c, o, p, positions)
 
     X = R.block(W, c, X, p, c.n_layers, attention)
