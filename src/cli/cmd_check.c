@@ -15,7 +15,7 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: dsv4 check [MODEL_DIR]\n"
+            "usage: dsv4 check [--scan] [MODEL_DIR]\n"
             "\n"
             "Validate a DeepSeek-V4-Flash checkpoint directory (original Flash with its MTP block,\n"
             "DSpark preview, or the 0731 release with DSpark draft stages; FP8/FP4 or a BF16\n"
@@ -28,6 +28,9 @@ static void usage(FILE *f) {
             "  - the reasoning-effort profile from encoding/encoding_dsv4.py (preview / 0731)\n"
             "Prints a summary: checkpoint kind, layers by attention kind (ratio 0 / 4 / 128),\n"
             "hash-routed layers, expert dtype, draft stages, tensor count, parameters and bytes.\n"
+            "\n"
+            "  --scan   also read every byte and reject NaN/Inf values: E8M0 scale 0xFF, E4M3\n"
+            "           0x7F/0xFF, non-finite BF16/F32 (reads the whole checkpoint: slow)\n"
             "\n"
             "MODEL_DIR defaults to the embedded default model (%s).\n"
             "Exit status: 0 valid, 1 invalid (one message naming the file and tensor), 2 usage.\n",
@@ -71,10 +74,15 @@ static void human_bytes(char *out, size_t cap, double b) {
 
 int dsv4_cmd_check(int argc, char **argv) {
     const char *dir = NULL;
+    int scan = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage(stdout);
             return 0;
+        }
+        if (!strcmp(argv[i], "--scan")) {
+            scan = 1;
+            continue;
         }
         if (argv[i][0] == '-' && argv[i][1]) {
             fprintf(stderr, "dsv4 check: unknown option '%s'\n", argv[i]);
@@ -100,8 +108,11 @@ int dsv4_cmd_check(int argc, char **argv) {
         dsv4_config_detect_profile(&cfg, dir);
         rc = dsv4_weights_bind(&cfg, ck, &w, &err);
     }
+    size_t scanned = 0;
+    if (!rc && scan) rc = dsv4_weights_scan(ck, &scanned, &err);
     if (rc) {
         fprintf(stderr, "dsv4 check: %s: %s\n", dir, err.msg);
+        dsv4_weights_free(w);
         dsv4_ckpt_free(ck);
         return 1;
     }
@@ -119,7 +130,7 @@ int dsv4_cmd_check(int argc, char **argv) {
     printf("checkpoint:     %s\n", dir);
     printf("kind:           %s\n", dsv4_config_kind_name(&cfg));
     printf("encoder:        reasoning-effort profile %s (encoding/encoding_dsv4.py)\n",
-           dsv4_profile_name(cfg.profile));
+           dsv4_config_profile_name(cfg.profile));
     printf("target layers:  %d: sliding (ratio 0) %d [%s], CSA (ratio 4) %d [%s], HCA (ratio 128) %d [%s]\n",
            cfg.num_hidden_layers, count_ratio(&cfg, 0), l0, count_ratio(&cfg, 4), l4,
            count_ratio(&cfg, 128), l128);
@@ -141,6 +152,7 @@ int dsv4_cmd_check(int argc, char **argv) {
     printf("parameters:     %llu (target %llu, draft %llu)\n", (unsigned long long)w->n_params,
            (unsigned long long)(w->n_params - w->n_param_draft), (unsigned long long)w->n_param_draft);
     printf("bytes:          %llu (%s)\n", (unsigned long long)w->n_bytes, bytes);
+    if (scan) printf("values:         %zu tensors scanned, no NaN/Inf codes\n", scanned);
     printf("OK\n");
     dsv4_weights_free(w);
     dsv4_ckpt_free(ck);

@@ -46,11 +46,11 @@ typedef enum dsv4_draft_kind {
 
 /* Reasoning-effort profile of the checkpoint's encoder (SERVING.md §0.1):
  * decided from encoding/encoding_dsv4.py, never from config.json. */
-typedef enum dsv4_profile {
-    DSV4_PROFILE_UNKNOWN = 0, /* encoder file absent or unrecognised    */
-    DSV4_PROFILE_PREVIEW = 1, /* defines REASONING_EFFORT_MAX only      */
-    DSV4_PROFILE_0731 = 2,    /* defines REASONING_EFFORT_PROMPTS table */
-} dsv4_profile;
+typedef enum dsv4_ckpt_profile {
+    DSV4_CKPT_PROFILE_UNKNOWN = 0, /* encoder file absent or unrecognised    */
+    DSV4_CKPT_PROFILE_PREVIEW = 1, /* defines REASONING_EFFORT_MAX only      */
+    DSV4_CKPT_PROFILE_0731 = 2,    /* defines REASONING_EFFORT_PROMPTS table */
+} dsv4_ckpt_profile;
 
 typedef struct dsv4_config {
     /* ---- MODEL.md §1 ---- */
@@ -99,7 +99,7 @@ typedef struct dsv4_config {
     /* ---- derived ---- */
     int n_draft_stages;                  /* from tensor names (set_drafts)    */
     dsv4_draft_kind draft_kind;          /* from tensor names (set_drafts)    */
-    dsv4_profile profile;                /* from the encoder (detect_profile) */
+    dsv4_ckpt_profile profile;                /* from the encoder (detect_profile) */
 } dsv4_config;
 
 /*
@@ -140,7 +140,7 @@ int dsv4_config_set_drafts(dsv4_config *cfg, const struct dsv4_ckpt *ckpt, dsv4_
  * contains "REASONING_EFFORT_MAX" -> PREVIEW; file absent or neither ->
  * UNKNOWN. Sets cfg->profile and returns it. Never fails.
  */
-dsv4_profile dsv4_config_detect_profile(dsv4_config *cfg, const char *dir);
+dsv4_ckpt_profile dsv4_config_detect_profile(dsv4_config *cfg, const char *dir);
 
 /* Ratio of absolute layer id L (target 0..num_hidden_layers-1, drafts after
  * it): compress_ratios[L], or 0 for draft layers beyond the list. */
@@ -154,7 +154,7 @@ const char *dsv4_attn_kind_name(int ratio);
  * "DSpark preview", "DSpark 0731", "DSpark (encoder profile unknown)",
  * "target only (no draft)". */
 const char *dsv4_config_kind_name(const dsv4_config *cfg);
-const char *dsv4_profile_name(dsv4_profile p); /* "unknown"/"preview"/"0731" */
+const char *dsv4_config_profile_name(dsv4_ckpt_profile p); /* "unknown"/"preview"/"0731" */
 
 #ifdef __cplusplus
 }

@@ -547,6 +547,21 @@ static int open_indexed(dsv4_ckpt *c, const char *ipath, dsv4_err *err) {
                               c->shards[c->file_of[i]].fname, c->names[i], iname);
             goto done;
         }
+    /* shards present -> index: a *.safetensors file the index does not name is a
+     * leftover of another download (or the index is stale) */
+    {
+        DIR *dd = opendir(c->dir);
+        struct dirent *de;
+        while (dd && (de = readdir(dd)))
+            if (ends_with(de->d_name, ".safetensors") && map_find(&fmap, fnames, de->d_name) < 0) {
+                rc = dsv4_err_set(err, DSV4_EFORMAT,
+                                  "%s is present but %s maps no tensor to it (stale index or "
+                                  "leftover file)", de->d_name, iname);
+                break;
+            }
+        if (dd) closedir(dd);
+        if (rc) goto done;
+    }
 done:
     free(fnames);
     free(inames);

@@ -490,3 +490,51 @@ int dsv4_weights_bind(const dsv4_config *cfg, const dsv4_ckpt *ckpt, dsv4_weight
     *out = w;
     return DSV4_OK;
 }
+
+/* ---- value scan (dsv4 check --scan) ---- */
+
+static int64_t first_bad(const dsv4_tview *v) {
+    const uint8_t *p = v->data;
+    size_t n = v->nbytes;
+    switch (v->dtype) {
+    case DSV4_DT_F8_E8M0:
+        for (size_t i = 0; i < n; i++)
+            if (p[i] == 0xff) return (int64_t)i;
+        return -1;
+    case DSV4_DT_F8_E4M3:
+        for (size_t i = 0; i < n; i++)
+            if ((p[i] & 0x7f) == 0x7f) return (int64_t)i;
+        return -1;
+    case DSV4_DT_BF16:
+        for (size_t i = 0; i + 1 < n; i += 2) {
+            uint16_t h;
+            memcpy(&h, p + i, 2);
+            if ((h & 0x7f80) == 0x7f80) return (int64_t)(i / 2); /* Inf or NaN */
+        }
+        return -1;
+    case DSV4_DT_F32:
+        for (size_t i = 0; i + 3 < n; i += 4) {
+            uint32_t u;
+            memcpy(&u, p + i, 4);
+            if ((u & 0x7f800000u) == 0x7f800000u) return (int64_t)(i / 4);
+        }
+        return -1;
+    default:
+        return -1; /* integers and packed FP4: every code is a value */
+    }
+}
+
+int dsv4_weights_scan(const dsv4_ckpt *ckpt, size_t *n_checked, dsv4_err *err) {
+    size_t n = dsv4_ckpt_count(ckpt);
+    for (size_t i = 0; i < n; i++) {
+        const dsv4_tview *v = dsv4_ckpt_at(ckpt, i);
+        int64_t bad = first_bad(v);
+        if (bad >= 0)
+            return dsv4_err_set(err, DSV4_EFORMAT,
+                                "tensor '%s' in %s: element %lld is not a legal %s value (NaN/Inf)",
+                                v->name, dsv4_ckpt_file_of(ckpt, v), (long long)bad,
+                                dsv4_dtype_name(v->dtype));
+    }
+    if (n_checked) *n_checked = n;
+    return DSV4_OK;
+}

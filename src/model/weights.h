@@ -154,15 +154,27 @@ typedef struct dsv4_weights {
  *   "missing tensor NAME" — a slot the config requires is absent (checked
  *      first, in layer order);
  *   "unknown tensor NAME in FILE" — a checkpoint tensor bound to no slot;
- *   "NAME in FILE: dtype X, expected ..." / "shape [..], expected [..]";
- *   a .scale present for an unquantised weight (it is then unknown), or
- *   missing for a quantised one; tid2eid values out of range.
+ *   "tensor 'NAME' in FILE: dtype X, expected ..." / "shape [..], expected [..]";
+ *   a .scale present for an unquantised (BF16/F32) weight, or missing for
+ *   a quantised one ("missing tensor 'X.scale' ..."); tid2eid values out of
+ *   range. Errors are DSV4_EBIND (DSV4_ENOMEM on allocation failure).
  * On success *out is owned by the caller (dsv4_weights_free); views point
  * into ckpt.
  */
 int dsv4_weights_bind(const dsv4_config *cfg, const dsv4_ckpt *ckpt, dsv4_weights **out,
                       dsv4_err *err);
 void dsv4_weights_free(dsv4_weights *w);
+
+/*
+ * dsv4_weights_scan — read every byte of the checkpoint and check the values
+ * are legal (reads the whole checkpoint: minutes for the real one; `dsv4
+ * check --scan`): F8_E8M0 scales never 0xFF (NaN, spec/MODEL.md §2.3);
+ * F8_E4M3 weights never 0x7F/0xFF (NaN); BF16/F32 tensors finite; I8 FP4
+ * has no illegal code. Error DSV4_EFORMAT naming the tensor, its file and
+ * the first bad element's flat index. *n_checked (optional) gets the number
+ * of tensors scanned.
+ */
+int dsv4_weights_scan(const dsv4_ckpt *ckpt, size_t *n_checked, dsv4_err *err);
 
 #ifdef __cplusplus
 }

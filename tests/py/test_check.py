@@ -304,6 +304,12 @@ def test_shard_tensor_not_in_index(models, tmp_path):
     rejected(d, "norm.weight", fname, "not listed")
 
 
+def test_stray_shard(models, tmp_path):
+    d = clone(models["tiny-flash"], tmp_path / "m")
+    shutil.copy(d / "model-00002-of-00007.safetensors", d / "model-00002-of-00007 (1).safetensors")
+    rejected(d, "model-00002-of-00007 (1).safetensors", "maps no tensor")
+
+
 def test_corrupt_header(models, tmp_path):
     d = clone(models["tiny-dspark"], tmp_path / "m")
     victim = "model-00005-of-00009.safetensors"
@@ -342,8 +348,11 @@ def test_config_wrong_type(models, tmp_path):
 
 def test_stage_gap(models, tmp_path):
     d = clone(models["tiny-dspark"], tmp_path / "m")
+    shards = set()
     for name in [k for k in index_of(d)["weight_map"] if k.startswith("mtp.1.")]:
-        remove_tensor(d, name)
+        shards.add(remove_tensor(d, name))
+    for s in shards - set(index_of(d)["weight_map"].values()):
+        os.unlink(d / s)  # now empty and unreferenced
     rejected(d, "mtp.1", "contiguous")
 
 
@@ -352,6 +361,28 @@ def test_bf16_stray_scale(models, tmp_path):
     fname = shard_of(d, "layers.0.attn.wq_a.weight")
     add_tensor(d, fname, "layers.0.attn.wq_a.scale", "F8_E8M0", [1, 2], b"\x7f\x7f")
     rejected(d, "layers.0.attn.wq_a.scale", "unquantised")
+
+
+def test_scan_values(models, tmp_path):
+    """--scan reads every value: a NaN E8M0 scale (0xFF) is found and named; the pristine
+    checkpoints scan clean. Without --scan the (layout-only) check still passes."""
+    for name in ("tiny-dspark", "tiny-flash-bf16"):
+        p = subprocess.run([DSV4, "check", "--scan", models[name]], capture_output=True,
+                           text=True, timeout=120)
+        assert p.returncode == 0 and "no NaN/Inf codes" in p.stdout, p.stderr
+    d = clone(models["tiny-dspark"], tmp_path / "m")
+    name = "mtp.1.ffn.experts.3.w2.scale"
+
+    def f(t):
+        b = bytearray(t[3])
+        b[5] = 0xFF
+        t[3] = bytes(b)
+
+    edit_tensor(d, name, f)
+    assert check(d)[0] == 0
+    p = subprocess.run([DSV4, "check", "--scan", str(d)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1
+    assert f"'{name}'" in p.stderr and "element 5" in p.stderr and shard_of(d, name) in p.stderr
 
 
 # spec/DSPARK.md §3.3: the 12 tensors the seed stack's draft loader dropped silently.

@@ -310,6 +310,18 @@ static void test_dirs(void) {
     CHECK(system(cmd) == 0);
     expect_open_fails(dir, "abc.incomplete", NULL);
 
+    /* a shard file the index does not name (stale index / leftover download) */
+    make_dir("stray", dir);
+    write_sharded(dir, GOOD_INDEX);
+    {
+        size_t s3;
+        uint8_t *b3 = stw_build(S2, 1, &s3);
+        path_of(p, dir, "model-00003-of-00003.safetensors");
+        CHECK(stw_save(p, b3, s3) == 0);
+        free(b3);
+    }
+    expect_open_fails(dir, "model-00003-of-00003.safetensors", "maps no tensor");
+
     /* empty directory */
     make_dir("empty", dir);
     expect_open_fails(dir, "model.safetensors", NULL);
