@@ -6,6 +6,7 @@
 #include "backend/cpu/cpu_internal.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 static float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
@@ -17,7 +18,7 @@ static void hc_mixes(const float *x, int64_t n, const dsv4_tview *fn, int n_out,
     float r = (float)(1.0 / sqrt(ss / n + eps));
     for (int k = 0; k < n_out; k++) {
         float acc = 0; /* fp32 accumulate, like the official fp32 GEMM */
-        if (fn->dtype == DSV4_DT_F32) {
+        if (fn->dtype == DSV4_DT_F32 && (uintptr_t)fn->data % sizeof(float) == 0) {
             const float *f = (const float *)fn->data + k * n;
             for (int64_t i = 0; i < n; i++) acc += f[i] * x[i];
         } else {

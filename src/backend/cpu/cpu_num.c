@@ -107,10 +107,20 @@ void dsv4_cpu_hadamard(float *x, int n) {
 
 float dsv4_cpu_load_f(const void *data, dsv4_dtype dt, int64_t i) {
     switch (dt) {
-    case DSV4_DT_F32: return ((const float *)data)[i];
-    case DSV4_DT_BF16: return dsv4_cpu_bf16_to_f32(((const uint16_t *)data)[i]);
+    /* memcpy: checkpoint tensors are not necessarily aligned to their element size */
+    case DSV4_DT_F32: {
+        float f;
+        memcpy(&f, (const char *)data + 4 * i, 4);
+        return f;
+    }
+    case DSV4_DT_BF16: {
+        uint16_t h;
+        memcpy(&h, (const char *)data + 2 * i, 2);
+        return dsv4_cpu_bf16_to_f32(h);
+    }
     case DSV4_DT_F16: {
-        uint16_t h = ((const uint16_t *)data)[i];
+        uint16_t h;
+        memcpy(&h, (const char *)data + 2 * i, 2);
         int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
         float v = e == 0 ? ldexpf((float)m, -24) : e == 31 ? INFINITY : ldexpf(1.0f + m / 1024.0f, e - 15);
         return s ? -v : v;
