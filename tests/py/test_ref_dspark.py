@@ -717,13 +717,17 @@ def test_fixtures_tied_to_locked_checkpoints_and_reproducible():
     p0 = index["prompts"][0]
     ids = torch.tensor(p0["input_ids"])
     feats = R.features(R.Target(cfg, t).run(ids), c.target_layers)
-    assert (feats - get(p0["arrays"]["features"])).abs().max() < 1e-4
+    want = get(p0["arrays"]["features"])
+    # summation order (torch thread count) moves fp32 results by ulps: compare relatively
+    assert (feats - want).abs().max() < 1e-5 * want.abs().max()
     for mode in ("hf", "ref"):
+        tol = index["tolerance"][mode]["logits_abs"]
         case = next(k for k in index["cases"] if k["prompt"] == "p0" and k["mode"] == mode and k["P"] > 1)
         d = R.Drafter(c, R.Weights(t, q, mode))
         r = d.draft([(R.build_ring(d, feats, case["P"]), case["anchor"], case["P"])])
-        assert (r["logits"][0] - get(case["arrays"]["logits"])).abs().max() < 1e-4
-        assert r["tokens"][0].tolist() == case["tokens"]
+        assert (r["logits"][0] - get(case["arrays"]["logits"])).abs().max() < tol
+        if case["min_top2_margin"] > 2 * tol:
+            assert r["tokens"][0].tolist() == case["tokens"]
     cfg, t, q = R.load_checkpoint(tiny("tiny-flash"))
     case = mindex["cases"][0]
     ids = torch.tensor(case["input_ids"])
