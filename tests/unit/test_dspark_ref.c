@@ -9,7 +9,10 @@
  *     confidence logits;
  *   - the batched case: two requests in two slots drafted in one call;
  *   - the speculative trace: ring written only with accepted rows P..P+a
- *     (DSPARK.md §4.6), next anchor at P+a+1 — each step's logits.
+ *     (DSPARK.md §4.6), next anchor at P+a+1 — each step's logits;
+ *   - end to end (HF numerics): features from OUR target forward (hc-mean of
+ *     the outputs of the tapped layers, §2.2) equal the fixture's, and the
+ *     draft from them matches.
  * A flipped choice (anchor at P-1, input-of-layer taps, no K/V round-trip)
  * moves the logits by the fixture's `sensitivity` values, > 10x the tolerance.
  */
@@ -84,6 +87,7 @@ typedef struct drun {
     dsv4_weights *w;
     dsv4_backend *be;
     dsv4_model *m;
+    dsv4_state *st;
     dsv4_dspark *d;
 } drun;
 
@@ -100,11 +104,15 @@ static int open_drafter(dsv4_numerics num, drun *r) {
     if (!rc && !r->be) rc = e.code ? e.code : DSV4_EBACKEND;
     if (!rc) rc = dsv4_model_create(&r->cfg, r->w, r->be, &r->m, &e);
     if (!rc) rc = dsv4_dspark_create(&r->cfg, r->w, r->m, 2, &r->d, &e);
+    int ratios[DSV4_MAX_LAYERS];
+    for (int l = 0; l < r->cfg.num_hidden_layers; l++) ratios[l] = dsv4_config_layer_ratio(&r->cfg, l);
+    if (!rc) rc = dsv4_state_create(r->be, &r->cfg, ratios, r->cfg.num_hidden_layers, 1, 256, 0, &r->st, &e);
     CHECK_MSG(rc == 0, "open tiny-dspark: %s", e.msg);
     return rc;
 }
 
 static void close_drafter(drun *r) {
+    dsv4_state_free(r->st);
     dsv4_dspark_free(r->d);
     dsv4_model_free(r->m);
     if (r->be) r->be->free(r->be);
@@ -139,6 +147,48 @@ static int context(drun *r, int ns, const int *slot, const int *pos0, const int 
     CHECK_MSG(rc == 0, "context: %s", e.msg);
     free(mem);
     free(fx);
+    return rc;
+}
+
+/*
+ * Context features from OUR target forward (DSPARK.md §2.2): the block loop of
+ * dsv4_forward run here with the public block API, reading the streams after
+ * each tapped layer and averaging the hc_mult copies on the host (the target
+ * forward has no tap output yet). feats: [T][n_tap*d].
+ */
+static int c_features(drun *r, const int32_t *ids, int T, float *feats) {
+    const dsv4_config *cfg = &r->cfg;
+    int hc = cfg->hc_mult, dm = cfg->hidden_size, nt = cfg->n_dspark_target_layer_ids;
+    int32_t *mem = malloc(sizeof(int32_t) * (size_t)T * 3), *pos = mem, *sl = mem + T, *sq = mem + 2 * T;
+    float *X = malloc(sizeof(float) * (size_t)T * hc * dm);
+    for (int i = 0; i < T; i++) pos[i] = i, sl[i] = 0, sq[i] = 0;
+    int32_t cu[2] = {0, T}, ss = 0, sp = 0;
+    dsv4_batch b = {.n_rows = T, .n_seqs = 1, .token = ids, .pos = pos, .slot = sl, .seq_idx = sq,
+                    .cu_seqlens = cu, .seq_slot = &ss, .seq_pos0 = &sp};
+    dsv4_err e = {0};
+    dsv4_buf Xb = {0};
+    dsv4_backend *be = r->be;
+    int rc = dsv4_state_reset_slot(r->st, 0, &e);
+    if (!rc) rc = be->batch_begin(be, &b, &e);
+    if (!rc) rc = be->buf_alloc(be, be->act_dtype, T, (int64_t)hc * dm, &Xb, &e);
+    if (!rc) rc = be->embed(be, &r->m->embed, &b, hc, &Xb, &e);
+    for (int l = 0; l < r->m->n_layers && !rc; l++) {
+        rc = dsv4_block_forward(cfg, &r->m->layers[l], &r->st->layers[l], be, &b, &Xb, &e);
+        for (int k = 0; k < nt && !rc; k++) {
+            if (cfg->dspark_target_layer_ids[k] != l) continue;
+            rc = be->buf_read(be, &Xb, X, &e);
+            for (int t = 0; t < T && !rc; t++)
+                for (int j = 0; j < dm; j++) {
+                    double acc = 0; /* plain mean over the streams, no weights, no norm */
+                    for (int c = 0; c < hc; c++) acc += X[((size_t)t * hc + c) * dm + j];
+                    feats[((size_t)t * nt + k) * dm + j] = (float)(acc / hc);
+                }
+        }
+    }
+    CHECK_MSG(rc == 0, "target forward: %s", e.msg);
+    be->buf_free(be, &Xb);
+    free(mem);
+    free(X);
     return rc;
 }
 
@@ -255,7 +305,40 @@ static void run_mode(const cJSON *idx, const char *mode, dsv4_numerics num) {
         }
         CHECK(step >= 4);
         printf("dspark %-3s trace of %d steps: max |dlogit| %.2e\n", mode, step, tw);
-        (void)F;
+    }
+    /* ---- end to end: our target's features, then our drafter (HF numerics only: the fixture's
+     * features come from transformers in fp32) ---- */
+    if (!strcmp(mode, "hf")) {
+        cJSON_ArrayForEach(c, cJSON_GetObjectItem(idx, "cases")) {
+            if (strcmp(cJSON_GetObjectItem(c, "mode")->valuestring, mode) || geti(c, "P") < 2) continue;
+            int pi = atoi(cJSON_GetObjectItem(c, "prompt")->valuestring + 1);
+            int T = cJSON_GetArraySize(cJSON_GetObjectItem(pr[pi], "input_ids")), P = geti(c, "P"), slot = 0, zero = 0;
+            int32_t ids[256];
+            const cJSON *it;
+            int k = 0;
+            cJSON_ArrayForEach(it, cJSON_GetObjectItem(pr[pi], "input_ids")) ids[k++] = it->valueint;
+            float *cf = malloc(sizeof(float) * (size_t)T * F);
+            if (!c_features(&r, ids, T, cf)) {
+                /* tap points (C2): output of layers dspark_target_layer_ids, hc-mean */
+                double fmd = maxdiff(cf, feats[pi], (size_t)T * F), fmx = 0;
+                for (size_t i = 0; i < (size_t)T * F; i++) fmx = fmax(fmx, fabs(feats[pi][i]));
+                CHECK_MSG(fmd <= 1e-5 * fmx, "C target features vs fixture: max diff %g (scale %g)", fmd, fmx);
+                const float *cfs = cf;
+                CHECK(dsv4_dspark_reset_slot(r.d, 0, &e) == 0);
+                context(&r, 1, &slot, &zero, &P, &cfs);
+                int32_t sl = 0, an = geti(c, "anchor"), ps = P;
+                int rc = dsv4_dspark_draft(r.d, 1, &sl, &an, &ps, tk, lg, NULL, &e);
+                CHECK_MSG(rc == 0, "end to end draft: %s", e.msg);
+                float *want = load_array(arr(c, "logits"), NULL);
+                double md = maxdiff(lg, want, (size_t)g * V);
+                CHECK_MSG(md <= tol, "end to end %s: max |dlogit| %g", cJSON_GetObjectItem(c, "name")->valuestring, md);
+                printf("dspark end to end (C target features, %s): features %.1e of %.0f, max |dlogit| %.2e\n",
+                       cJSON_GetObjectItem(c, "name")->valuestring, fmd, fmx, md);
+                free(want);
+            }
+            free(cf);
+            break;
+        }
     }
     for (int i = 0; i < np; i++) free(feats[i]);
     free(lg);
