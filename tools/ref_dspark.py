@@ -29,6 +29,9 @@ the fixture stores those features, so the drafter can be validated in isolation 
 
 Choices where the sources differ, and the test that catches each one flipping
 ---------------------------------------------------------------------------------
+The C side of every "C test" below is tests/unit/test_dspark_ref.c (src/model/dspark.c against
+this fixture: per-case logits, the batched case, the trace replay, and an end-to-end run from the
+C target's own features).
 C1 Anchor position (DSPARK.md §4.8): the anchor token x0 sits at its own position P; block slot i is
    at position P+i; context = committed positions <= P-1. (vLLM-A puts it at P-1: wrong.)
    Caught by: C test comparing draft logits to this fixture (the fixture's index.json records
