@@ -203,6 +203,12 @@ struct dsv4_backend {
      * no copy). The backend owns the copy until `free`. */
     int (*upload)(dsv4_backend *be, const dsv4_tview *host, dsv4_tview *dev, dsv4_err *err);
 
+    /* Optional (NULL = upload w and scale separately with `upload`): make a
+     * whole linear resident at once, so a backend can repack it (e.g. FP4
+     * tiles in tensor-core fragment order). dev keeps out/in and dtypes; its
+     * data pointers are whatever this backend's linear ops understand. */
+    int (*upload_linear)(dsv4_backend *be, const dsv4_linear *host, dsv4_linear *dev, dsv4_err *err);
+
     /* Called before the ops of one forward on this batch / after the last one. */
     int (*batch_begin)(dsv4_backend *be, const dsv4_batch *b, dsv4_err *err);
     int (*sync)(dsv4_backend *be, dsv4_err *err);

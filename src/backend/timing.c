@@ -62,6 +62,9 @@ static int t_gather(dsv4_backend *be, const dsv4_buf *s, const int32_t *i, int n
 static int t_upload(dsv4_backend *be, const dsv4_tview *h, dsv4_tview *d, dsv4_err *err) {
     return INNER(be)->upload(INNER(be), h, d, err);
 }
+static int t_upload_linear(dsv4_backend *be, const dsv4_linear *h, dsv4_linear *d, dsv4_err *err) {
+    return INNER(be)->upload_linear(INNER(be), h, d, err);
+}
 static int t_batch_begin(dsv4_backend *be, const dsv4_batch *b, dsv4_err *err) {
     return INNER(be)->batch_begin(INNER(be), b, err);
 }
@@ -161,6 +164,7 @@ dsv4_backend *dsv4_backend_timing_wrap(dsv4_backend *inner, int sync_each, dsv4_
     be->buf_read = t_buf_read;
     be->buf_gather_rows = t_gather;
     be->upload = t_upload;
+    be->upload_linear = inner->upload_linear ? t_upload_linear : NULL;
     be->batch_begin = t_batch_begin;
     be->sync = t_sync;
     be->embed = t_embed;
