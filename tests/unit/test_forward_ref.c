@@ -68,7 +68,7 @@ typedef struct model_run {
     dsv4_state *st;
 } model_run;
 
-static int open_model(const char *name, model_run *r) {
+static int open_model(const char *name, dsv4_numerics num, model_run *r) {
     char dir[700];
     snprintf(dir, sizeof dir, "%s/%s", models, name);
     dsv4_err e = {0};
@@ -77,7 +77,7 @@ static int open_model(const char *name, model_run *r) {
     if (!rc) rc = dsv4_ckpt_open(dir, &r->ck, &e);
     if (!rc) rc = dsv4_config_set_drafts(&r->cfg, r->ck, &e);
     if (!rc) rc = dsv4_weights_bind(&r->cfg, r->ck, &r->w, &e);
-    if (!rc) r->be = dsv4_backend_cpu_create(DSV4_NUMERICS_HF, &e);
+    if (!rc) r->be = dsv4_backend_cpu_create(num, &e);
     if (!rc && !r->be) rc = e.code;
     if (!rc) rc = dsv4_model_create(&r->cfg, r->w, r->be, &r->m, &e);
     int ratios[DSV4_MAX_LAYERS];
@@ -139,6 +139,7 @@ static int load_case(const cJSON *c, const char *dir, int V, ref_case *rc) {
     const cJSON *it;
     cJSON_ArrayForEach(it, cJSON_GetObjectItem(c, "input_ids")) rc->ids[rc->n_ids++] = it->valueint;
     cJSON_ArrayForEach(it, cJSON_GetObjectItem(c, "chunks")) rc->chunks[rc->n_chunks++] = it->valueint;
+    if (!rc->n_chunks) rc->chunks[rc->n_chunks++] = rc->n_ids; /* one pass */
     cJSON_ArrayForEach(it, cJSON_GetObjectItem(c, "positions")) rc->pos[rc->n_pos++] = it->valueint;
     const cJSON *m = cJSON_GetObjectItem(c, "min_top2_margin");
     rc->margin = m ? m->valuedouble : 0;
@@ -152,7 +153,7 @@ static int load_case(const cJSON *c, const char *dir, int V, ref_case *rc) {
 }
 
 /* Compare our logits (by position) against the reference case. */
-static void compare(const char *model, const ref_case *rc, const float *ours, int V, const char *how) {
+static void compare(const char *model, const ref_case *rc, const float *ours, int V, const char *how, double tol) {
     double md = 0;
     int argmax_bad = 0;
     for (int i = 0; i < rc->n_pos; i++) {
@@ -165,8 +166,8 @@ static void compare(const char *model, const ref_case *rc, const float *ours, in
         }
         if (ia != ib) argmax_bad++;
     }
-    CHECK_MSG(md < TOL, "%s %s (%s): max |logit diff| %g", model, rc->name, how, md);
-    if (rc->margin > 2 * TOL) CHECK_MSG(argmax_bad == 0, "%s %s (%s): %d argmax differ", model, rc->name, how, argmax_bad);
+    CHECK_MSG(md < tol, "%s %s (%s): max |logit diff| %g", model, rc->name, how, md);
+    if (rc->margin > 2 * tol) CHECK_MSG(argmax_bad == 0, "%s %s (%s): %d argmax differ", model, rc->name, how, argmax_bad);
     printf("%s %-16s %-10s max|dlogit| %.2e  argmax mismatches %d\n", model, rc->name, how, md, argmax_bad);
 }
 
@@ -180,7 +181,7 @@ static int wanted(const char *const *only, const char *name) {
 
 static void run_model(const char *name, const char *const *only) {
     model_run r;
-    if (open_model(name, &r)) return;
+    if (open_model(name, DSV4_NUMERICS_HF, &r)) return;
     int V = r.cfg.vocab_size;
     char dir[700], path[800];
     snprintf(dir, sizeof dir, "%s/tests/fixtures/ref/%s", DSV4_SOURCE_DIR, name);
@@ -205,7 +206,7 @@ static void run_model(const char *name, const char *const *only) {
             if (forward_segs(&r, 1, &slot, &p, &n, &ids, out + (size_t)p * V)) break;
             p += n;
         }
-        compare(name, rc, out, V, rc->n_chunks > 1 ? "as chunked" : "one pass");
+        compare(name, rc, out, V, rc->n_chunks > 1 ? "as chunked" : "one pass", TOL);
     }
     /* two requests in one batch, two slots: prefill_129 next to prefill_20, then decode rows */
     ref_case *a = NULL, *b = NULL;
@@ -228,8 +229,8 @@ static void run_model(const char *name, const char *const *only) {
         forward_segs(&r, 2, slot2, pos2, n2, ids2, both);
         memcpy(out2 + (size_t)15 * V, both, sizeof(float) * 5 * V);
         memcpy(out + (size_t)100 * V, both + (size_t)5 * V, sizeof(float) * 29 * V);
-        compare(name, a, out, V, "shared");
-        compare(name, b, out2, V, "shared");
+        compare(name, a, out, V, "shared", TOL);
+        compare(name, b, out2, V, "shared", TOL);
         free(both);
     }
     for (int i = 0; i < nc; i++) free(cases[i].logits);
@@ -238,6 +239,112 @@ static void run_model(const char *name, const char *const *only) {
     cJSON_Delete(idx);
     free(js);
     close_model(&r);
+}
+
+/*
+ * Reference numerics (W8A8, FP8 KV round-trips, indexer Hadamard+FP4, bf16 attention
+ * probabilities) against tools/ref_official.py, a PyTorch reading of the spec that matches
+ * transformers in HF mode (checked by the script). The QAT steps are discontinuous: an fp32
+ * summation-order difference can move a value across an FP8/FP4 rounding boundary and the
+ * tiny random model amplifies it, so logits cannot match to 1e-3. The fixture records how far
+ * the reference moves when run in fp64 instead of fp32 (the floor for any fp32
+ * implementation) and how far it moves when each emulation is switched off. We require the
+ * mean KL to be within 2x that floor, which is below the effect of removing any single
+ * emulation (checked here too), and the HF numerics run must be far off.
+ */
+typedef struct dist { double kl, agree, maxd; } dist;
+
+static dist distance(const float *ours, const ref_case *rc, int V) {
+    dist d = {0, 0, 0};
+    for (int i = 0; i < rc->n_pos; i++) {
+        const float *a = ours + (size_t)rc->pos[i] * V, *b = rc->logits + (size_t)i * V;
+        double ma = -INFINITY, mb = -INFINITY, sa = 0, sb = 0, kl = 0;
+        int ia = 0, ib = 0;
+        for (int v = 0; v < V; v++) {
+            if (a[v] > ma) { ma = a[v]; ia = v; }
+            if (b[v] > mb) { mb = b[v]; ib = v; }
+            d.maxd = fmax(d.maxd, fabs(a[v] - b[v]));
+        }
+        for (int v = 0; v < V; v++) {
+            sa += exp(a[v] - ma);
+            sb += exp(b[v] - mb);
+        }
+        for (int v = 0; v < V; v++) { /* KL(ref || ours) */
+            double lb = b[v] - mb - log(sb), la = a[v] - ma - log(sa);
+            kl += exp(lb) * (lb - la);
+        }
+        d.kl += kl / rc->n_pos;
+        d.agree += (ia == ib) / (double)rc->n_pos;
+    }
+    return d;
+}
+
+static double sens_kl(const cJSON *idx, const char *key) {
+    const cJSON *o = cJSON_GetObjectItem(cJSON_GetObjectItem(idx, "sensitivity"), key);
+    const cJSON *k = o ? cJSON_GetObjectItem(o, "mean_kl") : NULL;
+    CHECK_MSG(k != NULL, "official index.json lacks sensitivity.%s", key);
+    return k ? k->valuedouble : 0;
+}
+
+static void run_official(void) {
+    const char *name = "tiny-flash";
+    char dir[700], path[800];
+    snprintf(dir, sizeof dir, "%s/tests/fixtures/ref/official/%s", DSV4_SOURCE_DIR, name);
+    snprintf(path, sizeof path, "%s/index.json", dir);
+    char *js = read_file(path, NULL);
+    cJSON *idx = js ? cJSON_Parse(js) : NULL;
+    CHECK_MSG(idx != NULL, "cannot read %s", path);
+    static ref_case rc;
+    if (!idx || load_case(cJSON_GetArrayItem(cJSON_GetObjectItem(idx, "cases"), 0), dir, 512, &rc)) {
+        cJSON_Delete(idx);
+        free(js);
+        return;
+    }
+    double floor_kl = sens_kl(idx, "fp64_vs_fp32"), min_single = INFINITY;
+    const char *emus[] = {"without_w8a8", "without_kv_fp8", "without_indexer_fp4", "without_bf16_probs"};
+    for (int i = 0; i < 4; i++) min_single = fmin(min_single, sens_kl(idx, emus[i]));
+    double limit = 2 * floor_kl;
+    CHECK_MSG(limit < min_single, "tolerance %g does not separate single emulations (%g)", limit, min_single);
+    float *one = NULL;
+    for (int mode = 0; mode < 2; mode++) {
+        model_run r;
+        if (open_model(name, mode ? DSV4_NUMERICS_HF : DSV4_NUMERICS_REFERENCE, &r)) break;
+        int V = r.cfg.vocab_size;
+        float *out = malloc(sizeof(float) * 512 * V);
+        static const int splits[2][4] = {{300, 0, 0, 0}, {97, 153, 50, 0}};
+        for (int sp = 0; sp < (mode ? 1 : 2); sp++) {
+            dsv4_state_reset_slot(r.st, 0, NULL);
+            for (int k = 0, p = 0; splits[sp][k]; p += splits[sp][k], k++) {
+                int slot = 0, n = splits[sp][k];
+                const int32_t *ids = rc.ids;
+                if (forward_segs(&r, 1, &slot, &p, &n, &ids, out + (size_t)p * V)) break;
+            }
+            dist d = distance(out, &rc, V);
+            printf("tiny-flash/official %-9s %-8s mean KL %.2e (floor %.2e, one emulation off >= %.2e), "
+                   "argmax agree %.3f, max|dlogit| %.3f\n", mode ? "HF" : "reference", sp ? "97+153+50" : "one pass",
+                   d.kl, floor_kl, min_single, d.agree, d.maxd);
+            if (mode == 0) {
+                CHECK_MSG(d.kl < limit, "reference numerics: mean KL %g vs limit %g", d.kl, limit);
+                CHECK_MSG(d.agree > 0.85, "reference numerics: argmax agreement %g", d.agree);
+                if (sp == 0) {
+                    one = malloc(sizeof(float) * 300 * V);
+                    memcpy(one, out, sizeof(float) * 300 * V);
+                } else if (one) { /* chunking is exact-ish in reference numerics too */
+                    double md = 0;
+                    for (int i = 0; i < 300 * V; i++) md = fmax(md, fabs(one[i] - out[i]));
+                    CHECK_MSG(md < 1e-3, "reference numerics: chunked vs one pass %g", md);
+                }
+            } else {
+                CHECK_MSG(d.kl > 5 * limit, "HF numerics should miss the reference fixture (KL %g)", d.kl);
+            }
+        }
+        free(out);
+        close_model(&r);
+    }
+    free(one);
+    free(rc.logits);
+    cJSON_Delete(idx);
+    free(js);
 }
 
 int main(void) {
@@ -249,6 +356,7 @@ int main(void) {
     run_model("tiny-flash", asan_cases);
     return TEST_REPORT();
 #endif
+    run_official();
     run_model("tiny-flash", NULL);
     /* same target layout, other weights; its draft stages are not used here. A subset keeps
      * the test short: the cases differ only in length and chunking, covered on tiny-flash. */
