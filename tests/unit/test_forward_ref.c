@@ -347,6 +347,66 @@ static void run_official(void) {
     free(js);
 }
 
+/*
+ * Per-layer streams (spec/MODEL.md §5.4 "compare per-layer streams"): the fixture's
+ * layer_streams [L][n_pos][hc][d] are each layer's output streams (forward hooks). Ours:
+ * the final streams of the same model cut after layer l. Normalised error per layer.
+ */
+static void run_layer_streams(const char *name, const char *case_name) {
+    model_run r;
+    if (open_model(name, DSV4_NUMERICS_HF, &r)) return;
+    char dir[700], path[800];
+    snprintf(dir, sizeof dir, "%s/tests/fixtures/ref/%s", DSV4_SOURCE_DIR, name);
+    snprintf(path, sizeof path, "%s/index.json", dir);
+    char *js = read_file(path, NULL);
+    cJSON *idx = js ? cJSON_Parse(js) : NULL, *c = NULL;
+    if (idx)
+        cJSON_ArrayForEach(c, cJSON_GetObjectItem(idx, "cases")) if (!strcmp(cJSON_GetObjectItem(c, "name")->valuestring, case_name)) break;
+    static ref_case rc;
+    const cJSON *ls = c ? cJSON_GetObjectItem(cJSON_GetObjectItem(c, "arrays"), "layer_streams") : NULL;
+    CHECK_MSG(ls != NULL, "%s: no layer_streams for %s", name, case_name);
+    int L = r.cfg.num_hidden_layers, w = r.cfg.hc_mult * r.cfg.hidden_size;
+    if (ls && !load_case(c, dir, r.cfg.vocab_size, &rc)) {
+        snprintf(path, sizeof path, "%s/%s", dir, cJSON_GetObjectItem(ls, "file")->valuestring);
+        size_t nb = 0;
+        float *want = (float *)read_file(path, &nb);
+        CHECK(want && nb == (size_t)L * rc.n_pos * w * 4);
+        float *X = malloc(sizeof(float) * rc.n_ids * w);
+        int32_t *rows = malloc(sizeof(int32_t) * rc.n_ids);
+        for (int l = 0; want && l < L; l++) {
+            r.m->n_layers = l + 1;
+            r.st->n_layers = l + 1;
+            dsv4_state_reset_slot(r.st, 0, NULL);
+            int32_t pos[512], sl[512], sq[512], cu[2] = {0, rc.n_ids}, ss = 0, sp = 0;
+            for (int t = 0; t < rc.n_ids; t++) pos[t] = t, sl[t] = 0, sq[t] = 0, rows[t] = t;
+            dsv4_batch b = {.n_rows = rc.n_ids, .n_seqs = 1, .token = rc.ids, .pos = pos, .slot = sl, .seq_idx = sq,
+                            .cu_seqlens = cu, .seq_slot = &ss, .seq_pos0 = &sp};
+            dsv4_fwd_out out = {.streams = X};
+            dsv4_err e = {0};
+            CHECK_MSG(dsv4_forward_ex(r.m, r.st, &b, &out, &e) == 0, "%s", e.msg);
+            double num = 0, den = 0;
+            for (int i = 0; i < rc.n_pos; i++)
+                for (int k = 0; k < w; k++) {
+                    double a = X[(size_t)rc.pos[i] * w + k], bb = want[((size_t)l * rc.n_pos + i) * w + k];
+                    num += (a - bb) * (a - bb);
+                    den += bb * bb;
+                }
+            double ne = sqrt(num / den);
+            printf("%s %s layer %d streams: normalised error %.2e\n", name, case_name, l, ne);
+            CHECK_MSG(ne < 1e-5, "%s %s layer %d: normalised error %g", name, case_name, l, ne);
+        }
+        r.m->n_layers = L;
+        r.st->n_layers = L;
+        free(X);
+        free(rows);
+        free(want);
+        free(rc.logits);
+    }
+    cJSON_Delete(idx);
+    free(js);
+    close_model(&r);
+}
+
 int main(void) {
     find_models();
 #ifdef __SANITIZE_ADDRESS__
@@ -357,6 +417,7 @@ int main(void) {
     return TEST_REPORT();
 #endif
     run_official();
+    run_layer_streams("tiny-flash", "prefill_129");
     run_model("tiny-flash", NULL);
     /* same target layout, other weights; its draft stages are not used here. A subset keeps
      * the test short: the cases differ only in length and chunking, covered on tiny-flash. */
