@@ -25,6 +25,11 @@ For each of tiny-flash and tiny-dspark (written by tools/gen_checkpoints.py):
        load).  The DSpark stages of tiny-dspark (main_proj, markov_head, confidence_head) have
        no transformers implementation; their layout is checked by name/shape against
        spec/DSPARK.md §3.1 by the C loader tests, not here.
+   Also (spec/MODEL.md §5.3 step 7, when `accelerate` is installed): the QUANTISED checkpoint
+   itself loads through transformers' FP8 path `FineGrainedFP8Config(dequantize=True)` with
+   empty loading info and a state dict bit-identical to the BF16 copy's -- so transformers reads
+   our `.scale` tensors, E8M0 block scales and low-nibble-first FP4 experts as we wrote them
+   (measured with 5.17.0 and 5.24.0; this answers spec §6.6 D15 / §8 item 3 for the tiny layout).
 2. Reference logits in fp32 "HF numerics" for the spec/MODEL.md §5.4 inputs (see CASES), the
    per-layer 4-stream outputs for some cases, and an MTP reference (tiny-flash).  Written to
    tests/fixtures/ref/<model>/ (format in tools/README.md): index.json + raw little-endian f32.
@@ -87,6 +92,10 @@ from transformers import DeepseekV4Config, DeepseekV4ForCausalLM  # noqa: E402
 from transformers.models.deepseek_v4 import modeling_deepseek_v4 as mdv4  # noqa: E402
 
 FORMAT = "dsv4-ref-v1"
+# transformers renamed the forward's `past_key_values` to `cache` (5.2x deprecates the old name);
+# 5.17 silently ignores an unknown `cache=` and runs every chunk without state.
+CACHE_KW = "cache" if "cache" in inspect.signature(mdv4.DeepseekV4Model.forward).parameters \
+    else "past_key_values"
 REF_MODELS = ["tiny-flash", "tiny-dspark"]
 
 # spec/MODEL.md §5.4: prefill lengths, decode (prefill 250 then 10 single steps), chunked 97+153.
@@ -214,23 +223,55 @@ def layout_proof(models_dir, name, log):
     # The shared-expert clamp must be in this transformers (spec §6.6 "§3.5 clamp").
     assert "clamp" in inspect.getsource(mdv4.DeepseekV4MLP.forward)
 
+    fp8 = quantised_load_proof(models_dir, name, sd, log)
     rep = {"checkpoint": name + "-bf16", "transformers_tensors": len(sd),
            "checkpoint_tensors": len(ckpt), "checkpoint_tensors_outside_mtp": len(main),
            "mtp_tensors_ignored_by_transformers": len(mtp), "elements": n_ck,
-           "missing": 0, "unexpected": 0, "mismatched": 0, "reinitialised": 0}
+           "missing": 0, "unexpected": 0, "mismatched": 0, "reinitialised": 0,
+           "quantised_checkpoint_via_FineGrainedFP8Config_dequantize": fp8}
     log(f"{name}: layout ok: {len(main)} tensors -> {len(sd)} transformers tensors, "
         f"{n_ck} elements, value multiset equal; {len(mtp)} mtp.* tensors ignored by transformers")
     return model, ckpt, rep
+
+
+def quantised_load_proof(models_dir, name, sd_bf16, log):
+    """spec/MODEL.md §5.3 step 7: load the QUANTISED checkpoint (F8_E4M3 + `.scale`, I8 FP4
+    experts) through transformers' own FP8 path, `FineGrainedFP8Config(dequantize=True)` (what
+    its integration test uses for the real model), and require the identical state dict as the
+    BF16 copy.  Needs `accelerate`; returns a short status string."""
+    import importlib.util
+    if importlib.util.find_spec("accelerate") is None:
+        log(f"{name}: quantised-load proof skipped (accelerate not installed)")
+        return "skipped: accelerate not installed"
+    from transformers import FineGrainedFP8Config
+    torch.manual_seed(3)
+    m, info = DeepseekV4ForCausalLM.from_pretrained(
+        os.path.join(models_dir, name), dtype=torch.float32, output_loading_info=True,
+        quantization_config=FineGrainedFP8Config(dequantize=True))
+    for k in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"):
+        assert not info.get(k), f"{name} (quantised): from_pretrained reported {k}: {sorted(info[k])[:10]}"
+    sq = m.state_dict()
+    assert sorted(sq) == sorted(sd_bf16), sorted(set(sq) ^ set(sd_bf16))[:10]
+    for k, v in sd_bf16.items():
+        assert sq[k].shape == v.shape and torch.equal(sq[k].float(), v.float()), \
+            f"{name}: {k} differs between the quantised load and the BF16 copy"
+    log(f"{name}: quantised checkpoint loads through FineGrainedFP8Config(dequantize=True) "
+        f"to the same {len(sq)} tensors, bit-identical to the BF16 copy")
+    return "ok: bit-identical to the BF16 copy"
 
 
 # --------------------------------------------------------------------------------------------
 # 2. Reference outputs.
 # --------------------------------------------------------------------------------------------
 class Probe:
-    """Forward hooks: per-layer output streams and SwiGLU clamp coverage."""
+    """Forward hooks: per-layer output streams, expert selections, indexer selections and SwiGLU
+    clamp coverage."""
 
     def __init__(self, model):
         self.streams = []
+        self.routing = {}   # layer -> [per-chunk LongTensor [T, k]]
+        self.indexer = {}   # layer -> [per-chunk LongTensor [T, <=index_topk]]
+        self.index_topk = model.config.index_topk
         self.clamp = {"shared_gate_gt_limit": 0, "shared_up_abs_gt_limit": 0,
                       "routed_gate_gt_limit": 0, "routed_up_abs_gt_limit": 0, "values": 0}
         self.hooks = []
@@ -239,6 +280,13 @@ class Probe:
             self.hooks.append(layer.register_forward_hook(
                 lambda m, i, o: self.streams.append(o.detach().clone())))
             mlp = layer.mlp
+            li = layer.layer_idx
+            self.hooks.append(mlp.gate.register_forward_hook(
+                lambda m, i, o, li=li: self.routing.setdefault(li, []).append(o[2].detach().clone())))
+            comp = getattr(layer.self_attn, "compressor", None)
+            if comp is not None and hasattr(comp, "indexer"):
+                self.hooks.append(comp.indexer.register_forward_hook(
+                    lambda m, i, o, li=li: self.indexer.setdefault(li, []).append(o[0].detach().clone())))
 
             def shared_hook(m, inp, out, lim=lim):
                 x = inp[0]
@@ -262,6 +310,24 @@ class Probe:
         s, self.streams = self.streams, []
         return s
 
+    def take_selections(self):
+        """(routing LongTensor [L, n, k] sorted per row, {layer: LongTensor [n, index_topk]} with
+        the valid picks sorted ascending and -1 padding after them), over all chunks since the
+        last call."""
+        routing = torch.stack([torch.cat(self.routing[li], 0).sort(-1).values
+                               for li in sorted(self.routing)], 0)
+        idx = {}
+        for li, parts in sorted(self.indexer.items()):
+            rows = []
+            for p in parts:
+                pad = torch.full((p.shape[0], self.index_topk), -1, dtype=torch.long)
+                pad[:, :p.shape[1]] = p
+                key = torch.where(pad < 0, torch.iinfo(torch.long).max, pad)
+                rows.append(torch.gather(pad, 1, torch.sort(key, dim=-1, stable=True).indices))
+            idx[li] = torch.cat(rows, 0)
+        self.routing, self.indexer = {}, {}
+        return routing, idx
+
     def close(self):
         for h in self.hooks:
             h.remove()
@@ -276,13 +342,14 @@ def run_case(model, probe, ids, chunks):
     with torch.no_grad():
         for c in chunks:
             x = torch.from_numpy(ids[pos:pos + c]).unsqueeze(0)
-            out = model(input_ids=x, cache=cache, use_cache=True)
+            out = model(input_ids=x, use_cache=True, **{CACHE_KW: cache})
             logits.append(out.logits[0])
             streams.append(probe.take_streams())
             pos += c
     lg = torch.cat(logits, 0)
     st = torch.stack([torch.cat([s[layer][0] for s in streams], 0)
                       for layer in range(len(streams[0]))], 0)
+    probe.last_selections = probe.take_selections()
     return lg, st
 
 
@@ -376,28 +443,30 @@ def run_mtp(model, raw, ckpt, ids, h_last, log):
         x = mtp.e_proj(e).unsqueeze(2) + mtp.h_proj(mtp.hnorm(H))
         cache = DynamicCache(config=mtp.cfg)
         mask = mdv4.create_sliding_window_causal_mask(config=mtp.cfg, inputs_embeds=e, attention_mask=None,
-                                                      cache=cache, position_ids=pos)
+                                                      position_ids=pos, **{CACHE_KW: cache})
         pe = {"main": mtp.rotary(e, position_ids=pos, layer_type="main"),
               "compress": mtp.rotary(e, position_ids=pos, layer_type="compress")}
         X = mtp.layer(x, position_embeddings=pe, position_ids=pos, attention_mask=mask,
-                      input_ids=tok, cache=cache)
+                      input_ids=tok, **{CACHE_KW: cache})
         logits = model.lm_head(mtp.norm(mtp.hc_head(X)))[0]
     log(f"MTP reference: {n_used} mtp.0 tensors bound, {n} positions")
     return logits, X[0], n_used
 
 
-def write_array(outdir, fname, arr):
-    a = np.ascontiguousarray(arr.detach().cpu().numpy().astype("<f4"))
+def write_array(outdir, fname, arr, dtype="f32"):
+    a = np.ascontiguousarray(arr.detach().cpu().numpy().astype({"f32": "<f4", "i32": "<i4"}[dtype]))
     with open(os.path.join(outdir, fname), "wb") as f:
         f.write(a.tobytes())
-    return {"file": fname, "dtype": "f32", "shape": list(a.shape),
+    return {"file": fname, "dtype": dtype, "shape": list(a.shape),
             "sha256": hashlib.sha256(a.tobytes()).hexdigest()}
 
 
-def make_refs(models_dir, name, model, ckpt, layout, outdir, log):
-    os.makedirs(outdir, exist_ok=True)
-    for fn in os.listdir(outdir):
-        os.remove(os.path.join(outdir, fn))
+def make_refs(models_dir, name, model, ckpt, layout, final_dir, log):
+    """Writes into <final_dir>.tmp and swaps it in only when everything succeeded."""
+    import shutil
+    outdir = final_dir + ".tmp"
+    shutil.rmtree(outdir, ignore_errors=True)
+    os.makedirs(outdir)
     man_q, man_b = manifest(models_dir, name), manifest(models_dir, name + "-bf16")
     probe = Probe(model)
     cases, single = [], {}
@@ -411,6 +480,18 @@ def make_refs(models_dir, name, model, ckpt, layout, outdir, log):
         top2 = torch.topk(lg[pos], 2, dim=-1).values
         ent["min_top2_margin"] = float((top2[:, 0] - top2[:, 1]).min())
         ent["argmax"] = [int(i) for i in lg[pos].argmax(-1)]
+        routing, idxsel = probe.last_selections
+        ent["arrays"]["experts"] = write_array(outdir, f"{case['name']}.experts.i32",
+                                               routing[:, pos], "i32")
+        ent["arrays"]["experts"]["note"] = "routed expert ids per layer, sorted ascending per row"
+        if idxsel:
+            layers = sorted(idxsel)
+            ent["arrays"]["indexer_topk"] = write_array(
+                outdir, f"{case['name']}.indexer_topk.i32",
+                torch.stack([idxsel[li][pos] for li in layers], 0), "i32")
+            ent["arrays"]["indexer_topk"]["layers"] = layers
+            ent["arrays"]["indexer_topk"]["note"] = ("compressed-row ids chosen by the indexer, "
+                                                     "sorted ascending, -1 padding after them")
         if case.get("streams"):
             ent["arrays"]["layer_streams"] = write_array(outdir, f"{case['name']}.layer_streams.f32",
                                                          st[:, pos])
@@ -419,6 +500,9 @@ def make_refs(models_dir, name, model, ckpt, layout, outdir, log):
         else:  # transformers self-consistency: same ids in one pass
             from transformers import DynamicCache  # noqa: F401
             lg1, _ = run_case(model, probe, ids, [len(ids)])
+            r1, i1 = probe.last_selections
+            ent["selections_equal_single_pass"] = bool(
+                torch.equal(r1, routing) and all(torch.equal(i1[k], idxsel[k]) for k in i1))
             ent["max_abs_diff_vs_single_pass"] = float((lg1 - lg).abs().max())
             assert ent["max_abs_diff_vs_single_pass"] < 1e-3, ent["max_abs_diff_vs_single_pass"]
         cases.append(ent)
@@ -465,7 +549,9 @@ def make_refs(models_dir, name, model, ckpt, layout, outdir, log):
         json.dump(index, f, indent=1)
         f.write("\n")
     size = sum(os.path.getsize(os.path.join(outdir, f)) for f in os.listdir(outdir))
-    log(f"{name}: wrote {outdir} ({size / 1e6:.2f} MB)")
+    shutil.rmtree(final_dir, ignore_errors=True)
+    os.rename(outdir, final_dir)
+    log(f"{name}: wrote {final_dir} ({size / 1e6:.2f} MB)")
 
 
 def main(argv=None):

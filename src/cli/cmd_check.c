@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "text/encoder.h"
 #include "model/config.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
@@ -104,10 +105,7 @@ int dsv4_cmd_check(int argc, char **argv) {
     int rc = dsv4_config_load(dir, &cfg, &err);
     if (!rc) rc = dsv4_ckpt_open(dir, &ck, &err);
     if (!rc) rc = dsv4_config_set_drafts(&cfg, ck, &err);
-    if (!rc) {
-        dsv4_config_detect_profile(&cfg, dir);
-        rc = dsv4_weights_bind(&cfg, ck, &w, &err);
-    }
+    if (!rc) rc = dsv4_weights_bind(&cfg, ck, &w, &err);
     size_t scanned = 0;
     if (!rc && scan) rc = dsv4_weights_scan(ck, &scanned, &err);
     if (rc) {
@@ -128,9 +126,16 @@ int dsv4_cmd_check(int argc, char **argv) {
     human_bytes(bytes, sizeof bytes, (double)w->n_bytes);
 
     printf("checkpoint:     %s\n", dir);
-    printf("kind:           %s\n", dsv4_config_kind_name(&cfg));
-    printf("encoder:        reasoning-effort profile %s (encoding/encoding_dsv4.py)\n",
-           dsv4_config_profile_name(cfg.profile));
+    dsv4_effort_profile prof;
+    dsv4_err perr = {0};
+    int have_prof = dsv4_encoder_detect_profile(dir, DSV4_PROFILE_AUTO, &prof, &perr) == 0;
+    printf("kind:           %s%s%s\n", dsv4_config_kind_name(&cfg),
+           cfg.draft_kind == DSV4_DRAFT_DSPARK && have_prof ? " " : "",
+           cfg.draft_kind == DSV4_DRAFT_DSPARK && have_prof ? dsv4_profile_name(prof) : "");
+    if (have_prof)
+        printf("encoder:        reasoning-effort profile %s (encoding/encoding_dsv4.py)\n", dsv4_profile_name(prof));
+    else
+        printf("encoder:        profile unknown: %s (serve needs --reasoning-effort-profile)\n", perr.msg);
     printf("target layers:  %d: sliding (ratio 0) %d [%s], CSA (ratio 4) %d [%s], HCA (ratio 128) %d [%s]\n",
            cfg.num_hidden_layers, count_ratio(&cfg, 0), l0, count_ratio(&cfg, 4), l4,
            count_ratio(&cfg, 128), l128);
@@ -153,6 +158,11 @@ int dsv4_cmd_check(int argc, char **argv) {
            (unsigned long long)(w->n_params - w->n_param_draft), (unsigned long long)w->n_param_draft);
     printf("bytes:          %llu (%s)\n", (unsigned long long)w->n_bytes, bytes);
     if (scan) printf("values:         %zu tensors scanned, no NaN/Inf codes\n", scanned);
+    if (cfg.quantized && (w->expert_dtype == DSV4_DT_I8) != cfg.experts_fp4 &&
+        (w->expert_dtype == DSV4_DT_I8 || w->expert_dtype == DSV4_DT_F8_E4M3))
+        printf("note:           config.json expert_dtype says %s but routed experts are stored as %s; "
+               "the stored dtype is used (spec/MODEL.md §2.2 Flash-Base note)\n",
+               cfg.experts_fp4 ? "fp4" : "not fp4", dsv4_dtype_name(w->expert_dtype));
     printf("OK\n");
     dsv4_weights_free(w);
     dsv4_ckpt_free(ck);

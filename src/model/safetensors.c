@@ -304,6 +304,8 @@ struct dsv4_ckpt {
     uint32_t *file_of;  /* shard index of v[i] */
     strmap map;
     uint64_t total_bytes;
+    size_t n_copies;
+    void **copies;      /* aligned copies of tensors misaligned in their file */
 };
 
 void dsv4_ckpt_free(dsv4_ckpt *c) {
@@ -318,6 +320,8 @@ void dsv4_ckpt_free(dsv4_ckpt *c) {
     free(c->names);
     free(c->file_of);
     free(c->map.slot);
+    for (size_t i = 0; i < c->n_copies; i++) free(c->copies[i]);
+    free(c->copies);
     free(c->dir);
     free(c);
 }
@@ -453,6 +457,29 @@ static int gather(dsv4_ckpt *c, dsv4_err *err) {
                                     c->shards[i].fname);
             c->n++;
         }
+    }
+    /* Alignment: the format does not require a tensor to start at a multiple
+     * of its element size (a writer that lays tensors out by name, like
+     * tools/gen_checkpoints.py, puts F32/I64 tensors at odd offsets), but
+     * consumers read views as float / int64_t arrays. Copy the few misaligned
+     * tensors once into aligned memory owned by the checkpoint, so every view
+     * handed out is aligned to its element size. */
+    for (size_t i = 0; i < c->n; i++) {
+        dsv4_tview *v = &c->v[i];
+        size_t es = dsv4_dtype_size(v->dtype);
+        if (es <= 1 || v->nbytes == 0 || (uintptr_t)v->data % es == 0) continue;
+        if (c->n_copies % 64 == 0) {
+            void **nc = realloc(c->copies, (c->n_copies + 64) * sizeof *nc);
+            if (!nc) return dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
+            c->copies = nc;
+        }
+        void *m = aligned_alloc(64, (v->nbytes + 63) / 64 * 64);
+        if (!m)
+            return dsv4_err_set(err, DSV4_ENOMEM, "%s: out of memory aligning tensor '%s'",
+                                c->shards[c->file_of[i]].fname, v->name);
+        memcpy(m, v->data, v->nbytes);
+        c->copies[c->n_copies++] = m;
+        v->data = m;
     }
     return DSV4_OK;
 }

@@ -16,6 +16,13 @@
  * and, where there is one, the tensor.
  *
  * Lookup is a hash map (the real checkpoint has ~74k tensors).
+ *
+ * Alignment: every view a dsv4_ckpt hands out has data aligned to its element
+ * size (safe to read as float / uint16_t / int64_t arrays). The format does
+ * not guarantee that, so tensors that are misaligned in their file are copied
+ * once into aligned memory owned by the checkpoint (in practice a few small
+ * F32/I64 tensors; files written by the `safetensors` library are aligned).
+ * dsv4_st_parse views point straight into the given buffer (no such promise).
  */
 #ifndef DSV4_MODEL_SAFETENSORS_H
 #define DSV4_MODEL_SAFETENSORS_H

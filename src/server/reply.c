@@ -13,6 +13,8 @@ void dsv4_reply_free(dsv4_reply *r) {
     free(r->body);
     r->body = NULL;
     r->len = 0;
+    if (r->stream.close) r->stream.close(r->stream.ctx); /* never handed to the HTTP layer */
+    memset(&r->stream, 0, sizeof r->stream);
 }
 
 /* "type" is the status phrase in CamelCase + "Error" (vLLM convention, §3.8). */
@@ -55,4 +57,16 @@ int dsv4_reply_error(dsv4_reply *r, int status, const char *param, const char *f
     }
     r->len = strlen(r->body);
     return 0;
+}
+
+void dsv4_reply_json(dsv4_reply *r, int status, cJSON *obj) {
+    r->status = status;
+    r->content_type = "application/json";
+    r->body = cJSON_PrintUnformatted(obj);
+    cJSON_Delete(obj);
+    if (!r->body) {
+        dsv4_reply_error(r, 500, NULL, "out of memory");
+        return;
+    }
+    r->len = strlen(r->body);
 }

@@ -16,6 +16,7 @@
 #include <cjson/cJSON.h>
 
 #include "server/server.h"
+#include "server/service.h"
 
 struct dsv4_router {
     dsv4_server_opts opts;
@@ -23,6 +24,7 @@ struct dsv4_router {
     int ready;
     char why[256];
     time_t created;
+    dsv4_service *svc;
 };
 
 void dsv4_server_opts_default(dsv4_server_opts *o) {
@@ -56,6 +58,25 @@ void dsv4_router_set_ready(dsv4_router *rt, int ready, const char *why) {
     rt->ready = ready;
     snprintf(rt->why, sizeof rt->why, "%s", why ? why : "");
     pthread_mutex_unlock(&rt->mu);
+}
+
+void dsv4_router_set_service(dsv4_router *rt, dsv4_service *svc) {
+    pthread_mutex_lock(&rt->mu);
+    rt->svc = svc;
+    pthread_mutex_unlock(&rt->mu);
+}
+
+void dsv4_router_set_max_model_len(dsv4_router *rt, int64_t n) {
+    pthread_mutex_lock(&rt->mu);
+    rt->opts.max_model_len = n;
+    pthread_mutex_unlock(&rt->mu);
+}
+
+static dsv4_service *get_service(dsv4_router *rt) {
+    pthread_mutex_lock(&rt->mu);
+    dsv4_service *s = rt->svc;
+    pthread_mutex_unlock(&rt->mu);
+    return s;
 }
 
 static int is_ready(dsv4_router *rt, char *why, size_t n) {
@@ -108,18 +129,6 @@ static long utf8_invalid_at(const unsigned char *s, size_t n) {
     return -1;
 }
 
-static void reply_json(dsv4_reply *r, int status, cJSON *obj) {
-    r->status = status;
-    r->content_type = "application/json";
-    r->body = cJSON_PrintUnformatted(obj);
-    cJSON_Delete(obj);
-    if (!r->body) {
-        dsv4_reply_error(r, 500, NULL, "out of memory");
-        return;
-    }
-    r->len = strlen(r->body);
-}
-
 static cJSON *model_object(const dsv4_router *rt, const char *name) {
     cJSON *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "id", name);
@@ -128,8 +137,11 @@ static cJSON *model_object(const dsv4_router *rt, const char *name) {
     cJSON_AddStringToObject(m, "owned_by", "dsv4");
     cJSON_AddStringToObject(m, "root", rt->opts.model_root ? rt->opts.model_root : name);
     cJSON_AddNullToObject(m, "parent");
-    cJSON_AddNumberToObject(m, "max_model_len", (double)rt->opts.max_model_len);
-    cJSON_AddNumberToObject(m, "context_length", (double)rt->opts.max_model_len);
+    pthread_mutex_lock((pthread_mutex_t *)&rt->mu);
+    double mml = (double)rt->opts.max_model_len;
+    pthread_mutex_unlock((pthread_mutex_t *)&rt->mu);
+    cJSON_AddNumberToObject(m, "max_model_len", mml);
+    cJSON_AddNumberToObject(m, "context_length", mml);
     return m;
 }
 
@@ -154,7 +166,7 @@ static void route_models(dsv4_router *rt, const char *id, dsv4_reply *out) {
             unknown_model(rt, id, out);
             return;
         }
-        reply_json(out, 200, model_object(rt, id));
+        dsv4_reply_json(out, 200, model_object(rt, id));
         return;
     }
     cJSON *root = cJSON_CreateObject(), *data;
@@ -162,7 +174,7 @@ static void route_models(dsv4_router *rt, const char *id, dsv4_reply *out) {
     data = cJSON_AddArrayToObject(root, "data");
     for (int i = 0; i < rt->opts.n_served_names; i++)
         cJSON_AddItemToArray(data, model_object(rt, rt->opts.served_names[i]));
-    reply_json(out, 200, root);
+    dsv4_reply_json(out, 200, root);
 }
 
 /* Byte offset -> "line L, column C" for JSON error messages. */
@@ -222,18 +234,18 @@ static cJSON *parse_request(dsv4_router *rt, const char *body, size_t len, dsv4_
     return req;
 }
 
-static void route_generate(dsv4_router *rt, const char *body, size_t len, dsv4_reply *out) {
+static void route_generate(dsv4_router *rt, dsv4_svc_route route, const char *body, size_t len, dsv4_reply *out) {
     cJSON *req = parse_request(rt, body, len, out);
     if (!req) return;
     char why[256];
-    if (!is_ready(rt, why, sizeof why)) {
+    dsv4_service *svc = get_service(rt);
+    if (!is_ready(rt, why, sizeof why) || !svc) {
         cJSON_Delete(req);
         dsv4_reply_error(out, 503, NULL, "the server is not ready: %s", why);
         return;
     }
+    dsv4_service_handle(svc, route, req, body, len, out);
     cJSON_Delete(req);
-    /* Reached only once an engine marks the router ready; no engine exists yet. */
-    dsv4_reply_error(out, 500, NULL, "no engine attached to this server");
 }
 
 static void route_health(dsv4_router *rt, dsv4_reply *out) {
@@ -244,7 +256,7 @@ static void route_health(dsv4_router *rt, dsv4_reply *out) {
     }
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "status", "ok");
-    reply_json(out, 200, o);
+    dsv4_reply_json(out, 200, o);
 }
 
 typedef enum { R_HEALTH, R_VERSION, R_MODELS, R_MODEL_ID, R_CHAT, R_COMPLETIONS, R_TOKENIZE,
@@ -295,17 +307,20 @@ void dsv4_router_handle(dsv4_router *rt, const char *method, const char *path, c
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "version", "0.1.0-dev");
         cJSON_AddStringToObject(o, "checkpoint", rt->opts.model_root ? rt->opts.model_root : "");
-        reply_json(out, 200, o);
+        dsv4_reply_json(out, 200, o);
         return;
     }
-    case R_CHAT:
-    case R_COMPLETIONS:
-    case R_TOKENIZE:
-    case R_DETOKENIZE: route_generate(rt, body, len, out); return;
+    case R_CHAT: route_generate(rt, DSV4_SVC_CHAT, body, len, out); return;
+    case R_COMPLETIONS: route_generate(rt, DSV4_SVC_COMPLETIONS, body, len, out); return;
+    case R_TOKENIZE: route_generate(rt, DSV4_SVC_TOKENIZE, body, len, out); return;
+    case R_DETOKENIZE: route_generate(rt, DSV4_SVC_DETOKENIZE, body, len, out); return;
     case R_METRICS:
         out->status = 200;
         out->content_type = "text/plain; version=0.0.4";
-        out->body = strdup("# dsv4: metrics are exported once the engine runs\n");
+    {
+        dsv4_service *svc = get_service(rt);
+        out->body = svc ? dsv4_service_metrics(svc) : strdup("# dsv4: the model is loading\n");
+    }
         out->len = out->body ? strlen(out->body) : 0;
         return;
     case R_NONE: break;

@@ -363,6 +363,44 @@ def test_bf16_stray_scale(models, tmp_path):
     rejected(d, "layers.0.attn.wq_a.scale", "unquantised")
 
 
+def test_fp8_experts_flash_base(models, tmp_path):
+    """Flash-Base style: routed experts stored as FP8 (weight [o,i] F8_E4M3 + 128x128 E8M0
+    scale) instead of packed FP4 — the binder dispatches on the stored dtype (MODEL.md §2.2)."""
+    import importlib.util
+    import numpy as np
+    spec = importlib.util.spec_from_file_location("gen", os.path.join(ROOT, "tools", "gen_checkpoints.py"))
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    d = clone(models["tiny-flash"], tmp_path / "m")
+    for fname in sorted(set(index_of(d)["weight_map"].values())):
+        meta, ts = read_st(os.path.join(d, fname))
+        by = {t[0]: t for t in ts}
+        out, changed = [], False
+        for t in ts:
+            name = t[0]
+            if ".experts." in name and name.endswith(".weight") and t[1] == "I8":
+                sc = by[name[:-len("weight")] + "scale"]
+                packed = np.frombuffer(t[3], np.uint8).reshape(t[2])
+                se = np.frombuffer(sc[3], np.uint8).reshape(sc[2])
+                q, s8 = gen.quant_fp8(gen.dequant_fp4(packed, se))
+                out.append([name, "F8_E4M3", list(q.shape), q.tobytes()])
+                out.append([sc[0], "F8_E8M0", list(s8.shape), s8.tobytes()])
+                changed = True
+            elif not (".experts." in name and name.endswith(".scale")):
+                out.append(t)
+        if changed:
+            write_st(os.path.join(d, fname), meta, out)
+    rc, out, err = check(d)
+    assert rc == 0, err
+    assert "routed stored as FP8 (E4M3" in out and "note:" in out  # config still says fp4
+    cfg = json.load(open(d / "config.json"))
+    del cfg["expert_dtype"]
+    os.unlink(d / "config.json")
+    json.dump(cfg, open(d / "config.json", "w"))
+    rc, out, err = check(d)
+    assert rc == 0 and "routed stored as FP8" in out and "note:" not in out, err
+
+
 def test_scan_values(models, tmp_path):
     """--scan reads every value: a NaN E8M0 scale (0xFF) is found and named; the pristine
     checkpoints scan clean. Without --scan the (layout-only) check still passes."""

@@ -2,6 +2,8 @@
  * Weight binder (src/model/weights.c) on the tiny real-layout checkpoints of
  * tools/gen_checkpoints.py (models/ if scripts/setup.sh made them, else
  * generated into a temp dir):
+ *  - every view is aligned to its element size (the quantised tiny files put
+ *    hc_* F32 and tid2eid I64 at odd offsets; the loader copies those);
  *  - walking every slot of dsv4_weights visits every checkpoint tensor exactly
  *    once (the "exactly one destination" rule, checked from the struct side);
  *  - slots hold what the config says (ratio-dependent compressor/indexer,
@@ -159,20 +161,21 @@ static void walk(walker *k, const dsv4_weights *w) {
 typedef struct cover {
     const dsv4_ckpt *ck;
     int *hits;
-    int foreign;
+    int foreign, misaligned;
 } cover;
 static void cover_tv(void *ctx, const dsv4_tview *v) {
     cover *c = ctx;
     size_t i = dsv4_ckpt_index_of(c->ck, dsv4_ckpt_find(c->ck, v->name));
     if (i == (size_t)-1 || dsv4_ckpt_at(c->ck, i)->data != v->data) c->foreign++;
     else c->hits[i]++;
+    if ((uintptr_t)v->data % dsv4_dtype_size(v->dtype) != 0) c->misaligned++;
 }
 
 static void test_cover(const char *name) {
     loaded l;
     if (load(name, &l)) return;
     size_t n = dsv4_ckpt_count(l.ck);
-    cover c = {l.ck, calloc(n, sizeof(int)), 0};
+    cover c = {l.ck, calloc(n, sizeof(int)), 0, 0};
     walker k = {cover_tv, NULL, &c};
     walk(&k, l.w);
     int once = 0, other = 0;
@@ -186,6 +189,7 @@ static void test_cover(const char *name) {
     CHECK_EQ_INT(other, 0);
     CHECK_EQ_INT(once, (long long)n);
     CHECK_EQ_INT(c.foreign, 0);
+    CHECK_EQ_INT(c.misaligned, 0); /* every view readable as its C element type */
     CHECK_EQ_INT(l.w->n_tensors, (long long)n);
     free(c.hits);
     unload(&l);

@@ -219,6 +219,26 @@ static void test_dirs(void) {
     CHECK_EQ_INT(dsv4_ckpt_total_bytes(c), 45);
     dsv4_ckpt_free(c);
 
+    /* alignment: BF16[1] (2 bytes) puts the next F32 and I64 at odd offsets
+     * in the file; the checkpoint's views are aligned copies, same bytes */
+    make_dir("align", dir);
+    {
+        static const stw_tensor TA[] = {{"a", "BF16", 1, {1}, 2, 1},
+                                        {"b", "F32", 1, {3}, 12, 20},
+                                        {"c", "I64", 1, {2}, 16, 40}};
+        b = stw_build(TA, 3, &sz);
+        path_of(p, dir, "model.safetensors");
+        CHECK(stw_save(p, b, sz) == 0);
+        free(b);
+        CHECK_EQ_INT(dsv4_ckpt_open(dir, &c, &err), 0);
+        const dsv4_tview *vb = dsv4_ckpt_find(c, "b"), *vc = dsv4_ckpt_find(c, "c");
+        CHECK(vb && (uintptr_t)vb->data % 4 == 0 && ((const uint8_t *)vb->data)[0] == 20 &&
+              ((const uint8_t *)vb->data)[11] == 31);
+        CHECK(vc && (uintptr_t)vc->data % 8 == 0 && ((const uint8_t *)vc->data)[15] == 55);
+        CHECK_EQ_INT(dsv4_ckpt_total_bytes(c), 30);
+        dsv4_ckpt_free(c);
+    }
+
     /* sharded, good */
     make_dir("good", dir);
     write_sharded(dir, GOOD_INDEX);
