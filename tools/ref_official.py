@@ -43,12 +43,18 @@ W8A8 = ("attn.wq_a", "attn.wq_b", "attn.wkv", "attn.wo_b", "attn.indexer.wq_b",
 
 
 # ---------------------------------------------------------------------------------- numerics
+def pow2_ceil(v):
+    """2^ceil(log2(v)) exactly (torch.log2 rounds onto the integer just above a power of two)."""
+    m, e = torch.frexp(v)  # v = m * 2^e, m in [0.5, 1)
+    return torch.ldexp(torch.ones_like(v), torch.where(m == 0.5, e - 1, e))
+
+
 def fp8_roundtrip(x, block):
     """Blocks of `block` along the last dim, scale 2^ceil(log2(max(amax,1e-4)/448)), E4M3 RNE."""
     shp = x.shape
     xb = x.reshape(*shp[:-1], shp[-1] // block, block)
     amax = xb.abs().amax(-1, keepdim=True).clamp(min=1e-4)
-    s = torch.exp2(torch.ceil(torch.log2(amax / 448.0)))
+    s = pow2_ceil(amax / 448.0)
     q = (xb / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).to(x.dtype)
     return (q * s).reshape(shp)
 
@@ -67,7 +73,7 @@ def fp4_roundtrip(x, block=32):
     shp = x.shape
     xb = x.reshape(*shp[:-1], shp[-1] // block, block)
     amax = xb.abs().amax(-1, keepdim=True).clamp(min=6.0 * 2.0 ** -126)
-    s = torch.exp2(torch.ceil(torch.log2(amax / 6.0)))
+    s = pow2_ceil(amax / 6.0)
     return (e2m1_round((xb / s).clamp(-6.0, 6.0)) * s).reshape(shp)
 
 
