@@ -407,6 +407,112 @@ static void run_layer_streams(const char *name, const char *case_name) {
     close_model(&r);
 }
 
+/*
+ * Routing and indexer selections (the fixture's `experts` [L][n_pos][k] and `indexer_topk`
+ * [n_csa][n_pos][topk], sorted sets): recorded by wrapping the CPU backend's moe_route and
+ * indexer_select, which the forward calls once per layer (resp. per ratio-4 layer) in order.
+ */
+#define REC_MAX 8
+static struct {
+    dsv4_backend *inner;
+    int n_route, n_sel;
+    int32_t *route[REC_MAX], *sel[REC_MAX];
+    int64_t route_cols, sel_cols, rows;
+} rec;
+
+static int32_t *rec_copy(const dsv4_buf *b) {
+    int32_t *p = malloc((size_t)(b->rows * b->cols) * sizeof(int32_t));
+    if (p) memcpy(p, b->data, (size_t)(b->rows * b->cols) * sizeof(int32_t));
+    rec.rows = b->rows;
+    return p;
+}
+
+static int rec_route(dsv4_backend *be, const dsv4_buf *x, const dsv4_linear *gate, const dsv4_tview *bias,
+                     const dsv4_tview *t2e, int k, float rs, const dsv4_batch *b, dsv4_buf *ids, dsv4_buf *w,
+                     dsv4_err *err) {
+    int rc = rec.inner->moe_route(be, x, gate, bias, t2e, k, rs, b, ids, w, err);
+    if (!rc && rec.n_route < REC_MAX) rec.route[rec.n_route++] = rec_copy(ids), rec.route_cols = ids->cols;
+    return rc;
+}
+
+static int rec_select(dsv4_backend *be, const dsv4_buf *qi, const dsv4_buf *g, float gs, const dsv4_cmp_state *idx,
+                      int topk, const dsv4_batch *b, dsv4_buf *sel, dsv4_err *err) {
+    int rc = rec.inner->indexer_select(be, qi, g, gs, idx, topk, b, sel, err);
+    if (!rc && rec.n_sel < REC_MAX) rec.sel[rec.n_sel++] = rec_copy(sel), rec.sel_cols = sel->cols;
+    return rc;
+}
+
+/* Row sets equal? (both sorted ascending; ours: experts unsorted, picks sorted with -1 last) */
+static int same_set(const int32_t *ours, const int32_t *ref, int k) {
+    int32_t a[64];
+    for (int i = 0; i < k; i++) a[i] = ours[i];
+    for (int i = 0; i < k; i++) /* insertion sort, -1 last */
+        for (int j = i + 1; j < k; j++)
+            if ((a[j] >= 0 && (a[i] < 0 || a[j] < a[i]))) {
+                int32_t t = a[i];
+                a[i] = a[j];
+                a[j] = t;
+            }
+    return !memcmp(a, ref, (size_t)k * sizeof(int32_t));
+}
+
+static void run_selections(const char *name, const char *case_name) {
+    model_run r;
+    if (open_model(name, DSV4_NUMERICS_HF, &r)) return;
+    dsv4_backend proxy = *r.be; /* same CPU backend, two ops recorded */
+    rec.inner = r.be;
+    proxy.moe_route = rec_route;
+    proxy.indexer_select = rec_select;
+    r.m->be = &proxy;
+    char dir[700], path[800];
+    snprintf(dir, sizeof dir, "%s/tests/fixtures/ref/%s", DSV4_SOURCE_DIR, name);
+    snprintf(path, sizeof path, "%s/index.json", dir);
+    char *js = read_file(path, NULL);
+    cJSON *idx = js ? cJSON_Parse(js) : NULL, *c = NULL;
+    if (idx)
+        cJSON_ArrayForEach(c, cJSON_GetObjectItem(idx, "cases")) if (!strcmp(cJSON_GetObjectItem(c, "name")->valuestring, case_name)) break;
+    static ref_case rc;
+    const cJSON *ex = c ? cJSON_GetObjectItem(cJSON_GetObjectItem(c, "arrays"), "experts") : NULL;
+    const cJSON *it = c ? cJSON_GetObjectItem(cJSON_GetObjectItem(c, "arrays"), "indexer_topk") : NULL;
+    CHECK_MSG(ex && it, "%s %s: no experts / indexer_topk arrays", name, case_name);
+    if (ex && it && !load_case(c, dir, r.cfg.vocab_size, &rc)) {
+        float *out = malloc(sizeof(float) * rc.n_ids * r.cfg.vocab_size);
+        int slot = 0, p0 = 0, n = rc.n_ids;
+        const int32_t *ids = rc.ids;
+        rec.n_route = rec.n_sel = 0;
+        dsv4_state_reset_slot(r.st, 0, NULL);
+        forward_segs(&r, 1, &slot, &p0, &n, &ids, out);
+        size_t nb = 0;
+        snprintf(path, sizeof path, "%s/%s", dir, cJSON_GetObjectItem(ex, "file")->valuestring);
+        int32_t *rex = (int32_t *)read_file(path, &nb);
+        snprintf(path, sizeof path, "%s/%s", dir, cJSON_GetObjectItem(it, "file")->valuestring);
+        int32_t *rit = (int32_t *)read_file(path, &nb);
+        int k = r.cfg.num_experts_per_tok, tk = r.cfg.index_topk, bad_e = 0, bad_i = 0;
+        CHECK_EQ_INT(rec.n_route, r.cfg.num_hidden_layers);
+        CHECK_EQ_INT(rec.n_sel, 2);
+        for (int l = 0; rex && l < rec.n_route; l++)
+            for (int i = 0; i < rc.n_pos; i++)
+                bad_e += !same_set(rec.route[l] + (size_t)rc.pos[i] * k, rex + ((size_t)l * rc.n_pos + i) * k, k);
+        for (int l = 0; rit && l < rec.n_sel; l++)
+            for (int i = 0; i < rc.n_pos; i++)
+                bad_i += !same_set(rec.sel[l] + (size_t)rc.pos[i] * tk, rit + ((size_t)l * rc.n_pos + i) * tk, tk);
+        printf("%s %s: expert sets differing %d of %d, indexer sets differing %d of %d\n", name, case_name, bad_e,
+               rec.n_route * rc.n_pos, bad_i, rec.n_sel * rc.n_pos);
+        CHECK_EQ_INT(bad_e, 0);
+        CHECK_EQ_INT(bad_i, 0);
+        for (int l = 0; l < rec.n_route; l++) free(rec.route[l]);
+        for (int l = 0; l < rec.n_sel; l++) free(rec.sel[l]);
+        free(rex);
+        free(rit);
+        free(out);
+        free(rc.logits);
+    }
+    r.m->be = r.be;
+    cJSON_Delete(idx);
+    free(js);
+    close_model(&r);
+}
+
 int main(void) {
     find_models();
 #ifdef __SANITIZE_ADDRESS__
@@ -418,6 +524,7 @@ int main(void) {
 #endif
     run_official();
     run_layer_streams("tiny-flash", "prefill_129");
+    run_selections("tiny-flash", "prefill_300");
     run_model("tiny-flash", NULL);
     /* same target layout, other weights; its draft stages are not used here. A subset keeps
      * the test short: the cases differ only in length and chunking, covered on tiny-flash. */
