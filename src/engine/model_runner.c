@@ -101,8 +101,9 @@ static int runner_forward(void *ctx, const dsv4_batch *b, const int32_t *logit_r
         mr->feat_cap = b->n_rows;
     }
     mr->feat_rows = 0;
-    int rc = dsv4_forward_taps(mr->model, mr->state, b, logit_rows, n_logits, logits, NULL,
-                               mr->cfg.dspark_target_layer_ids, mr->cfg.n_dspark_target_layer_ids, mr->feats, err);
+    dsv4_fwd_out fo = {logit_rows, n_logits, logits, NULL, mr->cfg.dspark_target_layer_ids,
+                       mr->cfg.n_dspark_target_layer_ids, mr->feats};
+    int rc = dsv4_forward_ex(mr->model, mr->state, b, &fo, err);
     if (rc) return rc;
     memcpy(mr->feat_slot, b->slot, sizeof(int32_t) * (size_t)b->n_rows);
     memcpy(mr->feat_pos, b->pos, sizeof(int32_t) * (size_t)b->n_rows);

@@ -134,6 +134,44 @@ int main(void) {
     memcpy(hf, ref, sizeof hf);
     check_mode(DSV4_NUMERICS_REFERENCE, hf);
 
+    /* DSpark taps (DSPARK.md §2.2): the hc-mean of a layer's output streams. Layer 3 is the
+     * last, so its tap is the mean of the final streams; layer 1's equals the final streams
+     * of the same model cut after two layers. */
+    {
+        enum { T = 24 };
+        static float taps[T * 2 * 64], streams[T * 4 * 64], cut[T * 4 * 64];
+        int tap_layers[2] = {3, 1};
+        tu_batch tb1;
+        tu_batch_init(&tb1);
+        tu_batch_add(&tb1, 0, 0, T, toks);
+        dsv4_state_reset_slot(st, 0, NULL);
+        dsv4_fwd_out out = {.streams = streams, .tap_layers = tap_layers, .n_taps = 2, .taps = taps};
+        CHECK_EQ_INT(dsv4_forward_ex(model, st, &tb1.b, &out, &e), 0);
+        dsv4_state_reset_slot(st, 0, NULL);
+        model->n_layers = 2;
+        st->n_layers = 2;
+        dsv4_fwd_out out2 = {.streams = cut};
+        CHECK_EQ_INT(dsv4_forward_ex(model, st, &tb1.b, &out2, &e), 0);
+        model->n_layers = 4;
+        st->n_layers = 4;
+        double d3 = 0, d1 = 0;
+        for (int t = 0; t < T; t++)
+            for (int k = 0; k < 64; k++) {
+                float m3 = 0, m1 = 0;
+                for (int h = 0; h < 4; h++) {
+                    m3 += streams[(t * 4 + h) * 64 + k] / 4;
+                    m1 += cut[(t * 4 + h) * 64 + k] / 4;
+                }
+                d3 = fmax(d3, fabs(m3 - taps[(t * 2 + 0) * 64 + k]));
+                d1 = fmax(d1, fabs(m1 - taps[(t * 2 + 1) * 64 + k]));
+            }
+        CHECK_NEAR(d3, 0, 1e-5);
+        CHECK_NEAR(d1, 0, 1e-5);
+        int bad_tap[1] = {4};
+        dsv4_fwd_out out3 = {.tap_layers = bad_tap, .n_taps = 1, .taps = taps};
+        CHECK(dsv4_forward_ex(model, st, &tb1.b, &out3, &e) == DSV4_EINVAL);
+    }
+
     /* errors name what is wrong */
     tu_batch tb;
     tu_batch_init(&tb);

@@ -6,8 +6,8 @@
 #include "backend/cpu/cpu_internal.h"
 
 #include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 static float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
@@ -16,16 +16,20 @@ static void hc_mixes(const float *x, int64_t n, const dsv4_tview *fn, int n_out,
     double ss = 0;
     for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
     float r = (float)(1.0 / sqrt(ss / n + eps));
+    float *row = malloc((size_t)n * sizeof(float));
     for (int k = 0; k < n_out; k++) {
-        float acc = 0; /* fp32 accumulate, like the official fp32 GEMM */
-        if (fn->dtype == DSV4_DT_F32 && (uintptr_t)fn->data % sizeof(float) == 0) {
-            const float *f = (const float *)fn->data + k * n;
-            for (int64_t i = 0; i < n; i++) acc += f[i] * x[i];
+        /* fp32 accumulate, like the official fp32 GEMM; the row is copied out first because
+         * checkpoint F32 tensors need not be 4-byte aligned */
+        if (row && fn->dtype == DSV4_DT_F32) {
+            memcpy(row, (const char *)fn->data + (size_t)(k * n) * sizeof(float), (size_t)n * sizeof(float));
+            m[k] = dsv4_cpu_dot(row, x, n) * r;
         } else {
+            float acc = 0;
             for (int64_t i = 0; i < n; i++) acc += dsv4_cpu_load_f(fn->data, fn->dtype, k * n + i) * x[i];
+            m[k] = acc * r;
         }
-        m[k] = acc * r;
     }
+    free(row);
 }
 
 /*

@@ -81,15 +81,23 @@ static float amax_of(const float *x, int n) {
     return m;
 }
 
+/* 2^ceil(log2(v)) exactly, for positive finite v. (exp2f(ceilf(log2f(v))) is wrong when v is
+ * just above a power of two: log2f rounds down onto the integer and the scale halves.) */
+static float pow2_ceil(float v) {
+    int e;
+    float m = frexpf(v, &e); /* v = m·2^e, m in [0.5, 1) */
+    return ldexpf(1.0f, m == 0.5f ? e - 1 : e);
+}
+
 void dsv4_cpu_fp8_roundtrip(float *x, int n) {
     float amax = fmaxf(amax_of(x, n), 1e-4f);
-    float s = exp2f(ceilf(log2f(amax / 448.0f)));
+    float s = pow2_ceil(amax / 448.0f);
     for (int i = 0; i < n; i++) x[i] = dsv4_cpu_round_e4m3(x[i] / s) * s;
 }
 
 void dsv4_cpu_fp4_roundtrip(float *x, int n) {
     float amax = fmaxf(amax_of(x, n), 6.0f * ldexpf(1.0f, -126));
-    float s = exp2f(ceilf(log2f(amax / 6.0f)));
+    float s = pow2_ceil(amax / 6.0f);
     for (int i = 0; i < n; i++) x[i] = dsv4_cpu_round_e2m1(x[i] / s) * s;
 }
 
