@@ -5,6 +5,7 @@
 
 #include "engine/model_runner.h"
 #include "model/dspark.h"
+#include "model/mtp.h"
 #include "model/forward.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
@@ -24,6 +25,16 @@ struct dsv4_model_runner {
     int32_t *feat_slot, *feat_pos;
     int feat_rows, feat_cap;
     int64_t *ingested;     /* [n_slots] context positions already in the rings */
+    /* MTP drafter (original Flash, spec/MODEL.md §3.9): row i pairs the
+     * target's final streams H_i with token i+1 and predicts token i+2. The
+     * last forward's streams and tokens are kept per row; the streams of each
+     * slot's last committed position are kept across steps, because its
+     * partner token is only known once the next token is emitted. */
+    dsv4_mtp *mtp;
+    float *streams;        /* [feat_cap][hc*d] of the last forward */
+    int32_t *feat_tok;     /* [feat_cap] tokens of the last forward */
+    float *last_h;         /* [n_slots][hc*d]: H of position mtp_next[slot] */
+    int64_t *mtp_next;     /* [n_slots]: next MTP position to run (its H is last_h) */
 };
 
 void dsv4_model_runner_free(dsv4_model_runner *mr) {
@@ -33,6 +44,11 @@ void dsv4_model_runner_free(dsv4_model_runner *mr) {
     free(mr->feat_slot);
     free(mr->feat_pos);
     free(mr->ingested);
+    dsv4_mtp_free(mr->mtp);
+    free(mr->streams);
+    free(mr->feat_tok);
+    free(mr->last_h);
+    free(mr->mtp_next);
     dsv4_state_free(mr->state);
     dsv4_model_free(mr->model);
     if (mr->be) mr->be->free(mr->be);
@@ -76,6 +92,17 @@ int dsv4_model_runner_open(const char *dir, const dsv4_model_runner_opts *o, dsv
             rc = dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
             goto fail;
         }
+    } else if (o->max_spec > 0 && mr->cfg.draft_kind == DSV4_DRAFT_MTP) {
+        if ((rc = dsv4_mtp_create(&mr->cfg, mr->w, mr->model, o->n_slots, o->max_len, o->max_spec + 1, &mr->mtp,
+                                  err)))
+            goto fail;
+        size_t HD = (size_t)mr->cfg.hc_mult * (size_t)mr->cfg.hidden_size;
+        mr->last_h = calloc((size_t)o->n_slots * HD, sizeof(float));
+        mr->mtp_next = calloc((size_t)o->n_slots, sizeof(int64_t));
+        if (!mr->last_h || !mr->mtp_next) {
+            rc = dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
+            goto fail;
+        }
     }
     *out = mr;
     return DSV4_OK;
@@ -85,9 +112,36 @@ fail:
     return rc;
 }
 
+/* Target forward that keeps each row's final streams and token for the MTP drafter. */
+static int mtp_forward_keep(dsv4_model_runner *mr, const dsv4_batch *b, const int32_t *logit_rows, int n_logits,
+                            float *logits, dsv4_err *err) {
+    size_t HD = (size_t)mr->cfg.hc_mult * (size_t)mr->cfg.hidden_size;
+    if (b->n_rows > mr->feat_cap) {
+        float *h = realloc(mr->streams, sizeof(float) * (size_t)b->n_rows * HD);
+        if (h) mr->streams = h;
+        int32_t *s = realloc(mr->feat_slot, sizeof(int32_t) * (size_t)b->n_rows);
+        if (s) mr->feat_slot = s;
+        int32_t *p = realloc(mr->feat_pos, sizeof(int32_t) * (size_t)b->n_rows);
+        if (p) mr->feat_pos = p;
+        int32_t *t = realloc(mr->feat_tok, sizeof(int32_t) * (size_t)b->n_rows);
+        if (t) mr->feat_tok = t;
+        if (!h || !s || !p || !t) return dsv4_err_set(err, DSV4_ENOMEM, "out of memory for MTP inputs");
+        mr->feat_cap = b->n_rows;
+    }
+    mr->feat_rows = 0;
+    int rc = dsv4_forward(mr->model, mr->state, b, logit_rows, n_logits, logits, mr->streams, err);
+    if (rc) return rc;
+    memcpy(mr->feat_slot, b->slot, sizeof(int32_t) * (size_t)b->n_rows);
+    memcpy(mr->feat_pos, b->pos, sizeof(int32_t) * (size_t)b->n_rows);
+    memcpy(mr->feat_tok, b->token, sizeof(int32_t) * (size_t)b->n_rows);
+    mr->feat_rows = b->n_rows;
+    return 0;
+}
+
 static int runner_forward(void *ctx, const dsv4_batch *b, const int32_t *logit_rows, int n_logits, float *logits,
                           dsv4_err *err) {
     dsv4_model_runner *mr = ctx;
+    if (mr->mtp) return mtp_forward_keep(mr, b, logit_rows, n_logits, logits, err);
     if (!mr->dspark) return dsv4_forward(mr->model, mr->state, b, logit_rows, n_logits, logits, NULL, err);
     int F = mr->cfg.n_dspark_target_layer_ids * mr->cfg.hidden_size;
     if (b->n_rows > mr->feat_cap) {
@@ -198,10 +252,118 @@ static void drafter_release(void *ctx, int slot) {
     mr->ingested[slot] = 0;
 }
 
+/* Row of the last forward holding (slot, pos), or -1. */
+static int last_row(const dsv4_model_runner *mr, int slot, int64_t pos) {
+    for (int r = 0; r < mr->feat_rows; r++)
+        if (mr->feat_slot[r] == slot && mr->feat_pos[r] == pos) return r;
+    return -1;
+}
+
+/*
+ * MTP context (MODEL.md §3.9): once positions < len are committed, MTP rows
+ * i in [mtp_next, len-1) can run (H_i with the committed token i+1), so the
+ * block's window ring holds every committed position before the draft row.
+ * H_{len-1} waits in last_h for its partner, the next emitted token.
+ */
+static int mtp_commit(void *ctx, int n, const int32_t *slot, const int64_t *len, dsv4_err *err) {
+    dsv4_model_runner *mr = ctx;
+    size_t HD = (size_t)mr->cfg.hc_mult * (size_t)mr->cfg.hidden_size;
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        int s = slot[i];
+        int64_t from = mr->mtp_next[s], to = len[i] - 1; /* MTP rows [from, to) */
+        if (to < from) continue;
+        int cnt = (int)(to - from);
+        float *H = malloc(sizeof(float) * HD * (size_t)(cnt + 1));
+        int32_t *meta = malloc(sizeof(int32_t) * (size_t)(4 * cnt + 5));
+        if (!H || !meta) {
+            free(H);
+            free(meta);
+            return dsv4_err_set(err, DSV4_ENOMEM, "out of memory for the MTP context");
+        }
+        int32_t *tok = meta, *pos = tok + cnt, *sl = pos + cnt, *sidx = sl + cnt, *cu = sidx + cnt;
+        for (int j = 0; j < cnt && !rc; j++) {
+            int64_t p = from + j;
+            int rh = last_row(mr, s, p), rt = last_row(mr, s, p + 1);
+            if (rt < 0 || (rh < 0 && p != from)) {
+                rc = dsv4_err_set(err, DSV4_EINTERNAL, "MTP context of slot %d: position %lld not in the last step", s,
+                                  (long long)p);
+                break;
+            }
+            memcpy(H + (size_t)j * HD, rh >= 0 ? mr->streams + (size_t)rh * HD : mr->last_h + (size_t)s * HD,
+                   sizeof(float) * HD);
+            tok[j] = mr->feat_tok[rt];
+            pos[j] = (int32_t)p;
+            sl[j] = s;
+            sidx[j] = 0;
+        }
+        if (!rc && cnt > 0) {
+            cu[0] = 0;
+            cu[1] = cnt;
+            int32_t sslot = s, spos0 = (int32_t)from;
+            dsv4_batch b = {cnt, 1, tok, pos, sl, sidx, cu, &sslot, &spos0};
+            rc = dsv4_mtp_forward(mr->mtp, &b, H, NULL, NULL, err);
+        }
+        if (!rc) { /* keep H_{len-1} for the draft row */
+            int rl = last_row(mr, s, to);
+            if (rl >= 0) memcpy(mr->last_h + (size_t)s * HD, mr->streams + (size_t)rl * HD, sizeof(float) * HD);
+            else if (to != from) rc = dsv4_err_set(err, DSV4_EINTERNAL, "MTP: no streams for slot %d position %lld", s,
+                                                   (long long)to);
+            mr->mtp_next[s] = to;
+        }
+        free(H);
+        free(meta);
+    }
+    return rc;
+}
+
+/* One draft per request: the MTP row at P-1 pairs H_{P-1} with the anchor and
+ * predicts position P+1 (greedy; verification treats q as one-hot). */
+static int mtp_propose(void *ctx, int n, const int32_t *slot, const int32_t *anchor, const int64_t *apos, int k,
+                       const float *temperature, const uint64_t *seed, int32_t *drafts, float *const *q, int *q_valid,
+                       dsv4_err *err) {
+    dsv4_model_runner *mr = ctx;
+    size_t HD = (size_t)mr->cfg.hc_mult * (size_t)mr->cfg.hidden_size, V = (size_t)mr->cfg.vocab_size;
+    float *lg = malloc(sizeof(float) * V);
+    if (!lg) return dsv4_err_set(err, DSV4_ENOMEM, "out of memory for MTP logits");
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        int s = slot[i];
+        if (apos[i] < 1 || mr->mtp_next[s] != apos[i] - 1) {
+            rc = dsv4_err_set(err, DSV4_EINTERNAL, "MTP draft for slot %d at %lld: context at %lld", s,
+                              (long long)apos[i], (long long)mr->mtp_next[s]);
+            break;
+        }
+        int32_t tok = anchor[i], pos = (int32_t)(apos[i] - 1), sl = s, sidx = 0, cu[2] = {0, 1};
+        dsv4_batch b = {1, 1, &tok, &pos, &sl, &sidx, cu, &sl, &pos};
+        rc = dsv4_mtp_forward(mr->mtp, &b, mr->last_h + (size_t)s * HD, lg, NULL, err);
+        int32_t best = 0;
+        for (size_t v = 1; v < V && !rc; v++)
+            if (lg[v] > lg[best]) best = (int32_t)v;
+        drafts[(size_t)i * k] = best;
+        q_valid[i] = 0;
+    }
+    free(lg);
+    return rc;
+}
+
+static void mtp_release(void *ctx, int slot) {
+    dsv4_model_runner *mr = ctx;
+    dsv4_err err = {0};
+    if (dsv4_mtp_reset_slot(mr->mtp, slot, &err)) dsv4_log(DSV4_LOG_ERROR, "MTP slot %d: %s", slot, err.msg);
+    mr->mtp_next[slot] = 0;
+}
+
 int dsv4_model_runner_drafter(dsv4_model_runner *mr, dsv4_drafter *out) {
-    if (!mr->dspark) return 0;
-    *out = (dsv4_drafter){mr, mr->dspark->gamma, drafter_commit, drafter_propose, drafter_release};
-    return 1;
+    if (mr->dspark) {
+        *out = (dsv4_drafter){mr, mr->dspark->gamma, drafter_commit, drafter_propose, drafter_release};
+        return 1;
+    }
+    if (mr->mtp) {
+        *out = (dsv4_drafter){mr, 1, mtp_commit, mtp_propose, mtp_release};
+        return 1;
+    }
+    return 0;
 }
 
 static void runner_release(void *ctx, int slot) {

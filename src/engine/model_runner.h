@@ -33,9 +33,11 @@ void dsv4_model_runner_free(dsv4_model_runner *mr);
 /* The engine interface over this model (valid while mr lives). */
 dsv4_runner dsv4_model_runner_iface(dsv4_model_runner *mr);
 /*
- * dsv4_model_runner_drafter — the DSpark drafter over this model, when the
- * checkpoint has DSpark stages and the runner was opened with max_spec > 0:
- * fills *out and returns 1; otherwise returns 0. Valid while mr lives.
+ * dsv4_model_runner_drafter — the drafter over this model when the runner was
+ * opened with max_spec > 0: the DSpark stages (spec/DSPARK.md §2, k up to
+ * dspark_block_size) or the original Flash MTP block (spec/MODEL.md §3.9,
+ * k = 1). Fills *out and returns 1; returns 0 for a checkpoint without
+ * either. Valid while mr lives.
  */
 int dsv4_model_runner_drafter(dsv4_model_runner *mr, dsv4_drafter *out);
 
