@@ -87,6 +87,13 @@ int dsv4_engine_create(const dsv4_engine_opts *opts, const dsv4_runner *runner, 
                             DSV4_MAX_SPEC_K);
     if (opts->spec_k > 0 && !drafter)
         return dsv4_err_set(err, DSV4_EINVAL, "num_speculative_tokens %d needs a draft model", opts->spec_k);
+    for (int i = 0; i < opts->n_k_schedule; i++)
+        if (opts->n_k_schedule > 8 || opts->k_schedule[i][0] < 1 || opts->k_schedule[i][1] < opts->k_schedule[i][0] ||
+            opts->k_schedule[i][2] < 0 || opts->k_schedule[i][2] > opts->spec_k)
+            return dsv4_err_set(err, DSV4_EINVAL,
+                                "num_speculative_tokens_per_batch_size entry %d [%d, %d, %d]: need 1 <= lo <= hi and "
+                                "0 <= k <= num_speculative_tokens (%d)",
+                                i, opts->k_schedule[i][0], opts->k_schedule[i][1], opts->k_schedule[i][2], opts->spec_k);
     if (drafter && opts->spec_k > drafter->max_k)
         return dsv4_err_set(err, DSV4_EINVAL,
                             "num_speculative_tokens %d exceeds the draft model's block size %d", opts->spec_k,
@@ -361,6 +368,76 @@ static int decode_segment(dsv4_engine *e, seg *s, int32_t *em) {
     return n;
 }
 
+/*
+ * After a step: tell the drafter which positions became final, then ask it
+ * for the next drafts of every request that will verify next step (one
+ * batched call each). Lock held; the drafter reads the runner's state.
+ */
+static void drafts_for_next_step_locked(dsv4_engine *e, seg *segs, int nseg) {
+    int32_t *slot = malloc(sizeof(int32_t) * (size_t)nseg * 2), *anchor = slot + nseg;
+    int64_t *len = malloc(sizeof(int64_t) * (size_t)nseg);
+    dsv4_request **who = malloc(sizeof *who * (size_t)nseg);
+    float *temp = malloc(sizeof(float) * (size_t)nseg);
+    uint64_t *seed = malloc(sizeof(uint64_t) * (size_t)nseg);
+    float **q = malloc(sizeof(float *) * (size_t)nseg);
+    int *qv = malloc(sizeof(int) * (size_t)nseg);
+    int32_t *drafts = malloc(sizeof(int32_t) * (size_t)nseg * (size_t)e->o.spec_k);
+    if (!slot || !len || !who || !temp || !seed || !q || !qv || !drafts) goto out;
+    int n = 0;
+    for (int s = 0; s < nseg; s++) {
+        dsv4_request *r = segs[s].r;
+        if (r->st == RQ_DONE || r->slot < 0) continue;
+        slot[n] = r->slot;
+        len[n++] = r->n_computed;
+    }
+    dsv4_err derr = {0};
+    if (n && e->dr.commit(e->dr.ctx, n, slot, len, &derr)) {
+        dsv4_log(DSV4_LOG_WARN, "drafter context update failed, decoding without drafts: %s", derr.msg);
+        e->st.spec_draft_failures++;
+        goto out;
+    }
+    /* k for this batch size (DSPARK.md §5.3) */
+    int k = e->o.spec_k, running = 0;
+    for (dsv4_request *r = e->head; r; r = r->next) running += r->st == RQ_PREFILL || r->st == RQ_DECODE;
+    for (int i = 0; i < e->o.n_k_schedule; i++)
+        if (running >= e->o.k_schedule[i][0] && running <= e->o.k_schedule[i][1]) k = e->o.k_schedule[i][2];
+    if (k <= 0) goto out;
+    /* the drafts need room: positions anchor_pos .. anchor_pos + k < max_model_len */
+    n = 0;
+    for (int s = 0; s < nseg; s++) {
+        dsv4_request *r = segs[s].r;
+        if (!r->p.use_spec || r->st != RQ_DECODE || r->cancel || r->n_tok - 1 + k >= e->o.max_model_len) continue;
+        who[n] = r;
+        slot[n] = r->slot;
+        anchor[n] = r->tok[r->n_tok - 1];
+        len[n] = r->n_tok - 1;
+        temp[n] = r->p.sampling.temperature;
+        seed[n] = r->p.sampling.seed;
+        q[n] = r->p.sampling.temperature > 0 ? r->q : NULL;
+        qv[n] = 0;
+        n++;
+    }
+    if (n && e->dr.propose(e->dr.ctx, n, slot, anchor, len, k, temp, seed, drafts, q, qv, &derr)) {
+        dsv4_log(DSV4_LOG_WARN, "drafter failed, decoding without drafts: %s", derr.msg);
+        e->st.spec_draft_failures++;
+        goto out;
+    }
+    for (int i = 0; i < n; i++) {
+        memcpy(who[i]->drafts, drafts + (size_t)i * k, sizeof(int32_t) * (size_t)k);
+        who[i]->n_drafts = k;
+        who[i]->q_valid = q[i] && qv[i];
+    }
+out:
+    free(slot);
+    free(len);
+    free(who);
+    free(temp);
+    free(seed);
+    free(q);
+    free(qv);
+    free(drafts);
+}
+
 int dsv4_engine_step(dsv4_engine *e, dsv4_err *err) {
     pthread_mutex_lock(&e->mu);
     /* cancellations */
@@ -492,23 +569,7 @@ int dsv4_engine_step(dsv4_engine *e, dsv4_err *err) {
         }
         if (n) commit_tokens_locked(e, r, em, n);
     }
-    /* drafts for the next step (the drafter reads the runner's committed state) */
-    for (int s = 0; s < nseg && !frc; s++) {
-        dsv4_request *r = segs[s].r;
-        if (!e->has_drafter || !r->p.use_spec || r->st != RQ_DECODE || r->cancel) continue;
-        int64_t anchor_pos = r->n_tok - 1;
-        int k = e->o.spec_k;
-        if (anchor_pos + k >= e->o.max_model_len) k = (int)(e->o.max_model_len - 1 - anchor_pos);
-        if (k <= 0) continue;
-        dsv4_err derr = {0};
-        r->q_valid = r->p.sampling.temperature > 0;
-        if (e->dr.propose(e->dr.ctx, r->slot, r->tok[r->n_tok - 1], anchor_pos, k, r->p.sampling.temperature,
-                          r->p.sampling.seed, r->drafts, r->q_valid ? r->q : NULL, &derr)) {
-            dsv4_log(DSV4_LOG_WARN, "drafter failed, decoding without drafts: %s", derr.msg);
-            continue;
-        }
-        r->n_drafts = k;
-    }
+    if (!frc && e->has_drafter) drafts_for_next_step_locked(e, segs, nseg);
     reap_locked(e);
     live = 0;
     for (dsv4_request *r = e->head; r; r = r->next) live += r->st != RQ_DONE;

@@ -31,8 +31,14 @@ typedef struct dsv4_engine_opts {
     int max_num_seqs;           /* running requests (slots in use), <= runner.n_slots */
     int max_num_batched_tokens; /* rows per step, >= max_num_seqs * (k+1) is advisable */
     int64_t max_model_len;      /* prompt + output tokens, per request */
-    int spec_k;                 /* drafted tokens per verify step; 0 = no speculation */
+    int spec_k;                 /* drafted tokens per verify step (the maximum); 0 = no speculation */
     int32_t eos_id;             /* end of sentence (1 for DeepSeek-V4) */
+    /* k by batch size (vLLM num_speculative_tokens_per_batch_size, spec/DSPARK.md
+     * §5.3): entry i = {lo, hi, k}: with lo <= running requests <= hi, draft k
+     * (0 = no drafts). Batch sizes no entry covers use spec_k. */
+    int k_schedule[8][3];
+    int n_k_schedule;
+
 } dsv4_engine_opts;
 
 typedef enum dsv4_finish {
@@ -78,6 +84,7 @@ typedef struct dsv4_engine_stats {
     uint64_t steps, prompt_tokens, generation_tokens;
     uint64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens;
     uint64_t spec_accepted_per_pos[DSV4_MAX_SPEC_K];
+    uint64_t spec_draft_failures; /* drafter errors (logged; those steps decode without drafts) */
     int running, waiting;
 } dsv4_engine_stats;
 

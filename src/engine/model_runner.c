@@ -1,7 +1,10 @@
 /* Checkpoint -> engine runner (src/engine/model_runner.h). */
 #include <stdlib.h>
 
+#include <string.h>
+
 #include "engine/model_runner.h"
+#include "model/dspark.h"
 #include "model/forward.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
@@ -13,10 +16,23 @@ struct dsv4_model_runner {
     dsv4_backend *be;
     dsv4_model *model;
     dsv4_state *state;
+    /* DSpark drafter (spec/DSPARK.md §2), when the checkpoint has stages and
+     * speculation was asked for. The last forward's context features stay
+     * here until the engine says which of its rows were committed. */
+    dsv4_dspark *dspark;
+    float *feats;          /* [feat_cap rows][n_tap*d] of the last forward */
+    int32_t *feat_slot, *feat_pos;
+    int feat_rows, feat_cap;
+    int64_t *ingested;     /* [n_slots] context positions already in the rings */
 };
 
 void dsv4_model_runner_free(dsv4_model_runner *mr) {
     if (!mr) return;
+    dsv4_dspark_free(mr->dspark);
+    free(mr->feats);
+    free(mr->feat_slot);
+    free(mr->feat_pos);
+    free(mr->ingested);
     dsv4_state_free(mr->state);
     dsv4_model_free(mr->model);
     if (mr->be) mr->be->free(mr->be);
@@ -54,6 +70,13 @@ int dsv4_model_runner_open(const char *dir, const dsv4_model_runner_opts *o, dsv
     rc = dsv4_state_create(mr->be, &mr->cfg, ratios, L, o->n_slots, o->max_len, o->max_spec, &mr->state, err);
     free(ratios);
     if (rc) goto fail;
+    if (o->max_spec > 0 && mr->cfg.draft_kind == DSV4_DRAFT_DSPARK) {
+        if ((rc = dsv4_dspark_create(&mr->cfg, mr->w, mr->model, o->n_slots, &mr->dspark, err))) goto fail;
+        if (!(mr->ingested = calloc((size_t)o->n_slots, sizeof(int64_t)))) {
+            rc = dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
+            goto fail;
+        }
+    }
     *out = mr;
     return DSV4_OK;
 fail:
@@ -65,7 +88,119 @@ fail:
 static int runner_forward(void *ctx, const dsv4_batch *b, const int32_t *logit_rows, int n_logits, float *logits,
                           dsv4_err *err) {
     dsv4_model_runner *mr = ctx;
-    return dsv4_forward(mr->model, mr->state, b, logit_rows, n_logits, logits, NULL, err);
+    if (!mr->dspark) return dsv4_forward(mr->model, mr->state, b, logit_rows, n_logits, logits, NULL, err);
+    int F = mr->cfg.n_dspark_target_layer_ids * mr->cfg.hidden_size;
+    if (b->n_rows > mr->feat_cap) {
+        float *f = realloc(mr->feats, sizeof(float) * (size_t)b->n_rows * (size_t)F);
+        if (f) mr->feats = f;
+        int32_t *s = realloc(mr->feat_slot, sizeof(int32_t) * (size_t)b->n_rows);
+        if (s) mr->feat_slot = s;
+        int32_t *p = realloc(mr->feat_pos, sizeof(int32_t) * (size_t)b->n_rows);
+        if (p) mr->feat_pos = p;
+        if (!f || !s || !p) return dsv4_err_set(err, DSV4_ENOMEM, "out of memory for draft context features");
+        mr->feat_cap = b->n_rows;
+    }
+    mr->feat_rows = 0;
+    int rc = dsv4_forward_taps(mr->model, mr->state, b, logit_rows, n_logits, logits, NULL,
+                               mr->cfg.dspark_target_layer_ids, mr->cfg.n_dspark_target_layer_ids, mr->feats, err);
+    if (rc) return rc;
+    memcpy(mr->feat_slot, b->slot, sizeof(int32_t) * (size_t)b->n_rows);
+    memcpy(mr->feat_pos, b->pos, sizeof(int32_t) * (size_t)b->n_rows);
+    mr->feat_rows = b->n_rows;
+    return 0;
+}
+
+/*
+ * Engine: positions < len[i] of slot[i] are committed. Feed the rows of the
+ * last forward in [ingested, len) of each slot to the drafter's context path
+ * (spec/DSPARK.md §2.3, §4.6): prefill rows always, verify rows only up to
+ * the accepted ones. Rows of one slot are consecutive in a batch.
+ */
+static int drafter_commit(void *ctx, int n, const int32_t *slot, const int64_t *len, dsv4_err *err) {
+    dsv4_model_runner *mr = ctx;
+    int F = mr->cfg.n_dspark_target_layer_ids * mr->cfg.hidden_size, T = 0;
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)(4 * mr->feat_rows + 3 * n + 1));
+    float *f = malloc(sizeof(float) * (size_t)(mr->feat_rows ? mr->feat_rows : 1) * (size_t)F);
+    if (!tok || !f) {
+        free(tok);
+        free(f);
+        return dsv4_err_set(err, DSV4_ENOMEM, "out of memory for the draft context");
+    }
+    int32_t *pos = tok + mr->feat_rows, *sl = pos + mr->feat_rows, *sidx = sl + mr->feat_rows;
+    int32_t *cu = sidx + mr->feat_rows, *sslot = cu + n + 1, *spos0 = sslot + n;
+    int ns = 0, rc = 0;
+    cu[0] = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        int s = slot[i], first = -1, cnt = 0;
+        for (int r = 0; r < mr->feat_rows; r++)
+            if (mr->feat_slot[r] == s && mr->feat_pos[r] >= mr->ingested[s] && mr->feat_pos[r] < len[i]) {
+                if (first < 0) first = r;
+                cnt++;
+            }
+        if (!cnt) continue;
+        if (mr->feat_pos[first] != mr->ingested[s]) {
+            rc = dsv4_err_set(err, DSV4_EINTERNAL, "draft context of slot %d: have %lld positions, next row is %d",
+                              s, (long long)mr->ingested[s], mr->feat_pos[first]);
+            break;
+        }
+        for (int j = 0; j < cnt; j++) {
+            tok[T] = 0; /* the context path reads features, not tokens */
+            pos[T] = mr->feat_pos[first + j];
+            sl[T] = s;
+            sidx[T] = ns;
+            memcpy(f + (size_t)T * F, mr->feats + (size_t)(first + j) * F, sizeof(float) * (size_t)F);
+            T++;
+        }
+        sslot[ns] = s;
+        spos0[ns] = mr->feat_pos[first];
+        cu[++ns] = T;
+        mr->ingested[s] = len[i];
+    }
+    if (!rc && T > 0) {
+        dsv4_batch b = {T, ns, tok, pos, sl, sidx, cu, sslot, spos0};
+        rc = dsv4_dspark_context(mr->dspark, &b, f, err);
+    }
+    free(tok);
+    free(f);
+    return rc;
+}
+
+/* Greedy drafts for n requests (the deterministic-draft case of DSPARK.md §4.3:
+ * lossless; q is treated as one-hot by the verifier). */
+static int drafter_propose(void *ctx, int n, const int32_t *slot, const int32_t *anchor, const int64_t *apos, int k,
+                           const float *temperature, const uint64_t *seed, int32_t *drafts, float *const *q,
+                           int *q_valid, dsv4_err *err) {
+    dsv4_model_runner *mr = ctx;
+    int g = mr->dspark->gamma;
+    int32_t *pos = calloc((size_t)(n > 0 ? n : 1), sizeof(int32_t));
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)(n > 0 ? n : 1) * (size_t)g);
+    if (!pos || !tok) {
+        free(pos);
+        free(tok);
+        return dsv4_err_set(err, DSV4_ENOMEM, "out of memory for drafts");
+    }
+    for (int i = 0; i < n; i++) pos[i] = (int32_t)apos[i];
+    int rc = dsv4_dspark_draft(mr->dspark, n, slot, anchor, pos, tok, NULL, NULL, err);
+    for (int i = 0; i < n && !rc; i++) {
+        memcpy(drafts + (size_t)i * k, tok + (size_t)i * g, sizeof(int32_t) * (size_t)k);
+        q_valid[i] = 0;
+    }
+    free(pos);
+    free(tok);
+    return rc;
+}
+
+static void drafter_release(void *ctx, int slot) {
+    dsv4_model_runner *mr = ctx;
+    dsv4_err err = {0};
+    if (dsv4_dspark_reset_slot(mr->dspark, slot, &err)) dsv4_log(DSV4_LOG_ERROR, "draft slot %d: %s", slot, err.msg);
+    mr->ingested[slot] = 0;
+}
+
+int dsv4_model_runner_drafter(dsv4_model_runner *mr, dsv4_drafter *out) {
+    if (!mr->dspark) return 0;
+    *out = (dsv4_drafter){mr, mr->dspark->gamma, drafter_commit, drafter_propose, drafter_release};
+    return 1;
 }
 
 static void runner_release(void *ctx, int slot) {

@@ -112,6 +112,17 @@ int dsv4_block_forward(const dsv4_config *cfg, const dsv4_block_dev *blk, dsv4_l
 int dsv4_forward(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const int32_t *logit_rows,
                  int n_logits, float *logits, float *streams, dsv4_err *err);
 
+/*
+ * dsv4_forward_taps — dsv4_forward that also returns, for every row, the
+ * context features of spec/DSPARK.md §2.2: feats host F32 [T][n_taps*d], block
+ * k = the plain mean over the hc streams of the output of target layer
+ * tap_layers[k] (0-based; the DSpark checkpoint lists dspark_target_layer_ids).
+ * n_taps = 0 is dsv4_forward. Errors: as dsv4_forward, allocation failure.
+ */
+int dsv4_forward_taps(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const int32_t *logit_rows,
+                      int n_logits, float *logits, float *streams, const int *tap_layers, int n_taps,
+                      float *feats, dsv4_err *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -330,12 +330,7 @@ static void final_body(job *j, dsv4_reply *out) {
     for (int i = 0; i < j->n; i++) cJSON_AddItemToArray(choices, final_choice(&j->c[i]));
     cJSON_AddItemToObject(o, "usage", usage_json(j));
     pthread_mutex_unlock(&j->mu);
-    out->status = 200;
-    out->content_type = "application/json";
-    out->body = cJSON_PrintUnformatted(o);
-    out->len = out->body ? strlen(out->body) : 0;
-    cJSON_Delete(o);
-    if (!out->body) dsv4_reply_error(out, 500, NULL, "out of memory");
+    dsv4_reply_json(out, 200, o);
 }
 
 /* ---- streaming ---- */

@@ -84,13 +84,31 @@ static void toy_release(void *ctx, int slot) {
 }
 
 /* Drafter: follows the toy model's greedy chain from the committed history,
- * but is wrong at some positions, so acceptance is partial. */
-static int toy_propose(void *ctx, int slot, int32_t anchor, int64_t apos, int k, float temp, uint64_t seed,
-                       int32_t *d, float *q, dsv4_err *err) {
+ * but is wrong at some positions, so acceptance is partial. It keeps its own
+ * copy of the committed tokens (taken only through commit), as a real
+ * drafter's context ring is fed only committed rows. */
+static int32_t dctx[SLOTS][MAXPOS];
+static int dlen[SLOTS];
+
+static int toy_commit(void *ctx, int n, const int32_t *slot, const int64_t *len, dsv4_err *err) {
     toy *t = ctx;
-    if (apos > t->written[slot]) return dsv4_err_set(err, DSV4_EINVAL, "drafter: context missing");
+    for (int i = 0; i < n; i++) {
+        int s = slot[i];
+        if (len[i] > t->written[s] || len[i] < dlen[s])
+            return dsv4_err_set(err, DSV4_EINVAL, "commit: slot %d length %lld (written %d, had %d)", s,
+                                (long long)len[i], t->written[s], dlen[s]);
+        memcpy(dctx[s] + dlen[s], t->hist[s] + dlen[s], sizeof(int32_t) * (size_t)(len[i] - dlen[s]));
+        dlen[s] = (int)len[i];
+    }
+    return 0;
+}
+
+static int toy_propose1(int slot, int32_t anchor, int64_t apos, int k, float temp, uint64_t seed, int32_t *d,
+                        float *q, dsv4_err *err) {
+    if (apos != dlen[slot]) return dsv4_err_set(err, DSV4_EINVAL, "drafter: context %d, anchor at %lld", dlen[slot],
+                                                (long long)apos);
     int32_t h[MAXPOS];
-    memcpy(h, t->hist[slot], sizeof(int32_t) * (size_t)apos); /* committed part only */
+    memcpy(h, dctx[slot], sizeof(int32_t) * (size_t)apos); /* committed part only */
     h[apos] = anchor;
     float lg[VOCAB];
     for (int j = 0; j < k; j++) {
@@ -108,6 +126,18 @@ static int toy_propose(void *ctx, int slot, int32_t anchor, int64_t apos, int k,
     }
     return 0;
 }
+
+static int toy_propose(void *ctx, int n, const int32_t *slot, const int32_t *anchor, const int64_t *apos, int k,
+                       const float *temp, const uint64_t *seed, int32_t *d, float *const *q, int *qv, dsv4_err *err) {
+    for (int i = 0; i < n; i++) {
+        int rc = toy_propose1(slot[i], anchor[i], apos[i], k, temp[i], seed[i], d + (size_t)i * k, q[i], err);
+        if (rc) return rc;
+        qv[i] = q[i] != NULL;
+    }
+    return 0;
+}
+
+static void toy_drafter_release(void *ctx, int slot) { dlen[slot] = 0; }
 
 /* Independent reference: greedy continuation of prompt by the toy model,
  * with EOS handling as the engine's rules say. Returns the number of tokens. */
@@ -127,11 +157,12 @@ static int reference(const int32_t *prompt, int n, int max_tokens, int32_t eos, 
 
 static toy T;
 static dsv4_runner RUN = {&T, VOCAB, SLOTS, toy_forward, toy_release};
-static dsv4_drafter DR = {&T, 5, toy_propose, NULL};
+static dsv4_drafter DR = {&T, 5, toy_commit, toy_propose, toy_drafter_release};
 
 static dsv4_engine *make(int seqs, int budget, int k, int64_t maxlen, int32_t eos) {
     memset(&T, 0, sizeof T);
-    dsv4_engine_opts o = {seqs, budget, maxlen, k, eos};
+    memset(dlen, 0, sizeof dlen);
+    dsv4_engine_opts o = {seqs, budget, maxlen, k, eos, {{0}}, 0};
     dsv4_engine *e = NULL;
     dsv4_err err = {0};
     int rc = dsv4_engine_create(&o, &RUN, k ? &DR : NULL, &e, &err);
@@ -188,6 +219,7 @@ static void test_batched_equals_single(int k) {
     int total_prompt = 0;
     for (int i = 0; i < N; i++) total_prompt += lens[i];
     CHECK_EQ_INT(st.prompt_tokens, total_prompt);
+    CHECK_EQ_INT(st.spec_draft_failures, 0);
     if (k) {
         CHECK(st.spec_drafts > 0);
         CHECK(st.spec_accepted_tokens > 0 && st.spec_accepted_tokens < st.spec_draft_tokens);
@@ -409,10 +441,10 @@ static void test_errors(void) {
     dsv4_request_release(r);
     dsv4_engine_free(e);
 
-    dsv4_engine_opts o = {9, 16, 100, 0, 1};
+    dsv4_engine_opts o = {9, 16, 100, 0, 1, {{0}}, 0};
     CHECK_EQ_INT(dsv4_engine_create(&o, &RUN, NULL, &e, &err), DSV4_EINVAL);
     CHECK_CONTAINS(err.msg, "max_num_seqs");
-    dsv4_engine_opts o2 = {2, 16, 100, 6, 1};
+    dsv4_engine_opts o2 = {2, 16, 100, 6, 1, {{0}}, 0};
     CHECK_EQ_INT(dsv4_engine_create(&o2, &RUN, &DR, &e, &err), DSV4_EINVAL);
     CHECK_CONTAINS(err.msg, "block size 5");
 }
@@ -564,7 +596,44 @@ static void test_threaded(void) {
     dsv4_engine_free(e);
 }
 
+/* Per-batch-size k (DSPARK.md §5.3): no drafts while 2+ requests run, k=2 alone. */
+static void test_k_schedule(void) {
+    memset(&T, 0, sizeof T);
+    memset(dlen, 0, sizeof dlen);
+    dsv4_engine_opts o = {4, 16, 1 << 20, 4, -1, {{2, 64, 0}, {1, 1, 2}}, 2};
+    dsv4_engine *e;
+    dsv4_err err = {0};
+    CHECK_EQ_INT(dsv4_engine_create(&o, &RUN, &DR, &e, &err), 0);
+    int32_t p[2][10], ref[2][64], out[4096];
+    dsv4_request *r[2];
+    dsv4_gen_params gp;
+    dsv4_gen_params_default(&gp);
+    gp.sampling.temperature = 0;
+    for (int i = 0; i < 2; i++) {
+        prompt_of(60 + i, 10, p[i]);
+        gp.max_tokens = i ? 40 : 10;
+        reference(p[i], 10, gp.max_tokens, -1, ref[i]);
+        dsv4_engine_submit(e, p[i], 10, &gp, &r[i], &err);
+    }
+    run_idle(e);
+    dsv4_engine_stats st;
+    dsv4_engine_get_stats(e, &st);
+    /* drafts only once request 0 finished: all of size 2, never 4 */
+    CHECK(st.spec_drafts > 0 && st.spec_draft_tokens == 2 * st.spec_drafts);
+    for (int i = 0; i < 2; i++) {
+        dsv4_finish f;
+        int n = drain(r[i], out, &f);
+        CHECK(n == (i ? 40 : 10) && !memcmp(out, ref[i], sizeof(int32_t) * (size_t)n));
+        dsv4_request_release(r[i]);
+    }
+    dsv4_engine_free(e);
+    dsv4_engine_opts bad = {4, 16, 1 << 20, 4, -1, {{1, 8, 5}}, 1};
+    CHECK_EQ_INT(dsv4_engine_create(&bad, &RUN, &DR, &e, &err), DSV4_EINVAL);
+    CHECK_CONTAINS(err.msg, "num_speculative_tokens_per_batch_size");
+}
+
 int main(void) {
+    test_k_schedule();
     test_batched_equals_single(0);
     test_batched_equals_single(3);
     test_batched_equals_single(5);

@@ -49,7 +49,7 @@ int main(void) {
         for (int j = 0; j < lens[i]; j++) prompts[i][j] = 2 + (int32_t)((i * 131 + j * 17 + j * j) % (cfg->vocab_size - 2));
 
     /* single-stream reference, one request at a time, generous budget */
-    dsv4_engine_opts eo = {4, 256, 512, 0, 1};
+    dsv4_engine_opts eo = {4, 256, 512, 0, 1, {{0}}, 0};
     dsv4_engine *e;
     CHECK_EQ_INT(dsv4_engine_create(&eo, &run, NULL, &e, &err), 0);
     for (int i = 0; i < N; i++) CHECK_EQ_INT(generate(e, prompts[i], lens[i], maxt[i], single[i]), maxt[i]);
@@ -59,7 +59,7 @@ int main(void) {
     dsv4_engine_free(e);
 
     /* all four at once, 9-token budget: prefill chunks of 9 mixed with decode rows */
-    dsv4_engine_opts eo2 = {4, 9, 512, 0, 1};
+    dsv4_engine_opts eo2 = {4, 9, 512, 0, 1, {{0}}, 0};
     CHECK_EQ_INT(dsv4_engine_create(&eo2, &run, NULL, &e, &err), 0);
     dsv4_request *r[N];
     for (int i = 0; i < N; i++) {
@@ -83,5 +83,49 @@ int main(void) {
     CHECK_EQ_INT(st.prompt_tokens, 5 + 23 + 40 + 12);
     dsv4_engine_free(e);
     dsv4_model_runner_free(mr);
+
+    /* DSpark speculation on the tiny DSpark checkpoint: greedy tokens equal
+     * plain decoding, single and batched (issue 5 "Tests"); drafts are made
+     * and verified every decode step, and the drafter never fails. */
+    for (int k = 0; k <= 3; k += 3) {
+        dsv4_model_runner_opts so = {4, 512, k, DSV4_NUMERICS_REFERENCE};
+        CHECK_EQ_INT(dsv4_model_runner_open("models/tiny-dspark", &so, &mr, &err), 0);
+        if (!mr) break;
+        run = dsv4_model_runner_iface(mr);
+        dsv4_drafter dr;
+        int has = dsv4_model_runner_drafter(mr, &dr);
+        CHECK_EQ_INT(has, k > 0);
+        dsv4_engine_opts eo3 = {4, 9, 512, k, 1, {{0}}, 0};
+        CHECK_EQ_INT(dsv4_engine_create(&eo3, &run, has ? &dr : NULL, &e, &err), 0);
+        static int32_t spec_out[2][N][MAXT];
+        for (int i = 0; i < N; i++) CHECK_EQ_INT(generate(e, prompts[i], lens[i], maxt[i], spec_out[k > 0][i]), maxt[i]);
+        /* all at once too */
+        for (int i = 0; i < N; i++) {
+            dsv4_gen_params gp;
+            dsv4_gen_params_default(&gp);
+            gp.sampling.temperature = 0;
+            gp.max_tokens = maxt[i];
+            gp.ignore_eos = 1;
+            dsv4_engine_submit(e, prompts[i], lens[i], &gp, &r[i], &err);
+        }
+        while (dsv4_engine_step(e, &err) > 0) {}
+        for (int i = 0; i < N; i++) {
+            dsv4_finish f;
+            int n = dsv4_request_poll(r[i], out, MAXT, &f, 0);
+            CHECK_MSG(n == maxt[i] && !memcmp(out, spec_out[k > 0][i], sizeof(int32_t) * (size_t)n),
+                      "dspark k=%d request %d: batched != single", k, i);
+            dsv4_request_release(r[i]);
+        }
+        if (k > 0)
+            for (int i = 0; i < N; i++)
+                CHECK_MSG(!memcmp(spec_out[1][i], spec_out[0][i], sizeof(int32_t) * (size_t)maxt[i]),
+                          "request %d: speculative greedy != plain greedy", i);
+        dsv4_engine_get_stats(e, &st);
+        CHECK_EQ_INT(st.spec_draft_failures, 0);
+        if (k > 0) CHECK(st.spec_drafts > 0 && st.spec_draft_tokens == 3 * st.spec_drafts);
+        dsv4_engine_free(e);
+        dsv4_model_runner_free(mr);
+        mr = NULL;
+    }
     return TEST_REPORT();
 }
