@@ -203,3 +203,31 @@ def test_openai_sdk_parses_logprobs(default_server):
     streamed = [x.token for ch in chunks if ch.choices and ch.choices[0].logprobs
                 for x in ch.choices[0].logprobs.content]
     assert streamed == [x.token for x in r.choices[0].logprobs.content]
+
+
+def test_logprobs_under_speculation(default_server):
+    """Tokens emitted by verify steps report the raw target log-probabilities of their own row: the
+    speculative server agrees with the plain one. (The default model's random drafter is never accepted,
+    so here every step emits the correction token of row 0; accepted drafts and the bonus row are
+    covered by tests/unit/test_engine.c test_logprobs with the toy model.)"""
+    from conftest import DEFAULT_MODEL, Server
+    spec = Server(DEFAULT_MODEL, "--max-model-len", "512", "--max-num-seqs", "4", "--speculative-config",
+                  '{"method":"dspark","num_speculative_tokens":5}', ready=True)
+    try:
+        a = chat(default_server.base, max_tokens=10, top_logprobs=3)["choices"][0]["logprobs"]["content"]
+        b = chat(spec.base, max_tokens=10, top_logprobs=3)["choices"][0]["logprobs"]["content"]
+        assert [x["token"] for x in b] == [x["token"] for x in a]
+        for x, y in zip(a, b):
+            assert abs(x["logprob"] - y["logprob"]) < 1e-3
+            assert [t["token"] for t in x["top_logprobs"]] == [t["token"] for t in y["top_logprobs"]]
+        events = sse(spec.base, "/v1/chat/completions", {"messages": MSG, "temperature": 0, "max_tokens": 10,
+                                                         "logprobs": True, "stream": True})
+        got = [x for e in events if e["choices"] and e["choices"][0]["logprobs"]
+               for x in e["choices"][0]["logprobs"]["content"]]
+        assert [x["token"] for x in got] == [x["token"] for x in b]
+        with urllib.request.urlopen(spec.base + "/metrics", timeout=30) as r:
+            drafts = [ln for ln in r.read().decode().splitlines()
+                      if ln.startswith("vllm:spec_decode_num_drafts_total{")]
+        assert drafts and float(drafts[0].split()[-1]) > 0  # verify steps happened
+    finally:
+        spec.stop()
