@@ -26,6 +26,7 @@ struct dsv4_request {
     int cancel;
     int n_drafts;         /* drafts to verify in the next step */
     int32_t drafts[DSV4_MAX_SPEC_K];
+    dsv4_token_logprob *lp; /* [cap - n_prompt] per generated token, or NULL (not asked) */
     float *q;             /* [spec_k][vocab] draft distributions, or NULL (argmax drafts) */
     int q_valid;
     struct dsv4_request *next;
@@ -129,6 +130,7 @@ static void req_free(dsv4_request *r) {
     free(r->bias_ids);
     free(r->bias_vals);
     free(r->q);
+    free(r->lp);
     free(r);
 }
 
@@ -153,6 +155,9 @@ int dsv4_engine_submit(dsv4_engine *e, const int32_t *prompt, int n, const dsv4_
     if (params->max_tokens < 1)
         return dsv4_err_set(err, DSV4_EINVAL, "max_tokens must be at least 1, got %d", params->max_tokens);
     if (dsv4_sampling_validate(&params->sampling, e->run.vocab, err)) return err ? err->code : DSV4_EINVAL;
+    if (params->top_logprobs < 0 || params->top_logprobs > DSV4_MAX_TOP_LOGPROBS)
+        return dsv4_err_set(err, DSV4_EINVAL, "top_logprobs must be in [0, %d], got %d", DSV4_MAX_TOP_LOGPROBS,
+                            params->top_logprobs);
     dsv4_request *r = calloc(1, sizeof *r);
     if (!r) return dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
     r->e = e;
@@ -167,7 +172,8 @@ int dsv4_engine_submit(dsv4_engine *e, const int32_t *prompt, int n, const dsv4_
         r->bias_vals = malloc(sizeof(float) * (size_t)r->p.sampling.n_bias);
     }
     if (e->has_drafter) r->q = malloc(sizeof(float) * (size_t)e->run.vocab * (size_t)e->o.spec_k);
-    if (!r->tok || (r->p.n_stop_ids && !r->stop_ids) || (r->p.sampling.n_bias && (!r->bias_ids || !r->bias_vals)) ||
+    if (r->p.logprobs) r->lp = malloc(sizeof(dsv4_token_logprob) * (size_t)(r->cap - n));
+    if (!r->tok || (r->p.logprobs && !r->lp) || (r->p.n_stop_ids && !r->stop_ids) || (r->p.sampling.n_bias && (!r->bias_ids || !r->bias_vals)) ||
         (e->has_drafter && !r->q)) {
         req_free(r);
         return dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
@@ -217,6 +223,16 @@ int dsv4_request_poll(dsv4_request *r, int32_t *buf, int cap, dsv4_finish *finis
     *finish = (r->st == RQ_DONE && r->n_read == r->n_tok - r->n_prompt) ? r->finish : DSV4_FINISH_NONE;
     pthread_mutex_unlock(&e->mu);
     return n;
+}
+
+int dsv4_request_logprobs(dsv4_request *r, int first, int n, dsv4_token_logprob *out) {
+    pthread_mutex_lock(&r->e->mu);
+    int have = r->lp ? r->n_tok - r->n_prompt : 0;
+    if (first < 0) first = 0;
+    if (n > have - first) n = have - first;
+    if (n > 0) memcpy(out, r->lp + first, sizeof *out * (size_t)n);
+    pthread_mutex_unlock(&r->e->mu);
+    return n > 0 ? n : 0;
 }
 
 void dsv4_request_cancel(dsv4_request *r) {
@@ -334,12 +350,17 @@ static int decode_segment(dsv4_engine *e, seg *s, int32_t *em) {
     if (k == 0) {
         em[0] = sp->temperature == 0 ? am[0]
                                      : dsv4_sample_from(e->probs, V, dsv4_rng_u01(sp->seed, P + 1, DSV4_RNG_SAMPLE));
+        if (r->lp) dsv4_token_logprob_compute(lg, V, em[0], r->p.top_logprobs, &r->lp[r->n_tok - r->n_prompt]);
         return 1;
     }
     int n = sp->temperature == 0
                 ? dsv4_verify_greedy(am, r->drafts, k, em)
                 : dsv4_verify_sampled(e->probs, r->q_valid ? r->q : NULL, r->drafts, k, V, sp->seed, P + 1,
                                       e->vscratch, em);
+    if (r->lp) /* emitted token j came from verify row j (accepted drafts, then the correction / bonus) */
+        for (int j = 0; j < n; j++)
+            dsv4_token_logprob_compute(lg + (size_t)j * V, V, em[j], r->p.top_logprobs,
+                                       &r->lp[r->n_tok - r->n_prompt + j]);
     e->st.spec_drafts++;
     e->st.spec_draft_tokens += (uint64_t)k;
     e->st.spec_accepted_tokens += (uint64_t)(n - 1);
@@ -541,6 +562,7 @@ int dsv4_engine_step(dsv4_engine *e, dsv4_err *err) {
                             ? am
                             : dsv4_sample_from(e->probs, e->run.vocab,
                                                dsv4_rng_u01(sp->seed, r->n_prompt, DSV4_RNG_SAMPLE));
+                if (r->lp) dsv4_token_logprob_compute(lg, e->run.vocab, em[0], r->p.top_logprobs, &r->lp[0]);
                 n = 1;
                 r->st = RQ_DECODE;
             }

@@ -67,6 +67,9 @@ typedef struct dsv4_gen_params {
     const int32_t *stop_ids; /* stop_token_ids (always active) */
     int n_stop_ids;
     int use_spec;            /* speculate for this request when the engine can */
+    int logprobs;            /* nonzero: keep a dsv4_token_logprob per generated token
+                              * (dsv4_request_logprobs); off = no extra work per step */
+    int top_logprobs;        /* 0..DSV4_MAX_TOP_LOGPROBS alternatives per token (needs logprobs) */
     dsv4_on_tokens_fn on_tokens;
     void *user;
 } dsv4_gen_params;
@@ -113,6 +116,17 @@ int dsv4_engine_submit(dsv4_engine *e, const int32_t *prompt, int n, const dsv4_
  * has been read and the request ended.
  */
 int dsv4_request_poll(dsv4_request *r, int32_t *buf, int cap, dsv4_finish *finish, int timeout_ms);
+
+/*
+ * dsv4_request_logprobs — copy the log-probability records of generated
+ * tokens [first, first + n) (indices count generated tokens from 0, as poll
+ * hands them out) into out [n]. Only tokens generated so far are available.
+ * Each record is computed from the raw target logits of the row that produced
+ * the token (under speculation: the verify row of each accepted draft, and of
+ * the correction / bonus token), spec/SERVING.md §3.3, §7.2.
+ * Returns the number copied (0 when the request did not ask for logprobs).
+ */
+int dsv4_request_logprobs(dsv4_request *r, int first, int n, dsv4_token_logprob *out);
 
 /* Ask the engine to stop a request; its slot is freed in the next step. */
 void dsv4_request_cancel(dsv4_request *r);

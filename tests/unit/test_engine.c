@@ -9,6 +9,7 @@
  * leaves a rejected draft in place changes the output, and the output of a
  * request can be computed independently by running the toy model sequentially.
  */
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -478,6 +479,84 @@ static void test_seeded(void) {
     dsv4_engine_free(e);
 }
 
+/*
+ * Logprobs (SERVING.md §3.3, §7.2): every generated token's record equals an
+ * independent log_softmax (double) of the toy model's raw logits after the
+ * prompt and the tokens before it, also when speculation emits several tokens
+ * per step and when sampling with penalties (logprobs stay raw). Requests that
+ * did not ask get none.
+ */
+static void test_logprobs(int k, float temp) {
+    int32_t p[2][20], out[2][4096], h[MAXPOS];
+    prompt_of(77, 20, p[0]);
+    prompt_of(78, 9, p[1]);
+    dsv4_engine *e = make(2, 16, k, 1 << 20, -1);
+    dsv4_request *r[2];
+    dsv4_err err = {0};
+    for (int i = 0; i < 2; i++) {
+        dsv4_gen_params gp;
+        dsv4_gen_params_default(&gp);
+        gp.sampling.temperature = temp;
+        gp.sampling.seed = 99;
+        gp.sampling.presence_penalty = temp > 0 ? 1.5f : 0; /* changes sampling, not the reported logprobs */
+        gp.max_tokens = 40;
+        gp.logprobs = i == 0;
+        gp.top_logprobs = 7;
+        CHECK_EQ_INT(dsv4_engine_submit(e, p[i], i ? 9 : 20, &gp, &r[i], &err), 0);
+    }
+    run_idle(e);
+    dsv4_finish f;
+    int n = drain(r[0], out[0], &f);
+    CHECK_EQ_INT(n, 40);
+    dsv4_token_logprob *lp = calloc((size_t)n + 1, sizeof *lp);
+    CHECK_EQ_INT(dsv4_request_logprobs(r[0], 0, n + 5, lp), n);
+    memcpy(h, p[0], sizeof(int32_t) * 20);
+    int bad = 0, top1_hits = 0;
+    for (int g = 0; g < n; g++) {
+        float lg[VOCAB];
+        toy_logits(h, 20 + g, lg);
+        double mx = lg[0], s = 0, ref[VOCAB];
+        for (int v = 1; v < VOCAB; v++) mx = lg[v] > mx ? lg[v] : mx;
+        for (int v = 0; v < VOCAB; v++) s += exp((double)lg[v] - mx);
+        for (int v = 0; v < VOCAB; v++) ref[v] = lg[v] - mx - log(s);
+        bad += lp[g].token != out[0][g] || fabs(lp[g].logprob - ref[out[0][g]]) > 1e-5 || lp[g].n_top != 7;
+        for (int t = 0; t < lp[g].n_top; t++) {
+            int32_t id = lp[g].top_ids[t];
+            bad += fabs(lp[g].top_logprobs[t] - ref[id]) > 1e-5;
+            if (t > 0) bad += lp[g].top_logprobs[t] > lp[g].top_logprobs[t - 1];
+            int above = 0; /* exactly t ids are strictly more likely */
+            for (int v = 0; v < VOCAB; v++) above += ref[v] > ref[id];
+            bad += above > t;
+        }
+        top1_hits += lp[g].top_ids[0] == out[0][g];
+        h[20 + g] = out[0][g];
+    }
+    CHECK_MSG(bad == 0, "k=%d temp=%g: %d logprob mismatches", k, temp, bad);
+    if (temp == 0) CHECK_EQ_INT(top1_hits, n); /* greedy picks the raw top-1 */
+    else CHECK(top1_hits < n);                 /* sampling with a penalty strays from it */
+    CHECK_EQ_INT(dsv4_request_logprobs(r[0], 35, 10, lp), 5);
+    CHECK_EQ_INT(drain(r[1], out[1], &f), 40);
+    CHECK_EQ_INT(dsv4_request_logprobs(r[1], 0, 40, lp), 0);
+    if (k) {
+        dsv4_engine_stats st;
+        dsv4_engine_get_stats(e, &st);
+        CHECK(st.spec_accepted_tokens > 0); /* multi-token steps were covered */
+    }
+    free(lp);
+    dsv4_request_release(r[0]);
+    dsv4_request_release(r[1]);
+    dsv4_engine_free(e);
+    /* top_logprobs out of range is refused */
+    e = make(1, 8, 0, 1 << 20, -1);
+    dsv4_gen_params gp;
+    dsv4_gen_params_default(&gp);
+    gp.logprobs = 1;
+    gp.top_logprobs = DSV4_MAX_TOP_LOGPROBS + 1;
+    CHECK_EQ_INT(dsv4_engine_submit(e, p[0], 20, &gp, &r[0], &err), DSV4_EINVAL);
+    CHECK_CONTAINS(err.msg, "top_logprobs");
+    dsv4_engine_free(e);
+}
+
 /* Threaded: the engine thread serves requests submitted from several client threads. */
 typedef struct client { dsv4_engine *e; int id; int ok; } client;
 static void *client_main(void *arg) {
@@ -566,6 +645,10 @@ int main(void) {
     test_no_starvation();
     test_errors();
     test_seeded();
+    test_logprobs(0, 0);
+    test_logprobs(4, 0);
+    test_logprobs(0, 0.8f);
+    test_logprobs(5, 0.8f);
     test_threaded();
     return TEST_REPORT();
 }
