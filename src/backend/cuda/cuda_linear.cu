@@ -1,0 +1,220 @@
+/*
+ * cuda_linear.cu — W8A8 activation quantiser and the FP8 block-scaled linear
+ * (spec/MODEL.md §2.4), plus the dispatcher dsv4_cuda_linear.
+ *
+ * Why tensor-core mma.sync for a GEMV: at decode the FP8 linears stream
+ * ~4.6 GB of weights per step (spec/PERFORMANCE.md §2) and must run at HBM
+ * speed. Decoding E4M3 to fp32 on the CUDA cores costs conversions at a
+ * quarter rate; the FP8 mma consumes the bytes as stored, so the kernel is
+ * only a stream of 16-byte loads. Weights are the M side (16 rows per
+ * warp tile), tokens the N side (8 per mma, NT n-tiles per warp), so one
+ * weight read serves up to 8·NT tokens — the verify / batched-decode rows.
+ *
+ * Within one 128-column block every product shares the weight-block and
+ * activation-block scales, so the order of columns inside the block does
+ * not matter: each lane takes 32 contiguous bytes of its two rows and the
+ * matching 32 activation bytes, and the 4 mma steps walk them; no shuffles,
+ * no repacking of the stored weight.
+ */
+#include "backend/cuda/cuda_internal.cuh"
+
+/* ---------------------------------------------------------------- act quant */
+
+/* One warp per (row, 128-block); each lane quantises 4 consecutive values. */
+__global__ void k_act_quant(const float *__restrict__ x, int n, int dim, uint8_t *__restrict__ q,
+                            float *__restrict__ s) {
+    int wid = (int)(((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+    int lane = threadIdx.x & 31, nb = dim >> 7;
+    if (wid >= n * nb) return;
+    int r = wid / nb, b = wid % nb;
+    const float4 v = ((const float4 *)(x + (size_t)r * dim + b * 128))[lane];
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+    for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    amax = fmaxf(amax, 1e-4f);
+    const float sc = pow2_ceil(amax / 448.0f);
+    const float inv = 1.0f / sc; /* exact: sc is a power of two in the normal range */
+    uint32_t p = (uint32_t)__nv_cvt_float_to_fp8(v.x * inv, __NV_SATFINITE, __NV_E4M3) |
+                 (uint32_t)__nv_cvt_float_to_fp8(v.y * inv, __NV_SATFINITE, __NV_E4M3) << 8 |
+                 (uint32_t)__nv_cvt_float_to_fp8(v.z * inv, __NV_SATFINITE, __NV_E4M3) << 16 |
+                 (uint32_t)__nv_cvt_float_to_fp8(v.w * inv, __NV_SATFINITE, __NV_E4M3) << 24;
+    ((uint32_t *)(q + (size_t)r * dim + b * 128))[lane] = p;
+    if (lane == 0) s[(size_t)r * nb + b] = sc;
+}
+
+int cu_act_quant(dsv4_cuda_ctx *c, const float *x, int n, int dim, uint8_t *q, float *s,
+                 dsv4_err *err) {
+    if (n <= 0) return DSV4_OK;
+    size_t warps = (size_t)n * (dim / 128);
+    unsigned blocks = (unsigned)((warps * 32 + 255) / 256);
+    k_act_quant<<<blocks, 256, 0, c->stream>>>(x, n, dim, q, s);
+    CU_LAUNCHED(err, "act_quant");
+    return DSV4_OK;
+}
+
+extern "C" int dsv4_cuda_act_quant(dsv4_cuda_ctx *c, const float *x, int n, int dim, uint8_t *q,
+                                   float *s, dsv4_err *err) {
+    if (!c || n < 0 || (n && (!x || !q || !s)))
+        return cu_err(err, DSV4_EINVAL, "dsv4_cuda_act_quant: bad argument");
+    if (dim <= 0 || dim % 128)
+        return cu_err(err, DSV4_EINVAL, "dsv4_cuda_act_quant: dim %d is not a multiple of 128", dim);
+    return cu_act_quant(c, x, n, dim, q, s, err);
+}
+
+/* -------------------------------------------------------------- FP8 linear */
+
+struct Frag8 {
+    uint4 a0, a0b, a1, a1b; /* rows g and g+8: 32 bytes each */
+};
+
+__device__ __forceinline__ void load_frag8(Frag8 &f, const uint8_t *w0, const uint8_t *w1, int c) {
+    f.a0 = ld_stream(w0 + (size_t)c * 128);
+    f.a0b = ld_stream(w0 + (size_t)c * 128 + 16);
+    f.a1 = ld_stream(w1 + (size_t)c * 128);
+    f.a1b = ld_stream(w1 + (size_t)c * 128 + 16);
+}
+
+/*
+ * Block = KW warps on one 16-row tile (blockIdx.x), splitting its 128-column
+ * chunks; blockIdx.y selects 8·NT tokens. Partial sums meet in shared
+ * memory, so the result is deterministic (no atomics).
+ */
+template <int NT>
+__global__ void __launch_bounds__(512) k_fp8_linear(const uint8_t *__restrict__ W,
+                                                    const uint8_t *__restrict__ WS,
+                                                    const uint8_t *__restrict__ xq,
+                                                    const float *__restrict__ xs, int n, int R,
+                                                    int K, float *__restrict__ y, int flags) {
+    extern __shared__ float red[]; /* [KW][32][4] */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, KW = blockDim.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int row0 = blockIdx.x * 16, C = K >> 7;
+    const int tok0 = blockIdx.y * 8 * NT;
+    float acc[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    const uint8_t *w0 = W + (size_t)(row0 + g) * K + 32 * t;
+    const uint8_t *w1 = w0 + (size_t)8 * K;
+    const uint8_t *wsr = WS + (size_t)(row0 >> 7) * C;
+
+    Frag8 nxt;
+    int c = warp;
+    if (c < C) load_frag8(nxt, w0, w1, c);
+    for (; c < C; c += KW) {
+        const Frag8 f = nxt;
+        if (c + KW < C) load_frag8(nxt, w0, w1, c + KW); /* two chunks in flight */
+        const float wsc = e8m0_to_f32(wsr[c]);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            const int tb = tok0 + nt * 8;
+            if (tb >= n) break;
+            const int tk = tb + g;
+            uint4 b0 = make_uint4(0, 0, 0, 0), b1 = b0;
+            if (tk < n) {
+                const uint4 *p = (const uint4 *)(xq + (size_t)tk * K + (size_t)c * 128 + 32 * t);
+                b0 = __ldg(p);
+                b1 = __ldg(p + 1);
+            }
+            float d[4] = {0.f, 0.f, 0.f, 0.f};
+            mma_e4m3(d, f.a0.x, f.a1.x, f.a0.y, f.a1.y, b0.x, b0.y);
+            mma_e4m3(d, f.a0.z, f.a1.z, f.a0.w, f.a1.w, b0.z, b0.w);
+            mma_e4m3(d, f.a0b.x, f.a1b.x, f.a0b.y, f.a1b.y, b1.x, b1.y);
+            mma_e4m3(d, f.a0b.z, f.a1b.z, f.a0b.w, f.a1b.w, b1.z, b1.w);
+            const int t0 = tb + 2 * t;
+            const float s0 = t0 < n ? __ldg(xs + (size_t)t0 * C + c) * wsc : 0.f;
+            const float s1 = t0 + 1 < n ? __ldg(xs + (size_t)(t0 + 1) * C + c) * wsc : 0.f;
+            acc[nt][0] += d[0] * s0;
+            acc[nt][1] += d[1] * s1;
+            acc[nt][2] += d[2] * s0;
+            acc[nt][3] += d[3] * s1;
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        const int tb = tok0 + nt * 8;
+        if (tb >= n) break; /* block-uniform */
+        float v[4] = {acc[nt][0], acc[nt][1], acc[nt][2], acc[nt][3]};
+        if (KW > 1) {
+            float4 *rp = (float4 *)red;
+            rp[warp * 32 + lane] = make_float4(v[0], v[1], v[2], v[3]);
+            __syncthreads();
+            if (warp == 0) {
+                for (int w = 1; w < KW; w++) {
+                    float4 o = rp[w * 32 + lane];
+                    v[0] += o.x; v[1] += o.y; v[2] += o.z; v[3] += o.w;
+                }
+            }
+            __syncthreads();
+        }
+        if (warp == 0) {
+            const int t0 = tb + 2 * t;
+            if (flags & DSV4_CUDA_OUT_BF16)
+                for (int i = 0; i < 4; i++) v[i] = round_bf16(v[i]);
+            const int r0 = row0 + g, r1 = r0 + 8;
+            if (t0 < n) {
+                y[(size_t)t0 * R + r0] = v[0];
+                y[(size_t)t0 * R + r1] = v[2];
+            }
+            if (t0 + 1 < n) {
+                y[(size_t)(t0 + 1) * R + r0] = v[1];
+                y[(size_t)(t0 + 1) * R + r1] = v[3];
+            }
+        }
+    }
+}
+
+template <int NT>
+static int launch_fp8(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const uint8_t *xq,
+                      const float *xs, int n, float *y, int flags, int kw, dsv4_err *err) {
+    dim3 grid((unsigned)(w->out / 16), (unsigned)((n + 8 * NT - 1) / (8 * NT)));
+    size_t smem = (size_t)kw * 32 * 4 * sizeof(float);
+    k_fp8_linear<NT><<<grid, kw * 32, smem, c->stream>>>(
+        (const uint8_t *)w->w, (const uint8_t *)w->scale, xq, xs, n, (int)w->out, (int)w->in, y,
+        flags);
+    CU_LAUNCHED(err, "fp8 linear");
+    return DSV4_OK;
+}
+
+/* Warps per tile: enough to keep the HBM busy on narrow matrices, at least
+ * two 128-column chunks per warp so the double buffer has work. */
+static int pick_kw(int chunks) {
+    int kw = chunks / 2;
+    if (kw < 1) kw = 1;
+    if (kw > 16) kw = 16;
+    return kw;
+}
+
+static int pick_nt(int n) { return n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8; }
+
+static int fp8_linear(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const uint8_t *xq,
+                      const float *xs, int n, float *y, int flags, dsv4_err *err) {
+    int kw = pick_kw((int)(w->in / 128));
+    switch (pick_nt(n)) {
+    case 1: return launch_fp8<1>(c, w, xq, xs, n, y, flags, kw, err);
+    case 2: return launch_fp8<2>(c, w, xq, xs, n, y, flags, kw, err);
+    case 4: return launch_fp8<4>(c, w, xq, xs, n, y, flags, kw, err);
+    default: return launch_fp8<8>(c, w, xq, xs, n, y, flags, kw, err);
+    }
+}
+
+int cu_bf16_linear(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const float *x, int n, float *y,
+                   int flags, dsv4_err *err);
+
+extern "C" int dsv4_cuda_linear(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const float *x, int n,
+                                float *y, int flags, dsv4_err *err) {
+    if (!c || !w || n < 0 || (n && (!x || !y)))
+        return cu_err(err, DSV4_EINVAL, "dsv4_cuda_linear: bad argument");
+    if (n == 0) return DSV4_OK;
+    if (w->kind == DSV4_CUDA_W_BF16) return cu_bf16_linear(c, w, x, n, y, flags, err);
+    if (w->kind != DSV4_CUDA_W_FP8 && w->kind != DSV4_CUDA_W_FP4)
+        return cu_err(err, DSV4_EINVAL, "dsv4_cuda_linear: weight kind %d not uploaded", (int)w->kind);
+    size_t qb = cu_align((size_t)n * w->in), sb = cu_align((size_t)n * (w->in / 128) * sizeof(float));
+    void *ws = NULL;
+    int rc = cu_workspace(c, qb + sb, &ws, err);
+    if (rc) return rc;
+    uint8_t *xq = (uint8_t *)ws;
+    float *xs = (float *)((uint8_t *)ws + qb);
+    if ((rc = cu_act_quant(c, x, n, (int)w->in, xq, xs, err))) return rc;
+    if (w->kind == DSV4_CUDA_W_FP8) return fp8_linear(c, w, xq, xs, n, y, flags, err);
+    return cu_fp4_linear(c, w, xq, xs, n, y, flags, err);
+}

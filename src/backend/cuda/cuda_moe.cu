@@ -1,0 +1,392 @@
+/*
+ * cuda_moe.cu — FP4 (E2M1, per-32 E8M0 scales) linears and the grouped
+ * routed-expert MoE of one step (spec/MODEL.md §2.3, §2.4, §3.5).
+ *
+ * Why this shape: Hopper has no FP4 tensor cores, and converting E2M1 to
+ * fp32 on the CUDA cores costs more integer work per byte than HBM delivers
+ * bytes. E2M1 -> E4M3 is a pure bit move (cuda_internal.cuh
+ * fp4x8_to_e4m3, ~1 op per value), after which the FP8 mma does the math;
+ * the weights are repacked at upload (cuda_weights.cu) so each mma step sees
+ * one scale group per row.
+ *
+ * The MoE of a step: the tokens' top-k choices are grouped by expert on the
+ * device (no host round trip, so it can live in a CUDA graph), then one
+ * launch walks every selected expert's w1/w3 once for all its tokens (SwiGLU
+ * fused), one walks w2, and a last kernel sums the k slots per token in a
+ * fixed order (deterministic; no atomics).
+ */
+#include "backend/cuda/cuda_internal.cuh"
+
+#include <cub/block/block_scan.cuh>
+
+enum { FP4_PLAIN = 0, FP4_GATEUP = 1, FP4_DOWN = 2 };
+
+struct Fp4Args {
+    const uint8_t *w1, *s1, *w3, *s3; /* w3/s3: GATEUP only */
+    size_t wstride, sstride;          /* bytes per expert */
+    int R, K;
+    const uint8_t *xq; /* input rows [*, K] E4M3 and their scales [*, K/128] */
+    const float *xs;
+    int n; /* PLAIN: rows of x */
+    const int *act_n, *act_exp, *act_off, *list;
+    int topk;
+    const float *wts;
+    float *y; /* output rows [*, R] */
+    int flags;
+};
+
+__device__ __forceinline__ float silu(float v) { return v / (1.0f + __expf(-v)); }
+
+/*
+ * Block = KW warps on one 16-row tile (blockIdx.x). blockIdx.y is the
+ * expert slot (GATEUP/DOWN) or the 8·NT-row group (PLAIN). Columns of the
+ * mma are the rows of the step that chose this expert, 8·NT per pass.
+ */
+template <int NT, int MODE>
+__global__ void __launch_bounds__(256) k_fp4(Fp4Args a) {
+    extern __shared__ float red[]; /* [2][KW][32][4] */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, KW = blockDim.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int tile = blockIdx.x, C = a.K >> 7;
+    int e = 0, off, cnt;
+    if (MODE == FP4_PLAIN) {
+        off = blockIdx.y * 8 * NT;
+        cnt = min(8 * NT, a.n - off);
+    } else {
+        const int slot = blockIdx.y;
+        if (slot >= *a.act_n) return;
+        e = a.act_exp[slot];
+        off = a.act_off[slot];
+        cnt = a.act_off[slot + 1] - off;
+    }
+    const uint8_t *wb1 = a.w1 + (size_t)e * a.wstride + (size_t)tile * C * 1024 + lane * 32;
+    const uint8_t *sb1 = a.s1 + (size_t)e * a.sstride + (size_t)tile * C * 64 + g * 8;
+    const uint8_t *wb3 = MODE == FP4_GATEUP ? a.w3 + (size_t)e * a.wstride + (size_t)tile * C * 1024 + lane * 32 : nullptr;
+    const uint8_t *sb3 = MODE == FP4_GATEUP ? a.s3 + (size_t)e * a.sstride + (size_t)tile * C * 64 + g * 8 : nullptr;
+    constexpr int NM = MODE == FP4_GATEUP ? 2 : 1;
+
+    for (int j0 = 0; j0 < cnt; j0 += 8 * NT) {
+        /* input row of mma column g, and of columns 2t, 2t+1 (for scales) */
+        int rin[NT], rs0[NT], rs1[NT];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            int j = j0 + nt * 8 + g, ja = j0 + nt * 8 + 2 * t;
+            auto src = [&](int jj) {
+                if (jj >= cnt) return -1;
+                return MODE == FP4_GATEUP ? a.list[off + jj] / a.topk : off + jj;
+            };
+            rin[nt] = src(j);
+            rs0[nt] = src(ja);
+            rs1[nt] = src(ja + 1);
+        }
+        float acc[NM][NT][4];
+#pragma unroll
+        for (int m = 0; m < NM; m++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) acc[m][nt][0] = acc[m][nt][1] = acc[m][nt][2] = acc[m][nt][3] = 0.f;
+
+        for (int c = warp; c < C; c += KW) {
+            uint4 p[NM][2];
+            uint2 sc[NM];
+            p[0][0] = ld_stream(wb1 + (size_t)c * 1024);
+            p[0][1] = ld_stream(wb1 + (size_t)c * 1024 + 16);
+            sc[0] = __ldg((const uint2 *)(sb1 + (size_t)c * 64));
+            if (MODE == FP4_GATEUP) {
+                p[NM - 1][0] = ld_stream(wb3 + (size_t)c * 1024);
+                p[NM - 1][1] = ld_stream(wb3 + (size_t)c * 1024 + 16);
+                sc[NM - 1] = __ldg((const uint2 *)(sb3 + (size_t)c * 64));
+            }
+            /* activations: column g's 4 steps, 8 bytes each (columns 32s+8t..+7) */
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                if (j0 + nt * 8 >= cnt) break;
+                uint32_t b0[4], b1[4];
+#pragma unroll
+                for (int s = 0; s < 4; s++) {
+                    uint2 xv = make_uint2(0, 0);
+                    if (rin[nt] >= 0)
+                        xv = __ldg((const uint2 *)(a.xq + (size_t)rin[nt] * a.K + (size_t)c * 128 + 32 * s + 8 * t));
+                    b0[s] = __byte_perm(xv.x, xv.y, 0x6420); /* even columns */
+                    b1[s] = __byte_perm(xv.x, xv.y, 0x7531); /* odd columns  */
+                }
+                const float x0 = rs0[nt] >= 0 ? __ldg(a.xs + (size_t)rs0[nt] * C + c) : 0.f;
+                const float x1 = rs1[nt] >= 0 ? __ldg(a.xs + (size_t)rs1[nt] * C + c) : 0.f;
+#pragma unroll
+                for (int m = 0; m < NM; m++) {
+                    const uint32_t wv[8] = {p[m][0].x, p[m][0].y, p[m][0].z, p[m][0].w,
+                                            p[m][1].x, p[m][1].y, p[m][1].z, p[m][1].w};
+                    float part[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                    for (int s = 0; s < 4; s++) {
+                        uint32_t lo0, hi0, lo1, hi1;
+                        fp4x8_to_e4m3(wv[2 * s], lo0, hi0);     /* row g   */
+                        fp4x8_to_e4m3(wv[2 * s + 1], lo1, hi1); /* row g+8 */
+                        float d[4] = {0.f, 0.f, 0.f, 0.f};
+                        mma_e4m3(d, lo0, lo1, hi0, hi1, b0[s], b1[s]);
+                        /* 2^6 undoes the E2M1 -> E4M3 bit move */
+                        const float ws0 = e8m0_to_f32((sc[m].x >> (8 * s)) & 0xffu) * 64.f;
+                        const float ws1 = e8m0_to_f32((sc[m].y >> (8 * s)) & 0xffu) * 64.f;
+                        part[0] += d[0] * ws0;
+                        part[1] += d[1] * ws0;
+                        part[2] += d[2] * ws1;
+                        part[3] += d[3] * ws1;
+                    }
+                    acc[m][nt][0] += part[0] * x0;
+                    acc[m][nt][1] += part[1] * x1;
+                    acc[m][nt][2] += part[2] * x0;
+                    acc[m][nt][3] += part[3] * x1;
+                }
+            }
+        }
+        /* reduce the KW partial sums, then the epilogue in warp 0 */
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            if (j0 + nt * 8 >= cnt) break; /* block-uniform */
+            float v[NM][4];
+#pragma unroll
+            for (int m = 0; m < NM; m++)
+                for (int i = 0; i < 4; i++) v[m][i] = acc[m][nt][i];
+            if (KW > 1) {
+                float4 *rp = (float4 *)red;
+#pragma unroll
+                for (int m = 0; m < NM; m++)
+                    rp[(m * KW + warp) * 32 + lane] = make_float4(v[m][0], v[m][1], v[m][2], v[m][3]);
+                __syncthreads();
+                if (warp == 0) {
+#pragma unroll
+                    for (int m = 0; m < NM; m++)
+                        for (int w = 1; w < KW; w++) {
+                            float4 o = rp[(m * KW + w) * 32 + lane];
+                            v[m][0] += o.x; v[m][1] += o.y; v[m][2] += o.z; v[m][3] += o.w;
+                        }
+                }
+                __syncthreads();
+            }
+            if (warp == 0) {
+                const int r0 = tile * 16 + g;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int j = j0 + nt * 8 + 2 * t + (i & 1);
+                    const int r = r0 + (i >> 1) * 8;
+                    if (j >= cnt) continue;
+                    float out;
+                    if (MODE == FP4_GATEUP) {
+                        /* §3.5: bf16 GEMM outputs, clamp, SwiGLU, × routing weight, bf16 */
+                        float gv = fminf(round_bf16(v[0][i]), 10.f);
+                        float uv = fminf(fmaxf(round_bf16(v[NM - 1][i]), -10.f), 10.f);
+                        out = round_bf16(silu(gv) * uv * a.wts[a.list[off + j]]);
+                    } else {
+                        out = v[0][i];
+                        if (MODE == FP4_DOWN || (a.flags & DSV4_CUDA_OUT_BF16)) out = round_bf16(out);
+                    }
+                    a.y[(size_t)(off + j) * a.R + r] = out;
+                }
+            }
+        }
+    }
+}
+
+static int pick_nt4(int n) { return n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8; }
+
+template <int MODE>
+static int launch_fp4(dsv4_cuda_ctx *c, const Fp4Args &a, int nt, unsigned gy, dsv4_err *err) {
+    int chunks = a.K / 128, kw = chunks / 4;
+    if (kw < 1) kw = 1;
+    if (kw > 8) kw = 8;
+    dim3 grid((unsigned)(a.R / 16), gy);
+    size_t smem = (size_t)2 * kw * 32 * 4 * sizeof(float);
+    switch (nt) {
+    case 1: k_fp4<1, MODE><<<grid, kw * 32, smem, c->stream>>>(a); break;
+    case 2: k_fp4<2, MODE><<<grid, kw * 32, smem, c->stream>>>(a); break;
+    case 4: k_fp4<4, MODE><<<grid, kw * 32, smem, c->stream>>>(a); break;
+    default: k_fp4<8, MODE><<<grid, kw * 32, smem, c->stream>>>(a); break;
+    }
+    CU_LAUNCHED(err, MODE == FP4_GATEUP ? "fp4 experts w1/w3" : MODE == FP4_DOWN ? "fp4 experts w2" : "fp4 linear");
+    return DSV4_OK;
+}
+
+int cu_fp4_linear(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const uint8_t *xq, const float *xs,
+                  int n, float *y, int flags, dsv4_err *err) {
+    Fp4Args a;
+    memset(&a, 0, sizeof a);
+    a.w1 = (const uint8_t *)w->w;
+    a.s1 = (const uint8_t *)w->scale;
+    a.R = (int)w->out;
+    a.K = (int)w->in;
+    a.xq = xq;
+    a.xs = xs;
+    a.n = n;
+    a.y = y;
+    a.flags = flags;
+    int nt = pick_nt4(n);
+    return launch_fp4<FP4_PLAIN>(c, a, nt, (unsigned)((n + 8 * nt - 1) / (8 * nt)), err);
+}
+
+/* ---------------------------------------------------------------- grouping */
+
+#define ROUTE_THREADS 256
+#define ROUTE_IPT 4 /* experts per thread: up to 1024 experts */
+
+/*
+ * One block. For the n·topk choices: count per expert, list the chosen
+ * experts in ascending id (slot order), and place every choice at
+ * pos = start(expert) + rank among earlier choices of that expert, so the
+ * layout is a pure function of ids (deterministic).
+ */
+__global__ void __launch_bounds__(ROUTE_THREADS) k_route_group(const int *__restrict__ ids, int nent,
+                                                               int E, int *act_n, int *act_exp,
+                                                               int *act_off, int *list, int *inv) {
+    typedef cub::BlockScan<int, ROUTE_THREADS> Scan;
+    __shared__ typename Scan::TempStorage tmp;
+    __shared__ int cnt[ROUTE_THREADS * ROUTE_IPT], start[ROUTE_THREADS * ROUTE_IPT];
+    extern __shared__ int sid[];
+    const int tid = threadIdx.x;
+    for (int i = tid; i < ROUTE_THREADS * ROUTE_IPT; i += ROUTE_THREADS) cnt[i] = 0;
+    __syncthreads();
+    for (int i = tid; i < nent; i += ROUTE_THREADS) {
+        int v = ids[i];
+        if (v < 0 || v >= E) v = -1;
+        sid[i] = v;
+        if (v >= 0) atomicAdd(&cnt[v], 1);
+    }
+    __syncthreads();
+    int cv[ROUTE_IPT], fv[ROUTE_IPT], cs[ROUTE_IPT], fs[ROUTE_IPT];
+#pragma unroll
+    for (int k = 0; k < ROUTE_IPT; k++) {
+        cv[k] = cnt[tid * ROUTE_IPT + k];
+        fv[k] = cv[k] > 0;
+    }
+    int total_c, total_f;
+    Scan(tmp).ExclusiveSum(cv, cs, total_c);
+    __syncthreads();
+    Scan(tmp).ExclusiveSum(fv, fs, total_f);
+#pragma unroll
+    for (int k = 0; k < ROUTE_IPT; k++) {
+        const int e = tid * ROUTE_IPT + k;
+        start[e] = cs[k];
+        if (fv[k]) {
+            act_exp[fs[k]] = e;
+            act_off[fs[k]] = cs[k];
+        }
+    }
+    if (tid == 0) {
+        *act_n = total_f;
+        act_off[total_f] = total_c;
+    }
+    __syncthreads();
+    for (int i = tid; i < nent; i += ROUTE_THREADS) {
+        const int v = sid[i];
+        if (v < 0) {
+            inv[i] = -1;
+            continue;
+        }
+        int rank = 0;
+        for (int j = 0; j < i; j++) rank += sid[j] == v;
+        const int pos = start[v] + rank;
+        list[pos] = i;
+        inv[i] = pos;
+    }
+}
+
+/* y[t] = Σ_k O[inv[t,k]] (+ shared[t]) in slot order; 4 columns per thread. */
+__global__ void k_moe_combine(const float *__restrict__ O, const int *__restrict__ inv, int n,
+                              int topk, int D, const float *__restrict__ shared,
+                              float *__restrict__ y, int flags) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int d4 = D / 4;
+    if (i >= (size_t)n * d4) return;
+    const int tok = (int)(i / d4), col = (int)(i % d4) * 4;
+    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int k = 0; k < topk; k++) {
+        const int p = inv[tok * topk + k];
+        if (p < 0) continue;
+        const float4 o = *(const float4 *)(O + (size_t)p * D + col);
+        s.x += o.x; s.y += o.y; s.z += o.z; s.w += o.w;
+    }
+    if (shared) {
+        const float4 o = *(const float4 *)(shared + (size_t)tok * D + col);
+        s.x += o.x; s.y += o.y; s.z += o.z; s.w += o.w;
+    }
+    if (flags & DSV4_CUDA_OUT_BF16) {
+        s.x = round_bf16(s.x); s.y = round_bf16(s.y); s.z = round_bf16(s.z); s.w = round_bf16(s.w);
+    }
+    *(float4 *)(y + (size_t)tok * D + col) = s;
+}
+
+extern "C" int dsv4_cuda_moe(dsv4_cuda_ctx *c, const dsv4_cuda_experts *ex, const float *x, int n,
+                             const int32_t *ids, const float *wts, int topk, const float *shared,
+                             float *y, int flags, dsv4_err *err) {
+    if (!c || !ex || n < 0 || (n && (!x || !ids || !wts || !y)))
+        return cu_err(err, DSV4_EINVAL, "dsv4_cuda_moe: bad argument");
+    if (topk <= 0 || topk > 16)
+        return cu_err(err, DSV4_EINVAL, "dsv4_cuda_moe: topk %d not in 1..16", topk);
+    if (ex->n_experts <= 0 || ex->n_experts > ROUTE_THREADS * ROUTE_IPT || !ex->w1)
+        return cu_err(err, DSV4_EINVAL, "dsv4_cuda_moe: %d experts (need 1..%d, uploaded)",
+                      ex->n_experts, ROUTE_THREADS * ROUTE_IPT);
+    if (n == 0) return DSV4_OK;
+    const int dm = (int)ex->d_model, dff = (int)ex->d_ff, nent = n * topk;
+    const int slots = nent < ex->n_experts ? nent : ex->n_experts;
+    if ((size_t)nent * sizeof(int) > 40 * 1024)
+        return cu_err(err, DSV4_EINVAL, "dsv4_cuda_moe: %d tokens x top-%d exceeds one grouping block", n, topk);
+    /* workspace: xq xs | act_n act_exp act_off list inv | H | Hq Hs | O */
+    size_t o_xq = 0, o_xs = o_xq + cu_align((size_t)n * dm);
+    size_t o_g = o_xs + cu_align((size_t)n * (dm / 128) * 4);
+    size_t o_h = o_g + cu_align((size_t)(1 + slots + slots + 1 + 2 * nent) * 4);
+    size_t o_hq = o_h + cu_align((size_t)nent * dff * 4);
+    size_t o_hs = o_hq + cu_align((size_t)nent * dff);
+    size_t o_o = o_hs + cu_align((size_t)nent * (dff / 128) * 4);
+    size_t total = o_o + cu_align((size_t)nent * dm * 4);
+    void *wsp = NULL;
+    int rc = cu_workspace(c, total, &wsp, err);
+    if (rc) return rc;
+    uint8_t *base = (uint8_t *)wsp;
+    uint8_t *xq = base + o_xq, *hq = base + o_hq;
+    float *xs = (float *)(base + o_xs), *H = (float *)(base + o_h), *hs = (float *)(base + o_hs);
+    float *O = (float *)(base + o_o);
+    int *act_n = (int *)(base + o_g), *act_exp = act_n + 1, *act_off = act_exp + slots;
+    int *list = act_off + slots + 1, *inv = list + nent;
+
+    if ((rc = cu_act_quant(c, x, n, dm, xq, xs, err))) return rc;
+    k_route_group<<<1, ROUTE_THREADS, (size_t)nent * sizeof(int), c->stream>>>(
+        ids, nent, ex->n_experts, act_n, act_exp, act_off, list, inv);
+    CU_LAUNCHED(err, "moe grouping");
+
+    Fp4Args a;
+    memset(&a, 0, sizeof a);
+    a.act_n = act_n;
+    a.act_exp = act_exp;
+    a.act_off = act_off;
+    a.list = list;
+    a.topk = topk;
+    a.wts = wts;
+    a.wstride = (size_t)dm * dff / 2;
+    a.sstride = (size_t)dm * dff / 32;
+    /* w1, w3: [dff, dm] */
+    a.w1 = (const uint8_t *)ex->w1;
+    a.s1 = (const uint8_t *)ex->s1;
+    a.w3 = (const uint8_t *)ex->w3;
+    a.s3 = (const uint8_t *)ex->s3;
+    a.R = dff;
+    a.K = dm;
+    a.xq = xq;
+    a.xs = xs;
+    a.y = H;
+    const int nt = pick_nt4(n); /* an expert is chosen at most once per token */
+    if ((rc = launch_fp4<FP4_GATEUP>(c, a, nt, (unsigned)slots, err))) return rc;
+    if ((rc = cu_act_quant(c, H, nent, dff, hq, hs, err))) return rc;
+    /* w2: [dm, dff] */
+    a.w1 = (const uint8_t *)ex->w2;
+    a.s1 = (const uint8_t *)ex->s2;
+    a.w3 = a.s3 = NULL;
+    a.R = dm;
+    a.K = dff;
+    a.xq = hq;
+    a.xs = hs;
+    a.y = O;
+    if ((rc = launch_fp4<FP4_DOWN>(c, a, nt, (unsigned)slots, err))) return rc;
+    size_t items = (size_t)n * (dm / 4);
+    k_moe_combine<<<(unsigned)((items + 255) / 256), 256, 0, c->stream>>>(O, inv, n, topk, dm, shared,
+                                                                         y, flags);
+    CU_LAUNCHED(err, "moe combine");
+    return DSV4_OK;
+}
