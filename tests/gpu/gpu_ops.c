@@ -206,7 +206,10 @@ static void free_lin(host_lin *h) {
 static void ref_linear_q(const host_lin *h, const uint8_t *xq, const float *xs, int n, float *y) {
     const dsv4_linear *l = &h->lin;
     int64_t R = l->out, K = l->in, C = K / 128;
-    for (int t = 0; t < n; t++)
+    for (int t = 0; t < n; t++) {
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
         for (int64_t r = 0; r < R; r++) {
             double acc = 0;
             for (int64_t c = 0; c < C; c++) {
@@ -231,6 +234,7 @@ static void ref_linear_q(const host_lin *h, const uint8_t *xq, const float *xs, 
             }
             y[(size_t)t * R + r] = (float)acc;
         }
+    }
 }
 
 static void ref_linear(const host_lin *h, const float *x, int n, float *y) {
@@ -238,7 +242,10 @@ static void ref_linear(const host_lin *h, const float *x, int n, float *y) {
     int64_t R = l->out, K = l->in;
     if (l->w.dtype == DSV4_DT_BF16) {
         const uint16_t *w = (const uint16_t *)h->w;
-        for (int t = 0; t < n; t++)
+        for (int t = 0; t < n; t++) {
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
             for (int64_t r = 0; r < R; r++) {
                 double acc = 0;
                 for (int64_t k = 0; k < K; k++) {
@@ -249,6 +256,7 @@ static void ref_linear(const host_lin *h, const float *x, int n, float *y) {
                 }
                 y[(size_t)t * R + r] = (float)acc;
             }
+        }
         return;
     }
     uint8_t *xq = malloc((size_t)n * K);
@@ -707,12 +715,13 @@ static void perf_moe(moe_set *m) {
 /* -------------------------------------------------------------------- main */
 
 int main(int argc, char **argv) {
-    int perf = 0, correct = 1;
+    int perf = 0, correct = 1, tiny_only = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--perf")) perf = 1;
         else if (!strcmp(argv[i], "--perf-only")) perf = 1, correct = 0;
+        else if (!strcmp(argv[i], "--tiny")) tiny_only = 1; /* quick, e.g. under compute-sanitizer */
         else {
-            fprintf(stderr, "usage: %s [--perf | --perf-only]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--tiny] [--perf | --perf-only]\n", argv[0]);
             return 2;
         }
     }
@@ -720,7 +729,7 @@ int main(int argc, char **argv) {
     dsv4_err err = {0};
     DIE_IF(dsv4_cuda_ctx_create(0, &G, &err), err);
     printf("device: %s, %d SMs\n", dsv4_cuda_device_name(G), dsv4_cuda_sm_count(G));
-    DIE_IF(dsv4_cuda_measure_hbm(G, (size_t)4 << 30, &g_read_gbs, &g_copy_gbs, &err), err);
+    if (!tiny_only) DIE_IF(dsv4_cuda_measure_hbm(G, (size_t)4 << 30, &g_read_gbs, &g_copy_gbs, &err), err);
     printf("measured: HBM streaming read %.0f GB/s, device-to-device copy %.0f GB/s (read+write)\n\n",
            g_read_gbs, g_copy_gbs);
     moe_set flash = {0};
@@ -749,6 +758,7 @@ int main(int argc, char **argv) {
         t_moe(&tiny, "tiny", 5, 3, 1, 5e-3);
         t_moe(&tiny, "tiny", 17, 3, 0, 5e-3);
         moe_free(&tiny);
+        if (tiny_only) goto done;
 
         printf("\n== correctness: Flash shapes (spec/MODEL.md §2.2)\n");
         t_linear("wq_b", DSV4_DT_F8_E4M3, 32768, 1024, 1, 1e-3);
@@ -770,7 +780,8 @@ int main(int argc, char **argv) {
         t_moe(&flash, "flash", 6, 6, 1, 5e-3);
         printf("\ncorrectness: %d passed, %d failed\n", n_pass, n_fail);
     }
-    if (perf) {
+done:
+    if (perf && !tiny_only) {
         printf("\n== perf: Flash shapes, CUDA-graph replay, weights rotated over copies (> L2)\n");
         printf("   bytes = weights (+scales) + activations in/out; %% of the measured streaming read\n");
         perf_linear("wq_b", DSV4_DT_F8_E4M3, 32768, 1024);

@@ -326,7 +326,7 @@ extern "C" int dsv4_cuda_moe(dsv4_cuda_ctx *c, const dsv4_cuda_experts *ex, cons
     if (n == 0) return DSV4_OK;
     const int dm = (int)ex->d_model, dff = (int)ex->d_ff, nent = n * topk;
     const int slots = nent < ex->n_experts ? nent : ex->n_experts;
-    if ((size_t)nent * sizeof(int) > 40 * 1024)
+    if ((size_t)nent * sizeof(int) > 32 * 1024)
         return cu_err(err, DSV4_EINVAL, "dsv4_cuda_moe: %d tokens x top-%d exceeds one grouping block", n, topk);
     /* workspace: xq xs | act_n act_exp act_off list inv | H | Hq Hs | O */
     size_t o_xq = 0, o_xs = o_xq + cu_align((size_t)n * dm);

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Build the GPU op harness with nvcc alone (the GPU machine has no cJSON /
+# PCRE2 / libmicrohttpd, so not through CMake), run it under
+# compute-sanitizer at tiny shapes, then in correctness + perf mode.
+# Output goes to $OUT (the device tool's folder) or /tmp/gpuops-out.
+# Usage: tests/gpu/run_h200.sh [harness args, default --perf]
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUTD=${OUT:-/tmp/gpuops-out}
+B=/tmp/gpuops
+ARCH=${ARCH:-90}
+mkdir -p "$OUTD" "$B"
+{ echo "commit: $(cat .commit 2>/dev/null || git rev-parse HEAD 2>/dev/null)"; date -u;
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,memory.total --format=csv;
+  nvcc --version | tail -2; } | tee "$OUTD/env.txt"
+t0=$(date +%s)
+for f in src/backend/cuda/*.cu; do
+  n=$(basename "$f" .cu)
+  nvcc -std=c++17 -O3 -arch=sm_$ARCH -Iinclude -Isrc -Xptxas -v -c "$f" -o "$B/$n.o" 2> "$B/$n.ptxas" &
+done
+wait
+cat "$B"/*.ptxas > "$OUTD/ptxas.txt"
+gcc -std=c11 -O2 -fopenmp -Wall -Wextra -Wno-unused-parameter -Iinclude -Isrc -I/usr/local/cuda/include \
+    -c tests/gpu/gpu_ops.c -o "$B/gpu_ops.o" || exit 1
+nvcc -arch=sm_$ARCH "$B"/*.o -o "$B/dsv4-gpu-ops" -lcublas -lcublasLt -lgomp || { grep -i error "$OUTD/ptxas.txt"; exit 1; }
+echo "build: $(( $(date +%s) - t0 )) s"
+if command -v compute-sanitizer >/dev/null; then
+  compute-sanitizer --tool memcheck "$B/dsv4-gpu-ops" --tiny > "$OUTD/sanitizer.txt" 2>&1
+  echo "compute-sanitizer memcheck --tiny: rc=$? $(grep -E 'ERROR SUMMARY' "$OUTD/sanitizer.txt")"
+fi
+"$B/dsv4-gpu-ops" "${@:---perf}" 2>&1 | tee "$OUTD/gpu_ops.txt"
