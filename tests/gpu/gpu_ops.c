@@ -20,6 +20,7 @@
  */
 #include <cuda_runtime_api.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -712,6 +713,127 @@ static void perf_moe(moe_set *m) {
     free(x); free(ids); free(wts);
 }
 
+/*
+ * A chain shaped like the weight-streaming part of one decode layer
+ * (spec/MODEL.md §3.7): attn_norm, wq_a, q_norm, wq_b, wkv, wo_b, ffn_norm,
+ * shared expert w1/w3/w2, routed MoE (top-6 of 256). Attention itself, wo_a,
+ * HC and the compressors are left out. Each rep uses its own copy of the
+ * dense weights and its own routing, so nothing is served from L2: the
+ * chain's time against its bytes is the per-layer roofline ratio, and the
+ * kernel-to-kernel gaps show up in it.
+ */
+typedef struct {
+    dsv4_cuda_weight wq_a, wq_b, wkv, wo_b, sw1, sw3, sw2;
+} layer_w;
+
+typedef struct {
+    layer_w *L;
+    int ncopies, n;
+    moe_arg *moe;
+    uint16_t *nw; /* norm weight bf16 [4096] */
+    float *x, *t0, *t1, *t2, *t3, *t4;
+} chain_arg;
+
+static int op_chain(int rep, void *a_, dsv4_err *err) {
+    chain_arg *a = a_;
+    layer_w *L = &a->L[rep % a->ncopies];
+    int n = a->n, rc = 0, F = DSV4_CUDA_OUT_BF16;
+    if (!rc) rc = dsv4_cuda_rmsnorm(G, a->x, a->nw, n, 4096, 1e-6f, a->t0, F, err);
+    if (!rc) rc = dsv4_cuda_linear(G, &L->wq_a, a->t0, n, a->t1, F, err);
+    if (!rc) rc = dsv4_cuda_rmsnorm(G, a->t1, a->nw, n, 1024, 1e-6f, a->t1, F, err);
+    if (!rc) rc = dsv4_cuda_linear(G, &L->wq_b, a->t1, n, a->t2, F, err);
+    if (!rc) rc = dsv4_cuda_linear(G, &L->wkv, a->t0, n, a->t3, F, err);
+    if (!rc) rc = dsv4_cuda_linear(G, &L->wo_b, a->t2, n, a->t0, F, err); /* t2 stands in for wo_a's output */
+    if (!rc) rc = dsv4_cuda_rmsnorm(G, a->t0, a->nw, n, 4096, 1e-6f, a->t1, F, err);
+    if (!rc) rc = dsv4_cuda_linear(G, &L->sw1, a->t1, n, a->t3, F, err);
+    if (!rc) rc = dsv4_cuda_linear(G, &L->sw3, a->t1, n, a->t4, F, err);
+    if (!rc) rc = dsv4_cuda_linear(G, &L->sw2, a->t3, n, a->t2, F, err); /* (SwiGLU omitted) */
+    if (!rc) {
+        moe_arg *m = a->moe;
+        int s = rep % m->nsets;
+        rc = dsv4_cuda_moe(G, &m->m->dev, a->t1, n, m->ids + (size_t)s * n * m->topk,
+                           m->w + (size_t)s * n * m->topk, m->topk, a->t2, a->x, F, err);
+    }
+    return rc;
+}
+
+static void perf_chain(moe_set *m) {
+    const int copies = 6, topk = 6, nsets = 16;
+    chain_arg a;
+    memset(&a, 0, sizeof a);
+    a.L = calloc(copies, sizeof *a.L);
+    a.ncopies = copies;
+    struct { dsv4_dtype dt; int64_t o, i; size_t off; } sh[] = {
+        {DSV4_DT_F8_E4M3, 1024, 4096, offsetof(layer_w, wq_a)}, {DSV4_DT_F8_E4M3, 32768, 1024, offsetof(layer_w, wq_b)},
+        {DSV4_DT_F8_E4M3, 512, 4096, offsetof(layer_w, wkv)},   {DSV4_DT_F8_E4M3, 4096, 8192, offsetof(layer_w, wo_b)},
+        {DSV4_DT_F8_E4M3, 2048, 4096, offsetof(layer_w, sw1)},  {DSV4_DT_F8_E4M3, 2048, 4096, offsetof(layer_w, sw3)},
+        {DSV4_DT_F8_E4M3, 4096, 2048, offsetof(layer_w, sw2)}};
+    double dense = 0;
+    dsv4_err err = {0};
+    for (size_t k = 0; k < sizeof sh / sizeof sh[0]; k++) {
+        host_lin h;
+        make_lin(&h, sh[k].dt, sh[k].o, sh[k].i);
+        dense += (double)(h.lin.w.nbytes + h.lin.scale.nbytes);
+        for (int c = 0; c < copies; c++)
+            DIE_IF(dsv4_cuda_weight_upload(G, &h.lin, (dsv4_cuda_weight *)((char *)&a.L[c] + sh[k].off), &err), err);
+        free_lin(&h);
+    }
+    uint16_t nw[4096];
+    for (int i = 0; i < 4096; i++) nw[i] = 0x3f80; /* 1.0 */
+    a.nw = dup_up(nw, sizeof nw);
+    float *x = malloc((size_t)64 * 32768 * 4);
+    fill_act(x, (size_t)64 * 32768, 4096);
+    a.x = dup_up(x, (size_t)64 * 4096 * 4);
+    a.t0 = dup_up(x, (size_t)64 * 8192 * 4);
+    a.t1 = dup_up(x, (size_t)64 * 4096 * 4);
+    a.t2 = dup_up(x, (size_t)64 * 32768 * 4);
+    a.t3 = dup_up(x, (size_t)64 * 4096 * 4);
+    a.t4 = dup_up(x, (size_t)64 * 4096 * 4);
+    moe_arg ma;
+    memset(&ma, 0, sizeof ma);
+    ma.m = m;
+    ma.topk = topk;
+    ma.nsets = nsets;
+    a.moe = &ma;
+    int *ids = malloc((size_t)nsets * 64 * topk * 4);
+    float *wts = malloc((size_t)nsets * 64 * topk * 4);
+    double per_expert = 3.0 * (m->dm * m->dff / 2 + m->dm * m->dff / 32);
+    const int ns[] = {1, 2, 4, 6, 8, 16};
+    for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
+        a.n = ma.n = ns[i];
+        double distinct = 0;
+        for (int s = 0; s < nsets; s++) {
+            pick_ids(ids + (size_t)s * a.n * topk, wts + (size_t)s * a.n * topk, a.n, topk, m->E);
+            char seen[1024] = {0};
+            for (int j = 0; j < a.n * topk; j++) {
+                int v = ids[(size_t)s * a.n * topk + j];
+                if (!seen[v]) { seen[v] = 1; distinct++; }
+            }
+        }
+        distinct /= nsets;
+        ma.ids = dup_up(ids, (size_t)nsets * a.n * topk * 4);
+        ma.w = dup_up(wts, (size_t)nsets * a.n * topk * 4);
+        double us = time_graph(op_chain, &a, 24);
+        char shape[64];
+        snprintf(shape, sizeof shape, "layer (%.1f experts)", distinct);
+        double bytes = dense + distinct * per_expert;
+        print_perf("chain", shape, a.n, us, bytes, 0);
+        printf("           -> %.2fx the HBM roofline (%.2f us at %.0f GB/s); x43 layers = %.2f ms\n",
+               us / (bytes / g_read_gbs / 1e3), bytes / g_read_gbs / 1e3, g_read_gbs, 43 * us / 1e3);
+        dsv4_cuda_free(G, ma.ids);
+        dsv4_cuda_free(G, ma.w);
+    }
+    for (int c = 0; c < copies; c++) {
+        dsv4_cuda_weight *ws[] = {&a.L[c].wq_a, &a.L[c].wq_b, &a.L[c].wkv, &a.L[c].wo_b, &a.L[c].sw1, &a.L[c].sw3, &a.L[c].sw2};
+        for (size_t k = 0; k < 7; k++) dsv4_cuda_weight_free(G, ws[k]);
+    }
+    free(a.L);
+    float *bufs[] = {a.x, a.t0, a.t1, a.t2, a.t3, a.t4};
+    for (int k = 0; k < 6; k++) dsv4_cuda_free(G, bufs[k]);
+    dsv4_cuda_free(G, a.nw);
+    free(x); free(ids); free(wts);
+}
+
 /* -------------------------------------------------------------------- main */
 
 int main(int argc, char **argv) {
@@ -769,6 +891,8 @@ int main(int argc, char **argv) {
         t_linear("wkv", DSV4_DT_F8_E4M3, 512, 4096, 1, 1e-3);
         t_linear("expert_w1", DSV4_DT_I8, 2048, 4096, 1, 1e-3);
         t_linear("expert_w2", DSV4_DT_I8, 4096, 2048, 6, 1e-3);
+        t_linear("expert_w2", DSV4_DT_I8, 4096, 2048, 3, 1e-3);
+        t_linear("shared_w2", DSV4_DT_F8_E4M3, 4096, 2048, 4, 1e-3);
         t_linear("cmp_wkv", DSV4_DT_BF16, 1024, 4096, 1, 1e-5);
         t_linear("cmp_wkv", DSV4_DT_BF16, 1024, 4096, 16, 1e-4);
         t_linear("head", DSV4_DT_BF16, 129280, 4096, 1, 1e-5);
@@ -796,6 +920,8 @@ done:
             have_flash = 1;
         }
         perf_moe(&flash);
+        printf("\n== perf: one decode layer's weight-streaming chain (11 ops, graph replay)\n");
+        perf_chain(&flash);
     }
     if (have_flash) moe_free(&flash);
     dsv4_cuda_ctx_free(G);

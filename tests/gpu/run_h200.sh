@@ -29,3 +29,9 @@ if command -v compute-sanitizer >/dev/null; then
   echo "compute-sanitizer memcheck --tiny: rc=$? $(grep -E 'ERROR SUMMARY' "$OUTD/sanitizer.txt")"
 fi
 "$B/dsv4-gpu-ops" "${@:---perf}" 2>&1 | tee "$OUTD/gpu_ops.txt"
+# the same timings with programmatic dependent launch off, for comparison
+if [ "${1:-}" = "--perf" ]; then
+  DSV4_CUDA_NO_PDL=1 "$B/dsv4-gpu-ops" --perf-only > "$OUTD/gpu_ops_nopdl.txt" 2>&1
+  echo; echo "== with DSV4_CUDA_NO_PDL=1 (chain only; full table in gpu_ops_nopdl.txt)"
+  grep -A1 "^chain" "$OUTD/gpu_ops_nopdl.txt"
+fi

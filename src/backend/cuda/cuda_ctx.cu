@@ -30,6 +30,7 @@ extern "C" int dsv4_cuda_ctx_create(int device, dsv4_cuda_ctx **out, dsv4_err *e
                       "cuda: device %d is compute capability %d.%d; the FP8 kernels need 8.9+",
                       device, mj, mn);
     }
+    c->pdl = c->prop.major >= 9 && !getenv("DSV4_CUDA_NO_PDL");
     e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
         free(c);

@@ -17,6 +17,8 @@ template <int NTOK>
 __global__ void __launch_bounds__(256) k_bf16_gemv(const uint16_t *__restrict__ W,
                                                    const float *__restrict__ x, int R, int K,
                                                    float *__restrict__ y, int flags) {
+    pdl_trigger();
+    pdl_wait();
     const int lane = threadIdx.x & 31;
     const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= R) return;
@@ -77,13 +79,14 @@ int cu_bf16_linear(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const float *x, 
             const float *xx = x + (size_t)t0 * K;
             float *yy = y + (size_t)t0 * R;
             const uint16_t *W = (const uint16_t *)w->w;
+            cudaError_t e;
             switch (nn) {
-            case 1: k_bf16_gemv<1><<<grid, 256, 0, c->stream>>>(W, xx, R, K, yy, flags); break;
-            case 2: k_bf16_gemv<2><<<grid, 256, 0, c->stream>>>(W, xx, R, K, yy, flags); break;
-            case 3: k_bf16_gemv<3><<<grid, 256, 0, c->stream>>>(W, xx, R, K, yy, flags); break;
-            default: k_bf16_gemv<4><<<grid, 256, 0, c->stream>>>(W, xx, R, K, yy, flags); break;
+            case 1: e = cu_launch(c, k_bf16_gemv<1>, grid, dim3(256), 0, W, xx, R, K, yy, flags); break;
+            case 2: e = cu_launch(c, k_bf16_gemv<2>, grid, dim3(256), 0, W, xx, R, K, yy, flags); break;
+            case 3: e = cu_launch(c, k_bf16_gemv<3>, grid, dim3(256), 0, W, xx, R, K, yy, flags); break;
+            default: e = cu_launch(c, k_bf16_gemv<4>, grid, dim3(256), 0, W, xx, R, K, yy, flags); break;
             }
-            CU_LAUNCHED(err, "bf16 gemv");
+            CU_TRY(e, err, "bf16 gemv");
         }
         return DSV4_OK;
     }
@@ -118,6 +121,8 @@ __global__ void __launch_bounds__(256) k_rmsnorm(const float *__restrict__ x,
                                                  const uint16_t *__restrict__ w, int dim,
                                                  float eps, float *y, int flags) {
     __shared__ float part[8];
+    pdl_trigger();
+    pdl_wait();
     const size_t r = blockIdx.x;
     const float *xr = x + r * dim;
     float ss = 0.f;
@@ -141,7 +146,7 @@ extern "C" int dsv4_cuda_rmsnorm(dsv4_cuda_ctx *c, const float *x, const uint16_
     if (!c || n < 0 || dim <= 0 || (n && (!x || !y)))
         return cu_err(err, DSV4_EINVAL, "dsv4_cuda_rmsnorm: bad argument");
     if (n == 0) return DSV4_OK;
-    k_rmsnorm<<<(unsigned)n, 256, 0, c->stream>>>(x, w, dim, eps, y, flags);
-    CU_LAUNCHED(err, "rmsnorm");
+    CU_TRY(cu_launch(c, k_rmsnorm, dim3((unsigned)n), dim3(256), 0, x, w, dim, eps, y, flags), err,
+           "rmsnorm");
     return DSV4_OK;
 }

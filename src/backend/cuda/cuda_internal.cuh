@@ -13,11 +13,13 @@
 #include <cuda_runtime.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "backend/cuda/dsv4_cuda.h"
 
 struct dsv4_cuda_ctx {
     int device;
+    int pdl; /* programmatic dependent launch (sm_90+): see cu_launch */
     cudaStream_t stream;
     cublasHandle_t cublas;
     cublasLtHandle_t cublaslt;
@@ -127,11 +129,79 @@ __device__ __forceinline__ uint4 ld_stream(const void *p) {
     return v;
 }
 
+/*
+ * Programmatic dependent launch (PDL, sm_90+). Why: at decode a layer is
+ * ~20 short kernels and the gap between two of them (launch, ramp-up, the
+ * last loads draining) costs as much as streaming megabytes of weights
+ * (spec/PERFORMANCE.md §6.2). With PDL a kernel is launched while its
+ * predecessor still runs: it issues its first weight loads (weights never
+ * depend on earlier kernels), then pdl_wait() blocks until the predecessor
+ * has finished and its writes are visible. Rules every kernel here keeps:
+ * pdl_trigger() at entry (lets the successor launch), and pdl_wait() in
+ * every block before it reads activations or writes anything. Both are
+ * no-ops when the kernel was launched without the attribute.
+ */
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+/* Launch `k` on the context's stream, with PDL where the device has it. */
+template <typename... KArgs, typename... Args>
+static inline cudaError_t cu_launch(dsv4_cuda_ctx *c, void (*k)(KArgs...), dim3 grid, dim3 block,
+                                    size_t smem, Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = c->stream;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = c->pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, k, ((KArgs)args)...);
+}
+
+/*
+ * Fused W8A8 activation quantisation (spec/MODEL.md §2.4) for the mma
+ * B fragments: the 4 lanes of a quad (same g) hold the 128 columns of one
+ * block between them, 32 each; v[] are this lane's 32 values. Returns the
+ * block scale (identical in the quad) and the E4M3 bytes packed 4 per
+ * word in the order of v[]. Every lane of the warp must call it.
+ */
+__device__ __forceinline__ float quant_quad(const float (&v)[32], uint32_t (&q)[8]) {
+    float amax = 0.f;
+#pragma unroll
+    for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    amax = fmaxf(amax, 1e-4f);
+    const float sc = pow2_ceil(amax / 448.0f);
+    const float inv = 1.0f / sc;
+#pragma unroll
+    for (int w = 0; w < 8; w++)
+        q[w] = (uint32_t)__nv_cvt_float_to_fp8(v[4 * w] * inv, __NV_SATFINITE, __NV_E4M3) |
+               (uint32_t)__nv_cvt_float_to_fp8(v[4 * w + 1] * inv, __NV_SATFINITE, __NV_E4M3) << 8 |
+               (uint32_t)__nv_cvt_float_to_fp8(v[4 * w + 2] * inv, __NV_SATFINITE, __NV_E4M3) << 16 |
+               (uint32_t)__nv_cvt_float_to_fp8(v[4 * w + 3] * inv, __NV_SATFINITE, __NV_E4M3) << 24;
+    return sc;
+}
+
 /* Internal launchers shared between files (cuda_linear.cu). */
 int cu_act_quant(dsv4_cuda_ctx *ctx, const float *x, int n, int dim, uint8_t *q, float *s,
                  dsv4_err *err);
 /* FP4 GEMV over a token list (cuda_moe.cu uses it for dense FP4 linears too). */
-int cu_fp4_linear(dsv4_cuda_ctx *ctx, const dsv4_cuda_weight *w, const uint8_t *xq,
-                  const float *xs, int n, float *y, int flags, dsv4_err *err);
+int cu_fp4_linear(dsv4_cuda_ctx *ctx, const dsv4_cuda_weight *w, const float *x,
+                  const uint8_t *xq, const float *xs, int n, float *y, int flags, dsv4_err *err);
+/* Rows up to which the dense linears quantise activations inside the GEMV
+ * (one launch) rather than in a separate act_quant pass. */
+#define CU_FUSED_QUANT_MAX 4
 
 #endif

@@ -23,6 +23,8 @@
 /* One warp per (row, 128-block); each lane quantises 4 consecutive values. */
 __global__ void k_act_quant(const float *__restrict__ x, int n, int dim, uint8_t *__restrict__ q,
                             float *__restrict__ s) {
+    pdl_trigger();
+    pdl_wait();
     int wid = (int)(((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5);
     int lane = threadIdx.x & 31, nb = dim >> 7;
     if (wid >= n * nb) return;
@@ -47,8 +49,7 @@ int cu_act_quant(dsv4_cuda_ctx *c, const float *x, int n, int dim, uint8_t *q, f
     if (n <= 0) return DSV4_OK;
     size_t warps = (size_t)n * (dim / 128);
     unsigned blocks = (unsigned)((warps * 32 + 255) / 256);
-    k_act_quant<<<blocks, 256, 0, c->stream>>>(x, n, dim, q, s);
-    CU_LAUNCHED(err, "act_quant");
+    CU_TRY(cu_launch(c, k_act_quant, dim3(blocks), dim3(256), 0, x, n, dim, q, s), err, "act_quant");
     return DSV4_OK;
 }
 
@@ -79,12 +80,14 @@ __device__ __forceinline__ void load_frag8(Frag8 &f, const uint8_t *w0, const ui
  * chunks; blockIdx.y selects 8·NT tokens. Partial sums meet in shared
  * memory, so the result is deterministic (no atomics).
  */
-template <int NT>
+template <int NT, bool FQ>
 __global__ void __launch_bounds__(512) k_fp8_linear(const uint8_t *__restrict__ W,
                                                     const uint8_t *__restrict__ WS,
+                                                    const float *__restrict__ x,
                                                     const uint8_t *__restrict__ xq,
                                                     const float *__restrict__ xs, int n, int R,
                                                     int K, float *__restrict__ y, int flags) {
+    /* FQ: quantise x in the kernel (few rows); else read xq/xs from act_quant */
     extern __shared__ float red[]; /* [KW][32][4] */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, KW = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -97,9 +100,11 @@ __global__ void __launch_bounds__(512) k_fp8_linear(const uint8_t *__restrict__ 
     const uint8_t *w1 = w0 + (size_t)8 * K;
     const uint8_t *wsr = WS + (size_t)(row0 >> 7) * C;
 
+    pdl_trigger();
     Frag8 nxt;
     int c = warp;
-    if (c < C) load_frag8(nxt, w0, w1, c);
+    if (c < C) load_frag8(nxt, w0, w1, c); /* weights: before waiting on the producer of x */
+    pdl_wait();
     for (; c < C; c += KW) {
         const Frag8 f = nxt;
         if (c + KW < C) load_frag8(nxt, w0, w1, c + KW); /* two chunks in flight */
@@ -110,19 +115,44 @@ __global__ void __launch_bounds__(512) k_fp8_linear(const uint8_t *__restrict__ 
             if (tb >= n) break;
             const int tk = tb + g;
             uint4 b0 = make_uint4(0, 0, 0, 0), b1 = b0;
-            if (tk < n) {
-                const uint4 *p = (const uint4 *)(xq + (size_t)tk * K + (size_t)c * 128 + 32 * t);
-                b0 = __ldg(p);
-                b1 = __ldg(p + 1);
+            float s0, s1;
+            const int t0 = tb + 2 * t;
+            if (FQ) {
+                float v[32];
+                if (tk < n) {
+                    const float4 *p = (const float4 *)(x + (size_t)tk * K + (size_t)c * 128 + 32 * t);
+#pragma unroll
+                    for (int i = 0; i < 8; i++) {
+                        const float4 f4 = __ldg(p + i);
+                        v[4 * i] = f4.x; v[4 * i + 1] = f4.y; v[4 * i + 2] = f4.z; v[4 * i + 3] = f4.w;
+                    }
+                } else {
+#pragma unroll
+                    for (int i = 0; i < 32; i++) v[i] = 0.f;
+                }
+                uint32_t q[8];
+                const float sc = quant_quad(v, q);
+                b0 = make_uint4(q[0], q[1], q[2], q[3]);
+                b1 = make_uint4(q[4], q[5], q[6], q[7]);
+                /* scales of mma columns 2t, 2t+1 live in quads 2t, 2t+1 */
+                s0 = __shfl_sync(0xffffffffu, sc, 8 * t) * wsc;
+                s1 = __shfl_sync(0xffffffffu, sc, 8 * t + 4) * wsc;
+                if (t0 >= n) s0 = 0.f;
+                if (t0 + 1 >= n) s1 = 0.f;
+            } else {
+                if (tk < n) {
+                    const uint4 *p = (const uint4 *)(xq + (size_t)tk * K + (size_t)c * 128 + 32 * t);
+                    b0 = __ldg(p);
+                    b1 = __ldg(p + 1);
+                }
+                s0 = t0 < n ? __ldg(xs + (size_t)t0 * C + c) * wsc : 0.f;
+                s1 = t0 + 1 < n ? __ldg(xs + (size_t)(t0 + 1) * C + c) * wsc : 0.f;
             }
             float d[4] = {0.f, 0.f, 0.f, 0.f};
             mma_e4m3(d, f.a0.x, f.a1.x, f.a0.y, f.a1.y, b0.x, b0.y);
             mma_e4m3(d, f.a0.z, f.a1.z, f.a0.w, f.a1.w, b0.z, b0.w);
             mma_e4m3(d, f.a0b.x, f.a1b.x, f.a0b.y, f.a1b.y, b1.x, b1.y);
             mma_e4m3(d, f.a0b.z, f.a1b.z, f.a0b.w, f.a1b.w, b1.z, b1.w);
-            const int t0 = tb + 2 * t;
-            const float s0 = t0 < n ? __ldg(xs + (size_t)t0 * C + c) * wsc : 0.f;
-            const float s1 = t0 + 1 < n ? __ldg(xs + (size_t)(t0 + 1) * C + c) * wsc : 0.f;
             acc[nt][0] += d[0] * s0;
             acc[nt][1] += d[1] * s1;
             acc[nt][2] += d[2] * s0;
@@ -163,15 +193,15 @@ __global__ void __launch_bounds__(512) k_fp8_linear(const uint8_t *__restrict__ 
     }
 }
 
-template <int NT>
-static int launch_fp8(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const uint8_t *xq,
-                      const float *xs, int n, float *y, int flags, int kw, dsv4_err *err) {
+template <int NT, bool FQ>
+static int launch_fp8(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const float *x,
+                      const uint8_t *xq, const float *xs, int n, float *y, int flags, int kw,
+                      dsv4_err *err) {
     dim3 grid((unsigned)(w->out / 16), (unsigned)((n + 8 * NT - 1) / (8 * NT)));
     size_t smem = (size_t)kw * 32 * 4 * sizeof(float);
-    k_fp8_linear<NT><<<grid, kw * 32, smem, c->stream>>>(
-        (const uint8_t *)w->w, (const uint8_t *)w->scale, xq, xs, n, (int)w->out, (int)w->in, y,
-        flags);
-    CU_LAUNCHED(err, "fp8 linear");
+    CU_TRY(cu_launch(c, k_fp8_linear<NT, FQ>, grid, dim3(kw * 32), smem, (const uint8_t *)w->w,
+                     (const uint8_t *)w->scale, x, xq, xs, n, (int)w->out, (int)w->in, y, flags),
+           err, "fp8 linear");
     return DSV4_OK;
 }
 
@@ -186,14 +216,15 @@ static int pick_kw(int chunks) {
 
 static int pick_nt(int n) { return n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8; }
 
-static int fp8_linear(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const uint8_t *xq,
-                      const float *xs, int n, float *y, int flags, dsv4_err *err) {
+static int fp8_linear(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const float *x,
+                      const uint8_t *xq, const float *xs, int n, float *y, int flags, dsv4_err *err) {
     int kw = pick_kw((int)(w->in / 128));
+    if (!xq) return launch_fp8<1, true>(c, w, x, xq, xs, n, y, flags, kw, err);
     switch (pick_nt(n)) {
-    case 1: return launch_fp8<1>(c, w, xq, xs, n, y, flags, kw, err);
-    case 2: return launch_fp8<2>(c, w, xq, xs, n, y, flags, kw, err);
-    case 4: return launch_fp8<4>(c, w, xq, xs, n, y, flags, kw, err);
-    default: return launch_fp8<8>(c, w, xq, xs, n, y, flags, kw, err);
+    case 1: return launch_fp8<1, false>(c, w, x, xq, xs, n, y, flags, kw, err);
+    case 2: return launch_fp8<2, false>(c, w, x, xq, xs, n, y, flags, kw, err);
+    case 4: return launch_fp8<4, false>(c, w, x, xq, xs, n, y, flags, kw, err);
+    default: return launch_fp8<8, false>(c, w, x, xq, xs, n, y, flags, kw, err);
     }
 }
 
@@ -208,6 +239,10 @@ extern "C" int dsv4_cuda_linear(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, con
     if (w->kind == DSV4_CUDA_W_BF16) return cu_bf16_linear(c, w, x, n, y, flags, err);
     if (w->kind != DSV4_CUDA_W_FP8 && w->kind != DSV4_CUDA_W_FP4)
         return cu_err(err, DSV4_EINVAL, "dsv4_cuda_linear: weight kind %d not uploaded", (int)w->kind);
+    if (n <= CU_FUSED_QUANT_MAX) { /* one launch: the GEMV quantises x itself */
+        if (w->kind == DSV4_CUDA_W_FP8) return fp8_linear(c, w, x, NULL, NULL, n, y, flags, err);
+        return cu_fp4_linear(c, w, x, NULL, NULL, n, y, flags, err);
+    }
     size_t qb = cu_align((size_t)n * w->in), sb = cu_align((size_t)n * (w->in / 128) * sizeof(float));
     void *ws = NULL;
     int rc = cu_workspace(c, qb + sb, &ws, err);
@@ -215,6 +250,6 @@ extern "C" int dsv4_cuda_linear(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, con
     uint8_t *xq = (uint8_t *)ws;
     float *xs = (float *)((uint8_t *)ws + qb);
     if ((rc = cu_act_quant(c, x, n, (int)w->in, xq, xs, err))) return rc;
-    if (w->kind == DSV4_CUDA_W_FP8) return fp8_linear(c, w, xq, xs, n, y, flags, err);
-    return cu_fp4_linear(c, w, xq, xs, n, y, flags, err);
+    if (w->kind == DSV4_CUDA_W_FP8) return fp8_linear(c, w, x, xq, xs, n, y, flags, err);
+    return cu_fp4_linear(c, w, x, xq, xs, n, y, flags, err);
 }

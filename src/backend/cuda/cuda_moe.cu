@@ -27,6 +27,7 @@ struct Fp4Args {
     int R, K;
     const uint8_t *xq; /* input rows [*, K] E4M3 and their scales [*, K/128] */
     const float *xs;
+    const float *xf;   /* or fp32 input rows [*, K], quantised in the kernel (FQ) */
     int n; /* PLAIN: rows of x */
     const int *act_n, *act_exp, *act_off, *list;
     int topk;
@@ -42,8 +43,10 @@ __device__ __forceinline__ float silu(float v) { return v / (1.0f + __expf(-v));
  * expert slot (GATEUP/DOWN) or the 8·NT-row group (PLAIN). Columns of the
  * mma are the rows of the step that chose this expert, 8·NT per pass.
  */
-template <int NT, int MODE>
+template <int NT, int MODE, bool FQ>
 __global__ void __launch_bounds__(256) k_fp4(Fp4Args a) {
+    pdl_trigger();
+    pdl_wait(); /* the expert list and x come from the previous kernels */
     extern __shared__ float red[]; /* [2][KW][32][4] */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, KW = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -101,16 +104,47 @@ __global__ void __launch_bounds__(256) k_fp4(Fp4Args a) {
             for (int nt = 0; nt < NT; nt++) {
                 if (j0 + nt * 8 >= cnt) break;
                 uint32_t b0[4], b1[4];
+                float x0, x1;
+                if (FQ) {
+                    /* this lane's 32 columns: 32s+8t+0..7 for s = 0..3, ordered
+                     * even columns then odd columns per step (the B layout) */
+                    float v[32];
+                    if (rin[nt] >= 0) {
+                        const float *xr = a.xf + (size_t)rin[nt] * a.K + (size_t)c * 128 + 8 * t;
 #pragma unroll
-                for (int s = 0; s < 4; s++) {
-                    uint2 xv = make_uint2(0, 0);
-                    if (rin[nt] >= 0)
-                        xv = __ldg((const uint2 *)(a.xq + (size_t)rin[nt] * a.K + (size_t)c * 128 + 32 * s + 8 * t));
-                    b0[s] = __byte_perm(xv.x, xv.y, 0x6420); /* even columns */
-                    b1[s] = __byte_perm(xv.x, xv.y, 0x7531); /* odd columns  */
+                        for (int s = 0; s < 4; s++) {
+                            const float4 lo = __ldg((const float4 *)(xr + 32 * s));
+                            const float4 hi = __ldg((const float4 *)(xr + 32 * s + 4));
+                            v[8 * s + 0] = lo.x; v[8 * s + 1] = lo.z; v[8 * s + 2] = hi.x; v[8 * s + 3] = hi.z;
+                            v[8 * s + 4] = lo.y; v[8 * s + 5] = lo.w; v[8 * s + 6] = hi.y; v[8 * s + 7] = hi.w;
+                        }
+                    } else {
+#pragma unroll
+                        for (int i = 0; i < 32; i++) v[i] = 0.f;
+                    }
+                    uint32_t q[8];
+                    const float sc = quant_quad(v, q);
+#pragma unroll
+                    for (int s = 0; s < 4; s++) {
+                        b0[s] = q[2 * s];
+                        b1[s] = q[2 * s + 1];
+                    }
+                    x0 = __shfl_sync(0xffffffffu, sc, 8 * t);
+                    x1 = __shfl_sync(0xffffffffu, sc, 8 * t + 4);
+                    if (rs0[nt] < 0) x0 = 0.f;
+                    if (rs1[nt] < 0) x1 = 0.f;
+                } else {
+#pragma unroll
+                    for (int s = 0; s < 4; s++) {
+                        uint2 xv = make_uint2(0, 0);
+                        if (rin[nt] >= 0)
+                            xv = __ldg((const uint2 *)(a.xq + (size_t)rin[nt] * a.K + (size_t)c * 128 + 32 * s + 8 * t));
+                        b0[s] = __byte_perm(xv.x, xv.y, 0x6420); /* even columns */
+                        b1[s] = __byte_perm(xv.x, xv.y, 0x7531); /* odd columns  */
+                    }
+                    x0 = rs0[nt] >= 0 ? __ldg(a.xs + (size_t)rs0[nt] * C + c) : 0.f;
+                    x1 = rs1[nt] >= 0 ? __ldg(a.xs + (size_t)rs1[nt] * C + c) : 0.f;
                 }
-                const float x0 = rs0[nt] >= 0 ? __ldg(a.xs + (size_t)rs0[nt] * C + c) : 0.f;
-                const float x1 = rs1[nt] >= 0 ? __ldg(a.xs + (size_t)rs1[nt] * C + c) : 0.f;
 #pragma unroll
                 for (int m = 0; m < NM; m++) {
                     const uint32_t wv[8] = {p[m][0].x, p[m][0].y, p[m][0].z, p[m][0].w,
@@ -188,25 +222,33 @@ __global__ void __launch_bounds__(256) k_fp4(Fp4Args a) {
 
 static int pick_nt4(int n) { return n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8; }
 
+/* nt = 0: one n-tile with the activations quantised in the kernel (FQ). */
 template <int MODE>
 static int launch_fp4(dsv4_cuda_ctx *c, const Fp4Args &a, int nt, unsigned gy, dsv4_err *err) {
     int chunks = a.K / 128, kw = chunks / 4;
     if (kw < 1) kw = 1;
     if (kw > 8) kw = 8;
-    dim3 grid((unsigned)(a.R / 16), gy);
+    dim3 grid((unsigned)(a.R / 16), gy), block((unsigned)(kw * 32));
     size_t smem = (size_t)2 * kw * 32 * 4 * sizeof(float);
-    switch (nt) {
-    case 1: k_fp4<1, MODE><<<grid, kw * 32, smem, c->stream>>>(a); break;
-    case 2: k_fp4<2, MODE><<<grid, kw * 32, smem, c->stream>>>(a); break;
-    case 4: k_fp4<4, MODE><<<grid, kw * 32, smem, c->stream>>>(a); break;
-    default: k_fp4<8, MODE><<<grid, kw * 32, smem, c->stream>>>(a); break;
+    cudaError_t e;
+    if constexpr (MODE != FP4_PLAIN) { /* the experts always quantise in the kernel */
+        (void)nt;
+        e = cu_launch(c, k_fp4<1, MODE, true>, grid, block, smem, a);
+    } else {
+        switch (nt) {
+        case 0: e = cu_launch(c, k_fp4<1, MODE, true>, grid, block, smem, a); break;
+        case 1: e = cu_launch(c, k_fp4<1, MODE, false>, grid, block, smem, a); break;
+        case 2: e = cu_launch(c, k_fp4<2, MODE, false>, grid, block, smem, a); break;
+        case 4: e = cu_launch(c, k_fp4<4, MODE, false>, grid, block, smem, a); break;
+        default: e = cu_launch(c, k_fp4<8, MODE, false>, grid, block, smem, a); break;
+        }
     }
-    CU_LAUNCHED(err, MODE == FP4_GATEUP ? "fp4 experts w1/w3" : MODE == FP4_DOWN ? "fp4 experts w2" : "fp4 linear");
+    CU_TRY(e, err, MODE == FP4_GATEUP ? "fp4 experts w1/w3" : MODE == FP4_DOWN ? "fp4 experts w2" : "fp4 linear");
     return DSV4_OK;
 }
 
-int cu_fp4_linear(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const uint8_t *xq, const float *xs,
-                  int n, float *y, int flags, dsv4_err *err) {
+int cu_fp4_linear(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const float *x, const uint8_t *xq,
+                  const float *xs, int n, float *y, int flags, dsv4_err *err) {
     Fp4Args a;
     memset(&a, 0, sizeof a);
     a.w1 = (const uint8_t *)w->w;
@@ -215,9 +257,11 @@ int cu_fp4_linear(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const uint8_t *xq
     a.K = (int)w->in;
     a.xq = xq;
     a.xs = xs;
+    a.xf = x;
     a.n = n;
     a.y = y;
     a.flags = flags;
+    if (!xq) return launch_fp4<FP4_PLAIN>(c, a, 0, (unsigned)((n + 7) / 8), err);
     int nt = pick_nt4(n);
     return launch_fp4<FP4_PLAIN>(c, a, nt, (unsigned)((n + 8 * nt - 1) / (8 * nt)), err);
 }
@@ -236,6 +280,8 @@ int cu_fp4_linear(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const uint8_t *xq
 __global__ void __launch_bounds__(ROUTE_THREADS) k_route_group(const int *__restrict__ ids, int nent,
                                                                int E, int *act_n, int *act_exp,
                                                                int *act_off, int *list, int *inv) {
+    pdl_trigger();
+    pdl_wait();
     typedef cub::BlockScan<int, ROUTE_THREADS> Scan;
     __shared__ typename Scan::TempStorage tmp;
     __shared__ int cnt[ROUTE_THREADS * ROUTE_IPT], start[ROUTE_THREADS * ROUTE_IPT];
@@ -292,6 +338,8 @@ __global__ void __launch_bounds__(ROUTE_THREADS) k_route_group(const int *__rest
 __global__ void k_moe_combine(const float *__restrict__ O, const int *__restrict__ inv, int n,
                               int topk, int D, const float *__restrict__ shared,
                               float *__restrict__ y, int flags) {
+    pdl_trigger();
+    pdl_wait();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int d4 = D / 4;
     if (i >= (size_t)n * d4) return;
@@ -328,28 +376,22 @@ extern "C" int dsv4_cuda_moe(dsv4_cuda_ctx *c, const dsv4_cuda_experts *ex, cons
     const int slots = nent < ex->n_experts ? nent : ex->n_experts;
     if ((size_t)nent * sizeof(int) > 32 * 1024)
         return cu_err(err, DSV4_EINVAL, "dsv4_cuda_moe: %d tokens x top-%d exceeds one grouping block", n, topk);
-    /* workspace: xq xs | act_n act_exp act_off list inv | H | Hq Hs | O */
-    size_t o_xq = 0, o_xs = o_xq + cu_align((size_t)n * dm);
-    size_t o_g = o_xs + cu_align((size_t)n * (dm / 128) * 4);
+    /* workspace: act_n act_exp act_off list inv | H [nent, dff] | O [nent, dm] */
+    size_t o_g = 0;
     size_t o_h = o_g + cu_align((size_t)(1 + slots + slots + 1 + 2 * nent) * 4);
-    size_t o_hq = o_h + cu_align((size_t)nent * dff * 4);
-    size_t o_hs = o_hq + cu_align((size_t)nent * dff);
-    size_t o_o = o_hs + cu_align((size_t)nent * (dff / 128) * 4);
+    size_t o_o = o_h + cu_align((size_t)nent * dff * 4);
     size_t total = o_o + cu_align((size_t)nent * dm * 4);
     void *wsp = NULL;
     int rc = cu_workspace(c, total, &wsp, err);
     if (rc) return rc;
     uint8_t *base = (uint8_t *)wsp;
-    uint8_t *xq = base + o_xq, *hq = base + o_hq;
-    float *xs = (float *)(base + o_xs), *H = (float *)(base + o_h), *hs = (float *)(base + o_hs);
-    float *O = (float *)(base + o_o);
+    float *H = (float *)(base + o_h), *O = (float *)(base + o_o);
     int *act_n = (int *)(base + o_g), *act_exp = act_n + 1, *act_off = act_exp + slots;
     int *list = act_off + slots + 1, *inv = list + nent;
 
-    if ((rc = cu_act_quant(c, x, n, dm, xq, xs, err))) return rc;
-    k_route_group<<<1, ROUTE_THREADS, (size_t)nent * sizeof(int), c->stream>>>(
-        ids, nent, ex->n_experts, act_n, act_exp, act_off, list, inv);
-    CU_LAUNCHED(err, "moe grouping");
+    CU_TRY(cu_launch(c, k_route_group, dim3(1), dim3(ROUTE_THREADS), (size_t)nent * sizeof(int), ids,
+                     nent, ex->n_experts, act_n, act_exp, act_off, list, inv),
+           err, "moe grouping");
 
     Fp4Args a;
     memset(&a, 0, sizeof a);
@@ -368,25 +410,23 @@ extern "C" int dsv4_cuda_moe(dsv4_cuda_ctx *c, const dsv4_cuda_experts *ex, cons
     a.s3 = (const uint8_t *)ex->s3;
     a.R = dff;
     a.K = dm;
-    a.xq = xq;
-    a.xs = xs;
+    a.xf = x;
     a.y = H;
-    const int nt = pick_nt4(n); /* an expert is chosen at most once per token */
-    if ((rc = launch_fp4<FP4_GATEUP>(c, a, nt, (unsigned)slots, err))) return rc;
-    if ((rc = cu_act_quant(c, H, nent, dff, hq, hs, err))) return rc;
+    /* Activations quantised inside the expert kernels (FQ), one n-tile of 8
+     * rows per pass: most experts get 1-2 rows of a decode / verify step. */
+    if ((rc = launch_fp4<FP4_GATEUP>(c, a, 0, (unsigned)slots, err))) return rc;
     /* w2: [dm, dff] */
     a.w1 = (const uint8_t *)ex->w2;
     a.s1 = (const uint8_t *)ex->s2;
     a.w3 = a.s3 = NULL;
     a.R = dm;
     a.K = dff;
-    a.xq = hq;
-    a.xs = hs;
+    a.xf = H;
     a.y = O;
-    if ((rc = launch_fp4<FP4_DOWN>(c, a, nt, (unsigned)slots, err))) return rc;
+    if ((rc = launch_fp4<FP4_DOWN>(c, a, 0, (unsigned)slots, err))) return rc;
     size_t items = (size_t)n * (dm / 4);
-    k_moe_combine<<<(unsigned)((items + 255) / 256), 256, 0, c->stream>>>(O, inv, n, topk, dm, shared,
-                                                                         y, flags);
-    CU_LAUNCHED(err, "moe combine");
+    CU_TRY(cu_launch(c, k_moe_combine, dim3((unsigned)((items + 255) / 256)), dim3(256), 0,
+                     (const float *)O, (const int *)inv, n, topk, dm, shared, y, flags),
+           err, "moe combine");
     return DSV4_OK;
 }
