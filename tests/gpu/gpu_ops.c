@@ -864,6 +864,8 @@ int main(int argc, char **argv) {
         t_linear("tiny", DSV4_DT_F8_E4M3, 128, 128, 1, 1e-3);
         t_linear("tiny", DSV4_DT_F8_E4M3, 256, 384, 3, 1e-3);
         t_linear("tiny", DSV4_DT_F8_E4M3, 128, 256, 13, 1e-3);
+        t_linear("tiny", DSV4_DT_F8_E4M3, 128, 384, 8, 1e-3);
+        t_linear("tiny", DSV4_DT_F8_E4M3, 384, 1024, 2, 1e-3);
         t_linear("tiny", DSV4_DT_F8_E4M3, 256, 512, 70, 1e-3);
         t_linear("tiny", DSV4_DT_I8, 16, 128, 1, 1e-3);
         t_linear("tiny", DSV4_DT_I8, 48, 256, 5, 1e-3);

@@ -34,4 +34,7 @@ if [ "${1:-}" = "--perf" ]; then
   DSV4_CUDA_NO_PDL=1 "$B/dsv4-gpu-ops" --perf-only > "$OUTD/gpu_ops_nopdl.txt" 2>&1
   echo; echo "== with DSV4_CUDA_NO_PDL=1 (chain only; full table in gpu_ops_nopdl.txt)"
   grep -A1 "^chain" "$OUTD/gpu_ops_nopdl.txt"
+  DSV4_CUDA_FUSEQ_MAX=0 "$B/dsv4-gpu-ops" --perf-only > "$OUTD/gpu_ops_nofuseq.txt" 2>&1
+  echo; echo "== with DSV4_CUDA_FUSEQ_MAX=0 (separate act_quant kernel; fp8 n<=4 + chain; full table in gpu_ops_nofuseq.txt)"
+  grep -E "^fp8 .* n=(1|2|4) " "$OUTD/gpu_ops_nofuseq.txt"; grep -A1 "^chain" "$OUTD/gpu_ops_nofuseq.txt"
 fi

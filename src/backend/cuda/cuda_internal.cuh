@@ -20,6 +20,7 @@
 struct dsv4_cuda_ctx {
     int device;
     int pdl; /* programmatic dependent launch (sm_90+): see cu_launch */
+    int fuseq_max; /* rows up to which linears quantise x inside the GEMV */
     cudaStream_t stream;
     cublasHandle_t cublas;
     cublasLtHandle_t cublaslt;
@@ -176,7 +177,17 @@ static inline cudaError_t cu_launch(dsv4_cuda_ctx *c, void (*k)(KArgs...), dim3 
  * block scale (identical in the quad) and the E4M3 bytes packed 4 per
  * word in the order of v[]. Every lane of the warp must call it.
  */
-__device__ __forceinline__ float quant_quad(const float (&v)[32], uint32_t (&q)[8]) {
+/* Four fp32 -> four E4M3 bytes (RNE, saturating at ±448), first value in the
+ * low byte; two paired conversions (cvt ...e4m3x2). */
+__device__ __forceinline__ uint32_t pack_e4m3x4(float a, float b, float c, float d) {
+    const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+    const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
+    return lo | hi << 16;
+}
+
+/* `valid` false: the quad's row does not exist; v must be zeros and the
+ * conversions are skipped (q = 0). */
+__device__ __forceinline__ float quant_quad(const float (&v)[32], uint32_t (&q)[8], bool valid) {
     float amax = 0.f;
 #pragma unroll
     for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
@@ -185,12 +196,14 @@ __device__ __forceinline__ float quant_quad(const float (&v)[32], uint32_t (&q)[
     amax = fmaxf(amax, 1e-4f);
     const float sc = pow2_ceil(amax / 448.0f);
     const float inv = 1.0f / sc;
+    if (valid) {
 #pragma unroll
-    for (int w = 0; w < 8; w++)
-        q[w] = (uint32_t)__nv_cvt_float_to_fp8(v[4 * w] * inv, __NV_SATFINITE, __NV_E4M3) |
-               (uint32_t)__nv_cvt_float_to_fp8(v[4 * w + 1] * inv, __NV_SATFINITE, __NV_E4M3) << 8 |
-               (uint32_t)__nv_cvt_float_to_fp8(v[4 * w + 2] * inv, __NV_SATFINITE, __NV_E4M3) << 16 |
-               (uint32_t)__nv_cvt_float_to_fp8(v[4 * w + 3] * inv, __NV_SATFINITE, __NV_E4M3) << 24;
+        for (int w = 0; w < 8; w++)
+            q[w] = pack_e4m3x4(v[4 * w] * inv, v[4 * w + 1] * inv, v[4 * w + 2] * inv, v[4 * w + 3] * inv);
+    } else {
+#pragma unroll
+        for (int w = 0; w < 8; w++) q[w] = 0;
+    }
     return sc;
 }
 
@@ -200,8 +213,9 @@ int cu_act_quant(dsv4_cuda_ctx *ctx, const float *x, int n, int dim, uint8_t *q,
 /* FP4 GEMV over a token list (cuda_moe.cu uses it for dense FP4 linears too). */
 int cu_fp4_linear(dsv4_cuda_ctx *ctx, const dsv4_cuda_weight *w, const float *x,
                   const uint8_t *xq, const float *xs, int n, float *y, int flags, dsv4_err *err);
-/* Rows up to which the dense linears quantise activations inside the GEMV
- * (one launch) rather than in a separate act_quant pass. */
+/* Default rows up to which the dense linears quantise activations inside the
+ * GEMV (one launch) rather than in a separate act_quant pass; the
+ * environment variable DSV4_CUDA_FUSEQ_MAX overrides it (for measuring). */
 #define CU_FUSED_QUANT_MAX 4
 
 #endif

@@ -36,10 +36,7 @@ __global__ void k_act_quant(const float *__restrict__ x, int n, int dim, uint8_t
     amax = fmaxf(amax, 1e-4f);
     const float sc = pow2_ceil(amax / 448.0f);
     const float inv = 1.0f / sc; /* exact: sc is a power of two in the normal range */
-    uint32_t p = (uint32_t)__nv_cvt_float_to_fp8(v.x * inv, __NV_SATFINITE, __NV_E4M3) |
-                 (uint32_t)__nv_cvt_float_to_fp8(v.y * inv, __NV_SATFINITE, __NV_E4M3) << 8 |
-                 (uint32_t)__nv_cvt_float_to_fp8(v.z * inv, __NV_SATFINITE, __NV_E4M3) << 16 |
-                 (uint32_t)__nv_cvt_float_to_fp8(v.w * inv, __NV_SATFINITE, __NV_E4M3) << 24;
+    const uint32_t p = pack_e4m3x4(v.x * inv, v.y * inv, v.z * inv, v.w * inv);
     ((uint32_t *)(q + (size_t)r * dim + b * 128))[lane] = p;
     if (lane == 0) s[(size_t)r * nb + b] = sc;
 }
@@ -131,7 +128,7 @@ __global__ void __launch_bounds__(512) k_fp8_linear(const uint8_t *__restrict__ 
                     for (int i = 0; i < 32; i++) v[i] = 0.f;
                 }
                 uint32_t q[8];
-                const float sc = quant_quad(v, q);
+                const float sc = quant_quad(v, q, tk < n);
                 b0 = make_uint4(q[0], q[1], q[2], q[3]);
                 b1 = make_uint4(q[4], q[5], q[6], q[7]);
                 /* scales of mma columns 2t, 2t+1 live in quads 2t, 2t+1 */
@@ -193,6 +190,150 @@ __global__ void __launch_bounds__(512) k_fp8_linear(const uint8_t *__restrict__ 
     }
 }
 
+/*
+ * Small-n FP8 linear (n <= 8: decode, one request's verify rows). Persistent
+ * blocks of KW warps walk the row tiles blockIdx.x, +gridDim.x, ...; the
+ * warps split each tile's 128-column chunks (C % KW == 0, so every warp
+ * reaches the per-tile reduction on the same iteration) and keep the next
+ * chunk's weights in flight across tile boundaries, so a warp streams
+ * without gaps. The n activation rows are staged once per block in shared
+ * memory: quantised there (FQ) or copied from act_quant's output. Rows are
+ * padded by 16 bytes so the 8 rows of an mma fragment hit different banks.
+ */
+#define XQ_PAD 16
+template <bool FQ>
+__global__ void __launch_bounds__(256) k_fp8_small(const uint8_t *__restrict__ W,
+                                                   const uint8_t *__restrict__ WS,
+                                                   const float *__restrict__ x,
+                                                   const uint8_t *__restrict__ xq,
+                                                   const float *__restrict__ xs, int n, int R,
+                                                   int K, float *__restrict__ y, int flags) {
+    extern __shared__ __align__(16) uint8_t sm[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, KW = blockDim.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int C = K >> 7, T = R >> 4, ld = K + XQ_PAD;
+    float *red = (float *)sm;         /* [KW][32][4] */
+    float *sxs = red + KW * 128;      /* [n][C]      */
+    uint8_t *sxq = sm + ((KW * 512 + n * C * 4 + 15) & ~15); /* [n][ld] */
+    pdl_trigger();
+    int tile = blockIdx.x, c = warp;
+    Frag8 nxt;
+    if (tile < T) {
+        const uint8_t *w0 = W + (size_t)(tile * 16 + g) * K + 32 * t;
+        load_frag8(nxt, w0, w0 + (size_t)8 * K, c); /* before waiting on x's producer */
+    }
+    pdl_wait();
+    if (FQ) {
+        for (int task = warp; task < n * C; task += KW) {
+            const int r = task / C, b = task % C;
+            const float4 v = __ldg((const float4 *)(x + (size_t)r * K + b * 128) + lane);
+            float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+            for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+            amax = fmaxf(amax, 1e-4f);
+            const float sc = pow2_ceil(amax / 448.0f), inv = 1.0f / sc;
+            *(uint32_t *)(sxq + r * ld + b * 128 + 4 * lane) =
+                pack_e4m3x4(v.x * inv, v.y * inv, v.z * inv, v.w * inv);
+            if (lane == 0) sxs[r * C + b] = sc;
+        }
+    } else {
+        const int k16 = K >> 4;
+        for (int i = threadIdx.x; i < n * k16; i += blockDim.x) {
+            const int r = i / k16, j = i % k16;
+            *(uint4 *)(sxq + r * ld + 16 * j) = __ldg((const uint4 *)(xq + (size_t)r * K) + j);
+        }
+        for (int i = threadIdx.x; i < n * C; i += blockDim.x) sxs[i] = __ldg(xs + i);
+    }
+    __syncthreads();
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    const int t0 = 2 * t;
+    while (tile < T) {
+        const Frag8 f = nxt;
+        const int tt = tile, cc = c;
+        c += KW;
+        if (c >= C) {
+            c = warp;
+            tile += gridDim.x;
+        }
+        if (tile < T) {
+            const uint8_t *w0 = W + (size_t)(tile * 16 + g) * K + 32 * t;
+            load_frag8(nxt, w0, w0 + (size_t)8 * K, c);
+        }
+        const float wsc = e8m0_to_f32(WS[(size_t)(tt >> 3) * C + cc]);
+        uint4 b0 = make_uint4(0, 0, 0, 0), b1 = b0;
+        if (g < n) {
+            const uint4 *p = (const uint4 *)(sxq + g * ld + cc * 128 + 32 * t);
+            b0 = p[0];
+            b1 = p[1];
+        }
+        float d[4] = {0.f, 0.f, 0.f, 0.f};
+        mma_e4m3(d, f.a0.x, f.a1.x, f.a0.y, f.a1.y, b0.x, b0.y);
+        mma_e4m3(d, f.a0.z, f.a1.z, f.a0.w, f.a1.w, b0.z, b0.w);
+        mma_e4m3(d, f.a0b.x, f.a1b.x, f.a0b.y, f.a1b.y, b1.x, b1.y);
+        mma_e4m3(d, f.a0b.z, f.a1b.z, f.a0b.w, f.a1b.w, b1.z, b1.w);
+        const float s0 = t0 < n ? sxs[t0 * C + cc] * wsc : 0.f;
+        const float s1 = t0 + 1 < n ? sxs[(t0 + 1) * C + cc] * wsc : 0.f;
+        acc[0] += d[0] * s0;
+        acc[1] += d[1] * s1;
+        acc[2] += d[2] * s0;
+        acc[3] += d[3] * s1;
+        if (cc + KW >= C) { /* this tile is done in every warp: reduce, write */
+            float v[4] = {acc[0], acc[1], acc[2], acc[3]};
+            if (KW > 1) {
+                float4 *rp = (float4 *)red;
+                rp[warp * 32 + lane] = make_float4(v[0], v[1], v[2], v[3]);
+                __syncthreads();
+                if (warp == 0)
+                    for (int w = 1; w < KW; w++) {
+                        const float4 o = rp[w * 32 + lane];
+                        v[0] += o.x; v[1] += o.y; v[2] += o.z; v[3] += o.w;
+                    }
+                __syncthreads();
+            }
+            if (warp == 0) {
+                if (flags & DSV4_CUDA_OUT_BF16)
+                    for (int i = 0; i < 4; i++) v[i] = round_bf16(v[i]);
+                const int r0 = tt * 16 + g, r1 = r0 + 8;
+                if (t0 < n) {
+                    y[(size_t)t0 * R + r0] = v[0];
+                    y[(size_t)t0 * R + r1] = v[2];
+                }
+                if (t0 + 1 < n) {
+                    y[(size_t)(t0 + 1) * R + r0] = v[1];
+                    y[(size_t)(t0 + 1) * R + r1] = v[3];
+                }
+            }
+            acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
+        }
+    }
+}
+
+template <bool FQ>
+static int launch_fp8_small(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const float *x,
+                            const uint8_t *xq, const float *xs, int n, float *y, int flags,
+                            dsv4_err *err) {
+    const int C = (int)(w->in / 128), T = (int)(w->out / 16);
+    int kw = 1; /* a power of two dividing C, leaving >= 4 chunks per warp and tile */
+    while (kw < 8 && C % (kw * 2) == 0 && C / (kw * 2) >= 4) kw *= 2;
+    size_t smem = (((size_t)kw * 512 + (size_t)n * C * 4 + 15) & ~(size_t)15) +
+                  (size_t)n * (size_t)(w->in + XQ_PAD);
+    if (smem > 48 * 1024)
+        CU_TRY(cudaFuncSetAttribute(k_fp8_small<FQ>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)smem),
+               err, "fp8 linear (shared memory)");
+    int per_sm = 0;
+    CU_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_fp8_small<FQ>, kw * 32, smem),
+           err, "fp8 linear (occupancy)");
+    if (per_sm < 1) per_sm = 1;
+    int gx = per_sm * c->prop.multiProcessorCount;
+    if (gx > T) gx = T;
+    CU_TRY(cu_launch(c, k_fp8_small<FQ>, dim3((unsigned)gx), dim3(kw * 32), smem,
+                     (const uint8_t *)w->w, (const uint8_t *)w->scale, x, xq, xs, n, (int)w->out,
+                     (int)w->in, y, flags),
+           err, "fp8 linear (small n)");
+    return DSV4_OK;
+}
+
 template <int NT, bool FQ>
 static int launch_fp8(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const float *x,
                       const uint8_t *xq, const float *xs, int n, float *y, int flags, int kw,
@@ -219,7 +360,8 @@ static int pick_nt(int n) { return n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8; }
 static int fp8_linear(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const float *x,
                       const uint8_t *xq, const float *xs, int n, float *y, int flags, dsv4_err *err) {
     int kw = pick_kw((int)(w->in / 128));
-    if (!xq) return launch_fp8<1, true>(c, w, x, xq, xs, n, y, flags, kw, err);
+    if (!xq) return launch_fp8_small<true>(c, w, x, xq, xs, n, y, flags, err);
+    if (n <= 8) return launch_fp8_small<false>(c, w, x, xq, xs, n, y, flags, err);
     switch (pick_nt(n)) {
     case 1: return launch_fp8<1, false>(c, w, x, xq, xs, n, y, flags, kw, err);
     case 2: return launch_fp8<2, false>(c, w, x, xq, xs, n, y, flags, kw, err);
@@ -239,7 +381,7 @@ extern "C" int dsv4_cuda_linear(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, con
     if (w->kind == DSV4_CUDA_W_BF16) return cu_bf16_linear(c, w, x, n, y, flags, err);
     if (w->kind != DSV4_CUDA_W_FP8 && w->kind != DSV4_CUDA_W_FP4)
         return cu_err(err, DSV4_EINVAL, "dsv4_cuda_linear: weight kind %d not uploaded", (int)w->kind);
-    if (n <= CU_FUSED_QUANT_MAX) { /* one launch: the GEMV quantises x itself */
+    if (n <= c->fuseq_max) { /* one launch: the GEMV quantises x itself */
         if (w->kind == DSV4_CUDA_W_FP8) return fp8_linear(c, w, x, NULL, NULL, n, y, flags, err);
         return cu_fp4_linear(c, w, x, NULL, NULL, n, y, flags, err);
     }

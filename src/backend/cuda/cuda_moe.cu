@@ -88,17 +88,30 @@ __global__ void __launch_bounds__(256) k_fp4(Fp4Args a) {
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) acc[m][nt][0] = acc[m][nt][1] = acc[m][nt][2] = acc[m][nt][3] = 0.f;
 
+        /* weights of the next chunk stay in flight while this one computes */
+        uint4 np[NM][2];
+        uint2 nsc[NM];
+        auto fetch = [&](int cc) {
+            np[0][0] = ld_stream(wb1 + (size_t)cc * 1024);
+            np[0][1] = ld_stream(wb1 + (size_t)cc * 1024 + 16);
+            nsc[0] = __ldg((const uint2 *)(sb1 + (size_t)cc * 64));
+            if (MODE == FP4_GATEUP) {
+                np[NM - 1][0] = ld_stream(wb3 + (size_t)cc * 1024);
+                np[NM - 1][1] = ld_stream(wb3 + (size_t)cc * 1024 + 16);
+                nsc[NM - 1] = __ldg((const uint2 *)(sb3 + (size_t)cc * 64));
+            }
+        };
+        if (warp < C) fetch(warp);
         for (int c = warp; c < C; c += KW) {
             uint4 p[NM][2];
             uint2 sc[NM];
-            p[0][0] = ld_stream(wb1 + (size_t)c * 1024);
-            p[0][1] = ld_stream(wb1 + (size_t)c * 1024 + 16);
-            sc[0] = __ldg((const uint2 *)(sb1 + (size_t)c * 64));
-            if (MODE == FP4_GATEUP) {
-                p[NM - 1][0] = ld_stream(wb3 + (size_t)c * 1024);
-                p[NM - 1][1] = ld_stream(wb3 + (size_t)c * 1024 + 16);
-                sc[NM - 1] = __ldg((const uint2 *)(sb3 + (size_t)c * 64));
+#pragma unroll
+            for (int m = 0; m < NM; m++) {
+                p[m][0] = np[m][0];
+                p[m][1] = np[m][1];
+                sc[m] = nsc[m];
             }
+            if (c + KW < C) fetch(c + KW);
             /* activations: column g's 4 steps, 8 bytes each (columns 32s+8t..+7) */
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
@@ -123,7 +136,7 @@ __global__ void __launch_bounds__(256) k_fp4(Fp4Args a) {
                         for (int i = 0; i < 32; i++) v[i] = 0.f;
                     }
                     uint32_t q[8];
-                    const float sc = quant_quad(v, q);
+                    const float sc = quant_quad(v, q, rin[nt] >= 0);
 #pragma unroll
                     for (int s = 0; s < 4; s++) {
                         b0[s] = q[2 * s];
