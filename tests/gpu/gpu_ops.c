@@ -834,14 +834,44 @@ static void perf_chain(moe_set *m) {
     free(x); free(ids); free(wts);
 }
 
+typedef struct {
+    uint8_t *buf;
+    size_t bytes;
+    int copies;
+} read_arg;
+
+static int op_read(int rep, void *a_, dsv4_err *err) {
+    read_arg *a = a_;
+    return dsv4_cuda_read_bytes(G, a->buf + (size_t)(rep % a->copies) * a->bytes, a->bytes, err);
+}
+
+/* Speed of light for a kernel of the same size: one plain streaming read of
+ * those bytes, timed the same way (graph replay, rotated buffers). */
+static void perf_read(void) {
+    const double mb[] = {4.2, 8.4, 33.6, 80.2, 1059.6};
+    for (size_t i = 0; i < sizeof mb / sizeof mb[0]; i++) {
+        read_arg a;
+        a.bytes = ((size_t)(mb[i] * 1e6)) & ~(size_t)4095;
+        a.copies = (int)((512u << 20) / a.bytes) + 1;
+        if (a.copies < 2) a.copies = 2;
+        a.buf = dalloc(a.bytes * a.copies);
+        double us = time_graph(op_read, &a, a.copies * 2 > 20 ? a.copies * 2 : 20);
+        char shape[64];
+        snprintf(shape, sizeof shape, "plain read %.1f MB", mb[i]);
+        print_perf("read", shape, 0, us, (double)a.bytes, 0);
+        dsv4_cuda_free(G, a.buf);
+    }
+}
+
 /* -------------------------------------------------------------------- main */
 
 int main(int argc, char **argv) {
-    int perf = 0, correct = 1, tiny_only = 0;
+    int perf = 0, correct = 1, tiny_only = 0, profile = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--perf")) perf = 1;
         else if (!strcmp(argv[i], "--perf-only")) perf = 1, correct = 0;
         else if (!strcmp(argv[i], "--tiny")) tiny_only = 1; /* quick, e.g. under compute-sanitizer */
+        else if (!strcmp(argv[i], "--profile")) profile = 1;  /* a few launches, for ncu */
         else {
             fprintf(stderr, "usage: %s [--tiny] [--perf | --perf-only]\n", argv[0]);
             return 2;
@@ -856,6 +886,30 @@ int main(int argc, char **argv) {
            g_read_gbs, g_copy_gbs);
     moe_set flash = {0};
     int have_flash = 0;
+    if (profile) { /* one call each at decode shapes: run under ncu */
+        host_lin h1, h2;
+        make_lin(&h1, DSV4_DT_F8_E4M3, 32768, 1024);
+        make_lin(&h2, DSV4_DT_F8_E4M3, 4096, 8192);
+        dsv4_cuda_weight w1, w2;
+        DIE_IF(dsv4_cuda_weight_upload(G, &h1.lin, &w1, &err), err);
+        DIE_IF(dsv4_cuda_weight_upload(G, &h2.lin, &w2, &err), err);
+        float *hx = malloc((size_t)8 * 8192 * 4);
+        fill_act(hx, (size_t)8 * 8192, 8192);
+        float *dx = dup_up(hx, (size_t)8 * 8192 * 4), *dy = dalloc((size_t)8 * 32768 * 4);
+        DIE_IF(dsv4_cuda_linear(G, &w1, dx, 1, dy, 0, &err), err);
+        DIE_IF(dsv4_cuda_linear(G, &w2, dx, 1, dy, 0, &err), err);
+        moe_make(&flash, 256, 4096, 2048);
+        int ids[36];
+        float wts[36];
+        pick_ids(ids, wts, 6, 6, 256);
+        int *di = dup_up(ids, sizeof ids);
+        float *dw = dup_up(wts, sizeof wts);
+        DIE_IF(dsv4_cuda_moe(G, &flash.dev, dx, 1, di, dw, 6, NULL, dy, 0, &err), err);
+        DIE_IF(dsv4_cuda_moe(G, &flash.dev, dx, 6, di, dw, 6, NULL, dy, 0, &err), err);
+        DIE_IF(dsv4_cuda_sync(G, &err), err);
+        printf("profile launches done\n");
+        return 0;
+    }
     if (correct) {
         printf("== correctness: tiny shapes\n");
         t_act_quant(3, 256);
@@ -910,6 +964,7 @@ done:
     if (perf && !tiny_only) {
         printf("\n== perf: Flash shapes, CUDA-graph replay, weights rotated over copies (> L2)\n");
         printf("   bytes = weights (+scales) + activations in/out; %% of the measured streaming read\n");
+        perf_read();
         perf_linear("wq_b", DSV4_DT_F8_E4M3, 32768, 1024);
         perf_linear("wo_b", DSV4_DT_F8_E4M3, 4096, 8192);
         perf_linear("wq_a", DSV4_DT_F8_E4M3, 1024, 4096);

@@ -155,6 +155,20 @@ __global__ void k_stream_read(const uint4 *p, size_t n16, unsigned *sink) {
     if (acc == 0x9e3779b9u) *sink = acc;
 }
 
+extern "C" int dsv4_cuda_read_bytes(dsv4_cuda_ctx *c, const void *p, size_t bytes, dsv4_err *err) {
+    if (!c || !p || (bytes & 15)) return cu_err(err, DSV4_EINVAL, "dsv4_cuda_read_bytes: bad argument");
+    static unsigned *sink = NULL; /* never written in practice (see k_stream_read) */
+    if (!sink) CU_TRY(cudaMalloc(&sink, 4), err, "read sink");
+    size_t n16 = bytes / 16;
+    unsigned blocks = (unsigned)((n16 + 4 * 512 - 1) / (4 * 512));
+    unsigned maxb = (unsigned)c->prop.multiProcessorCount * 8;
+    if (blocks > maxb) blocks = maxb;
+    if (blocks < 1) blocks = 1;
+    k_stream_read<<<blocks, 512, 0, c->stream>>>((const uint4 *)p, n16, sink);
+    CU_LAUNCHED(err, "read kernel");
+    return DSV4_OK;
+}
+
 extern "C" int dsv4_cuda_measure_hbm(dsv4_cuda_ctx *c, size_t bytes, double *read_gbs,
                                      double *copy_gbs, dsv4_err *err) {
     if (!c || !read_gbs || !copy_gbs) return cu_err(err, DSV4_EINVAL, "dsv4_cuda_measure_hbm: NULL argument");

@@ -216,6 +216,6 @@ int cu_fp4_linear(dsv4_cuda_ctx *ctx, const dsv4_cuda_weight *w, const float *x,
 /* Default rows up to which the dense linears quantise activations inside the
  * GEMV (one launch) rather than in a separate act_quant pass; the
  * environment variable DSV4_CUDA_FUSEQ_MAX overrides it (for measuring). */
-#define CU_FUSED_QUANT_MAX 4
+#define CU_FUSED_QUANT_MAX 0 /* measured: fusing was slower (bench/results) */
 
 #endif

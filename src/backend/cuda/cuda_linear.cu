@@ -202,7 +202,7 @@ __global__ void __launch_bounds__(512) k_fp8_linear(const uint8_t *__restrict__ 
  */
 #define XQ_PAD 16
 template <bool FQ>
-__global__ void __launch_bounds__(256) k_fp8_small(const uint8_t *__restrict__ W,
+__global__ void __launch_bounds__(512) k_fp8_small(const uint8_t *__restrict__ W,
                                                    const uint8_t *__restrict__ WS,
                                                    const float *__restrict__ x,
                                                    const uint8_t *__restrict__ xq,
@@ -314,7 +314,7 @@ static int launch_fp8_small(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const f
                             dsv4_err *err) {
     const int C = (int)(w->in / 128), T = (int)(w->out / 16);
     int kw = 1; /* a power of two dividing C, leaving >= 4 chunks per warp and tile */
-    while (kw < 8 && C % (kw * 2) == 0 && C / (kw * 2) >= 4) kw *= 2;
+    while (kw < 16 && C % (kw * 2) == 0 && C / (kw * 2) >= 4) kw *= 2;
     size_t smem = (((size_t)kw * 512 + (size_t)n * C * 4 + 15) & ~(size_t)15) +
                   (size_t)n * (size_t)(w->in + XQ_PAD);
     if (smem > 48 * 1024)

@@ -196,6 +196,13 @@ int dsv4_cuda_moe(dsv4_cuda_ctx *ctx, const dsv4_cuda_experts *ex, const float *
 int dsv4_cuda_measure_hbm(dsv4_cuda_ctx *ctx, size_t bytes, double *read_gbs, double *copy_gbs,
                           dsv4_err *err);
 
+/*
+ * dsv4_cuda_read_bytes — enqueue one streaming read of `bytes` (multiple of
+ * 16) at device pointer p: the speed-of-light reference for a kernel that
+ * must read the same bytes (benchmarks only).
+ */
+int dsv4_cuda_read_bytes(dsv4_cuda_ctx *ctx, const void *p, size_t bytes, dsv4_err *err);
+
 #ifdef __cplusplus
 }
 #endif
