@@ -31,13 +31,16 @@ fi
 "$B/dsv4-gpu-ops" "${@:---perf}" 2>&1 | tee "$OUTD/gpu_ops.txt"
 if [ -n "${NCU:-}" ] && command -v ncu >/dev/null; then
   ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
-      --section LaunchStats -k "regex:k_fp4|k_fp8|k_route|k_moe|k_act" "$B/dsv4-gpu-ops" --profile \
+      --section LaunchStats -k "regex:^(k_fp4|k_fp8|k_route|k_moe|k_act)" "$B/dsv4-gpu-ops" --profile \
       > "$OUTD/ncu.txt" 2>&1; echo "ncu rc=$?"
   grep -E "k_fp4|k_fp8|k_route|k_moe|k_act|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Stall" "$OUTD/ncu.txt" | head -150
 fi
-# the same timings with programmatic dependent launch off, for comparison
+# comparisons: PDL off, and the earlier one-block-per-(expert, tile) MoE kernels
 if [ "${1:-}" = "--perf" ]; then
   DSV4_CUDA_NO_PDL=1 "$B/dsv4-gpu-ops" --perf-only > "$OUTD/gpu_ops_nopdl.txt" 2>&1
   echo; echo "== with DSV4_CUDA_NO_PDL=1 (chain only; full table in gpu_ops_nopdl.txt)"
   grep -A1 "^chain" "$OUTD/gpu_ops_nopdl.txt"
+  DSV4_CUDA_MOE_LEGACY=1 "$B/dsv4-gpu-ops" --perf-only > "$OUTD/gpu_ops_moelegacy.txt" 2>&1
+  echo; echo "== with DSV4_CUDA_MOE_LEGACY=1 (moe + chain; full table in gpu_ops_moelegacy.txt)"
+  grep -E "^moe" "$OUTD/gpu_ops_moelegacy.txt"; grep -A1 "^chain" "$OUTD/gpu_ops_moelegacy.txt"
 fi

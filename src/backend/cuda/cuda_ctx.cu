@@ -33,6 +33,7 @@ extern "C" int dsv4_cuda_ctx_create(int device, dsv4_cuda_ctx **out, dsv4_err *e
     c->pdl = c->prop.major >= 9 && !getenv("DSV4_CUDA_NO_PDL");
     c->fuseq_max = getenv("DSV4_CUDA_FUSEQ_MAX") ? atoi(getenv("DSV4_CUDA_FUSEQ_MAX")) : CU_FUSED_QUANT_MAX;
     if (c->fuseq_max > 8) c->fuseq_max = 8;
+    c->moe_legacy = getenv("DSV4_CUDA_MOE_LEGACY") != NULL;
     e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
         free(c);

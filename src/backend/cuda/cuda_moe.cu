@@ -233,6 +233,188 @@ __global__ void __launch_bounds__(256) k_fp4(Fp4Args a) {
     }
 }
 
+/*
+ * Persistent expert kernel (decode / verify steps). Why: with one block per
+ * (expert, 16-row tile) the blocks are short (64 KB of weights), the grid
+ * runs in ~3 ragged waves and every block pays its ramp-up and reduction;
+ * measured at ~35% of HBM bandwidth. Here a grid of one wave walks the work
+ * items (slot, tile) — tile-major inside an expert, so neighbouring blocks
+ * stream neighbouring bytes — and, per item, passes of 8 rows; the warps of
+ * a block split the 128-column chunks (C % KW == 0, so they reach each
+ * pass's reduction together) and every warp keeps its next chunk's weights
+ * in flight across pass and item boundaries.
+ */
+template <int MODE>
+__global__ void __launch_bounds__(256) k_moe_fp4(Fp4Args a) {
+    extern __shared__ float red[]; /* [2][KW][32][4] */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, KW = blockDim.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int C = a.K >> 7, T = a.R >> 4, CPW = C / KW;
+    constexpr int NM = MODE == FP4_GATEUP ? 2 : 1;
+    pdl_trigger();
+    pdl_wait(); /* the expert list and x come from the previous kernels */
+    const int total = *a.act_n * T;
+    int wi = blockIdx.x, pass = 0, k = 0, e = 0, off = 0, cnt = 0, tile = 0;
+    auto item = [&](int w) {
+        const int slot = w / T;
+        tile = w % T;
+        e = a.act_exp[slot];
+        off = a.act_off[slot];
+        cnt = a.act_off[slot + 1] - off;
+    };
+    uint4 np[NM][2];
+    uint2 nsc[NM];
+    auto fetch = [&](int c) {
+        const size_t wo = (size_t)e * a.wstride + ((size_t)tile * C + c) * 1024 + lane * 32;
+        const size_t so = (size_t)e * a.sstride + ((size_t)tile * C + c) * 64 + g * 8;
+        np[0][0] = ld_stream(a.w1 + wo);
+        np[0][1] = ld_stream(a.w1 + wo + 16);
+        nsc[0] = __ldg((const uint2 *)(a.s1 + so));
+        if (MODE == FP4_GATEUP) {
+            np[NM - 1][0] = ld_stream(a.w3 + wo);
+            np[NM - 1][1] = ld_stream(a.w3 + wo + 16);
+            nsc[NM - 1] = __ldg((const uint2 *)(a.s3 + so));
+        }
+    };
+    if (wi < total) {
+        item(wi);
+        fetch(warp);
+    }
+    float acc[NM][4];
+#pragma unroll
+    for (int m = 0; m < NM; m++) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
+    while (wi < total) {
+        uint4 p[NM][2];
+        uint2 sc[NM];
+#pragma unroll
+        for (int m = 0; m < NM; m++) {
+            p[m][0] = np[m][0];
+            p[m][1] = np[m][1];
+            sc[m] = nsc[m];
+        }
+        const int c = warp + k * KW, ck = k, cpass = pass, coff = off, ccnt = cnt, ctile = tile;
+        /* advance, and put the next chunk's loads in flight */
+        if (++k == CPW) {
+            k = 0;
+            if ((pass + 1) * 8 < cnt) {
+                pass++;
+            } else {
+                pass = 0;
+                wi += gridDim.x;
+                if (wi < total) item(wi);
+            }
+        }
+        if (wi < total) fetch(warp + k * KW);
+
+        /* activations: mma column g = row j of this pass */
+        const int j = cpass * 8 + g;
+        const int rin = j < ccnt ? (MODE == FP4_GATEUP ? a.list[coff + j] / a.topk : coff + j) : -1;
+        float v[32];
+        if (rin >= 0) {
+            const float *xr = a.xf + (size_t)rin * a.K + (size_t)c * 128 + 8 * t;
+#pragma unroll
+            for (int s = 0; s < 4; s++) {
+                const float4 lo = __ldg((const float4 *)(xr + 32 * s));
+                const float4 hi = __ldg((const float4 *)(xr + 32 * s + 4));
+                v[8 * s + 0] = lo.x; v[8 * s + 1] = lo.z; v[8 * s + 2] = hi.x; v[8 * s + 3] = hi.z;
+                v[8 * s + 4] = lo.y; v[8 * s + 5] = lo.w; v[8 * s + 6] = hi.y; v[8 * s + 7] = hi.w;
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 32; i++) v[i] = 0.f;
+        }
+        uint32_t q[8];
+        const float xsc = quant_quad(v, q, rin >= 0);
+        float x0 = __shfl_sync(0xffffffffu, xsc, 8 * t);
+        float x1 = __shfl_sync(0xffffffffu, xsc, 8 * t + 4);
+        if (cpass * 8 + 2 * t >= ccnt) x0 = 0.f;
+        if (cpass * 8 + 2 * t + 1 >= ccnt) x1 = 0.f;
+#pragma unroll
+        for (int m = 0; m < NM; m++) {
+            const uint32_t wv[8] = {p[m][0].x, p[m][0].y, p[m][0].z, p[m][0].w,
+                                    p[m][1].x, p[m][1].y, p[m][1].z, p[m][1].w};
+            float part[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int s = 0; s < 4; s++) {
+                uint32_t lo0, hi0, lo1, hi1;
+                fp4x8_to_e4m3(wv[2 * s], lo0, hi0);
+                fp4x8_to_e4m3(wv[2 * s + 1], lo1, hi1);
+                float d[4] = {0.f, 0.f, 0.f, 0.f};
+                mma_e4m3(d, lo0, lo1, hi0, hi1, q[2 * s], q[2 * s + 1]);
+                const float ws0 = e8m0_to_f32((sc[m].x >> (8 * s)) & 0xffu) * 64.f;
+                const float ws1 = e8m0_to_f32((sc[m].y >> (8 * s)) & 0xffu) * 64.f;
+                part[0] += d[0] * ws0;
+                part[1] += d[1] * ws0;
+                part[2] += d[2] * ws1;
+                part[3] += d[3] * ws1;
+            }
+            acc[m][0] += part[0] * x0;
+            acc[m][1] += part[1] * x1;
+            acc[m][2] += part[2] * x0;
+            acc[m][3] += part[3] * x1;
+        }
+        if (ck == CPW - 1) { /* pass complete in every warp: reduce, epilogue */
+            float r[NM][4];
+#pragma unroll
+            for (int m = 0; m < NM; m++)
+                for (int i = 0; i < 4; i++) r[m][i] = acc[m][i];
+            if (KW > 1) {
+                float4 *rp = (float4 *)red;
+#pragma unroll
+                for (int m = 0; m < NM; m++)
+                    rp[(m * KW + warp) * 32 + lane] = make_float4(r[m][0], r[m][1], r[m][2], r[m][3]);
+                __syncthreads();
+                if (warp == 0) {
+#pragma unroll
+                    for (int m = 0; m < NM; m++)
+                        for (int w = 1; w < KW; w++) {
+                            const float4 o = rp[(m * KW + w) * 32 + lane];
+                            r[m][0] += o.x; r[m][1] += o.y; r[m][2] += o.z; r[m][3] += o.w;
+                        }
+                }
+                __syncthreads();
+            }
+            if (warp == 0) {
+                const int r0 = ctile * 16 + g;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int jj = cpass * 8 + 2 * t + (i & 1);
+                    if (jj >= ccnt) continue;
+                    float out;
+                    if (MODE == FP4_GATEUP) {
+                        /* §3.5: bf16 GEMM outputs, clamp, SwiGLU, × routing weight, bf16 */
+                        const float gv = fminf(round_bf16(r[0][i]), 10.f);
+                        const float uv = fminf(fmaxf(round_bf16(r[NM - 1][i]), -10.f), 10.f);
+                        out = round_bf16(silu(gv) * uv * a.wts[a.list[coff + jj]]);
+                    } else {
+                        out = round_bf16(r[0][i]);
+                    }
+                    a.y[(size_t)(coff + jj) * a.R + r0 + (i >> 1) * 8] = out;
+                }
+            }
+#pragma unroll
+            for (int m = 0; m < NM; m++) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
+        }
+    }
+}
+
+template <int MODE>
+static int launch_moe_fp4(dsv4_cuda_ctx *c, const Fp4Args &a, int slots, dsv4_err *err) {
+    const int C = a.K / 128;
+    int kw = 1; /* power of two dividing C, >= 4 chunks per warp */
+    while (kw < 8 && C % (kw * 2) == 0 && C / (kw * 2) >= 4) kw *= 2;
+    size_t smem = (size_t)2 * kw * 32 * 4 * sizeof(float);
+    int per_sm = 0;
+    CU_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_moe_fp4<MODE>, kw * 32, smem), err,
+           "fp4 experts (occupancy)");
+    if (per_sm < 1) per_sm = 1;
+    long long items = (long long)slots * (a.R / 16), gx = (long long)per_sm * c->prop.multiProcessorCount;
+    if (gx > items) gx = items;
+    CU_TRY(cu_launch(c, k_moe_fp4<MODE>, dim3((unsigned)gx), dim3(kw * 32), smem, a), err,
+           MODE == FP4_GATEUP ? "fp4 experts w1/w3" : "fp4 experts w2");
+    return DSV4_OK;
+}
+
 static int pick_nt4(int n) { return n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8; }
 
 /* nt = 0: one n-tile with the activations quantised in the kernel (FQ). */
@@ -427,7 +609,9 @@ extern "C" int dsv4_cuda_moe(dsv4_cuda_ctx *c, const dsv4_cuda_experts *ex, cons
     a.y = H;
     /* Activations quantised inside the expert kernels (FQ), one n-tile of 8
      * rows per pass: most experts get 1-2 rows of a decode / verify step. */
-    if ((rc = launch_fp4<FP4_GATEUP>(c, a, 0, (unsigned)slots, err))) return rc;
+    if (c->moe_legacy) rc = launch_fp4<FP4_GATEUP>(c, a, 0, (unsigned)slots, err);
+    else rc = launch_moe_fp4<FP4_GATEUP>(c, a, slots, err);
+    if (rc) return rc;
     /* w2: [dm, dff] */
     a.w1 = (const uint8_t *)ex->w2;
     a.s1 = (const uint8_t *)ex->s2;
@@ -436,7 +620,9 @@ extern "C" int dsv4_cuda_moe(dsv4_cuda_ctx *c, const dsv4_cuda_experts *ex, cons
     a.K = dff;
     a.xf = H;
     a.y = O;
-    if ((rc = launch_fp4<FP4_DOWN>(c, a, 0, (unsigned)slots, err))) return rc;
+    if (c->moe_legacy) rc = launch_fp4<FP4_DOWN>(c, a, 0, (unsigned)slots, err);
+    else rc = launch_moe_fp4<FP4_DOWN>(c, a, slots, err);
+    if (rc) return rc;
     size_t items = (size_t)n * (dm / 4);
     CU_TRY(cu_launch(c, k_moe_combine, dim3((unsigned)((items + 255) / 256)), dim3(256), 0,
                      (const float *)O, (const int *)inv, n, topk, dm, shared, y, flags),
