@@ -35,12 +35,16 @@ if [ -n "${NCU:-}" ] && command -v ncu >/dev/null; then
       > "$OUTD/ncu.txt" 2>&1; echo "ncu rc=$?"
   grep -E "k_fp4|k_fp8|k_route|k_moe|k_act|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Stall" "$OUTD/ncu.txt" | head -150
 fi
-# comparisons: PDL off, and the earlier one-block-per-(expert, tile) MoE kernels
+# comparisons: PDL off; MoE variants (one-wave persistent kernels; activations quantised in-kernel)
 if [ "${1:-}" = "--perf" ]; then
   DSV4_CUDA_NO_PDL=1 "$B/dsv4-gpu-ops" --perf-only > "$OUTD/gpu_ops_nopdl.txt" 2>&1
   echo; echo "== with DSV4_CUDA_NO_PDL=1 (chain only; full table in gpu_ops_nopdl.txt)"
   grep -A1 "^chain" "$OUTD/gpu_ops_nopdl.txt"
-  DSV4_CUDA_MOE_LEGACY=1 "$B/dsv4-gpu-ops" --perf-only > "$OUTD/gpu_ops_moelegacy.txt" 2>&1
-  echo; echo "== with DSV4_CUDA_MOE_LEGACY=1 (moe + chain; full table in gpu_ops_moelegacy.txt)"
-  grep -E "^moe" "$OUTD/gpu_ops_moelegacy.txt"; grep -A1 "^chain" "$OUTD/gpu_ops_moelegacy.txt"
+  for v in PERSISTENT FQ; do
+    env DSV4_CUDA_MOE_$v=1 "$B/dsv4-gpu-ops" --tiny --perf > "$OUTD/gpu_ops_moe_$v.txt" 2>&1
+    echo "MOE_$v tiny correctness: $(grep -E '^[0-9]+ passed' "$OUTD/gpu_ops_moe_$v.txt")"
+    env DSV4_CUDA_MOE_$v=1 "$B/dsv4-gpu-ops" --perf-only >> "$OUTD/gpu_ops_moe_$v.txt" 2>&1
+    echo; echo "== with DSV4_CUDA_MOE_$v=1 (moe + chain n=1; full table in gpu_ops_moe_$v.txt)"
+    grep -E "^moe" "$OUTD/gpu_ops_moe_$v.txt"; grep -m1 -A1 "^chain" "$OUTD/gpu_ops_moe_$v.txt"
+  done
 fi

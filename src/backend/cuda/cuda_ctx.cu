@@ -33,7 +33,8 @@ extern "C" int dsv4_cuda_ctx_create(int device, dsv4_cuda_ctx **out, dsv4_err *e
     c->pdl = c->prop.major >= 9 && !getenv("DSV4_CUDA_NO_PDL");
     c->fuseq_max = getenv("DSV4_CUDA_FUSEQ_MAX") ? atoi(getenv("DSV4_CUDA_FUSEQ_MAX")) : CU_FUSED_QUANT_MAX;
     if (c->fuseq_max > 8) c->fuseq_max = 8;
-    c->moe_legacy = getenv("DSV4_CUDA_MOE_LEGACY") != NULL;
+    c->moe_persistent = getenv("DSV4_CUDA_MOE_PERSISTENT") != NULL;
+    c->moe_fq = getenv("DSV4_CUDA_MOE_FQ") != NULL;
     e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
         free(c);

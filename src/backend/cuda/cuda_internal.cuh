@@ -21,7 +21,8 @@ struct dsv4_cuda_ctx {
     int device;
     int pdl; /* programmatic dependent launch (sm_90+): see cu_launch */
     int fuseq_max; /* rows up to which linears quantise x inside the GEMV */
-    int moe_legacy; /* DSV4_CUDA_MOE_LEGACY: one block per (expert, tile), for comparison */
+    int moe_persistent; /* DSV4_CUDA_MOE_PERSISTENT: one-wave expert kernels (k_moe_fp4) */
+    int moe_fq;         /* DSV4_CUDA_MOE_FQ: quantise x / H inside the expert kernels */
     cudaStream_t stream;
     cublasHandle_t cublas;
     cublasLtHandle_t cublaslt;

@@ -244,7 +244,7 @@ __global__ void __launch_bounds__(256) k_fp4(Fp4Args a) {
  * pass's reduction together) and every warp keeps its next chunk's weights
  * in flight across pass and item boundaries.
  */
-template <int MODE>
+template <int MODE, bool FQ>
 __global__ void __launch_bounds__(256) k_moe_fp4(Fp4Args a) {
     extern __shared__ float red[]; /* [2][KW][32][4] */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, KW = blockDim.x >> 5;
@@ -309,6 +309,25 @@ __global__ void __launch_bounds__(256) k_moe_fp4(Fp4Args a) {
         /* activations: mma column g = row j of this pass */
         const int j = cpass * 8 + g;
         const int rin = j < ccnt ? (MODE == FP4_GATEUP ? a.list[coff + j] / a.topk : coff + j) : -1;
+        uint32_t q[8];
+        float x0, x1;
+        if (!FQ) { /* pre-quantised rows (act_quant): 8 bytes per step */
+            const int ja = cpass * 8 + 2 * t;
+            auto src = [&](int jj) {
+                return jj < ccnt ? (MODE == FP4_GATEUP ? a.list[coff + jj] / a.topk : coff + jj) : -1;
+            };
+            const int r0 = src(ja), r1 = src(ja + 1);
+#pragma unroll
+            for (int s = 0; s < 4; s++) {
+                uint2 xv = make_uint2(0, 0);
+                if (rin >= 0)
+                    xv = __ldg((const uint2 *)(a.xq + (size_t)rin * a.K + (size_t)c * 128 + 32 * s + 8 * t));
+                q[2 * s] = __byte_perm(xv.x, xv.y, 0x6420);
+                q[2 * s + 1] = __byte_perm(xv.x, xv.y, 0x7531);
+            }
+            x0 = r0 >= 0 ? __ldg(a.xs + (size_t)r0 * C + c) : 0.f;
+            x1 = r1 >= 0 ? __ldg(a.xs + (size_t)r1 * C + c) : 0.f;
+        } else {
         float v[32];
         if (rin >= 0) {
             const float *xr = a.xf + (size_t)rin * a.K + (size_t)c * 128 + 8 * t;
@@ -323,12 +342,12 @@ __global__ void __launch_bounds__(256) k_moe_fp4(Fp4Args a) {
 #pragma unroll
             for (int i = 0; i < 32; i++) v[i] = 0.f;
         }
-        uint32_t q[8];
         const float xsc = quant_quad(v, q, rin >= 0);
-        float x0 = __shfl_sync(0xffffffffu, xsc, 8 * t);
-        float x1 = __shfl_sync(0xffffffffu, xsc, 8 * t + 4);
+        x0 = __shfl_sync(0xffffffffu, xsc, 8 * t);
+        x1 = __shfl_sync(0xffffffffu, xsc, 8 * t + 4);
         if (cpass * 8 + 2 * t >= ccnt) x0 = 0.f;
         if (cpass * 8 + 2 * t + 1 >= ccnt) x1 = 0.f;
+        }
 #pragma unroll
         for (int m = 0; m < NM; m++) {
             const uint32_t wv[8] = {p[m][0].x, p[m][0].y, p[m][0].z, p[m][0].w,
@@ -398,19 +417,19 @@ __global__ void __launch_bounds__(256) k_moe_fp4(Fp4Args a) {
     }
 }
 
-template <int MODE>
+template <int MODE, bool FQ>
 static int launch_moe_fp4(dsv4_cuda_ctx *c, const Fp4Args &a, int slots, dsv4_err *err) {
     const int C = a.K / 128;
     int kw = 1; /* power of two dividing C, >= 4 chunks per warp */
     while (kw < 8 && C % (kw * 2) == 0 && C / (kw * 2) >= 4) kw *= 2;
     size_t smem = (size_t)2 * kw * 32 * 4 * sizeof(float);
     int per_sm = 0;
-    CU_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_moe_fp4<MODE>, kw * 32, smem), err,
+    CU_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_moe_fp4<MODE, FQ>, kw * 32, smem), err,
            "fp4 experts (occupancy)");
     if (per_sm < 1) per_sm = 1;
     long long items = (long long)slots * (a.R / 16), gx = (long long)per_sm * c->prop.multiProcessorCount;
     if (gx > items) gx = items;
-    CU_TRY(cu_launch(c, k_moe_fp4<MODE>, dim3((unsigned)gx), dim3(kw * 32), smem, a), err,
+    CU_TRY(cu_launch(c, k_moe_fp4<MODE, FQ>, dim3((unsigned)gx), dim3(kw * 32), smem, a), err,
            MODE == FP4_GATEUP ? "fp4 experts w1/w3" : "fp4 experts w2");
     return DSV4_OK;
 }
@@ -426,9 +445,9 @@ static int launch_fp4(dsv4_cuda_ctx *c, const Fp4Args &a, int nt, unsigned gy, d
     dim3 grid((unsigned)(a.R / 16), gy), block((unsigned)(kw * 32));
     size_t smem = (size_t)2 * kw * 32 * 4 * sizeof(float);
     cudaError_t e;
-    if constexpr (MODE != FP4_PLAIN) { /* the experts always quantise in the kernel */
-        (void)nt;
-        e = cu_launch(c, k_fp4<1, MODE, true>, grid, block, smem, a);
+    if constexpr (MODE != FP4_PLAIN) { /* experts: one 8-row n-tile per pass */
+        e = nt == 0 ? cu_launch(c, k_fp4<1, MODE, true>, grid, block, smem, a)
+                    : cu_launch(c, k_fp4<1, MODE, false>, grid, block, smem, a);
     } else {
         switch (nt) {
         case 0: e = cu_launch(c, k_fp4<1, MODE, true>, grid, block, smem, a); break;
@@ -571,16 +590,27 @@ extern "C" int dsv4_cuda_moe(dsv4_cuda_ctx *c, const dsv4_cuda_experts *ex, cons
     const int slots = nent < ex->n_experts ? nent : ex->n_experts;
     if ((size_t)nent * sizeof(int) > 32 * 1024)
         return cu_err(err, DSV4_EINVAL, "dsv4_cuda_moe: %d tokens x top-%d exceeds one grouping block", n, topk);
-    /* workspace: act_n act_exp act_off list inv | H [nent, dff] | O [nent, dm] */
+    /* workspace: act_n act_exp act_off list inv | H [nent, dff] | O [nent, dm]
+     *            | xq xs (x quantised) | hq hs (H quantised) */
     size_t o_g = 0;
     size_t o_h = o_g + cu_align((size_t)(1 + slots + slots + 1 + 2 * nent) * 4);
     size_t o_o = o_h + cu_align((size_t)nent * dff * 4);
-    size_t total = o_o + cu_align((size_t)nent * dm * 4);
+    size_t o_xq = o_o + cu_align((size_t)nent * dm * 4);
+    size_t o_xs = o_xq + cu_align((size_t)n * dm);
+    size_t o_hq = o_xs + cu_align((size_t)n * (dm / 128) * 4);
+    size_t o_hs = o_hq + cu_align((size_t)nent * dff);
+    size_t total = o_hs + cu_align((size_t)nent * (dff / 128) * 4);
     void *wsp = NULL;
     int rc = cu_workspace(c, total, &wsp, err);
     if (rc) return rc;
     uint8_t *base = (uint8_t *)wsp;
     float *H = (float *)(base + o_h), *O = (float *)(base + o_o);
+    uint8_t *xq = base + o_xq, *hq = base + o_hq;
+    float *xs = (float *)(base + o_xs), *hs = (float *)(base + o_hs);
+    /* measured on H200: quantising x / H once (act_quant) beats quantising
+     * the same rows again in every (expert, tile) block (bench/results) */
+    const int fq = c->moe_fq;
+    if (!fq && (rc = cu_act_quant(c, x, n, dm, xq, xs, err))) return rc;
     int *act_n = (int *)(base + o_g), *act_exp = act_n + 1, *act_off = act_exp + slots;
     int *list = act_off + slots + 1, *inv = list + nent;
 
@@ -606,12 +636,16 @@ extern "C" int dsv4_cuda_moe(dsv4_cuda_ctx *c, const dsv4_cuda_experts *ex, cons
     a.R = dff;
     a.K = dm;
     a.xf = x;
+    a.xq = xq;
+    a.xs = xs;
     a.y = H;
-    /* Activations quantised inside the expert kernels (FQ), one n-tile of 8
-     * rows per pass: most experts get 1-2 rows of a decode / verify step. */
-    if (c->moe_legacy) rc = launch_fp4<FP4_GATEUP>(c, a, 0, (unsigned)slots, err);
-    else rc = launch_moe_fp4<FP4_GATEUP>(c, a, slots, err);
+    /* One n-tile of 8 rows per pass: most experts get 1-2 rows of a decode /
+     * verify step; an expert chosen by more rows is streamed once per 8. */
+    if (!c->moe_persistent) rc = launch_fp4<FP4_GATEUP>(c, a, fq ? 0 : 1, (unsigned)slots, err);
+    else rc = fq ? launch_moe_fp4<FP4_GATEUP, true>(c, a, slots, err)
+                 : launch_moe_fp4<FP4_GATEUP, false>(c, a, slots, err);
     if (rc) return rc;
+    if (!fq && (rc = cu_act_quant(c, H, nent, dff, hq, hs, err))) return rc;
     /* w2: [dm, dff] */
     a.w1 = (const uint8_t *)ex->w2;
     a.s1 = (const uint8_t *)ex->s2;
@@ -619,9 +653,12 @@ extern "C" int dsv4_cuda_moe(dsv4_cuda_ctx *c, const dsv4_cuda_experts *ex, cons
     a.R = dm;
     a.K = dff;
     a.xf = H;
+    a.xq = hq;
+    a.xs = hs;
     a.y = O;
-    if (c->moe_legacy) rc = launch_fp4<FP4_DOWN>(c, a, 0, (unsigned)slots, err);
-    else rc = launch_moe_fp4<FP4_DOWN>(c, a, slots, err);
+    if (!c->moe_persistent) rc = launch_fp4<FP4_DOWN>(c, a, fq ? 0 : 1, (unsigned)slots, err);
+    else rc = fq ? launch_moe_fp4<FP4_DOWN, true>(c, a, slots, err)
+                 : launch_moe_fp4<FP4_DOWN, false>(c, a, slots, err);
     if (rc) return rc;
     size_t items = (size_t)n * (dm / 4);
     CU_TRY(cu_launch(c, k_moe_combine, dim3((unsigned)((items + 255) / 256)), dim3(256), 0,
