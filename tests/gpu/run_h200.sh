@@ -40,7 +40,7 @@ if [ "${1:-}" = "--perf" ]; then
   DSV4_CUDA_NO_PDL=1 "$B/dsv4-gpu-ops" --perf-only > "$OUTD/gpu_ops_nopdl.txt" 2>&1
   echo; echo "== with DSV4_CUDA_NO_PDL=1 (chain only; full table in gpu_ops_nopdl.txt)"
   grep -A1 "^chain" "$OUTD/gpu_ops_nopdl.txt"
-  for v in PERSISTENT FQ; do
+  for v in ${MOE_VARIANTS:-PERSISTENT FQ MINB3}; do
     env DSV4_CUDA_MOE_$v=1 "$B/dsv4-gpu-ops" --tiny --perf > "$OUTD/gpu_ops_moe_$v.txt" 2>&1
     echo "MOE_$v tiny correctness: $(grep -E '^[0-9]+ passed' "$OUTD/gpu_ops_moe_$v.txt")"
     env DSV4_CUDA_MOE_$v=1 "$B/dsv4-gpu-ops" --perf-only >> "$OUTD/gpu_ops_moe_$v.txt" 2>&1

@@ -35,6 +35,7 @@ extern "C" int dsv4_cuda_ctx_create(int device, dsv4_cuda_ctx **out, dsv4_err *e
     if (c->fuseq_max > 8) c->fuseq_max = 8;
     c->moe_persistent = getenv("DSV4_CUDA_MOE_PERSISTENT") != NULL;
     c->moe_fq = getenv("DSV4_CUDA_MOE_FQ") != NULL;
+    c->moe_minb3 = getenv("DSV4_CUDA_MOE_MINB3") != NULL;
     e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
         free(c);

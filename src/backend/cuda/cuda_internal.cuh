@@ -23,6 +23,7 @@ struct dsv4_cuda_ctx {
     int fuseq_max; /* rows up to which linears quantise x inside the GEMV */
     int moe_persistent; /* DSV4_CUDA_MOE_PERSISTENT: one-wave expert kernels (k_moe_fp4) */
     int moe_fq;         /* DSV4_CUDA_MOE_FQ: quantise x / H inside the expert kernels */
+    int moe_minb3;      /* DSV4_CUDA_MOE_MINB3: expert kernels capped for 3 blocks / SM */
     cudaStream_t stream;
     cublasHandle_t cublas;
     cublasLtHandle_t cublaslt;

@@ -43,8 +43,8 @@ __device__ __forceinline__ float silu(float v) { return v / (1.0f + __expf(-v));
  * expert slot (GATEUP/DOWN) or the 8·NT-row group (PLAIN). Columns of the
  * mma are the rows of the step that chose this expert, 8·NT per pass.
  */
-template <int NT, int MODE, bool FQ>
-__global__ void __launch_bounds__(256) k_fp4(Fp4Args a) {
+template <int NT, int MODE, bool FQ, int MINB = 1>
+__global__ void __launch_bounds__(256, MINB) k_fp4(Fp4Args a) {
     pdl_trigger();
     pdl_wait(); /* the expert list and x come from the previous kernels */
     extern __shared__ float red[]; /* [2][KW][32][4] */
@@ -446,8 +446,10 @@ static int launch_fp4(dsv4_cuda_ctx *c, const Fp4Args &a, int nt, unsigned gy, d
     size_t smem = (size_t)2 * kw * 32 * 4 * sizeof(float);
     cudaError_t e;
     if constexpr (MODE != FP4_PLAIN) { /* experts: one 8-row n-tile per pass */
+        /* MINB 3 caps registers (more warps resident, maybe spills): measured */
         e = nt == 0 ? cu_launch(c, k_fp4<1, MODE, true>, grid, block, smem, a)
-                    : cu_launch(c, k_fp4<1, MODE, false>, grid, block, smem, a);
+            : c->moe_minb3 ? cu_launch(c, k_fp4<1, MODE, false, 3>, grid, block, smem, a)
+                           : cu_launch(c, k_fp4<1, MODE, false>, grid, block, smem, a);
     } else {
         switch (nt) {
         case 0: e = cu_launch(c, k_fp4<1, MODE, true>, grid, block, smem, a); break;
