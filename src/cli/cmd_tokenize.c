@@ -1,15 +1,301 @@
-/* dsv4 tokenize — placeholder until its issue lands: prints help, refuses to run. */
+/*
+ * dsv4 tokenize — print token ids for text, or text for ids, with a model's
+ * tokenizer.json (spec/SERVING.md §1.1-1.2). A debugging aid: what the
+ * server would feed the model for a string, and what ids mean.
+ *
+ * Why no fallback to the Python package's tokenizer.json: nothing is looked
+ * up or fetched at run time (PREAMBLE rules); scripts/setup.sh places the
+ * tokenizer in the embedded default model, or the user names one.
+ */
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cli/cli.h"
+#include "text/tokenizer.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: dsv4 tokenize [--model DIR | --tokenizer FILE] [--ids] [--no-special] TEXT...\n"
+            "       dsv4 tokenize [--model DIR | --tokenizer FILE] [--skip-special] --decode IDS\n"
+            "\n"
+            "Print the token ids of TEXT (several TEXT arguments are joined with one space;\n"
+            "'-' reads the text from stdin; put -- before TEXT that starts with '-'), or the\n"
+            "text of IDS (comma- or space-separated; '-' reads them from stdin).\n"
+            "\n"
+            "  --model DIR        use DIR/tokenizer.json (default: the embedded default model,\n"
+            "                     %s)\n"
+            "  --tokenizer FILE   use this tokenizer.json\n"
+            "  --ids              print only the ids, comma-separated on one line\n"
+            "                     (default: one line per token: id, then its text)\n"
+            "  --no-special       tokenize special-token text (<｜User｜>, </think>, ...) as\n"
+            "                     ordinary text, as the server does for client content\n"
+            "                     (default: it becomes the special id, as for encoder output)\n"
+            "  --decode IDS       print the text of IDS instead\n"
+            "  --skip-special     with --decode: drop special tokens (BOS, EOS, ...)\n"
+            "  --batch-hex        for scripts and tests: read lines of hex-encoded text bytes\n"
+            "                     from stdin; print per line the comma-separated ids, a tab,\n"
+            "                     and the hex of decode(ids); with --stats, print encode time\n"
+            "                     and throughput to stderr\n",
+            dsv4_default_model_dir());
+}
+
+static char *read_all(FILE *f, size_t *len) {
+    size_t cap = 1 << 16, n = 0;
+    char *b = malloc(cap);
+    if (!b) return NULL;
+    size_t r;
+    while ((r = fread(b + n, 1, cap - n - 1, f)) > 0) {
+        n += r;
+        if (cap - n - 1 == 0) {
+            char *nb = realloc(b, cap * 2);
+            if (!nb) { free(b); return NULL; }
+            b = nb;
+            cap *= 2;
+        }
+    }
+    b[n] = 0;
+    *len = n;
+    return b;
+}
+
+/* Print bytes with control characters and invalid UTF-8 escaped. */
+static void print_escaped(const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '\n') fputs("\\n", stdout);
+        else if (c == '\r') fputs("\\r", stdout);
+        else if (c == '\t') fputs("\\t", stdout);
+        else if (c == '\\') fputs("\\\\", stdout);
+        else if (c < 0x20 || c == 0x7f) printf("\\x%02x", c);
+        else if (c < 0x80) putchar(c);
+        else {
+            size_t l = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 ? 2 : 0, k = 1;
+            while (l && k < l && i + k < n && ((unsigned char)s[i + k] & 0xC0) == 0x80) k++;
+            if (l && k == l) { fwrite(s + i, 1, l, stdout); i += l - 1; }
+            else printf("\\x%02x", c);
+        }
+    }
+}
+
+static int hexval(int c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* --batch-hex: one case per stdin line (hex of the text's bytes). Encode time
+ * is measured around dsv4_tokenizer_encode only (not load, not I/O). */
+static int batch_hex(dsv4_tokenizer *tok, int allow_special, int stats) {
+    size_t len;
+    char *all = read_all(stdin, &len);
+    if (!all) { fprintf(stderr, "dsv4 tokenize: cannot read stdin\n"); return 1; }
+    double enc_s = 0;
+    size_t bytes = 0, tokens = 0;
+    int status = 0;
+    dsv4_err err = {0};
+    for (char *line = all, *next; line && *line && !status; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = 0;
+        size_t hl = strcspn(line, "\r"), n = hl / 2;
+        char *text = malloc(n + 1);
+        if (!text) { status = 1; break; }
+        for (size_t i = 0; i < n; i++) {
+            int hi = hexval(line[2 * i]), lo = hexval(line[2 * i + 1]);
+            if (hi < 0 || lo < 0 || hl % 2) { fprintf(stderr, "dsv4 tokenize: --batch-hex: bad hex\n"); status = 2; break; }
+            text[i] = (char)(hi * 16 + lo);
+        }
+        dsv4_tokvec v = {0};
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        if (!status && dsv4_tokenizer_encode(tok, text, n, allow_special, &v, &err)) {
+            fprintf(stderr, "dsv4 tokenize: %s\n", err.msg);
+            status = 1;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        enc_s += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        bytes += n;
+        tokens += v.n;
+        char *out = NULL;
+        size_t ol = 0;
+        if (!status && dsv4_tokenizer_decode(tok, v.ids, v.n, 0, &out, &ol, &err)) {
+            fprintf(stderr, "dsv4 tokenize: %s\n", err.msg);
+            status = 1;
+        }
+        if (!status) {
+            for (size_t i = 0; i < v.n; i++) printf(i ? ",%d" : "%d", (int)v.ids[i]);
+            putchar('\t');
+            for (size_t i = 0; i < ol; i++) printf("%02x", (unsigned char)out[i]);
+            putchar('\n');
+        }
+        free(out);
+        free(text);
+        dsv4_tokvec_free(&v);
+    }
+    free(all);
+    if (stats && !status)
+        fprintf(stderr, "encode: %zu bytes -> %zu tokens in %.6f s: %.0f tokens/s, %.2f MB/s\n", bytes, tokens, enc_s,
+                enc_s > 0 ? (double)tokens / enc_s : 0.0, enc_s > 0 ? (double)bytes / enc_s / 1e6 : 0.0);
+    return status;
+}
+
+static int parse_ids(const char *s, int32_t **ids, size_t *n) {
+    size_t cap = 16, k = 0;
+    int32_t *v = malloc(cap * sizeof *v);
+    if (!v) return -1;
+    const char *p = s;
+    for (;;) {
+        while (*p == ',' || *p == ' ' || *p == '\n' || *p == '\t' || *p == '\r' || *p == '[' || *p == ']') p++;
+        if (!*p) break;
+        char *end;
+        errno = 0;
+        long x = strtol(p, &end, 10);
+        if (end == p || errno || x < 0 || x > INT32_MAX) { free(v); return -1; }
+        if (k == cap) {
+            int32_t *nv = realloc(v, cap * 2 * sizeof *nv);
+            if (!nv) { free(v); return -1; }
+            v = nv;
+            cap *= 2;
+        }
+        v[k++] = (int32_t)x;
+        p = end;
+    }
+    *ids = v;
+    *n = k;
+    return 0;
+}
 
 int dsv4_cmd_tokenize(int argc, char **argv) {
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: dsv4 tokenize [options]\nPrint token ids for text, or text for ids, with the model's tokenizer.\n");
-            return 0;
+    const char *model = NULL, *file = NULL, *decode = NULL;
+    int ids_only = 0, no_special = 0, skip_special = 0, first_text = -1, batch = 0, stats = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
+        else if (!strcmp(a, "--model") && i + 1 < argc) model = argv[++i];
+        else if (!strcmp(a, "--tokenizer") && i + 1 < argc) file = argv[++i];
+        else if (!strcmp(a, "--decode") && i + 1 < argc) decode = argv[++i];
+        else if (!strcmp(a, "--ids")) ids_only = 1;
+        else if (!strcmp(a, "--no-special")) no_special = 1;
+        else if (!strcmp(a, "--skip-special")) skip_special = 1;
+        else if (!strcmp(a, "--batch-hex")) batch = 1;
+        else if (!strcmp(a, "--stats")) stats = 1;
+        else if (!strcmp(a, "--")) { first_text = i + 1; break; }
+        else if (a[0] == '-' && a[1]) {
+            fprintf(stderr, "dsv4 tokenize: unknown or incomplete option %s\n", a);
+            usage(stderr);
+            return 2;
+        } else { first_text = i; break; }
+    }
+    if (model && file) { fprintf(stderr, "dsv4 tokenize: give --model or --tokenizer, not both\n"); return 2; }
+    if (!decode && !batch && (first_text < 0 || first_text >= argc)) { usage(stderr); return 2; }
+    if (decode && first_text >= 0 && first_text < argc) {
+        fprintf(stderr, "dsv4 tokenize: --decode takes no TEXT\n");
+        return 2;
+    }
+
+    char path[4096];
+    if (file) snprintf(path, sizeof path, "%s", file);
+    else snprintf(path, sizeof path, "%s/tokenizer.json", model ? model : dsv4_default_model_dir());
+    FILE *probe = fopen(path, "rb");
+    if (!probe) {
+        if (!file && !model)
+            fprintf(stderr,
+                    "dsv4 tokenize: the default model has no tokenizer (%s: %s); run scripts/setup.sh or pass "
+                    "--tokenizer FILE / --model DIR\n", path, strerror(errno));
+        else fprintf(stderr, "dsv4 tokenize: %s: %s\n", path, strerror(errno));
+        return 1;
+    }
+    fclose(probe);
+    dsv4_err err = {0};
+    dsv4_tokenizer *tok;
+    if (dsv4_tokenizer_load(path, &tok, &err)) {
+        fprintf(stderr, "dsv4 tokenize: %s\n", err.msg);
+        return 1;
+    }
+
+    int status = 0;
+    if (batch) {
+        status = batch_hex(tok, !no_special, stats);
+        dsv4_tokenizer_free(tok);
+        return status;
+    }
+    if (decode) {
+        char *src = NULL;
+        size_t srclen;
+        if (!strcmp(decode, "-") && !(src = read_all(stdin, &srclen))) {
+            fprintf(stderr, "dsv4 tokenize: cannot read stdin\n");
+            dsv4_tokenizer_free(tok);
+            return 1;
         }
-    fprintf(stderr, "dsv4 tokenize: not implemented yet\n");
-    return 1;
+        int32_t *ids;
+        size_t n;
+        if (parse_ids(src ? src : decode, &ids, &n)) {
+            fprintf(stderr, "dsv4 tokenize: --decode: expected non-negative integers separated by commas\n");
+            status = 2;
+        } else {
+            char *text;
+            size_t tl;
+            if (dsv4_tokenizer_decode(tok, ids, n, skip_special, &text, &tl, &err)) {
+                fprintf(stderr, "dsv4 tokenize: %s\n", err.msg);
+                status = 1;
+            } else {
+                fwrite(text, 1, tl, stdout);
+                putchar('\n');
+                free(text);
+            }
+            free(ids);
+        }
+        free(src);
+        dsv4_tokenizer_free(tok);
+        return status;
+    }
+
+    /* Gather the text: args joined by one space; "-" is stdin. */
+    char *text = NULL;
+    size_t tl = 0;
+    for (int i = first_text; i < argc; i++) {
+        const char *piece = argv[i];
+        char *in = NULL;
+        size_t pl;
+        if (!strcmp(piece, "-")) {
+            if (!(in = read_all(stdin, &pl))) { status = 1; break; }
+            piece = in;
+        } else {
+            pl = strlen(piece);
+        }
+        char *nt = realloc(text, tl + pl + 2);
+        if (!nt) { free(in); status = 1; break; }
+        text = nt;
+        if (i > first_text) text[tl++] = ' ';
+        memcpy(text + tl, piece, pl);
+        tl += pl;
+        text[tl] = 0;
+        free(in);
+    }
+    if (status) {
+        fprintf(stderr, "dsv4 tokenize: out of memory or cannot read stdin\n");
+    } else {
+        dsv4_tokvec v = {0};
+        if (dsv4_tokenizer_encode(tok, text, tl, !no_special, &v, &err)) {
+            fprintf(stderr, "dsv4 tokenize: %s\n", err.msg);
+            status = 1;
+        } else if (ids_only) {
+            for (size_t i = 0; i < v.n; i++) printf(i ? ",%d" : "%d", (int)v.ids[i]);
+            putchar('\n');
+        } else {
+            for (size_t i = 0; i < v.n; i++) {
+                size_t bl;
+                const char *b = dsv4_tokenizer_token_bytes(tok, v.ids[i], &bl);
+                printf("%d\t", (int)v.ids[i]);
+                print_escaped(b, bl);
+                printf(dsv4_tokenizer_is_added(tok, v.ids[i]) ? "\t(added%s)\n" : "\n",
+                       dsv4_tokenizer_is_special(tok, v.ids[i]) ? ", special" : "");
+            }
+            printf("%zu tokens\n", v.n);
+        }
+        dsv4_tokvec_free(&v);
+    }
+    free(text);
+    dsv4_tokenizer_free(tok);
+    return status;
 }

@@ -1,0 +1,256 @@
+/* `dsv4 serve` flag parsing (src/cli/serve_args.h). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/serve_args.h"
+
+/* vLLM flags that dsv4 accepts and ignores, because it always behaves the way
+ * the seed launchers ask (spec/SERVING.md §0.2). has_value: takes an argument. */
+static const struct { const char *name; int has_value; const char *why; } ignored_flags[] = {
+    {"--tokenizer-mode", 1, "the DeepSeek-V4 encoder is built in"},
+    {"--reasoning-parser", 1, "the deepseek_v4 reasoning parser is built in"},
+    {"--reasoning-config", 1, "reasoning is delimited by <think>/</think>"},
+    {"--tool-call-parser", 1, "the DSML tool-call parser is built in"},
+    {"--enable-auto-tool-choice", 0, "tool calls are always parsed when tools are given"},
+    {"--generation-config", 1, "client sampling parameters always win (SERVING.md §7.1)"},
+    {"--enable-chunked-prefill", 0, "prefill is always chunked"},
+    {"--async-scheduling", 0, "the scheduler is always asynchronous to HTTP"},
+    {"--trust-remote-code", 0, "no remote code is ever run"},
+    {"--dtype", 1, "activations are bf16 as in the reference"},
+    {"--disable-log-requests", 0, "requests are not logged by default"},
+    {"--disable-log-stats", 0, "stats are exported on /metrics"},
+    {"--uvicorn-log-level", 1, "not a Python server"},
+    {"--disable-uvicorn-access-log", 0, "not a Python server"},
+    {"--compilation-config", 1, "kernels are compiled ahead of time"},
+    {"--enforce-eager", 0, "nothing is compiled at request time"},
+    {"--max-log-len", 1, "requests are not logged by default"},
+    {"--tokenizer", 1, "the checkpoint's tokenizer.json is used"},
+};
+
+static int parse_int(const char *flag, const char *v, long lo, long hi, int *out, dsv4_err *err) {
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || *end || end == v || x < lo || x > hi)
+        return dsv4_err_set(err, DSV4_EINVAL, "%s: '%s' is not an integer in [%ld, %ld]", flag, v, lo, hi);
+    *out = (int)x;
+    return 0;
+}
+
+/* Add one API key; keys read from files/env are strdup'd and live until exit. */
+static int add_key(dsv4_serve_args *a, const char *k, dsv4_err *err) {
+    if (!*k) return 0;
+    if (a->http.n_api_keys >= DSV4_SERVER_MAX_KEYS)
+        return dsv4_err_set(err, DSV4_EINVAL, "--api-key: at most %d keys", DSV4_SERVER_MAX_KEYS);
+    a->http.api_keys[a->http.n_api_keys++] = k;
+    return 0;
+}
+
+static int keys_from_list(dsv4_serve_args *a, const char *list, const char *seps, dsv4_err *err) {
+    char *copy = strdup(list), *save = NULL;
+    if (!copy) return dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
+    for (char *t = strtok_r(copy, seps, &save); t; t = strtok_r(NULL, seps, &save)) {
+        while (*t == ' ' || *t == '\t' || *t == '\r') t++;
+        size_t n = strlen(t);
+        while (n && (t[n - 1] == ' ' || t[n - 1] == '\t' || t[n - 1] == '\r')) t[--n] = 0;
+        if (add_key(a, t, err)) return err ? err->code : DSV4_EINVAL; /* copy intentionally kept */
+    }
+    return 0; /* copy owns the key strings; kept for the process lifetime */
+}
+
+static int keys_from_file(dsv4_serve_args *a, const char *path, dsv4_err *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return dsv4_err_set(err, DSV4_EIO, "--api-key-file: cannot open '%s': %s", path, strerror(errno));
+    char buf[8192];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    return keys_from_list(a, buf, "\n", err);
+}
+
+static void usage(void) {
+    printf("usage: dsv4 serve [MODEL_DIR] [flags]\n"
+           "Serve MODEL_DIR (default: the embedded tiny model) over an OpenAI-compatible HTTP API.\n"
+           "Flags use vLLM's names:\n"
+           "  --host ADDR                   bind address (default 127.0.0.1)\n"
+           "  --port N                      port (default 8888)\n"
+           "  --api-key KEY [KEY...]        require Bearer keys (also --api-key-file, $DSV4_API_KEYS)\n"
+           "  --served-model-name NAME...   model names (default deepseek-v4-flash-dspark)\n"
+           "  --max-model-len N             context length in tokens (default 1048576)\n"
+           "  --max-num-seqs N              concurrent sequences (default 256)\n"
+           "  --max-num-batched-tokens N    tokens per engine step (default 8192)\n"
+           "  --gpu-memory-utilization F    fraction of GPU memory to use (default 0.9)\n"
+           "  --kv-cache-dtype T            auto | bf16 | fp8_ds_mla\n"
+           "  --tensor-parallel-size N      GPUs per model (-tp)\n"
+           "  --speculative-config JSON     e.g. '{\"method\":\"dspark\",\"num_speculative_tokens\":5}'\n"
+           "  --load-format F               auto | dummy (random weights, real shapes)\n"
+           "  --[no-]enable-prefix-caching  automatic prefix caching (default on)\n"
+           "  --default-chat-template-kwargs JSON   e.g. '{\"thinking\":false}'\n"
+           "  --reasoning-effort-profile P  auto | preview | 0731\n"
+           "  --default-thinking M          off | low | high | max (default off)\n"
+           "  --default-reasoning-effort E  effort when thinking is on (default high)\n"
+           "  --stop-in-reasoning M         dormant | active (default dormant)\n"
+           "  --nnodes N --node-rank R --master-addr A --master-port P   multi-node\n"
+           "Accepted and ignored (dsv4 always behaves this way): --tokenizer-mode, --reasoning-parser,\n"
+           "  --tool-call-parser, --enable-auto-tool-choice, --enable-chunked-prefill, --async-scheduling, ...\n");
+}
+
+int dsv4_serve_args_parse(int argc, char **argv, dsv4_serve_args *a, dsv4_err *err) {
+    memset(a, 0, sizeof *a);
+    dsv4_server_opts_default(&a->http);
+    a->max_num_seqs = 256;
+    a->max_num_batched_tokens = 8192;
+    a->gpu_memory_utilization = 0.9;
+    a->kv_cache_dtype = "auto";
+    a->tensor_parallel_size = 1;
+    a->load_format = "auto";
+    a->enable_prefix_caching = 1;
+    a->reasoning_effort_profile = "auto";
+    a->default_thinking = "off";
+    a->default_reasoning_effort = "high";
+    a->stop_in_reasoning = "dormant";
+    a->nnodes = 1;
+    a->master_addr = "127.0.0.1";
+    a->master_port = 29500;
+    int names_given = 0;
+
+    const char *env = getenv("DSV4_API_KEYS");
+    if (env && *env && keys_from_list(a, env, ",", err)) return DSV4_EINVAL;
+
+    for (int i = 1; i < argc; i++) {
+        char *arg = argv[i];
+        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
+            usage();
+            a->help_shown = 1;
+            return 0;
+        }
+        if (strncmp(arg, "-", 1) != 0) {
+            if (a->model_dir) return dsv4_err_set(err, DSV4_EINVAL, "two model directories given: '%s' and '%s'",
+                                                  a->model_dir, arg);
+            a->model_dir = arg;
+            continue;
+        }
+        /* split --flag=value */
+        char flag[128];
+        const char *val = NULL;
+        const char *eq = strchr(arg, '=');
+        size_t fl = eq ? (size_t)(eq - arg) : strlen(arg);
+        if (fl >= sizeof flag) return dsv4_err_set(err, DSV4_EINVAL, "unknown flag '%s'", arg);
+        memcpy(flag, arg, fl);
+        flag[fl] = 0;
+        if (eq) val = eq + 1;
+#define NEED_VALUE()                                                                         \
+    do {                                                                                     \
+        if (!val) {                                                                          \
+            if (i + 1 >= argc) return dsv4_err_set(err, DSV4_EINVAL, "%s needs a value", flag); \
+            val = argv[++i];                                                                 \
+        }                                                                                    \
+    } while (0)
+        int ign = -1;
+        for (size_t k = 0; k < sizeof ignored_flags / sizeof ignored_flags[0]; k++)
+            if (!strcmp(flag, ignored_flags[k].name)) ign = (int)k;
+        if (ign >= 0) {
+            if (ignored_flags[ign].has_value) NEED_VALUE();
+            if (a->n_ignored < 32) a->ignored[a->n_ignored++] = ignored_flags[ign].name;
+            dsv4_log(DSV4_LOG_INFO, "%s ignored: %s", ignored_flags[ign].name, ignored_flags[ign].why);
+            continue;
+        }
+        if (!strcmp(flag, "--model")) { NEED_VALUE(); a->model_dir = val; }
+        else if (!strcmp(flag, "--host")) { NEED_VALUE(); a->http.host = val; }
+        else if (!strcmp(flag, "--port")) { NEED_VALUE(); if (parse_int(flag, val, 1, 65535, &a->http.port, err)) return DSV4_EINVAL; }
+        else if (!strcmp(flag, "--api-key") || !strcmp(flag, "--served-model-name")) {
+            int is_key = flag[2] == 'a', n = 0;
+            if (val) { n = 1; } else {
+                while (i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0) {
+                    i++;
+                    n++;
+                    if (is_key) { if (add_key(a, argv[i], err)) return DSV4_EINVAL; }
+                    else {
+                        if (!names_given) { a->http.n_served_names = 0; names_given = 1; }
+                        if (a->http.n_served_names >= DSV4_SERVER_MAX_NAMES)
+                            return dsv4_err_set(err, DSV4_EINVAL, "%s: at most %d names", flag, DSV4_SERVER_MAX_NAMES);
+                        a->http.served_names[a->http.n_served_names++] = argv[i];
+                    }
+                }
+                if (!n) return dsv4_err_set(err, DSV4_EINVAL, "%s needs a value", flag);
+                continue;
+            }
+            if (is_key) { if (add_key(a, val, err)) return DSV4_EINVAL; }
+            else {
+                if (!names_given) { a->http.n_served_names = 0; names_given = 1; }
+                if (a->http.n_served_names >= DSV4_SERVER_MAX_NAMES)
+                    return dsv4_err_set(err, DSV4_EINVAL, "%s: at most %d names", flag, DSV4_SERVER_MAX_NAMES);
+                a->http.served_names[a->http.n_served_names++] = val;
+            }
+        }
+        else if (!strcmp(flag, "--api-key-file")) { NEED_VALUE(); if (keys_from_file(a, val, err)) return DSV4_EINVAL; }
+        else if (!strcmp(flag, "--max-model-len")) {
+            NEED_VALUE();
+            int v;
+            if (parse_int(flag, val, 1, 1048576, &v, err)) return DSV4_EINVAL;
+            a->http.max_model_len = v;
+            a->max_model_len_given = 1;
+        }
+        else if (!strcmp(flag, "--max-num-seqs")) { NEED_VALUE(); if (parse_int(flag, val, 1, 65536, &a->max_num_seqs, err)) return DSV4_EINVAL; }
+        else if (!strcmp(flag, "--max-num-batched-tokens")) { NEED_VALUE(); if (parse_int(flag, val, 1, 1 << 24, &a->max_num_batched_tokens, err)) return DSV4_EINVAL; }
+        else if (!strcmp(flag, "--gpu-memory-utilization")) {
+            NEED_VALUE();
+            char *end;
+            a->gpu_memory_utilization = strtod(val, &end);
+            if (*end || end == val || !(a->gpu_memory_utilization > 0 && a->gpu_memory_utilization <= 1))
+                return dsv4_err_set(err, DSV4_EINVAL, "%s: '%s' must be a number in (0, 1]", flag, val);
+        }
+        else if (!strcmp(flag, "--kv-cache-dtype")) {
+            NEED_VALUE();
+            if (strcmp(val, "auto") && strcmp(val, "bf16") && strcmp(val, "fp8_ds_mla"))
+                return dsv4_err_set(err, DSV4_EINVAL, "%s: '%s' is not one of auto, bf16, fp8_ds_mla", flag, val);
+            a->kv_cache_dtype = val;
+        }
+        else if (!strcmp(flag, "--tensor-parallel-size") || !strcmp(flag, "-tp")) { NEED_VALUE(); if (parse_int(flag, val, 1, 64, &a->tensor_parallel_size, err)) return DSV4_EINVAL; }
+        else if (!strcmp(flag, "--speculative-config")) { NEED_VALUE(); a->speculative_config = val; }
+        else if (!strcmp(flag, "--load-format")) {
+            NEED_VALUE();
+            if (strcmp(val, "auto") && strcmp(val, "dummy") && strcmp(val, "safetensors"))
+                return dsv4_err_set(err, DSV4_EINVAL, "%s: '%s' is not one of auto, safetensors, dummy", flag, val);
+            a->load_format = val;
+        }
+        else if (!strcmp(flag, "--enable-prefix-caching")) a->enable_prefix_caching = 1;
+        else if (!strcmp(flag, "--no-enable-prefix-caching")) a->enable_prefix_caching = 0;
+        else if (!strcmp(flag, "--default-chat-template-kwargs")) { NEED_VALUE(); a->default_chat_template_kwargs = val; }
+        else if (!strcmp(flag, "--reasoning-effort-profile")) {
+            NEED_VALUE();
+            if (strcmp(val, "auto") && strcmp(val, "preview") && strcmp(val, "0731"))
+                return dsv4_err_set(err, DSV4_EINVAL, "%s: '%s' is not one of auto, preview, 0731", flag, val);
+            a->reasoning_effort_profile = val;
+        }
+        else if (!strcmp(flag, "--default-thinking")) {
+            NEED_VALUE();
+            if (strcmp(val, "off") && strcmp(val, "low") && strcmp(val, "high") && strcmp(val, "max"))
+                return dsv4_err_set(err, DSV4_EINVAL, "%s: '%s' is not one of off, low, high, max", flag, val);
+            a->default_thinking = val;
+        }
+        else if (!strcmp(flag, "--default-reasoning-effort")) {
+            NEED_VALUE();
+            if (strcmp(val, "low") && strcmp(val, "high") && strcmp(val, "max"))
+                return dsv4_err_set(err, DSV4_EINVAL, "%s: '%s' is not one of low, high, max", flag, val);
+            a->default_reasoning_effort = val;
+        }
+        else if (!strcmp(flag, "--stop-in-reasoning")) {
+            NEED_VALUE();
+            if (strcmp(val, "dormant") && strcmp(val, "active"))
+                return dsv4_err_set(err, DSV4_EINVAL, "%s: '%s' is not one of dormant, active", flag, val);
+            a->stop_in_reasoning = val;
+        }
+        else if (!strcmp(flag, "--nnodes")) { NEED_VALUE(); if (parse_int(flag, val, 1, 1024, &a->nnodes, err)) return DSV4_EINVAL; }
+        else if (!strcmp(flag, "--node-rank")) { NEED_VALUE(); if (parse_int(flag, val, 0, 1023, &a->node_rank, err)) return DSV4_EINVAL; }
+        else if (!strcmp(flag, "--master-addr")) { NEED_VALUE(); a->master_addr = val; }
+        else if (!strcmp(flag, "--master-port")) { NEED_VALUE(); if (parse_int(flag, val, 1, 65535, &a->master_port, err)) return DSV4_EINVAL; }
+        else return dsv4_err_set(err, DSV4_EINVAL, "unknown flag '%s' (see dsv4 serve --help)", flag);
+#undef NEED_VALUE
+    }
+    if (a->node_rank >= a->nnodes)
+        return dsv4_err_set(err, DSV4_EINVAL, "--node-rank %d must be less than --nnodes %d", a->node_rank, a->nnodes);
+    return 0;
+}

@@ -1,0 +1,169 @@
+/* Sampling (src/engine/sampler.h; spec/SERVING.md §7). */
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/sampler.h"
+
+void dsv4_sampling_default(dsv4_sampling *s) {
+    memset(s, 0, sizeof *s);
+    s->temperature = 1.0f;
+    s->top_p = 1.0f;
+    s->repetition_penalty = 1.0f;
+}
+
+int dsv4_sampling_validate(const dsv4_sampling *s, int vocab, dsv4_err *err) {
+    if (!(s->temperature >= 0 && s->temperature <= 2))
+        return dsv4_err_set(err, DSV4_EINVAL, "temperature must be in [0, 2], got %g", s->temperature);
+    if (!(s->top_p > 0 && s->top_p <= 1))
+        return dsv4_err_set(err, DSV4_EINVAL, "top_p must be in (0, 1], got %g", s->top_p);
+    if (!(s->min_p >= 0 && s->min_p <= 1))
+        return dsv4_err_set(err, DSV4_EINVAL, "min_p must be in [0, 1], got %g", s->min_p);
+    if (!(s->presence_penalty >= -2 && s->presence_penalty <= 2))
+        return dsv4_err_set(err, DSV4_EINVAL, "presence_penalty must be in [-2, 2], got %g", s->presence_penalty);
+    if (!(s->frequency_penalty >= -2 && s->frequency_penalty <= 2))
+        return dsv4_err_set(err, DSV4_EINVAL, "frequency_penalty must be in [-2, 2], got %g", s->frequency_penalty);
+    if (!(s->repetition_penalty > 0 && s->repetition_penalty <= 2))
+        return dsv4_err_set(err, DSV4_EINVAL, "repetition_penalty must be in (0, 2], got %g",
+                            s->repetition_penalty);
+    for (int i = 0; i < s->n_bias; i++) {
+        if (s->bias_ids[i] < 0 || s->bias_ids[i] >= vocab)
+            return dsv4_err_set(err, DSV4_EINVAL, "logit_bias: token id %d is outside the vocabulary (0..%d)",
+                                s->bias_ids[i], vocab - 1);
+        if (!(s->bias_vals[i] >= -100 && s->bias_vals[i] <= 100))
+            return dsv4_err_set(err, DSV4_EINVAL, "logit_bias: value for token %d must be in [-100, 100]",
+                                s->bias_ids[i]);
+    }
+    return DSV4_OK;
+}
+
+size_t dsv4_sampling_scratch_bytes(int vocab) {
+    return (size_t)vocab * (2 * sizeof(float) + sizeof(int32_t));
+}
+
+static int32_t argmax(const float *x, int n) {
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+/* qsort_r over indices by descending value, ties by ascending id (deterministic). */
+static int by_value_desc(const void *a, const void *b, void *vals) {
+    int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
+    float x = ((const float *)vals)[i], y = ((const float *)vals)[j];
+    if (x > y) return -1;
+    if (x < y) return 1;
+    return (i > j) - (i < j);
+}
+
+int32_t dsv4_sampling_probs(const dsv4_sampling *s, const float *logits, int vocab, const int32_t *prompt,
+                            int n_prompt, const int32_t *output, int n_output, float *probs, void *scratch) {
+    float *z = scratch;                    /* penalised logits */
+    float *cnt = z + vocab;                /* output counts; later reused */
+    int32_t *idx = (int32_t *)(cnt + vocab);
+    memcpy(z, logits, (size_t)vocab * sizeof *z);
+
+    for (int i = 0; i < s->n_bias; i++) z[s->bias_ids[i]] += s->bias_vals[i];
+
+    /* Penalties. Repetition: over prompt + output, divide positive logits and
+     * multiply negative ones (CTRL / vLLM), once per distinct id.
+     * Presence/frequency: output only. idx doubles as the "seen" mark here;
+     * it is reused for sorting below. */
+    memset(cnt, 0, (size_t)vocab * sizeof *cnt);
+    for (int i = 0; i < n_output; i++)
+        if (output[i] >= 0 && output[i] < vocab) cnt[output[i]] += 1;
+    if (s->repetition_penalty != 1.0f) {
+        float rp = s->repetition_penalty;
+        int32_t *seen = idx;
+        memset(seen, 0, (size_t)vocab * sizeof *seen);
+        for (int i = 0; i < n_prompt; i++)
+            if (prompt[i] >= 0 && prompt[i] < vocab) seen[prompt[i]] = 1;
+        for (int v = 0; v < vocab; v++)
+            if (seen[v] || cnt[v] > 0) z[v] = z[v] > 0 ? z[v] / rp : z[v] * rp;
+    }
+    if (s->presence_penalty != 0 || s->frequency_penalty != 0)
+        for (int v = 0; v < vocab; v++)
+            if (cnt[v] > 0) z[v] -= s->frequency_penalty * cnt[v] + s->presence_penalty;
+
+    int32_t am = argmax(z, vocab);
+    if (s->temperature == 0) {
+        memset(probs, 0, (size_t)vocab * sizeof *probs);
+        probs[am] = 1;
+        return am;
+    }
+
+    /* temperature, then softmax */
+    double mx = z[am], sum = 0;
+    for (int v = 0; v < vocab; v++) {
+        double e = exp(((double)z[v] - mx) / s->temperature);
+        probs[v] = (float)e;
+        sum += e;
+    }
+    for (int v = 0; v < vocab; v++) probs[v] = (float)(probs[v] / sum);
+
+    /* min_p: drop tokens below min_p * p_max */
+    if (s->min_p > 0) {
+        float thr = s->min_p * probs[am];
+        for (int v = 0; v < vocab; v++)
+            if (probs[v] < thr) probs[v] = 0;
+    }
+    /* top_k and top_p over the tokens sorted by probability */
+    if ((s->top_k > 0 && s->top_k < vocab) || s->top_p < 1) {
+        for (int v = 0; v < vocab; v++) idx[v] = v;
+        qsort_r(idx, (size_t)vocab, sizeof *idx, by_value_desc, probs);
+        int keep = vocab;
+        if (s->top_k > 0 && s->top_k < keep) keep = s->top_k;
+        if (s->top_p < 1) {
+            double tot = 0, acc = 0;
+            for (int r = 0; r < keep; r++) tot += probs[idx[r]];
+            /* smallest prefix whose mass reaches top_p of the (renormalised) kept mass */
+            int r = 0;
+            while (r < keep) {
+                acc += probs[idx[r]];
+                r++;
+                if (acc >= s->top_p * tot) break;
+            }
+            keep = r;
+        }
+        for (int r = keep; r < vocab; r++) probs[idx[r]] = 0;
+    }
+    sum = 0;
+    for (int v = 0; v < vocab; v++) sum += probs[v];
+    for (int v = 0; v < vocab; v++) probs[v] = (float)(probs[v] / sum);
+    return am;
+}
+
+int32_t dsv4_sample_from(const float *probs, int vocab, double u) {
+    double acc = 0;
+    int32_t last = -1;
+    for (int v = 0; v < vocab; v++) {
+        if (probs[v] <= 0) continue;
+        last = v;
+        acc += probs[v];
+        if (u < acc) return v;
+    }
+    return last >= 0 ? last : 0; /* rounding left u above the total: the last kept id */
+}
+
+void dsv4_log_softmax(const float *logits, int vocab, float *out) {
+    float mx = logits[argmax(logits, vocab)];
+    double sum = 0;
+    for (int v = 0; v < vocab; v++) sum += exp((double)logits[v] - mx);
+    double lse = mx + log(sum);
+    for (int v = 0; v < vocab; v++) out[v] = (float)(logits[v] - lse);
+}
+
+/* splitmix64 finaliser: a good 64-bit mixer, enough for sampling streams. */
+static uint64_t mix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+double dsv4_rng_u01(uint64_t seed, int64_t position, int purpose) {
+    uint64_t h = mix64(seed ^ mix64((uint64_t)position * 4 + (uint64_t)(purpose & 3)));
+    return (double)(h >> 11) * (1.0 / 9007199254740992.0); /* 53 bits -> [0, 1) */
+}

@@ -1,0 +1,146 @@
+/*
+ * libmicrohttpd plumbing (spec/SERVING.md §3.1). The body is accumulated per
+ * connection under opts.max_body_bytes (413 beyond it, read no further), then
+ * handed to the router, whose reply is sent as-is. One thread per connection
+ * keeps long-lived SSE streams from blocking other clients.
+ */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include <microhttpd.h>
+
+#include "server/server.h"
+
+struct dsv4_server {
+    struct MHD_Daemon *d;
+    dsv4_router *rt;
+    size_t max_body;
+};
+
+typedef struct conn_state {
+    char *buf;
+    size_t len, cap;
+    int too_large;
+} conn_state;
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    dsv4_stream_src *s = cls;
+    long n = s->read(s->ctx, buf, max);
+    return n < 0 ? MHD_CONTENT_READER_END_OF_STREAM : (ssize_t)n;
+}
+
+static void stream_free(void *cls) {
+    dsv4_stream_src *s = cls;
+    if (s->close) s->close(s->ctx);
+    free(s);
+}
+
+static enum MHD_Result send_reply(struct MHD_Connection *c, dsv4_reply *r) {
+    struct MHD_Response *resp;
+    if (r->stream.read) {
+        dsv4_stream_src *s = malloc(sizeof *s);
+        if (!s) return MHD_NO;
+        *s = r->stream;
+        memset(&r->stream, 0, sizeof r->stream); /* now owned by the response */
+        resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, s, stream_free);
+        if (!resp) {
+            stream_free(s);
+            return MHD_NO;
+        }
+        MHD_add_response_header(resp, "Cache-Control", "no-cache");
+    } else {
+        resp = MHD_create_response_from_buffer(r->len, r->body, MHD_RESPMEM_MUST_COPY);
+    }
+    if (!resp) return MHD_NO;
+    MHD_add_response_header(resp, "Content-Type", r->content_type ? r->content_type : "application/json");
+    enum MHD_Result ret = MHD_queue_response(c, (unsigned)r->status, resp);
+    MHD_destroy_response(resp);
+    return ret;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload, size_t *upload_size,
+                                  void **con_cls) {
+    dsv4_server *srv = cls;
+    conn_state *st = *con_cls;
+    if (!st) { /* first call: headers only */
+        st = calloc(1, sizeof *st);
+        if (!st) return MHD_NO;
+        *con_cls = st;
+        return MHD_YES;
+    }
+    if (*upload_size) { /* a chunk of the body */
+        if (!st->too_large && st->len + *upload_size > srv->max_body) st->too_large = 1;
+        if (!st->too_large) {
+            if (st->len + *upload_size > st->cap) {
+                size_t cap = st->cap ? st->cap : 4096;
+                while (cap < st->len + *upload_size) cap *= 2;
+                char *nb = realloc(st->buf, cap);
+                if (!nb) return MHD_NO;
+                st->buf = nb;
+                st->cap = cap;
+            }
+            memcpy(st->buf + st->len, upload, *upload_size);
+            st->len += *upload_size;
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    dsv4_reply r;
+    if (st->too_large) {
+        memset(&r, 0, sizeof r);
+        dsv4_reply_error(&r, 413, NULL, "request body exceeds the limit of %zu bytes", srv->max_body);
+    } else {
+        const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+        dsv4_router_handle(srv->rt, method, url, auth, st->buf ? st->buf : "", st->len, &r);
+    }
+    enum MHD_Result ret = send_reply(c, &r);
+    dsv4_reply_free(&r);
+    return ret;
+}
+
+static void on_done(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode tc) {
+    conn_state *st = *con_cls;
+    if (st) {
+        free(st->buf);
+        free(st);
+    }
+    *con_cls = NULL;
+}
+
+int dsv4_server_start(dsv4_router *rt, const dsv4_server_opts *opts, dsv4_server **out, dsv4_err *err) {
+    *out = NULL;
+    struct sockaddr_in addr;
+    memset(&addr, 0, sizeof addr);
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons((uint16_t)opts->port);
+    if (opts->port <= 0 || opts->port > 65535)
+        return dsv4_err_set(err, DSV4_EINVAL, "--port %d is out of range (1-65535)", opts->port);
+    if (inet_pton(AF_INET, opts->host, &addr.sin_addr) != 1)
+        return dsv4_err_set(err, DSV4_EINVAL, "--host '%s' is not an IPv4 address", opts->host);
+    dsv4_server *srv = calloc(1, sizeof *srv);
+    if (!srv) return dsv4_err_set(err, DSV4_ENOMEM, "out of memory starting the HTTP server");
+    srv->rt = rt;
+    srv->max_body = opts->max_body_bytes;
+    srv->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+                                  MHD_USE_ERROR_LOG,
+                              (uint16_t)opts->port, NULL, NULL, on_request, srv, MHD_OPTION_SOCK_ADDR,
+                              (struct sockaddr *)&addr, MHD_OPTION_NOTIFY_COMPLETED, on_done, NULL,
+                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600, MHD_OPTION_END);
+    if (!srv->d) {
+        free(srv);
+        return dsv4_err_set(err, DSV4_EIO, "cannot listen on %s:%d (port in use or not permitted)", opts->host,
+                            opts->port);
+    }
+    *out = srv;
+    return DSV4_OK;
+}
+
+void dsv4_server_stop(dsv4_server *srv) {
+    if (!srv) return;
+    MHD_stop_daemon(srv->d);
+    free(srv);
+}
