@@ -548,6 +548,62 @@ static void t_moe(moe_set *m, const char *label, int n, int topk, int with_share
     free(x); free(y); free(yg); free(sh); free(ids); free(wts);
 }
 
+/* linear_q / moe_q from one act_quant must equal linear / moe bit for bit. */
+static void t_shared_quant(dsv4_dtype dt, int64_t R, int64_t K, int n, moe_set *m) {
+    dsv4_err err = {0};
+    int64_t in = m ? m->dm : K, outw = m ? m->dm : R;
+    size_t nx = (size_t)n * in, ny = (size_t)n * outw;
+    float *x = malloc(nx * 4), *y1 = malloc(ny * 4), *y2 = malloc(ny * 4);
+    fill_act(x, nx, (int)in);
+    float *dx = dup_up(x, nx * 4), *dy = dalloc(ny * 4), *ds = dalloc((size_t)n * (in / 128) * 4);
+    uint8_t *dq = dalloc(nx);
+    DIE_IF(dsv4_cuda_act_quant(G, dx, n, (int)in, dq, ds, &err), err);
+    char shape[96];
+    host_lin h;
+    dsv4_cuda_weight w;
+    int *dids = NULL;
+    float *dw = NULL;
+    if (!m) {
+        make_lin(&h, dt, R, K);
+        DIE_IF(dsv4_cuda_weight_upload(G, &h.lin, &w, &err), err);
+        DIE_IF(dsv4_cuda_linear(G, &w, dx, n, dy, DSV4_CUDA_OUT_BF16, &err), err);
+        DIE_IF(dsv4_cuda_sync(G, &err), err);
+        down(y1, dy, ny * 4);
+        poison(dy, ny * 4);
+        DIE_IF(dsv4_cuda_linear_q(G, &w, dq, ds, n, dy, DSV4_CUDA_OUT_BF16, &err), err);
+        snprintf(shape, sizeof shape, "%s %lldx%lld n=%d", dtname(dt), (long long)R, (long long)K, n);
+    } else {
+        int *ids = malloc((size_t)n * 6 * 4);
+        float *wts = malloc((size_t)n * 6 * 4);
+        pick_ids(ids, wts, n, 6, m->E);
+        dids = dup_up(ids, (size_t)n * 6 * 4);
+        dw = dup_up(wts, (size_t)n * 6 * 4);
+        DIE_IF(dsv4_cuda_moe(G, &m->dev, dx, n, dids, dw, 6, NULL, dy, 0, &err), err);
+        DIE_IF(dsv4_cuda_sync(G, &err), err);
+        down(y1, dy, ny * 4);
+        poison(dy, ny * 4);
+        DIE_IF(dsv4_cuda_moe_q(G, &m->dev, dx, dq, ds, n, dids, dw, 6, NULL, dy, 0, &err), err);
+        snprintf(shape, sizeof shape, "moe E=%d top6 n=%d", m->E, n);
+        free(ids);
+        free(wts);
+    }
+    DIE_IF(dsv4_cuda_sync(G, &err), err);
+    down(y2, dy, ny * 4);
+    size_t bad = 0;
+    for (size_t i = 0; i < ny; i++) bad += memcmp(&y1[i], &y2[i], 4) != 0;
+    int ok = bad == 0;
+    ok ? n_pass++ : n_fail++;
+    printf("%-5s %-14s %-34s %zu of %zu outputs differ from the unshared call (bit-exact required)\n",
+           ok ? "ok" : "FAIL", m ? "moe_q" : "linear_q", shape, bad, ny);
+    if (!m) {
+        dsv4_cuda_weight_free(G, &w);
+        free_lin(&h);
+    }
+    dsv4_cuda_free(G, dids); dsv4_cuda_free(G, dw);
+    dsv4_cuda_free(G, dx); dsv4_cuda_free(G, dy); dsv4_cuda_free(G, ds); dsv4_cuda_free(G, dq);
+    free(x); free(y1); free(y2);
+}
+
 static void t_errors(void) {
     /* a scale of the wrong shape must be refused, naming the tensor */
     host_lin h;
@@ -728,14 +784,44 @@ typedef struct {
 
 typedef struct {
     layer_w *L;
-    int ncopies, n;
+    int ncopies, n, shared_q;
+    uint8_t *q0;
+    float *s0;
     moe_arg *moe;
     uint16_t *nw; /* norm weight bf16 [4096] */
     float *x, *t0, *t1, *t2, *t3, *t4;
 } chain_arg;
 
+/* The same chain quantising each shared input once (act_quant + linear_q /
+ * moe_q): attn_norm output feeds wq_a and wkv, ffn_norm output feeds shared
+ * w1, w3 and the routed experts. */
+static int op_chain_q(int rep, chain_arg *a, dsv4_err *err) {
+    layer_w *L = &a->L[rep % a->ncopies];
+    int n = a->n, rc = 0, F = DSV4_CUDA_OUT_BF16;
+    if (!rc) rc = dsv4_cuda_rmsnorm(G, a->x, a->nw, n, 4096, 1e-6f, a->t0, F, err);
+    if (!rc) rc = dsv4_cuda_act_quant(G, a->t0, n, 4096, a->q0, a->s0, err);
+    if (!rc) rc = dsv4_cuda_linear_q(G, &L->wq_a, a->q0, a->s0, n, a->t1, F, err);
+    if (!rc) rc = dsv4_cuda_rmsnorm(G, a->t1, a->nw, n, 1024, 1e-6f, a->t1, F, err);
+    if (!rc) rc = dsv4_cuda_linear(G, &L->wq_b, a->t1, n, a->t2, F, err);
+    if (!rc) rc = dsv4_cuda_linear_q(G, &L->wkv, a->q0, a->s0, n, a->t3, F, err);
+    if (!rc) rc = dsv4_cuda_linear(G, &L->wo_b, a->t2, n, a->t0, F, err);
+    if (!rc) rc = dsv4_cuda_rmsnorm(G, a->t0, a->nw, n, 4096, 1e-6f, a->t1, F, err);
+    if (!rc) rc = dsv4_cuda_act_quant(G, a->t1, n, 4096, a->q0, a->s0, err);
+    if (!rc) rc = dsv4_cuda_linear_q(G, &L->sw1, a->q0, a->s0, n, a->t3, F, err);
+    if (!rc) rc = dsv4_cuda_linear_q(G, &L->sw3, a->q0, a->s0, n, a->t4, F, err);
+    if (!rc) rc = dsv4_cuda_linear(G, &L->sw2, a->t3, n, a->t2, F, err);
+    if (!rc) {
+        moe_arg *m = a->moe;
+        int s = rep % m->nsets;
+        rc = dsv4_cuda_moe_q(G, &m->m->dev, a->t1, a->q0, a->s0, n, m->ids + (size_t)s * n * m->topk,
+                             m->w + (size_t)s * n * m->topk, m->topk, a->t2, a->x, F, err);
+    }
+    return rc;
+}
+
 static int op_chain(int rep, void *a_, dsv4_err *err) {
     chain_arg *a = a_;
+    if (a->shared_q) return op_chain_q(rep, a, err);
     layer_w *L = &a->L[rep % a->ncopies];
     int n = a->n, rc = 0, F = DSV4_CUDA_OUT_BF16;
     if (!rc) rc = dsv4_cuda_rmsnorm(G, a->x, a->nw, n, 4096, 1e-6f, a->t0, F, err);
@@ -789,6 +875,8 @@ static void perf_chain(moe_set *m) {
     a.t2 = dup_up(x, (size_t)64 * 32768 * 4);
     a.t3 = dup_up(x, (size_t)64 * 4096 * 4);
     a.t4 = dup_up(x, (size_t)64 * 4096 * 4);
+    a.q0 = dalloc((size_t)64 * 8192);
+    a.s0 = dalloc((size_t)64 * 64 * 4);
     moe_arg ma;
     memset(&ma, 0, sizeof ma);
     ma.m = m;
@@ -813,13 +901,16 @@ static void perf_chain(moe_set *m) {
         distinct /= nsets;
         ma.ids = dup_up(ids, (size_t)nsets * a.n * topk * 4);
         ma.w = dup_up(wts, (size_t)nsets * a.n * topk * 4);
-        double us = time_graph(op_chain, &a, 24);
-        char shape[64];
-        snprintf(shape, sizeof shape, "layer (%.1f experts)", distinct);
-        double bytes = dense + distinct * per_expert;
-        print_perf("chain", shape, a.n, us, bytes, 0);
-        printf("           -> %.2fx the HBM roofline (%.2f us at %.0f GB/s); x43 layers = %.2f ms\n",
-               us / (bytes / g_read_gbs / 1e3), bytes / g_read_gbs / 1e3, g_read_gbs, 43 * us / 1e3);
+        for (int v = 0; v < 2; v++) {
+            a.shared_q = v;
+            double us = time_graph(op_chain, &a, 24);
+            char shape[64];
+            snprintf(shape, sizeof shape, "layer (%.1f experts)", distinct);
+            double bytes = dense + distinct * per_expert;
+            print_perf(v ? "chain_q" : "chain", shape, a.n, us, bytes, 0);
+            printf("           -> %.2fx the HBM roofline (%.2f us at %.0f GB/s); x43 layers = %.2f ms\n",
+                   us / (bytes / g_read_gbs / 1e3), bytes / g_read_gbs / 1e3, g_read_gbs, 43 * us / 1e3);
+        }
         dsv4_cuda_free(G, ma.ids);
         dsv4_cuda_free(G, ma.w);
     }
@@ -831,6 +922,8 @@ static void perf_chain(moe_set *m) {
     float *bufs[] = {a.x, a.t0, a.t1, a.t2, a.t3, a.t4};
     for (int k = 0; k < 6; k++) dsv4_cuda_free(G, bufs[k]);
     dsv4_cuda_free(G, a.nw);
+    dsv4_cuda_free(G, a.q0);
+    dsv4_cuda_free(G, a.s0);
     free(x); free(ids); free(wts);
 }
 
@@ -935,6 +1028,9 @@ int main(int argc, char **argv) {
         t_moe(&tiny, "tiny", 1, 3, 0, 5e-3);
         t_moe(&tiny, "tiny", 5, 3, 1, 5e-3);
         t_moe(&tiny, "tiny", 17, 3, 0, 5e-3);
+        t_shared_quant(DSV4_DT_F8_E4M3, 256, 512, 3, NULL);
+        t_shared_quant(DSV4_DT_F8_E4M3, 256, 512, 12, NULL);
+        t_shared_quant(DSV4_DT_I8, 64, 256, 5, NULL);
         moe_free(&tiny);
         if (tiny_only) goto done;
 
@@ -958,6 +1054,8 @@ int main(int argc, char **argv) {
         have_flash = 1;
         t_moe(&flash, "flash", 1, 6, 0, 5e-3);
         t_moe(&flash, "flash", 6, 6, 1, 5e-3);
+        t_shared_quant(DSV4_DT_F8_E4M3, 1024, 4096, 1, NULL);
+        t_shared_quant(DSV4_DT_F8_E4M3, 0, 0, 6, &flash);
         printf("\ncorrectness: %d passed, %d failed\n", n_pass, n_fail);
     }
 done:

@@ -4,6 +4,8 @@
 # compute-sanitizer at tiny shapes, then in correctness + perf mode.
 # Output goes to $OUT (the device tool's folder) or /tmp/gpuops-out.
 # Usage: tests/gpu/run_h200.sh [harness args, default --perf]
+# Env: COMPARE=0 skips the comparison runs (PDL off; MoE variants in MOE_VARIANTS);
+#      NCU=1 adds an ncu profile of --profile (mind the kernel regex).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUTD=${OUT:-/tmp/gpuops-out}
@@ -36,7 +38,7 @@ if [ -n "${NCU:-}" ] && command -v ncu >/dev/null; then
   grep -E "k_fp4|k_fp8|k_route|k_moe|k_act|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Stall" "$OUTD/ncu.txt" | head -150
 fi
 # comparisons: PDL off; MoE variants (one-wave persistent kernels; activations quantised in-kernel)
-if [ "${1:-}" = "--perf" ]; then
+if [ "${1:-}" = "--perf" ] && [ "${COMPARE:-1}" != 0 ]; then
   DSV4_CUDA_NO_PDL=1 "$B/dsv4-gpu-ops" --perf-only > "$OUTD/gpu_ops_nopdl.txt" 2>&1
   echo; echo "== with DSV4_CUDA_NO_PDL=1 (chain only; full table in gpu_ops_nopdl.txt)"
   grep -A1 "^chain" "$OUTD/gpu_ops_nopdl.txt"

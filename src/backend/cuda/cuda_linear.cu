@@ -395,3 +395,14 @@ extern "C" int dsv4_cuda_linear(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, con
     if (w->kind == DSV4_CUDA_W_FP8) return fp8_linear(c, w, x, xq, xs, n, y, flags, err);
     return cu_fp4_linear(c, w, x, xq, xs, n, y, flags, err);
 }
+
+extern "C" int dsv4_cuda_linear_q(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const uint8_t *xq,
+                                  const float *xs, int n, float *y, int flags, dsv4_err *err) {
+    if (!c || !w || n < 0 || (n && (!xq || !xs || !y)))
+        return cu_err(err, DSV4_EINVAL, "dsv4_cuda_linear_q: bad argument");
+    if (w->kind != DSV4_CUDA_W_FP8 && w->kind != DSV4_CUDA_W_FP4)
+        return cu_err(err, DSV4_EINVAL, "dsv4_cuda_linear_q: weight kind %d is not FP8/FP4", (int)w->kind);
+    if (n == 0) return DSV4_OK;
+    if (w->kind == DSV4_CUDA_W_FP8) return fp8_linear(c, w, NULL, xq, xs, n, y, flags, err);
+    return cu_fp4_linear(c, w, NULL, xq, xs, n, y, flags, err);
+}

@@ -577,9 +577,29 @@ __global__ void k_moe_combine(const float *__restrict__ O, const int *__restrict
     *(float4 *)(y + (size_t)tok * D + col) = s;
 }
 
+static int moe_run(dsv4_cuda_ctx *c, const dsv4_cuda_experts *ex, const float *x,
+                   const uint8_t *xq_in, const float *xs_in, int n, const int32_t *ids,
+                   const float *wts, int topk, const float *shared, float *y, int flags,
+                   dsv4_err *err);
+
 extern "C" int dsv4_cuda_moe(dsv4_cuda_ctx *c, const dsv4_cuda_experts *ex, const float *x, int n,
                              const int32_t *ids, const float *wts, int topk, const float *shared,
                              float *y, int flags, dsv4_err *err) {
+    return moe_run(c, ex, x, NULL, NULL, n, ids, wts, topk, shared, y, flags, err);
+}
+
+extern "C" int dsv4_cuda_moe_q(dsv4_cuda_ctx *c, const dsv4_cuda_experts *ex, const float *x,
+                               const uint8_t *xq, const float *xs, int n, const int32_t *ids,
+                               const float *wts, int topk, const float *shared, float *y, int flags,
+                               dsv4_err *err) {
+    if (n > 0 && (!xq || !xs)) return cu_err(err, DSV4_EINVAL, "dsv4_cuda_moe_q: xq/xs is NULL");
+    return moe_run(c, ex, x, xq, xs, n, ids, wts, topk, shared, y, flags, err);
+}
+
+static int moe_run(dsv4_cuda_ctx *c, const dsv4_cuda_experts *ex, const float *x,
+                   const uint8_t *xq_in, const float *xs_in, int n, const int32_t *ids,
+                   const float *wts, int topk, const float *shared, float *y, int flags,
+                   dsv4_err *err) {
     if (!c || !ex || n < 0 || (n && (!x || !ids || !wts || !y)))
         return cu_err(err, DSV4_EINVAL, "dsv4_cuda_moe: bad argument");
     if (topk <= 0 || topk > 16)
@@ -611,8 +631,13 @@ extern "C" int dsv4_cuda_moe(dsv4_cuda_ctx *c, const dsv4_cuda_experts *ex, cons
     float *xs = (float *)(base + o_xs), *hs = (float *)(base + o_hs);
     /* measured on H200: quantising x / H once (act_quant) beats quantising
      * the same rows again in every (expert, tile) block (bench/results) */
-    const int fq = c->moe_fq;
-    if (!fq && (rc = cu_act_quant(c, x, n, dm, xq, xs, err))) return rc;
+    const int fq = c->moe_fq && !xq_in;
+    if (xq_in) {
+        xq = (uint8_t *)xq_in; /* the caller quantised x (shared with other linears) */
+        xs = (float *)xs_in;
+    } else if (!fq && (rc = cu_act_quant(c, x, n, dm, xq, xs, err))) {
+        return rc;
+    }
     int *act_n = (int *)(base + o_g), *act_exp = act_n + 1, *act_off = act_exp + slots;
     int *list = act_off + slots + 1, *inv = list + nent;
 

@@ -152,6 +152,16 @@ int dsv4_cuda_linear(dsv4_cuda_ctx *ctx, const dsv4_cuda_weight *w, const float 
                      float *y, int flags, dsv4_err *err);
 
 /*
+ * dsv4_cuda_linear_q — dsv4_cuda_linear for FP8/FP4 weights from activations
+ * already quantised by dsv4_cuda_act_quant (xq [n, in] E4M3, xs [n, in/128]),
+ * so linears that share an input (wq_a and wkv; shared w1, w3 and the routed
+ * experts) quantise it once. Same result, bit for bit, as dsv4_cuda_linear.
+ * Errors: DSV4_EINVAL (BF16 weight, NULL), DSV4_EBACKEND.
+ */
+int dsv4_cuda_linear_q(dsv4_cuda_ctx *ctx, const dsv4_cuda_weight *w, const uint8_t *xq,
+                       const float *xs, int n, float *y, int flags, dsv4_err *err);
+
+/*
  * dsv4_cuda_act_quant — the W8A8 activation quantiser on its own (exposed for
  * tests and for fusing): x [n, dim] fp32 -> q [n, dim] E4M3 bytes and
  * s [n, dim/128] fp32 power-of-two scales (x ≈ q · s). dim % 128 == 0.
@@ -185,6 +195,17 @@ int dsv4_cuda_rmsnorm(dsv4_cuda_ctx *ctx, const float *x, const uint16_t *w, int
 int dsv4_cuda_moe(dsv4_cuda_ctx *ctx, const dsv4_cuda_experts *ex, const float *x, int n,
                   const int32_t *ids, const float *wts, int topk, const float *shared, float *y,
                   int flags, dsv4_err *err);
+
+/*
+ * dsv4_cuda_moe_q — dsv4_cuda_moe with x already quantised (xq [n, d_model]
+ * E4M3, xs [n, d_model/128] from dsv4_cuda_act_quant); x is still passed
+ * (fp32) for the variants that quantise in the kernel. Same result as
+ * dsv4_cuda_moe.
+ */
+int dsv4_cuda_moe_q(dsv4_cuda_ctx *ctx, const dsv4_cuda_experts *ex, const float *x,
+                    const uint8_t *xq, const float *xs, int n, const int32_t *ids,
+                    const float *wts, int topk, const float *shared, float *y, int flags,
+                    dsv4_err *err);
 
 /* ---------------------------------------------------------------- measuring */
 
