@@ -604,6 +604,50 @@ static void t_shared_quant(dsv4_dtype dt, int64_t R, int64_t K, int n, moe_set *
     free(x); free(y1); free(y2);
 }
 
+/* dsv4_cuda_linear_group must equal separate dsv4_cuda_linear calls bit for bit. */
+static void t_group(int nw, const int64_t *R, int64_t K, int n) {
+    dsv4_err err = {0};
+    host_lin h[4];
+    dsv4_cuda_weight w[4];
+    const dsv4_cuda_weight *wp[4];
+    float *dy[4], *yg[4], *ys[4];
+    float *x = malloc((size_t)n * K * 4);
+    fill_act(x, (size_t)n * K, (int)K);
+    float *dx = dup_up(x, (size_t)n * K * 4);
+    size_t bad = 0, tot = 0;
+    for (int i = 0; i < nw; i++) {
+        make_lin(&h[i], DSV4_DT_F8_E4M3, R[i], K);
+        DIE_IF(dsv4_cuda_weight_upload(G, &h[i].lin, &w[i], &err), err);
+        wp[i] = &w[i];
+        dy[i] = dalloc((size_t)n * R[i] * 4);
+        ys[i] = malloc((size_t)n * R[i] * 4);
+        yg[i] = malloc((size_t)n * R[i] * 4);
+        DIE_IF(dsv4_cuda_linear(G, &w[i], dx, n, dy[i], DSV4_CUDA_OUT_BF16, &err), err);
+        DIE_IF(dsv4_cuda_sync(G, &err), err);
+        down(ys[i], dy[i], (size_t)n * R[i] * 4);
+        poison(dy[i], (size_t)n * R[i] * 4);
+    }
+    DIE_IF(dsv4_cuda_linear_group(G, nw, wp, dx, n, dy, DSV4_CUDA_OUT_BF16, &err), err);
+    DIE_IF(dsv4_cuda_sync(G, &err), err);
+    for (int i = 0; i < nw; i++) {
+        down(yg[i], dy[i], (size_t)n * R[i] * 4);
+        for (size_t j = 0; j < (size_t)n * R[i]; j++) bad += memcmp(&yg[i][j], &ys[i][j], 4) != 0;
+        tot += (size_t)n * R[i];
+        dsv4_cuda_weight_free(G, &w[i]);
+        dsv4_cuda_free(G, dy[i]);
+        free(ys[i]); free(yg[i]);
+        free_lin(&h[i]);
+    }
+    char shape[96];
+    snprintf(shape, sizeof shape, "%d fp8 weights x%lld n=%d", nw, (long long)K, n);
+    int ok = bad == 0;
+    ok ? n_pass++ : n_fail++;
+    printf("%-5s %-14s %-34s %zu of %zu outputs differ from separate calls (bit-exact required)\n",
+           ok ? "ok" : "FAIL", "linear_group", shape, bad, tot);
+    dsv4_cuda_free(G, dx);
+    free(x);
+}
+
 static void t_errors(void) {
     /* a scale of the wrong shape must be refused, naming the tensor */
     host_lin h;
@@ -819,9 +863,33 @@ static int op_chain_q(int rep, chain_arg *a, dsv4_err *err) {
     return rc;
 }
 
+/* The chain with grouped launches: wq_a + wkv in one, shared w1 + w3 in one. */
+static int op_chain_g(int rep, chain_arg *a, dsv4_err *err) {
+    layer_w *L = &a->L[rep % a->ncopies];
+    int n = a->n, rc = 0, F = DSV4_CUDA_OUT_BF16;
+    const dsv4_cuda_weight *g1[2] = {&L->wq_a, &L->wkv}, *g2[2] = {&L->sw1, &L->sw3};
+    float *y1[2] = {a->t1, a->t3}, *y2[2] = {a->t3, a->t4};
+    if (!rc) rc = dsv4_cuda_rmsnorm(G, a->x, a->nw, n, 4096, 1e-6f, a->t0, F, err);
+    if (!rc) rc = dsv4_cuda_linear_group(G, 2, g1, a->t0, n, y1, F, err);
+    if (!rc) rc = dsv4_cuda_rmsnorm(G, a->t1, a->nw, n, 1024, 1e-6f, a->t1, F, err);
+    if (!rc) rc = dsv4_cuda_linear(G, &L->wq_b, a->t1, n, a->t2, F, err);
+    if (!rc) rc = dsv4_cuda_linear(G, &L->wo_b, a->t2, n, a->t0, F, err);
+    if (!rc) rc = dsv4_cuda_rmsnorm(G, a->t0, a->nw, n, 4096, 1e-6f, a->t1, F, err);
+    if (!rc) rc = dsv4_cuda_linear_group(G, 2, g2, a->t1, n, y2, F, err);
+    if (!rc) rc = dsv4_cuda_linear(G, &L->sw2, a->t3, n, a->t2, F, err);
+    if (!rc) {
+        moe_arg *m = a->moe;
+        int s = rep % m->nsets;
+        rc = dsv4_cuda_moe(G, &m->m->dev, a->t1, n, m->ids + (size_t)s * n * m->topk,
+                           m->w + (size_t)s * n * m->topk, m->topk, a->t2, a->x, F, err);
+    }
+    return rc;
+}
+
 static int op_chain(int rep, void *a_, dsv4_err *err) {
     chain_arg *a = a_;
-    if (a->shared_q) return op_chain_q(rep, a, err);
+    if (a->shared_q == 1) return op_chain_q(rep, a, err);
+    if (a->shared_q == 2) return op_chain_g(rep, a, err);
     layer_w *L = &a->L[rep % a->ncopies];
     int n = a->n, rc = 0, F = DSV4_CUDA_OUT_BF16;
     if (!rc) rc = dsv4_cuda_rmsnorm(G, a->x, a->nw, n, 4096, 1e-6f, a->t0, F, err);
@@ -901,13 +969,13 @@ static void perf_chain(moe_set *m) {
         distinct /= nsets;
         ma.ids = dup_up(ids, (size_t)nsets * a.n * topk * 4);
         ma.w = dup_up(wts, (size_t)nsets * a.n * topk * 4);
-        for (int v = 0; v < 2; v++) {
+        for (int v = 0; v < 3; v++) {
             a.shared_q = v;
             double us = time_graph(op_chain, &a, 24);
             char shape[64];
             snprintf(shape, sizeof shape, "layer (%.1f experts)", distinct);
             double bytes = dense + distinct * per_expert;
-            print_perf(v ? "chain_q" : "chain", shape, a.n, us, bytes, 0);
+            print_perf(v == 0 ? "chain" : v == 1 ? "chain_q" : "chain_g", shape, a.n, us, bytes, 0);
             printf("           -> %.2fx the HBM roofline (%.2f us at %.0f GB/s); x43 layers = %.2f ms\n",
                    us / (bytes / g_read_gbs / 1e3), bytes / g_read_gbs / 1e3, g_read_gbs, 43 * us / 1e3);
         }
@@ -1031,6 +1099,7 @@ int main(int argc, char **argv) {
         t_shared_quant(DSV4_DT_F8_E4M3, 256, 512, 3, NULL);
         t_shared_quant(DSV4_DT_F8_E4M3, 256, 512, 12, NULL);
         t_shared_quant(DSV4_DT_I8, 64, 256, 5, NULL);
+        { const int64_t R3[3] = {128, 256, 384}; t_group(3, R3, 256, 3); t_group(3, R3, 256, 8); }
         moe_free(&tiny);
         if (tiny_only) goto done;
 
@@ -1055,6 +1124,7 @@ int main(int argc, char **argv) {
         t_moe(&flash, "flash", 1, 6, 0, 5e-3);
         t_moe(&flash, "flash", 6, 6, 1, 5e-3);
         t_shared_quant(DSV4_DT_F8_E4M3, 1024, 4096, 1, NULL);
+        { const int64_t R2[2] = {1024, 512}; t_group(2, R2, 4096, 1); t_group(2, R2, 4096, 6); }
         t_shared_quant(DSV4_DT_F8_E4M3, 0, 0, 6, &flash);
         printf("\ncorrectness: %d passed, %d failed\n", n_pass, n_fail);
     }

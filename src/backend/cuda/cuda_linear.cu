@@ -201,17 +201,32 @@ __global__ void __launch_bounds__(512) k_fp8_linear(const uint8_t *__restrict__ 
  * padded by 16 bytes so the 8 rows of an mma fragment hit different banks.
  */
 #define XQ_PAD 16
+#define FP8_GROUP_MAX 4
+/* Up to FP8_GROUP_MAX FP8 weights with the same in-dim and input, streamed
+ * by one launch: their row tiles are numbered one after another (tile0). */
+struct Fp8Group {
+    int nw;
+    const uint8_t *W[FP8_GROUP_MAX], *WS[FP8_GROUP_MAX];
+    float *y[FP8_GROUP_MAX];
+    int R[FP8_GROUP_MAX];
+    int tile0[FP8_GROUP_MAX + 1];
+};
+
+__device__ __forceinline__ int group_of(const Fp8Group &G8, int tg) {
+    int i = 0;
+    while (i + 1 < G8.nw && tg >= G8.tile0[i + 1]) i++;
+    return i;
+}
+
 template <bool FQ>
-__global__ void __launch_bounds__(512) k_fp8_small(const uint8_t *__restrict__ W,
-                                                   const uint8_t *__restrict__ WS,
-                                                   const float *__restrict__ x,
+__global__ void __launch_bounds__(512) k_fp8_small(const Fp8Group G8, const float *__restrict__ x,
                                                    const uint8_t *__restrict__ xq,
-                                                   const float *__restrict__ xs, int n, int R,
-                                                   int K, float *__restrict__ y, int flags) {
+                                                   const float *__restrict__ xs, int n, int K,
+                                                   int flags) {
     extern __shared__ __align__(16) uint8_t sm[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, KW = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int C = K >> 7, T = R >> 4, ld = K + XQ_PAD;
+    const int C = K >> 7, T = G8.tile0[G8.nw], ld = K + XQ_PAD;
     float *red = (float *)sm;         /* [KW][32][4] */
     float *sxs = red + KW * 128;      /* [n][C]      */
     uint8_t *sxq = sm + ((KW * 512 + n * C * 4 + 15) & ~15); /* [n][ld] */
@@ -219,7 +234,8 @@ __global__ void __launch_bounds__(512) k_fp8_small(const uint8_t *__restrict__ W
     int tile = blockIdx.x, c = warp;
     Frag8 nxt;
     if (tile < T) {
-        const uint8_t *w0 = W + (size_t)(tile * 16 + g) * K + 32 * t;
+        const int wi = group_of(G8, tile);
+        const uint8_t *w0 = G8.W[wi] + (size_t)((tile - G8.tile0[wi]) * 16 + g) * K + 32 * t;
         load_frag8(nxt, w0, w0 + (size_t)8 * K, c); /* before waiting on x's producer */
     }
     pdl_wait();
@@ -256,10 +272,12 @@ __global__ void __launch_bounds__(512) k_fp8_small(const uint8_t *__restrict__ W
             tile += gridDim.x;
         }
         if (tile < T) {
-            const uint8_t *w0 = W + (size_t)(tile * 16 + g) * K + 32 * t;
+            const int wi = group_of(G8, tile);
+            const uint8_t *w0 = G8.W[wi] + (size_t)((tile - G8.tile0[wi]) * 16 + g) * K + 32 * t;
             load_frag8(nxt, w0, w0 + (size_t)8 * K, c);
         }
-        const float wsc = e8m0_to_f32(WS[(size_t)(tt >> 3) * C + cc]);
+        const int wt = group_of(G8, tt), lt = tt - G8.tile0[wt];
+        const float wsc = e8m0_to_f32(G8.WS[wt][(size_t)(lt >> 3) * C + cc]);
         uint4 b0 = make_uint4(0, 0, 0, 0), b1 = b0;
         if (g < n) {
             const uint4 *p = (const uint4 *)(sxq + g * ld + cc * 128 + 32 * t);
@@ -293,7 +311,8 @@ __global__ void __launch_bounds__(512) k_fp8_small(const uint8_t *__restrict__ W
             if (warp == 0) {
                 if (flags & DSV4_CUDA_OUT_BF16)
                     for (int i = 0; i < 4; i++) v[i] = round_bf16(v[i]);
-                const int r0 = tt * 16 + g, r1 = r0 + 8;
+                float *y = G8.y[wt];
+                const int R = G8.R[wt], r0 = lt * 16 + g, r1 = r0 + 8;
                 if (t0 < n) {
                     y[(size_t)t0 * R + r0] = v[0];
                     y[(size_t)t0 * R + r1] = v[2];
@@ -309,14 +328,13 @@ __global__ void __launch_bounds__(512) k_fp8_small(const uint8_t *__restrict__ W
 }
 
 template <bool FQ>
-static int launch_fp8_small(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const float *x,
-                            const uint8_t *xq, const float *xs, int n, float *y, int flags,
-                            dsv4_err *err) {
-    const int C = (int)(w->in / 128), T = (int)(w->out / 16);
+static int launch_fp8_small(dsv4_cuda_ctx *c, const Fp8Group &G8, int K, const float *x,
+                            const uint8_t *xq, const float *xs, int n, int flags, dsv4_err *err) {
+    const int C = K / 128, T = G8.tile0[G8.nw];
     int kw = 1; /* a power of two dividing C, leaving >= 4 chunks per warp and tile */
     while (kw < 16 && C % (kw * 2) == 0 && C / (kw * 2) >= 4) kw *= 2;
     size_t smem = (((size_t)kw * 512 + (size_t)n * C * 4 + 15) & ~(size_t)15) +
-                  (size_t)n * (size_t)(w->in + XQ_PAD);
+                  (size_t)n * (size_t)(K + XQ_PAD);
     if (smem > 48 * 1024)
         CU_TRY(cudaFuncSetAttribute(k_fp8_small<FQ>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)smem),
@@ -327,11 +345,25 @@ static int launch_fp8_small(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const f
     if (per_sm < 1) per_sm = 1;
     int gx = per_sm * c->prop.multiProcessorCount;
     if (gx > T) gx = T;
-    CU_TRY(cu_launch(c, k_fp8_small<FQ>, dim3((unsigned)gx), dim3(kw * 32), smem,
-                     (const uint8_t *)w->w, (const uint8_t *)w->scale, x, xq, xs, n, (int)w->out,
-                     (int)w->in, y, flags),
+    CU_TRY(cu_launch(c, k_fp8_small<FQ>, dim3((unsigned)gx), dim3(kw * 32), smem, G8, x, xq, xs, n,
+                     K, flags),
            err, "fp8 linear (small n)");
     return DSV4_OK;
+}
+
+template <bool FQ>
+static int launch_fp8_small(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const float *x,
+                            const uint8_t *xq, const float *xs, int n, float *y, int flags,
+                            dsv4_err *err) {
+    Fp8Group G8;
+    memset(&G8, 0, sizeof G8);
+    G8.nw = 1;
+    G8.W[0] = (const uint8_t *)w->w;
+    G8.WS[0] = (const uint8_t *)w->scale;
+    G8.y[0] = y;
+    G8.R[0] = (int)w->out;
+    G8.tile0[1] = (int)(w->out / 16);
+    return launch_fp8_small<FQ>(c, G8, (int)w->in, x, xq, xs, n, flags, err);
 }
 
 template <int NT, bool FQ>
@@ -405,4 +437,47 @@ extern "C" int dsv4_cuda_linear_q(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, c
     if (n == 0) return DSV4_OK;
     if (w->kind == DSV4_CUDA_W_FP8) return fp8_linear(c, w, NULL, xq, xs, n, y, flags, err);
     return cu_fp4_linear(c, w, NULL, xq, xs, n, y, flags, err);
+}
+
+extern "C" int dsv4_cuda_linear_group(dsv4_cuda_ctx *c, int nw, const dsv4_cuda_weight *const *w,
+                                      const float *x, int n, float *const *y, int flags,
+                                      dsv4_err *err) {
+    if (!c || nw <= 0 || !w || !y || n < 0 || (n && !x))
+        return cu_err(err, DSV4_EINVAL, "dsv4_cuda_linear_group: bad argument");
+    if (n == 0) return DSV4_OK;
+    int grouped = n <= 8;
+    for (int i = 0; i < nw; i++) {
+        if (!w[i] || !y[i]) return cu_err(err, DSV4_EINVAL, "dsv4_cuda_linear_group: weight/output %d is NULL", i);
+        if (w[i]->kind != DSV4_CUDA_W_FP8 || w[i]->in != w[0]->in) grouped = 0;
+    }
+    if (!grouped) { /* one launch per weight: same results */
+        for (int i = 0; i < nw; i++) {
+            int rc = dsv4_cuda_linear(c, w[i], x, n, y[i], flags, err);
+            if (rc) return rc;
+        }
+        return DSV4_OK;
+    }
+    const int K = (int)w[0]->in;
+    size_t qb = cu_align((size_t)n * K), sb = cu_align((size_t)n * (K / 128) * sizeof(float));
+    void *ws = NULL;
+    int rc = cu_workspace(c, qb + sb, &ws, err);
+    if (rc) return rc;
+    uint8_t *xq = (uint8_t *)ws;
+    float *xs = (float *)((uint8_t *)ws + qb);
+    if ((rc = cu_act_quant(c, x, n, K, xq, xs, err))) return rc;
+    for (int i0 = 0; i0 < nw; i0 += FP8_GROUP_MAX) {
+        Fp8Group G8;
+        memset(&G8, 0, sizeof G8);
+        G8.nw = nw - i0 < FP8_GROUP_MAX ? nw - i0 : FP8_GROUP_MAX;
+        for (int i = 0; i < G8.nw; i++) {
+            const dsv4_cuda_weight *wi = w[i0 + i];
+            G8.W[i] = (const uint8_t *)wi->w;
+            G8.WS[i] = (const uint8_t *)wi->scale;
+            G8.y[i] = y[i0 + i];
+            G8.R[i] = (int)wi->out;
+            G8.tile0[i + 1] = G8.tile0[i] + (int)(wi->out / 16);
+        }
+        if ((rc = launch_fp8_small<false>(c, G8, K, x, xq, xs, n, flags, err))) return rc;
+    }
+    return DSV4_OK;
 }

@@ -162,6 +162,16 @@ int dsv4_cuda_linear_q(dsv4_cuda_ctx *ctx, const dsv4_cuda_weight *w, const uint
                        const float *xs, int n, float *y, int flags, dsv4_err *err);
 
 /*
+ * dsv4_cuda_linear_group — y[i] = x · w[i]ᵀ for nw weights that read the same
+ * input (wq_a and wkv; shared w1 and w3), in one launch when all are FP8 with
+ * the same in-dim and n <= 8 (x quantised once); otherwise one
+ * dsv4_cuda_linear per weight. Same results as separate dsv4_cuda_linear
+ * calls. Errors as dsv4_cuda_linear.
+ */
+int dsv4_cuda_linear_group(dsv4_cuda_ctx *ctx, int nw, const dsv4_cuda_weight *const *w,
+                           const float *x, int n, float *const *y, int flags, dsv4_err *err);
+
+/*
  * dsv4_cuda_act_quant — the W8A8 activation quantiser on its own (exposed for
  * tests and for fusing): x [n, dim] fp32 -> q [n, dim] E4M3 bytes and
  * s [n, dim/128] fp32 power-of-two scales (x ≈ q · s). dim % 128 == 0.
