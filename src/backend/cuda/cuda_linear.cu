@@ -218,8 +218,8 @@ __device__ __forceinline__ int group_of(const Fp8Group &G8, int tg) {
     return i;
 }
 
-template <bool FQ>
-__global__ void __launch_bounds__(512) k_fp8_small(const Fp8Group G8, const float *__restrict__ x,
+template <bool FQ, bool GROUP>
+__global__ void __launch_bounds__(512, 2) k_fp8_small(const Fp8Group G8, const float *__restrict__ x,
                                                    const uint8_t *__restrict__ xq,
                                                    const float *__restrict__ xs, int n, int K,
                                                    int flags) {
@@ -234,7 +234,7 @@ __global__ void __launch_bounds__(512) k_fp8_small(const Fp8Group G8, const floa
     int tile = blockIdx.x, c = warp;
     Frag8 nxt;
     if (tile < T) {
-        const int wi = group_of(G8, tile);
+        const int wi = GROUP ? group_of(G8, tile) : 0;
         const uint8_t *w0 = G8.W[wi] + (size_t)((tile - G8.tile0[wi]) * 16 + g) * K + 32 * t;
         load_frag8(nxt, w0, w0 + (size_t)8 * K, c); /* before waiting on x's producer */
     }
@@ -272,11 +272,11 @@ __global__ void __launch_bounds__(512) k_fp8_small(const Fp8Group G8, const floa
             tile += gridDim.x;
         }
         if (tile < T) {
-            const int wi = group_of(G8, tile);
+            const int wi = GROUP ? group_of(G8, tile) : 0;
             const uint8_t *w0 = G8.W[wi] + (size_t)((tile - G8.tile0[wi]) * 16 + g) * K + 32 * t;
             load_frag8(nxt, w0, w0 + (size_t)8 * K, c);
         }
-        const int wt = group_of(G8, tt), lt = tt - G8.tile0[wt];
+        const int wt = GROUP ? group_of(G8, tt) : 0, lt = tt - G8.tile0[wt];
         const float wsc = e8m0_to_f32(G8.WS[wt][(size_t)(lt >> 3) * C + cc]);
         uint4 b0 = make_uint4(0, 0, 0, 0), b1 = b0;
         if (g < n) {
@@ -327,7 +327,7 @@ __global__ void __launch_bounds__(512) k_fp8_small(const Fp8Group G8, const floa
     }
 }
 
-template <bool FQ>
+template <bool FQ, bool GROUP>
 static int launch_fp8_small(dsv4_cuda_ctx *c, const Fp8Group &G8, int K, const float *x,
                             const uint8_t *xq, const float *xs, int n, int flags, dsv4_err *err) {
     const int C = K / 128, T = G8.tile0[G8.nw];
@@ -336,16 +336,16 @@ static int launch_fp8_small(dsv4_cuda_ctx *c, const Fp8Group &G8, int K, const f
     size_t smem = (((size_t)kw * 512 + (size_t)n * C * 4 + 15) & ~(size_t)15) +
                   (size_t)n * (size_t)(K + XQ_PAD);
     if (smem > 48 * 1024)
-        CU_TRY(cudaFuncSetAttribute(k_fp8_small<FQ>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        CU_TRY(cudaFuncSetAttribute(k_fp8_small<FQ, GROUP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)smem),
                err, "fp8 linear (shared memory)");
     int per_sm = 0;
-    CU_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_fp8_small<FQ>, kw * 32, smem),
+    CU_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_fp8_small<FQ, GROUP>, kw * 32, smem),
            err, "fp8 linear (occupancy)");
     if (per_sm < 1) per_sm = 1;
     int gx = per_sm * c->prop.multiProcessorCount;
     if (gx > T) gx = T;
-    CU_TRY(cu_launch(c, k_fp8_small<FQ>, dim3((unsigned)gx), dim3(kw * 32), smem, G8, x, xq, xs, n,
+    CU_TRY(cu_launch(c, k_fp8_small<FQ, GROUP>, dim3((unsigned)gx), dim3(kw * 32), smem, G8, x, xq, xs, n,
                      K, flags),
            err, "fp8 linear (small n)");
     return DSV4_OK;
@@ -363,7 +363,7 @@ static int launch_fp8_small(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const f
     G8.y[0] = y;
     G8.R[0] = (int)w->out;
     G8.tile0[1] = (int)(w->out / 16);
-    return launch_fp8_small<FQ>(c, G8, (int)w->in, x, xq, xs, n, flags, err);
+    return launch_fp8_small<FQ, false>(c, G8, (int)w->in, x, xq, xs, n, flags, err);
 }
 
 template <int NT, bool FQ>
@@ -477,7 +477,9 @@ extern "C" int dsv4_cuda_linear_group(dsv4_cuda_ctx *c, int nw, const dsv4_cuda_
             G8.R[i] = (int)wi->out;
             G8.tile0[i + 1] = G8.tile0[i] + (int)(wi->out / 16);
         }
-        if ((rc = launch_fp8_small<false>(c, G8, K, x, xq, xs, n, flags, err))) return rc;
+        rc = G8.nw == 1 ? launch_fp8_small<false, false>(c, G8, K, x, xq, xs, n, flags, err)
+                        : launch_fp8_small<false, true>(c, G8, K, x, xq, xs, n, flags, err);
+        if (rc) return rc;
     }
     return DSV4_OK;
 }
