@@ -61,7 +61,8 @@ def parser():
     s = sub.add_parser("decode", help="single-stream decode tok/s per content type")
     common_opts(s)
     s.add_argument("--repeats", type=int, default=3, help="runs per prompt; best and median reported")
-    s.add_argument("--max-tokens", type=int, default=2048, help="budget for prompts that set none")
+    s.add_argument("--max-tokens", type=int, default=None,
+                   help="cap every prompt's budget (default: each prompt's own max_tokens)")
     s.add_argument("--only", nargs="*", help="prompt ids to run (default all)")
 
     s = sub.add_parser("concurrency", help="aggregate/per-stream tok/s, TTFT, ITL at several concurrencies")
@@ -82,7 +83,8 @@ def parser():
     s = sub.add_parser("spec", help="speculative-decoding acceptance by content type from /metrics")
     common_opts(s)
     s.add_argument("--repeats", type=int, default=2)
-    s.add_argument("--max-tokens", type=int, default=2048)
+    s.add_argument("--max-tokens", type=int, default=None,
+                   help="cap every prompt's budget (default: each prompt's own max_tokens)")
     s.add_argument("--only", nargs="*", help="prompt ids to run (default all)")
 
     s = sub.add_parser("soak", help="mixed agent traffic, throughput windows, output-health classes")
@@ -95,6 +97,8 @@ def parser():
     s.add_argument("--long-context-tokens", type=int, default=8000,
                    help="approximate size of the long-context summarisation document")
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--max-tokens", type=int, default=None,
+                   help="cap every entry's budget (default: the entries' own budgets)")
     return p
 
 

@@ -131,4 +131,6 @@ def run(ctx):
                         "tpot_p50_ms", "errors"],
                        headers=["arrivals", "c", "agg tok/s", "tok/s/stream", "tokens", "seconds",
                                 "TTFT p50", "TTFT p99", "ITL p50 ms", "ITL p99 ms", "TPOT ms", "errors"])
+    for e in dict.fromkeys(r["error"] for r in streams if r["error"]):
+        print(f"error: {e}")
     return 0 if all(s["errors"] == 0 for s in summary) else 1

@@ -22,7 +22,7 @@ def run_prompts(ctx, prompts, repeats, on_each=None):
         for rep in range(repeats):
             if on_each:
                 on_each("before", p, rep)
-            r = ctx.client.chat(ctx.body(p["messages"], p.get("max_tokens", ctx.args.max_tokens), 0.0))
+            r = ctx.client.chat(ctx.body(p["messages"], ctx.budget(p), 0.0))
             toks = r.completion_tokens
             row = {"prompt": p["id"], "content_type": p.get("content_type", p["id"]), "rep": rep,
                    "completion_tokens": toks, "prompt_tokens": r.prompt_tokens, "wall_s": r.wall,
@@ -85,7 +85,8 @@ def run(ctx):
     first = [r for r in rows if r["rep"] == 0 and r["tok_s"]]
     if a.repeats > 1 and first:
         later = [r for r in rows if r["rep"] > 0 and r["tok_s"] and r["prompt"] == first[0]["prompt"]]
-        c = common.cold_check([1 / first[0]["tok_s"]] + [1 / r["tok_s"] for r in later])
+        c = common.cold_check([1 / first[0]["tok_s"]] + [1 / r["tok_s"] for r in later],
+                              first[0]["completion_tokens"])
         print(common.describe_cold(c, f"decode ({first[0]['prompt']}, rep 0 vs later)"))
         ctx.meta["decode_cold_check"] = c
     report.write_csv(ctx.path("decode_runs.csv"), rows, RUN_COLS)
@@ -96,4 +97,6 @@ def run(ctx):
                                  "finish_reason", "errors"],
                        headers=["content", "tok/s", "median", "tokens", "seconds", "finish", "errors"])
     errs = sum(s["errors"] for s in summary)
+    for e in dict.fromkeys(r["error"] for r in rows if r["error"]):
+        print(f"error: {e}")
     return 0 if errs == 0 else 1

@@ -48,6 +48,8 @@ def one_request(ctx, n, entries):
     e = entries[rng.randrange(len(entries))]
     temp = pick(e.get("temperature", 0.6), rng)
     max_tokens = pick(e.get("max_tokens", 1024), rng)
+    if a.max_tokens:
+        max_tokens = min(max_tokens, a.max_tokens)
     stream = rng.random() < a.stream_fraction
     th = e.get("thinking")
     extra = {}
@@ -125,7 +127,7 @@ def run(ctx):
     report.print_table(f"soak throughput ({len(rows)} requests, {a.workers} workers, {elapsed:.1f} s, "
                        f"{toks} tokens, {report.fmt(stats.ratio(toks, elapsed), 1)} tok/s overall)",
                        windows, ["window", "start_s", "end_s", "tok_s", "requests_done", "unhealthy", "errors"],
-                       nd={"start_s": 0, "end_s": 0, "tok_s": 1})
+                       nd={"start_s": 1, "end_s": 1, "tok_s": 1})
     by_kind = []
     for k in dict.fromkeys(r["kind"] for r in rows):
         rs = [r for r in rows if r["kind"] == k]

@@ -36,7 +36,7 @@ def run(ctx):
         before = promtext.spec_counters(ctx.client.metrics_text(), ctx.model)
         toks, wall, errs = 0, 0.0, 0
         for _ in range(a.repeats):
-            r = ctx.client.chat(ctx.body(p["messages"], p.get("max_tokens", a.max_tokens), 0.0))
+            r = ctx.client.chat(ctx.body(p["messages"], ctx.budget(p), 0.0))
             wall += r.wall
             if r.error or r.completion_tokens is None:
                 errs += 1
