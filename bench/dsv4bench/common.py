@@ -32,8 +32,9 @@ def read_text(name, prompts_dir=None):
 
 
 def build_document(filler, n_chars):
-    """A document of about n_chars characters: the filler's paragraphs in order,
-    each prefixed "[§k]" with a running section number, repeated as needed."""
+    """A document of at most n_chars characters: the filler's paragraphs in
+    order, each prefixed "[§k]" with a running section number, repeated as
+    needed; the last one is cut at a word boundary."""
     paras = [p.strip() for p in filler.split("\n\n") if p.strip()]
     out, size, k = [], 0, 0
     while size < n_chars:
@@ -41,7 +42,10 @@ def build_document(filler, n_chars):
         out.append(p)
         size += len(p) + 2
         k += 1
-    return "\n\n".join(out)
+    doc = "\n\n".join(out)
+    if len(doc) > n_chars:
+        doc = doc[:n_chars].rsplit(" ", 1)[0]
+    return doc
 
 
 class Ctx:

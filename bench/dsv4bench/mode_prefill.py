@@ -32,16 +32,26 @@ def measure(ctx, spec, filler, n_chars):
     return ctx.client.chat(body, stream=True)
 
 
-def calibrate(ctx, spec, filler):
-    """(chars0, tokens0, tokens per char) from two sizes of the same construction."""
+def calibrate(ctx, spec, filler, smallest):
+    """(chars0, tokens0, tokens per char) from two sizes of the same construction.
+
+    The larger calibration prompt is about 4 characters per token of the
+    smallest target (at most 16000 characters) and at most 0.8 characters per
+    token of max_model_len, so it fits any context and any tokenizer."""
+    hi = min(16000, 4 * smallest)
+    if ctx.max_model_len:
+        hi = min(hi, int(0.8 * ctx.max_model_len))
+    hi = max(hi, 64)
     pts = []
-    for n in (4000, 16000):
+    for n in (hi // 4, hi):
         r = measure(ctx, spec, filler, n)
         if r.error or not r.prompt_tokens:
             raise BenchError(r.status, f"prefill calibration failed: {r.error or 'no usage.prompt_tokens'}")
         text_len = len(make_prompt(spec, filler, n)[0]["content"])
         pts.append((text_len, r.prompt_tokens))
     (c0, t0), (c1, t1) = pts
+    if t1 <= t0:
+        raise BenchError(0, f"prefill calibration: {c1 - c0} more characters gave {t1 - t0} more tokens")
     return c0, t0, (t1 - t0) / (c1 - c0)
 
 
@@ -50,7 +60,7 @@ def run(ctx):
     spec = common.load_prompts("prefill.json", ctx.prompts_dir)
     filler = common.read_text(spec["filler"], ctx.prompts_dir)
     common.warmup(ctx)
-    c0, t0, tpc = calibrate(ctx, spec, filler)
+    c0, t0, tpc = calibrate(ctx, spec, filler, min(a.sizes))
     overhead = len(make_prompt(spec, filler, 0)[0]["content"])
     print(f"prefill: calibration {tpc * 1000:.1f} tokens per 1000 characters; "
           f"max_model_len {ctx.max_model_len or 'unknown'}")
