@@ -56,6 +56,8 @@ def parser():
                        help="send chat_template_kwargs.thinking false/true, or nothing (default off)")
         s.add_argument("--ignore-eos", action="store_true", help="send ignore_eos: true (vLLM extension)")
         s.add_argument("--timeout", type=float, default=600.0, help="per-request socket timeout, s")
+        s.add_argument("--max-model-len", type=int, default=None,
+                       help="context length to assume (default: /v1/models max_model_len or context_length)")
         s.add_argument("--verbose", action="store_true")
 
     s = sub.add_parser("decode", help="single-stream decode tok/s per content type")
@@ -93,6 +95,8 @@ def parser():
     s.add_argument("--duration-s", type=float, default=300.0, help="no new request after this")
     s.add_argument("--max-requests", type=int, default=1000)
     s.add_argument("--window-s", type=float, default=30.0)
+    s.add_argument("--grace-s", type=float, default=120.0,
+                   help="after --duration-s, wait at most this long for requests in flight")
     s.add_argument("--stream-fraction", type=float, default=0.5)
     s.add_argument("--long-context-tokens", type=int, default=8000,
                    help="approximate size of the long-context summarisation document")

@@ -56,6 +56,8 @@ class Ctx:
         self.client = Client(args.base_url, api_key=args.api_key, timeout=args.timeout)
         self.prompts_dir = args.prompts_dir
         self.model, self.max_model_len = self._pick_model(args.model)
+        if args.max_model_len:
+            self.max_model_len = args.max_model_len
         stamp = time.strftime("%Y%m%d-%H%M%S")
         self.out = args.out or os.path.join(DEFAULT_OUT, f"{args.mode}-{stamp}")
         os.makedirs(self.out, exist_ok=True)

@@ -71,7 +71,7 @@ def run(ctx):
     common.warmup(ctx)
     lock = threading.Lock()
     state = {"next": 0}
-    rows = []
+    shared = []  # rows appended by the workers
     t0 = time.perf_counter()
     deadline = t0 + a.duration_s
 
@@ -97,15 +97,22 @@ def run(ctx):
                    "completion_tokens": r.completion_tokens, "finish_reason": r.finish_reason,
                    "labels": ";".join(labels), "error": r.error}
             with lock:
-                rows.append(row)
+                shared.append(row)
                 if labels and a.verbose:
                     print(f"  #{n} {e['id']}: {', '.join(labels)}")
 
     threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(a.workers)]
     for t in threads:
         t.start()
+    hard = deadline + a.grace_s
     for t in threads:
-        t.join()
+        t.join(max(0.0, hard - time.perf_counter()))
+    with lock:  # requests still running now are abandoned (daemon threads) and count as errors
+        rows = list(shared)
+        abandoned = state["next"] - len(rows)
+    if abandoned:
+        print(f"soak: {abandoned} request(s) still running {a.grace_s:.0f} s after the deadline; "
+              f"counted as errors")
     rows.sort(key=lambda r: r["n"])
     elapsed = time.perf_counter() - t0
     windows = make_windows(rows, a.window_s, elapsed)
@@ -118,6 +125,9 @@ def run(ctx):
             fam[f] += 1
     report.write_csv(ctx.path("soak_requests.csv"), rows, REQ_COLS)
     report.write_csv(ctx.path("soak.csv"), windows, WIN_COLS)
+    fam["error"] += abandoned
+    if abandoned:
+        sub["error:abandoned"] = abandoned
     counts = [{"class": f, "responses": fam.get(f, 0)} for f in classify.FAMILIES]
     counts += [{"class": "  " + lb, "responses": n} for lb, n in sorted(sub.items())
                if lb != classify.family(lb)]
@@ -137,7 +147,7 @@ def run(ctx):
     report.print_table("soak by kind", by_kind, ["kind", "requests", "unhealthy", "tokens", "median_wall_s"])
     report.print_table("soak response classes (a clean run is zero in every row)", counts,
                        ["class", "responses"])
-    unhealthy = sum(1 for r in rows if r["labels"])
+    unhealthy = sum(1 for r in rows if r["labels"]) + abandoned
     print(f"\nsoak: {len(rows)} responses, {unhealthy} unhealthy"
           f"{' — CLEAN' if unhealthy == 0 else ''}")
     ctx.meta["soak"] = {"requests": len(rows), "unhealthy": unhealthy, "classes": dict(sub),

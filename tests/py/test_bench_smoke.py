@@ -35,11 +35,12 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 class Fake:
-    def __init__(self, api_key=None, cold=0, bad=False):
+    def __init__(self, api_key=None, cold=0, bad=False, hang=None):
         self.lock = threading.Lock()
         self.api_key = api_key
         self.cold = cold          # the first `cold` chat requests take 0.3 s longer
         self.bad = bad            # answer some soak prompts with loops / leaks
+        self.hang = hang          # requests whose last message contains this take 5 s
         self.requests = 0
         self.c = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "gen": 0, "prompt": 0,
                   "pos": [0] * K}
@@ -143,6 +144,8 @@ def make_handler(fake):
                 return self.send_json(400, {"error": {"message": "maximum context length is "
                                                       f"{MAX_MODEL_LEN} tokens", "code": 400}})
             slow = fake.count(n, pt)
+            if fake.hang and fake.hang in (body["messages"][-1].get("content") or ""):
+                time.sleep(5)
             delay = DELAY
             if slow:
                 time.sleep(0.3)
@@ -354,6 +357,20 @@ def test_soak_counts_unhealthy_responses(fake_server, tmp_path):
     assert classes["leak"] == sum(1 for r in reqs if r["entry"] == "prose_explain") > 0
     assert classes["loop"] == sum(1 for r in reqs if r["entry"] == "tool_weather") > 0
     assert classes["error"] == classes["empty"] == classes["cjk_drift"] == 0
+
+
+def test_soak_is_bounded_in_time(fake_server, tmp_path, capsys):
+    fake = fake_server(hang="Kyoto")
+    t0 = time.time()
+    rc, out = bench(fake, tmp_path, "soak", "--workers", "4", "--duration-s", "0.5", "--grace-s", "0.5",
+                    "--window-s", "0.25", "--long-context-tokens", "300", "--seed", "1")
+    assert time.time() - t0 < 4.5  # the 5 s requests were not waited for
+    assert rc == 1
+    assert "after the deadline; counted as errors" in capsys.readouterr().out
+    classes = {c["class"].strip(): int(c["responses"]) for c in read_csv(os.path.join(out, "soak_classes.csv"))}
+    assert classes["error"] == classes["error:abandoned"] >= 1
+    reqs = read_csv(os.path.join(out, "soak_requests.csv"))
+    assert all(r["entry"] != "json_plan" for r in reqs)
 
 
 def test_cold_server_is_reported(fake_server, tmp_path, capsys):
