@@ -130,7 +130,9 @@ def run(ctx):
                         "span_s", "ttft_p50_s", "ttft_p99_s", "itl_chunk_p50_ms", "itl_chunk_p99_ms",
                         "tpot_p50_ms", "errors"],
                        headers=["arrivals", "c", "agg tok/s", "tok/s/stream", "tokens", "seconds",
-                                "TTFT p50", "TTFT p99", "ITL p50 ms", "ITL p99 ms", "TPOT ms", "errors"])
+                                "TTFT p50", "TTFT p99", "ITL p50 ms", "ITL p99 ms", "TPOT ms", "errors"],
+                       nd={"agg_tok_s": 1, "stream_tok_s_mean": 1, "span_s": 2, "ttft_p50_s": 3,
+                           "ttft_p99_s": 3, "itl_chunk_p50_ms": 1, "itl_chunk_p99_ms": 1, "tpot_p50_ms": 1})
     for e in dict.fromkeys(r["error"] for r in streams if r["error"]):
         print(f"error: {e}")
     return 0 if all(s["errors"] == 0 for s in summary) else 1

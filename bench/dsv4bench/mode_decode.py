@@ -95,7 +95,8 @@ def run(ctx):
     report.print_table(f"decode ({ctx.model}, temperature 0, stream:false, best of {a.repeats})",
                        summary, ["content_type", "best_tok_s", "median_tok_s", "tokens", "seconds",
                                  "finish_reason", "errors"],
-                       headers=["content", "tok/s", "median", "tokens", "seconds", "finish", "errors"])
+                       headers=["content", "tok/s", "median", "tokens", "seconds", "finish", "errors"],
+                       nd={"best_tok_s": 1, "median_tok_s": 1, "seconds": 3})
     errs = sum(s["errors"] for s in summary)
     for e in dict.fromkeys(r["error"] for r in rows if r["error"]):
         print(f"error: {e}")

@@ -78,7 +78,8 @@ def run(ctx):
                        rows, ["content_type", "tok_s", "acceptance_rate", "mean_accept_len", "steps_s",
                               "usage_tok_per_draft", "per_pos", "errors"],
                        headers=["content", "tok/s", "accept", "tok/step", "steps/s", "usage tok/draft",
-                                "per-position acceptance", "errors"], nd={"acceptance_rate": 3})
+                                "per-position acceptance", "errors"],
+                       nd={"tok_s": 1, "acceptance_rate": 3, "mean_accept_len": 2, "steps_s": 1})
     if not pooled["drafts"]:
         print("spec: no drafts were counted — speculative decoding is off or not exported")
     return 0 if all(r["errors"] == 0 for r in rows) else 1
