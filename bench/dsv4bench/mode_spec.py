@@ -15,7 +15,7 @@ by the non-speculative steps, e.g. the prefill's first token).
 from dsv4bench import common, promtext, report, stats
 from dsv4bench.client import BenchError
 
-COLS = ["prompt", "content_type", "requests", "completion_tokens", "wall_s", "tok_s", "drafts",
+COLS = ["prompt", "content_type", "requests", "errors", "completion_tokens", "wall_s", "tok_s", "drafts",
         "draft_tokens", "accepted", "acceptance_rate", "mean_accept_len", "steps_s",
         "usage_tok_per_draft", "per_pos"]
 

@@ -390,6 +390,8 @@ def test_api_key_and_unreachable_server(fake_server, tmp_path, capsys):
                    str(tmp_path / "b"), "--warmup", "0", "--repeats", "1", "--only", "narrative"])
     assert rc == 0
     assert "skipped" in capsys.readouterr().out
+    assert cli.main(["decode", "--base-url", "http://127.0.0.1:1", "--out", str(tmp_path / "c")]) == 2
+    assert "cannot use http://127.0.0.1:1" in capsys.readouterr().err
 
 
 def test_dsv4_bench_passes_arguments_through(fake_server, tmp_path):
