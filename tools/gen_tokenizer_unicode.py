@@ -11,7 +11,7 @@ pre-tokenizer, and write:
   src/text/tokenizer_unicode.c          ranges per class, used in place of
                                         \\p{L} \\p{N} \\p{M} \\p{P} \\p{S} \\s
   tests/fixtures/tokenizer/unicode_classes.txt   the same ranges, read by
-                                        tests/unit/test_tokenizer_regex.c
+                                        tests/unit/test_tokenizer_units.c
 
 Usage: python3 tools/gen_tokenizer_unicode.py   (from the repository root)
 """

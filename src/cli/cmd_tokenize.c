@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cli/cli.h"
 #include "text/tokenizer.h"
@@ -21,8 +22,8 @@ static void usage(FILE *f) {
             "       dsv4 tokenize [--model DIR | --tokenizer FILE] [--skip-special] --decode IDS\n"
             "\n"
             "Print the token ids of TEXT (several TEXT arguments are joined with one space;\n"
-            "'-' reads the text from stdin), or the text of IDS (comma- or space-separated;\n"
-            "'-' reads them from stdin).\n"
+            "'-' reads the text from stdin; put -- before TEXT that starts with '-'), or the\n"
+            "text of IDS (comma- or space-separated; '-' reads them from stdin).\n"
             "\n"
             "  --model DIR        use DIR/tokenizer.json (default: the embedded default model,\n"
             "                     %s)\n"
@@ -33,7 +34,11 @@ static void usage(FILE *f) {
             "                     ordinary text, as the server does for client content\n"
             "                     (default: it becomes the special id, as for encoder output)\n"
             "  --decode IDS       print the text of IDS instead\n"
-            "  --skip-special     with --decode: drop special tokens (BOS, EOS, ...)\n",
+            "  --skip-special     with --decode: drop special tokens (BOS, EOS, ...)\n"
+            "  --batch-hex        for scripts and tests: read lines of hex-encoded text bytes\n"
+            "                     from stdin; print per line the comma-separated ids, a tab,\n"
+            "                     and the hex of decode(ids); with --stats, print encode time\n"
+            "                     and throughput to stderr\n",
             dsv4_default_model_dir());
 }
 
@@ -75,6 +80,65 @@ static void print_escaped(const char *s, size_t n) {
     }
 }
 
+static int hexval(int c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* --batch-hex: one case per stdin line (hex of the text's bytes). Encode time
+ * is measured around dsv4_tokenizer_encode only (not load, not I/O). */
+static int batch_hex(dsv4_tokenizer *tok, int allow_special, int stats) {
+    size_t len;
+    char *all = read_all(stdin, &len);
+    if (!all) { fprintf(stderr, "dsv4 tokenize: cannot read stdin\n"); return 1; }
+    double enc_s = 0;
+    size_t bytes = 0, tokens = 0;
+    int status = 0;
+    dsv4_err err = {0};
+    for (char *line = all, *next; line && *line && !status; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = 0;
+        size_t hl = strcspn(line, "\r"), n = hl / 2;
+        char *text = malloc(n + 1);
+        if (!text) { status = 1; break; }
+        for (size_t i = 0; i < n; i++) {
+            int hi = hexval(line[2 * i]), lo = hexval(line[2 * i + 1]);
+            if (hi < 0 || lo < 0 || hl % 2) { fprintf(stderr, "dsv4 tokenize: --batch-hex: bad hex\n"); status = 2; break; }
+            text[i] = (char)(hi * 16 + lo);
+        }
+        dsv4_tokvec v = {0};
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        if (!status && dsv4_tokenizer_encode(tok, text, n, allow_special, &v, &err)) {
+            fprintf(stderr, "dsv4 tokenize: %s\n", err.msg);
+            status = 1;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        enc_s += (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        bytes += n;
+        tokens += v.n;
+        char *out = NULL;
+        size_t ol = 0;
+        if (!status && dsv4_tokenizer_decode(tok, v.ids, v.n, 0, &out, &ol, &err)) {
+            fprintf(stderr, "dsv4 tokenize: %s\n", err.msg);
+            status = 1;
+        }
+        if (!status) {
+            for (size_t i = 0; i < v.n; i++) printf(i ? ",%d" : "%d", (int)v.ids[i]);
+            putchar('\t');
+            for (size_t i = 0; i < ol; i++) printf("%02x", (unsigned char)out[i]);
+            putchar('\n');
+        }
+        free(out);
+        free(text);
+        dsv4_tokvec_free(&v);
+    }
+    free(all);
+    if (stats && !status)
+        fprintf(stderr, "encode: %zu bytes -> %zu tokens in %.6f s: %.0f tokens/s, %.2f MB/s\n", bytes, tokens, enc_s,
+                enc_s > 0 ? (double)tokens / enc_s : 0.0, enc_s > 0 ? (double)bytes / enc_s / 1e6 : 0.0);
+    return status;
+}
+
 static int parse_ids(const char *s, int32_t **ids, size_t *n) {
     size_t cap = 16, k = 0;
     int32_t *v = malloc(cap * sizeof *v);
@@ -103,7 +167,7 @@ static int parse_ids(const char *s, int32_t **ids, size_t *n) {
 
 int dsv4_cmd_tokenize(int argc, char **argv) {
     const char *model = NULL, *file = NULL, *decode = NULL;
-    int ids_only = 0, no_special = 0, skip_special = 0, first_text = -1;
+    int ids_only = 0, no_special = 0, skip_special = 0, first_text = -1, batch = 0, stats = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
@@ -113,6 +177,8 @@ int dsv4_cmd_tokenize(int argc, char **argv) {
         else if (!strcmp(a, "--ids")) ids_only = 1;
         else if (!strcmp(a, "--no-special")) no_special = 1;
         else if (!strcmp(a, "--skip-special")) skip_special = 1;
+        else if (!strcmp(a, "--batch-hex")) batch = 1;
+        else if (!strcmp(a, "--stats")) stats = 1;
         else if (!strcmp(a, "--")) { first_text = i + 1; break; }
         else if (a[0] == '-' && a[1]) {
             fprintf(stderr, "dsv4 tokenize: unknown or incomplete option %s\n", a);
@@ -121,7 +187,7 @@ int dsv4_cmd_tokenize(int argc, char **argv) {
         } else { first_text = i; break; }
     }
     if (model && file) { fprintf(stderr, "dsv4 tokenize: give --model or --tokenizer, not both\n"); return 2; }
-    if (!decode && (first_text < 0 || first_text >= argc)) { usage(stderr); return 2; }
+    if (!decode && !batch && (first_text < 0 || first_text >= argc)) { usage(stderr); return 2; }
     if (decode && first_text >= 0 && first_text < argc) {
         fprintf(stderr, "dsv4 tokenize: --decode takes no TEXT\n");
         return 2;
@@ -148,6 +214,11 @@ int dsv4_cmd_tokenize(int argc, char **argv) {
     }
 
     int status = 0;
+    if (batch) {
+        status = batch_hex(tok, !no_special, stats);
+        dsv4_tokenizer_free(tok);
+        return status;
+    }
     if (decode) {
         char *src = NULL;
         size_t srclen;

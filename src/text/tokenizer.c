@@ -179,7 +179,6 @@ static int want_false(loadctx *L, const cJSON *obj, const char *field, const cha
 static int want_null(loadctx *L, const cJSON *obj, const char *field, const char *where) {
     const cJSON *j = cJSON_GetObjectItemCaseSensitive(obj, field);
     if (!j || cJSON_IsNull(j)) return 0;
-    if (cJSON_IsString(j) && !*j->valuestring && strcmp(field, "unk_token")) return 0;
     return FAIL(DSV4_EUNSUPPORTED, "%s: %s.%s = %s is not supported (only null)", L->name, where,
                 field, jtype(j));
 }
@@ -204,12 +203,9 @@ static int parse_model(loadctx *L, dsv4_tokenizer *t, const cJSON *root, const c
     if ((rc = want_null(L, model, "dropout", "model")) || (rc = want_null(L, model, "unk_token", "model")) ||
         (rc = want_null(L, model, "continuing_subword_prefix", "model")) ||
         (rc = want_null(L, model, "end_of_word_suffix", "model")) ||
-        (rc = want_false(L, model, "byte_fallback", "model")))
+        (rc = want_false(L, model, "byte_fallback", "model")) ||
+        (rc = want_false(L, model, "ignore_merges", "model")))
         return rc;
-    const cJSON *im = cJSON_GetObjectItemCaseSensitive(model, "ignore_merges");
-    if (im && !cJSON_IsBool(im) && !cJSON_IsNull(im))
-        return FAIL(DSV4_EFORMAT, "%s: model.ignore_merges must be a boolean", L->name);
-    t->ignore_merges = cJSON_IsTrue(im);
 
     const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
     if (!cJSON_IsObject(vocab))

@@ -11,11 +11,12 @@
  * with an error naming the file and the JSON field):
  *   model          type "BPE", vocab object, merges as "a b" strings or
  *                  ["a","b"] arrays, dropout null, no unk/continuing/suffix
- *                  prefixes, byte_fallback false, ignore_merges either way
+ *                  prefixes, byte_fallback and ignore_merges false
  *   added_tokens   content/id/special/normalized; lstrip, rstrip and
  *                  single_word must be false
  *   normalizer     null or an empty Sequence
- *   pre_tokenizer  Sequence of Split{Regex, Isolated|Removed, invert false}
+ *   pre_tokenizer  Sequence of Split{Regex or String, Isolated|Removed,
+ *                  invert false}
  *                  ending in ByteLevel{add_prefix_space false, use_regex false}
  *                  (regexes are Oniguruma syntax; run with PCRE2 in UTF+UCP
  *                  mode after a small translation, see tokenizer_regex.c)
@@ -47,6 +48,7 @@ typedef struct dsv4_tokvec {
     size_t n, cap;
 } dsv4_tokvec;
 
+/* Free the ids and reset to empty (reusable). NULL is a no-op. */
 void dsv4_tokvec_free(dsv4_tokvec *v);
 /* Append one id (grows the vector). Returns DSV4_OK or DSV4_ENOMEM. */
 int dsv4_tokvec_push(dsv4_tokvec *v, int32_t id);
@@ -68,6 +70,7 @@ int dsv4_tokenizer_load(const char *path, dsv4_tokenizer **out, dsv4_err *err);
 int dsv4_tokenizer_load_json(const char *json, size_t len, const char *name,
                              dsv4_tokenizer **out, dsv4_err *err);
 
+/* Free a tokenizer (NULL is a no-op). No other call may be using it. */
 void dsv4_tokenizer_free(dsv4_tokenizer *tok);
 
 /*
@@ -89,8 +92,9 @@ void dsv4_tokenizer_free(dsv4_tokenizer *tok);
  * String::from_utf8_lossy) is replaced by U+FFFD before tokenizing, so the
  * ids equal `tokenizers` on the Python-decoded string. Embedded NUL bytes are
  * ordinary characters. text may be NULL when len is 0.
- * Errors: DSV4_ENOMEM; DSV4_EINTERNAL if the regex engine fails (message
- * says why). On error, `out` keeps the ids appended before the failure.
+ * Errors: DSV4_ENOMEM; DSV4_ERANGE for a single pre-token (a run without
+ * any break the pre-tokenizer splits on) over 256 MiB; DSV4_EINTERNAL if the
+ * regex engine fails (message says why). On error, `out` keeps the ids appended before the failure.
  */
 int dsv4_tokenizer_encode(const dsv4_tokenizer *tok, const char *text, size_t len,
                           int allow_special, dsv4_tokvec *out, dsv4_err *err);

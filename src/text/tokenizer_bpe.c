@@ -156,26 +156,13 @@ static void cache_put(const dsv4_tokenizer *t, const unsigned char *s, size_t n,
 
 int tk_bpe_piece(const dsv4_tokenizer *t, const unsigned char *s, size_t n, dsv4_tokvec *out) {
     if (!n) return DSV4_OK;
+    if (n > (size_t)1 << 28) return DSV4_ERANGE; /* symbol positions are int32; heap holds 3n */
     /* Single byte: no merges possible. */
     if (n == 1) return t->byte_id[s[0]] >= 0 ? dsv4_tokvec_push(out, t->byte_id[s[0]]) : DSV4_OK;
     int cacheable = n <= TK_CACHE_MAX_PIECE;
     if (cacheable) {
         int hit, rc = cache_get(t, s, n, out, &hit);
         if (rc || hit) return rc;
-    }
-    /* ignore_merges: a whole pre-token that is a vocabulary entry is one token. */
-    if (t->ignore_merges) {
-        char stackbuf[256], *bl = n * 2 <= sizeof stackbuf ? stackbuf : malloc(n * 2);
-        if (!bl) return DSV4_ENOMEM;
-        size_t k = 0;
-        for (size_t i = 0; i < n; i++) {
-            uint32_t cp = tk_byte_to_cp(s[i]);
-            if (cp < 0x80) bl[k++] = (char)cp;
-            else { bl[k++] = (char)(0xC0 | (cp >> 6)); bl[k++] = (char)(0x80 | (cp & 63)); }
-        }
-        int32_t id = tk_strmap_get(&t->vocab, bl, k);
-        if (bl != stackbuf) free(bl);
-        if (id >= 0) return dsv4_tokvec_push(out, id);
     }
     enum { STK = 128 };
     int32_t ids0_s[STK], res_s[STK];

@@ -118,6 +118,9 @@ static int pretok(encctx *E, const char *s, size_t n, int level) {
     const dsv4_tokenizer *t = E->t;
     if (level == t->n_splits) {
         int rc = tk_bpe_piece(t, (const unsigned char *)s, n, E->out);
+        if (rc == DSV4_ERANGE)
+            return dsv4_err_set(E->err, rc, "encode: one pre-token of %zu bytes (a word without breaks) is over the "
+                                "256 MiB limit", n);
         return rc ? dsv4_err_set(E->err, rc, "encode: out of memory") : DSV4_OK;
     }
     const tk_split *sp = &t->splits[level];

@@ -80,7 +80,6 @@ struct dsv4_tokenizer {
     int32_t byte_id[256];       /* id of each byte's byte-level symbol, -1 if absent */
     tk_merge_slot *merges;
     size_t merge_cap;           /* power of two */
-    int ignore_merges;
     tk_trie trie[2];            /* [0] non-normalized added tokens, [1] normalized */
     int n_splits;
     tk_split splits[TK_MAX_SPLITS];

@@ -20,7 +20,9 @@
  * meaning differs between the engines and that we have not verified (\d \w
  * \h \b, POSIX brackets, nested classes, Ruby's (?m)) are refused.
  * Exactness of the classes is checked code point by code point in
- * tests/unit/test_tokenizer_regex.c.
+ * tests/unit/test_tokenizer_units.c. When the reference `tokenizers` is
+ * upgraded, rerun tools/gen_tokenizer_unicode.py (its Oniguruma may know a
+ * newer Unicode) and tools/gen_tokenizer_goldens.py.
  */
 #include "text/tokenizer_internal.h"
 #include "text/tokenizer_unicode.h"
