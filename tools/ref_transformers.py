@@ -264,10 +264,14 @@ def quantised_load_proof(models_dir, name, sd_bf16, log):
 # 2. Reference outputs.
 # --------------------------------------------------------------------------------------------
 class Probe:
-    """Forward hooks: per-layer output streams and SwiGLU clamp coverage."""
+    """Forward hooks: per-layer output streams, expert selections, indexer selections and SwiGLU
+    clamp coverage."""
 
     def __init__(self, model):
         self.streams = []
+        self.routing = {}   # layer -> [per-chunk LongTensor [T, k]]
+        self.indexer = {}   # layer -> [per-chunk LongTensor [T, <=index_topk]]
+        self.index_topk = model.config.index_topk
         self.clamp = {"shared_gate_gt_limit": 0, "shared_up_abs_gt_limit": 0,
                       "routed_gate_gt_limit": 0, "routed_up_abs_gt_limit": 0, "values": 0}
         self.hooks = []
@@ -276,6 +280,13 @@ class Probe:
             self.hooks.append(layer.register_forward_hook(
                 lambda m, i, o: self.streams.append(o.detach().clone())))
             mlp = layer.mlp
+            li = layer.layer_idx
+            self.hooks.append(mlp.gate.register_forward_hook(
+                lambda m, i, o, li=li: self.routing.setdefault(li, []).append(o[2].detach().clone())))
+            comp = getattr(layer.self_attn, "compressor", None)
+            if comp is not None and hasattr(comp, "indexer"):
+                self.hooks.append(comp.indexer.register_forward_hook(
+                    lambda m, i, o, li=li: self.indexer.setdefault(li, []).append(o[0].detach().clone())))
 
             def shared_hook(m, inp, out, lim=lim):
                 x = inp[0]
@@ -299,6 +310,24 @@ class Probe:
         s, self.streams = self.streams, []
         return s
 
+    def take_selections(self):
+        """(routing LongTensor [L, n, k] sorted per row, {layer: LongTensor [n, index_topk]} with
+        the valid picks sorted ascending and -1 padding after them), over all chunks since the
+        last call."""
+        routing = torch.stack([torch.cat(self.routing[li], 0).sort(-1).values
+                               for li in sorted(self.routing)], 0)
+        idx = {}
+        for li, parts in sorted(self.indexer.items()):
+            rows = []
+            for p in parts:
+                pad = torch.full((p.shape[0], self.index_topk), -1, dtype=torch.long)
+                pad[:, :p.shape[1]] = p
+                key = torch.where(pad < 0, torch.iinfo(torch.long).max, pad)
+                rows.append(torch.gather(pad, 1, torch.sort(key, dim=-1, stable=True).indices))
+            idx[li] = torch.cat(rows, 0)
+        self.routing, self.indexer = {}, {}
+        return routing, idx
+
     def close(self):
         for h in self.hooks:
             h.remove()
@@ -320,6 +349,7 @@ def run_case(model, probe, ids, chunks):
     lg = torch.cat(logits, 0)
     st = torch.stack([torch.cat([s[layer][0] for s in streams], 0)
                       for layer in range(len(streams[0]))], 0)
+    probe.last_selections = probe.take_selections()
     return lg, st
 
 
@@ -423,18 +453,20 @@ def run_mtp(model, raw, ckpt, ids, h_last, log):
     return logits, X[0], n_used
 
 
-def write_array(outdir, fname, arr):
-    a = np.ascontiguousarray(arr.detach().cpu().numpy().astype("<f4"))
+def write_array(outdir, fname, arr, dtype="f32"):
+    a = np.ascontiguousarray(arr.detach().cpu().numpy().astype({"f32": "<f4", "i32": "<i4"}[dtype]))
     with open(os.path.join(outdir, fname), "wb") as f:
         f.write(a.tobytes())
-    return {"file": fname, "dtype": "f32", "shape": list(a.shape),
+    return {"file": fname, "dtype": dtype, "shape": list(a.shape),
             "sha256": hashlib.sha256(a.tobytes()).hexdigest()}
 
 
-def make_refs(models_dir, name, model, ckpt, layout, outdir, log):
-    os.makedirs(outdir, exist_ok=True)
-    for fn in os.listdir(outdir):
-        os.remove(os.path.join(outdir, fn))
+def make_refs(models_dir, name, model, ckpt, layout, final_dir, log):
+    """Writes into <final_dir>.tmp and swaps it in only when everything succeeded."""
+    import shutil
+    outdir = final_dir + ".tmp"
+    shutil.rmtree(outdir, ignore_errors=True)
+    os.makedirs(outdir)
     man_q, man_b = manifest(models_dir, name), manifest(models_dir, name + "-bf16")
     probe = Probe(model)
     cases, single = [], {}
@@ -448,6 +480,18 @@ def make_refs(models_dir, name, model, ckpt, layout, outdir, log):
         top2 = torch.topk(lg[pos], 2, dim=-1).values
         ent["min_top2_margin"] = float((top2[:, 0] - top2[:, 1]).min())
         ent["argmax"] = [int(i) for i in lg[pos].argmax(-1)]
+        routing, idxsel = probe.last_selections
+        ent["arrays"]["experts"] = write_array(outdir, f"{case['name']}.experts.i32",
+                                               routing[:, pos], "i32")
+        ent["arrays"]["experts"]["note"] = "routed expert ids per layer, sorted ascending per row"
+        if idxsel:
+            layers = sorted(idxsel)
+            ent["arrays"]["indexer_topk"] = write_array(
+                outdir, f"{case['name']}.indexer_topk.i32",
+                torch.stack([idxsel[li][pos] for li in layers], 0), "i32")
+            ent["arrays"]["indexer_topk"]["layers"] = layers
+            ent["arrays"]["indexer_topk"]["note"] = ("compressed-row ids chosen by the indexer, "
+                                                     "sorted ascending, -1 padding after them")
         if case.get("streams"):
             ent["arrays"]["layer_streams"] = write_array(outdir, f"{case['name']}.layer_streams.f32",
                                                          st[:, pos])
@@ -456,6 +500,9 @@ def make_refs(models_dir, name, model, ckpt, layout, outdir, log):
         else:  # transformers self-consistency: same ids in one pass
             from transformers import DynamicCache  # noqa: F401
             lg1, _ = run_case(model, probe, ids, [len(ids)])
+            r1, i1 = probe.last_selections
+            ent["selections_equal_single_pass"] = bool(
+                torch.equal(r1, routing) and all(torch.equal(i1[k], idxsel[k]) for k in i1))
             ent["max_abs_diff_vs_single_pass"] = float((lg1 - lg).abs().max())
             assert ent["max_abs_diff_vs_single_pass"] < 1e-3, ent["max_abs_diff_vs_single_pass"]
         cases.append(ent)
@@ -502,7 +549,9 @@ def make_refs(models_dir, name, model, ckpt, layout, outdir, log):
         json.dump(index, f, indent=1)
         f.write("\n")
     size = sum(os.path.getsize(os.path.join(outdir, f)) for f in os.listdir(outdir))
-    log(f"{name}: wrote {outdir} ({size / 1e6:.2f} MB)")
+    shutil.rmtree(final_dir, ignore_errors=True)
+    os.rename(outdir, final_dir)
+    log(f"{name}: wrote {final_dir} ({size / 1e6:.2f} MB)")
 
 
 def main(argv=None):

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "text/encoder.h"
 #include "model/config.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
@@ -104,10 +105,7 @@ int dsv4_cmd_check(int argc, char **argv) {
     int rc = dsv4_config_load(dir, &cfg, &err);
     if (!rc) rc = dsv4_ckpt_open(dir, &ck, &err);
     if (!rc) rc = dsv4_config_set_drafts(&cfg, ck, &err);
-    if (!rc) {
-        dsv4_config_detect_profile(&cfg, dir);
-        rc = dsv4_weights_bind(&cfg, ck, &w, &err);
-    }
+    if (!rc) rc = dsv4_weights_bind(&cfg, ck, &w, &err);
     size_t scanned = 0;
     if (!rc && scan) rc = dsv4_weights_scan(ck, &scanned, &err);
     if (rc) {
@@ -128,9 +126,16 @@ int dsv4_cmd_check(int argc, char **argv) {
     human_bytes(bytes, sizeof bytes, (double)w->n_bytes);
 
     printf("checkpoint:     %s\n", dir);
-    printf("kind:           %s\n", dsv4_config_kind_name(&cfg));
-    printf("encoder:        reasoning-effort profile %s (encoding/encoding_dsv4.py)\n",
-           dsv4_config_profile_name(cfg.profile));
+    dsv4_effort_profile prof;
+    dsv4_err perr = {0};
+    int have_prof = dsv4_encoder_detect_profile(dir, DSV4_PROFILE_AUTO, &prof, &perr) == 0;
+    printf("kind:           %s%s%s\n", dsv4_config_kind_name(&cfg),
+           cfg.draft_kind == DSV4_DRAFT_DSPARK && have_prof ? " " : "",
+           cfg.draft_kind == DSV4_DRAFT_DSPARK && have_prof ? dsv4_profile_name(prof) : "");
+    if (have_prof)
+        printf("encoder:        reasoning-effort profile %s (encoding/encoding_dsv4.py)\n", dsv4_profile_name(prof));
+    else
+        printf("encoder:        profile unknown: %s (serve needs --reasoning-effort-profile)\n", perr.msg);
     printf("target layers:  %d: sliding (ratio 0) %d [%s], CSA (ratio 4) %d [%s], HCA (ratio 128) %d [%s]\n",
            cfg.num_hidden_layers, count_ratio(&cfg, 0), l0, count_ratio(&cfg, 4), l4,
            count_ratio(&cfg, 128), l128);

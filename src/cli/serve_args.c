@@ -191,6 +191,7 @@ int dsv4_serve_args_parse(int argc, char **argv, dsv4_serve_args *a, dsv4_err *e
             int v;
             if (parse_int(flag, val, 1, 1048576, &v, err)) return DSV4_EINVAL;
             a->http.max_model_len = v;
+            a->max_model_len_given = 1;
         }
         else if (!strcmp(flag, "--max-num-seqs")) { NEED_VALUE(); if (parse_int(flag, val, 1, 65536, &a->max_num_seqs, err)) return DSV4_EINVAL; }
         else if (!strcmp(flag, "--max-num-batched-tokens")) { NEED_VALUE(); if (parse_int(flag, val, 1, 1 << 24, &a->max_num_batched_tokens, err)) return DSV4_EINVAL; }

@@ -30,6 +30,7 @@ typedef struct dsv4_serve_args {
     const char *stop_in_reasoning;    /* dormant | active */
     int nnodes, node_rank, master_port;
     const char *master_addr;
+    int max_model_len_given;          /* --max-model-len was on the command line */
     int help_shown;                   /* --help was printed: exit 0 without serving */
     int n_ignored;                    /* vLLM flags accepted without effect */
     const char *ignored[32];

@@ -393,29 +393,6 @@ int dsv4_config_set_drafts(dsv4_config *cfg, const struct dsv4_ckpt *ckpt, dsv4_
     return DSV4_OK;
 }
 
-dsv4_ckpt_profile dsv4_config_detect_profile(dsv4_config *cfg, const char *dir) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/encoding/encoding_dsv4.py", dir ? dir : ".");
-    dsv4_ckpt_profile p = DSV4_CKPT_PROFILE_UNKNOWN;
-    FILE *f = fopen(path, "rb");
-    if (f) {
-        enum { CAP = 1 << 20 }; /* the real encoder is ~30 KB */
-        char *buf = malloc(CAP);
-        if (buf) {
-            size_t n = fread(buf, 1, CAP - 1, f);
-            buf[n] = '\0';
-            if (strstr(buf, "REASONING_EFFORT_PROMPTS"))
-                p = DSV4_CKPT_PROFILE_0731;
-            else if (strstr(buf, "REASONING_EFFORT_MAX"))
-                p = DSV4_CKPT_PROFILE_PREVIEW;
-            free(buf);
-        }
-        fclose(f);
-    }
-    if (cfg) cfg->profile = p;
-    return p;
-}
-
 int dsv4_config_layer_ratio(const dsv4_config *cfg, int layer) {
     return (layer >= 0 && layer < cfg->n_compress_ratios) ? cfg->compress_ratios[layer] : 0;
 }
@@ -433,21 +410,11 @@ const char *dsv4_attn_kind_name(int ratio) {
     }
 }
 
-const char *dsv4_config_profile_name(dsv4_ckpt_profile p) {
-    switch (p) {
-    case DSV4_CKPT_PROFILE_PREVIEW: return "preview";
-    case DSV4_CKPT_PROFILE_0731: return "0731";
-    default: return "unknown";
-    }
-}
-
 const char *dsv4_config_kind_name(const dsv4_config *cfg) {
     switch (cfg->draft_kind) {
     case DSV4_DRAFT_MTP: return "original Flash (MTP)";
     case DSV4_DRAFT_DSPARK:
-        return cfg->profile == DSV4_CKPT_PROFILE_0731      ? "DSpark 0731"
-               : cfg->profile == DSV4_CKPT_PROFILE_PREVIEW ? "DSpark preview"
-                                                      : "DSpark (encoder profile unknown)";
+        return "DSpark";
     default: return "target only (no draft)";
     }
 }

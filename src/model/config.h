@@ -44,14 +44,6 @@ typedef enum dsv4_draft_kind {
     DSV4_DRAFT_DSPARK = 2, /* DSpark stages mtp.0..S-1 (main_proj, markov)    */
 } dsv4_draft_kind;
 
-/* Reasoning-effort profile of the checkpoint's encoder (SERVING.md §0.1):
- * decided from encoding/encoding_dsv4.py, never from config.json. */
-typedef enum dsv4_ckpt_profile {
-    DSV4_CKPT_PROFILE_UNKNOWN = 0, /* encoder file absent or unrecognised    */
-    DSV4_CKPT_PROFILE_PREVIEW = 1, /* defines REASONING_EFFORT_MAX only      */
-    DSV4_CKPT_PROFILE_0731 = 2,    /* defines REASONING_EFFORT_PROMPTS table */
-} dsv4_ckpt_profile;
-
 typedef struct dsv4_config {
     /* ---- MODEL.md §1 ---- */
     int vocab_size, hidden_size, num_hidden_layers;
@@ -99,7 +91,6 @@ typedef struct dsv4_config {
     /* ---- derived ---- */
     int n_draft_stages;                  /* from tensor names (set_drafts)    */
     dsv4_draft_kind draft_kind;          /* from tensor names (set_drafts)    */
-    dsv4_ckpt_profile profile;                /* from the encoder (detect_profile) */
 } dsv4_config;
 
 /*
@@ -134,14 +125,6 @@ int dsv4_config_parse(const char *json, size_t len, const char *label, dsv4_conf
  */
 int dsv4_config_set_drafts(dsv4_config *cfg, const struct dsv4_ckpt *ckpt, dsv4_err *err);
 
-/*
- * dsv4_config_detect_profile — read <dir>/encoding/encoding_dsv4.py
- * (SERVING.md §0.1): contains "REASONING_EFFORT_PROMPTS" -> 0731; else
- * contains "REASONING_EFFORT_MAX" -> PREVIEW; file absent or neither ->
- * UNKNOWN. Sets cfg->profile and returns it. Never fails.
- */
-dsv4_ckpt_profile dsv4_config_detect_profile(dsv4_config *cfg, const char *dir);
-
 /* Ratio of absolute layer id L (target 0..num_hidden_layers-1, drafts after
  * it): compress_ratios[L], or 0 for draft layers beyond the list. */
 int dsv4_config_layer_ratio(const dsv4_config *cfg, int layer);
@@ -150,11 +133,11 @@ int dsv4_config_layer_ratio(const dsv4_config *cfg, int layer);
 bool dsv4_config_layer_is_hash(const dsv4_config *cfg, int layer);
 /* "sliding" / "CSA" / "HCA" for a ratio, "?" otherwise. */
 const char *dsv4_attn_kind_name(int ratio);
-/* Human label of the checkpoint kind: "original Flash (MTP)",
- * "DSpark preview", "DSpark 0731", "DSpark (encoder profile unknown)",
- * "target only (no draft)". */
+/* Human label of the checkpoint kind from its tensors: "original Flash (MTP)",
+ * "DSpark", "target only (no draft)". Preview vs 0731 is not in the
+ * checkpoint's tensors or config (SERVING.md §0.1): the text layer decides it
+ * from encoding/encoding_dsv4.py (dsv4_encoder_detect_profile). */
 const char *dsv4_config_kind_name(const dsv4_config *cfg);
-const char *dsv4_config_profile_name(dsv4_ckpt_profile p); /* "unknown"/"preview"/"0731" */
 
 #ifdef __cplusplus
 }

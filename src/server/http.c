@@ -26,8 +26,34 @@ typedef struct conn_state {
     int too_large;
 } conn_state;
 
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    dsv4_stream_src *s = cls;
+    long n = s->read(s->ctx, buf, max);
+    return n < 0 ? MHD_CONTENT_READER_END_OF_STREAM : (ssize_t)n;
+}
+
+static void stream_free(void *cls) {
+    dsv4_stream_src *s = cls;
+    if (s->close) s->close(s->ctx);
+    free(s);
+}
+
 static enum MHD_Result send_reply(struct MHD_Connection *c, dsv4_reply *r) {
-    struct MHD_Response *resp = MHD_create_response_from_buffer(r->len, r->body, MHD_RESPMEM_MUST_COPY);
+    struct MHD_Response *resp;
+    if (r->stream.read) {
+        dsv4_stream_src *s = malloc(sizeof *s);
+        if (!s) return MHD_NO;
+        *s = r->stream;
+        memset(&r->stream, 0, sizeof r->stream); /* now owned by the response */
+        resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_read, s, stream_free);
+        if (!resp) {
+            stream_free(s);
+            return MHD_NO;
+        }
+        MHD_add_response_header(resp, "Cache-Control", "no-cache");
+    } else {
+        resp = MHD_create_response_from_buffer(r->len, r->body, MHD_RESPMEM_MUST_COPY);
+    }
     if (!resp) return MHD_NO;
     MHD_add_response_header(resp, "Content-Type", r->content_type ? r->content_type : "application/json");
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)r->status, resp);

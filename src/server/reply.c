@@ -13,6 +13,8 @@ void dsv4_reply_free(dsv4_reply *r) {
     free(r->body);
     r->body = NULL;
     r->len = 0;
+    if (r->stream.close) r->stream.close(r->stream.ctx); /* never handed to the HTTP layer */
+    memset(&r->stream, 0, sizeof r->stream);
 }
 
 /* "type" is the status phrase in CamelCase + "Error" (vLLM convention, §3.8). */

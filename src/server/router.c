@@ -16,6 +16,7 @@
 #include <cjson/cJSON.h>
 
 #include "server/server.h"
+#include "server/service.h"
 
 struct dsv4_router {
     dsv4_server_opts opts;
@@ -23,6 +24,7 @@ struct dsv4_router {
     int ready;
     char why[256];
     time_t created;
+    dsv4_service *svc;
 };
 
 void dsv4_server_opts_default(dsv4_server_opts *o) {
@@ -56,6 +58,25 @@ void dsv4_router_set_ready(dsv4_router *rt, int ready, const char *why) {
     rt->ready = ready;
     snprintf(rt->why, sizeof rt->why, "%s", why ? why : "");
     pthread_mutex_unlock(&rt->mu);
+}
+
+void dsv4_router_set_service(dsv4_router *rt, dsv4_service *svc) {
+    pthread_mutex_lock(&rt->mu);
+    rt->svc = svc;
+    pthread_mutex_unlock(&rt->mu);
+}
+
+void dsv4_router_set_max_model_len(dsv4_router *rt, int64_t n) {
+    pthread_mutex_lock(&rt->mu);
+    rt->opts.max_model_len = n;
+    pthread_mutex_unlock(&rt->mu);
+}
+
+static dsv4_service *get_service(dsv4_router *rt) {
+    pthread_mutex_lock(&rt->mu);
+    dsv4_service *s = rt->svc;
+    pthread_mutex_unlock(&rt->mu);
+    return s;
 }
 
 static int is_ready(dsv4_router *rt, char *why, size_t n) {
@@ -128,8 +149,11 @@ static cJSON *model_object(const dsv4_router *rt, const char *name) {
     cJSON_AddStringToObject(m, "owned_by", "dsv4");
     cJSON_AddStringToObject(m, "root", rt->opts.model_root ? rt->opts.model_root : name);
     cJSON_AddNullToObject(m, "parent");
-    cJSON_AddNumberToObject(m, "max_model_len", (double)rt->opts.max_model_len);
-    cJSON_AddNumberToObject(m, "context_length", (double)rt->opts.max_model_len);
+    pthread_mutex_lock((pthread_mutex_t *)&rt->mu);
+    double mml = (double)rt->opts.max_model_len;
+    pthread_mutex_unlock((pthread_mutex_t *)&rt->mu);
+    cJSON_AddNumberToObject(m, "max_model_len", mml);
+    cJSON_AddNumberToObject(m, "context_length", mml);
     return m;
 }
 
@@ -222,18 +246,18 @@ static cJSON *parse_request(dsv4_router *rt, const char *body, size_t len, dsv4_
     return req;
 }
 
-static void route_generate(dsv4_router *rt, const char *body, size_t len, dsv4_reply *out) {
+static void route_generate(dsv4_router *rt, dsv4_svc_route route, const char *body, size_t len, dsv4_reply *out) {
     cJSON *req = parse_request(rt, body, len, out);
     if (!req) return;
     char why[256];
-    if (!is_ready(rt, why, sizeof why)) {
+    dsv4_service *svc = get_service(rt);
+    if (!is_ready(rt, why, sizeof why) || !svc) {
         cJSON_Delete(req);
         dsv4_reply_error(out, 503, NULL, "the server is not ready: %s", why);
         return;
     }
+    dsv4_service_handle(svc, route, req, body, len, out);
     cJSON_Delete(req);
-    /* Reached only once an engine marks the router ready; no engine exists yet. */
-    dsv4_reply_error(out, 500, NULL, "no engine attached to this server");
 }
 
 static void route_health(dsv4_router *rt, dsv4_reply *out) {
@@ -298,14 +322,17 @@ void dsv4_router_handle(dsv4_router *rt, const char *method, const char *path, c
         reply_json(out, 200, o);
         return;
     }
-    case R_CHAT:
-    case R_COMPLETIONS:
-    case R_TOKENIZE:
-    case R_DETOKENIZE: route_generate(rt, body, len, out); return;
+    case R_CHAT: route_generate(rt, DSV4_SVC_CHAT, body, len, out); return;
+    case R_COMPLETIONS: route_generate(rt, DSV4_SVC_COMPLETIONS, body, len, out); return;
+    case R_TOKENIZE: route_generate(rt, DSV4_SVC_TOKENIZE, body, len, out); return;
+    case R_DETOKENIZE: route_generate(rt, DSV4_SVC_DETOKENIZE, body, len, out); return;
     case R_METRICS:
         out->status = 200;
         out->content_type = "text/plain; version=0.0.4";
-        out->body = strdup("# dsv4: metrics are exported once the engine runs\n");
+    {
+        dsv4_service *svc = get_service(rt);
+        out->body = svc ? dsv4_service_metrics(svc) : strdup("# dsv4: the model is loading\n");
+    }
         out->len = out->body ? strlen(out->body) : 0;
         return;
     case R_NONE: break;

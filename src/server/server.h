@@ -38,12 +38,27 @@ typedef struct dsv4_server_opts {
 /* Fill opts with the defaults of SERVING.md §0.3. */
 void dsv4_server_opts_default(dsv4_server_opts *opts);
 
-/* A reply produced by the router. body is malloc'd and owned by the reply. */
+/*
+ * A streamed body (SSE): the HTTP layer calls read until it returns -1.
+ * read blocks until it has bytes (the producer sends keep-alive comments
+ * while waiting, SERVING.md §3.5) and returns how many it wrote (> 0), or -1
+ * at the end. close is called exactly once, at the end or when the client
+ * goes away (then the producer cancels its request).
+ */
+typedef struct dsv4_stream_src {
+    void *ctx;
+    long (*read)(void *ctx, char *buf, size_t max);
+    void (*close)(void *ctx);
+} dsv4_stream_src;
+
+/* A reply produced by the router. body is malloc'd and owned by the reply;
+ * when stream.read is set the body is streamed instead (body unused). */
 typedef struct dsv4_reply {
     int status;
     const char *content_type; /* static string */
     char *body;
     size_t len;
+    dsv4_stream_src stream;
 } dsv4_reply;
 
 void dsv4_reply_free(dsv4_reply *r);
@@ -63,6 +78,13 @@ typedef struct dsv4_router dsv4_router;
 /* Create/free a router over opts (copied). Returns NULL on allocation failure. */
 dsv4_router *dsv4_router_create(const dsv4_server_opts *opts);
 void dsv4_router_free(dsv4_router *rt);
+
+/* The generation service behind the router (server/service.h); NULL = none. */
+struct dsv4_service;
+void dsv4_router_set_service(dsv4_router *rt, struct dsv4_service *svc);
+
+/* Set the context length shown by /v1/models (known once the model is loaded). */
+void dsv4_router_set_max_model_len(dsv4_router *rt, int64_t n);
 
 /* Mark the engine ready (1) or not (0); why is shown in 503 bodies while not ready. */
 void dsv4_router_set_ready(dsv4_router *rt, int ready, const char *why);

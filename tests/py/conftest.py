@@ -10,6 +10,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DSV4 = os.path.join(ROOT, "build", "dsv4")
+DEFAULT_MODEL = os.path.join(ROOT, "models", "default")
 
 
 def free_port():
@@ -21,14 +22,14 @@ def free_port():
 class Server:
     """A `dsv4 serve` process on a free loopback port; stopped on exit."""
 
-    def __init__(self, *args, env=None):
+    def __init__(self, *args, env=None, ready=False):
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         e = dict(os.environ)
         e.update(env or {})
         self.proc = subprocess.Popen([DSV4, "serve", *args, "--port", str(self.port)],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=e)
-        deadline = time.time() + 30
+        deadline = time.time() + 120
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError("dsv4 serve exited: " + self.proc.stdout.read().decode())
@@ -36,11 +37,13 @@ class Server:
                 urllib.request.urlopen(self.base + "/health", timeout=1)
                 break
             except urllib.error.HTTPError:
-                break  # answering (503 while not ready counts as up)
+                if not ready:
+                    break  # answering (503 while loading counts as up)
+                time.sleep(0.1)
             except OSError:
                 time.sleep(0.05)
         else:
-            raise RuntimeError("dsv4 serve did not start listening")
+            raise RuntimeError("dsv4 serve did not become " + ("ready" if ready else "reachable"))
 
     def stop(self):
         self.proc.terminate()
@@ -55,8 +58,8 @@ class Server:
 def server_factory():
     started = []
 
-    def make(*args, env=None):
-        s = Server(*args, env=env)
+    def make(*args, env=None, ready=False):
+        s = Server(*args, env=env, ready=ready)
         started.append(s)
         return s
 
@@ -64,3 +67,13 @@ def server_factory():
     for s in started:
         if s.proc.poll() is None:
             s.stop()
+
+
+@pytest.fixture(scope="module")
+def default_server():
+    """`dsv4 serve` on the embedded default model, ready (loaded and warmed up)."""
+    if not os.path.isdir(DEFAULT_MODEL):
+        pytest.fail("models/default is missing: run ./scripts/setup.sh")
+    s = Server(DEFAULT_MODEL, "--max-model-len", "512", "--max-num-seqs", "8", ready=True)
+    yield s
+    s.stop()

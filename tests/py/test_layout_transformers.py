@@ -166,6 +166,10 @@ def test_refs_were_made_from_locked_checkpoints():
         assert idx["format"] == "dsv4-ref-v1"
         assert idx["checkpoint_digest"] == lock[name]["digest"]
         assert idx["checkpoint_bf16_digest"] == lock[name + "-bf16"]["digest"]
+        for case in idx["cases"]:
+            if len(case["chunks"]) > 1:  # transformers itself chunk/decode-invariant here
+                assert case["selections_equal_single_pass"], case["name"]
+                assert case["max_abs_diff_vs_single_pass"] < 1e-4, case["name"]
         entries = list(idx["cases"]) + ([idx["mtp"]] if "mtp" in idx else [])
         for case in entries:
             for arr in case["arrays"].values():

@@ -1,0 +1,79 @@
+/*
+ * Internals shared by the CPU backend's files (one file per op family).
+ * Not a public header: only the src/backend/cpu sources include it.
+ */
+#ifndef DSV4_CPU_INTERNAL_H
+#define DSV4_CPU_INTERNAL_H
+
+#include "backend/backend.h"
+#include "backend/cpu/cpu_num.h"
+
+/* Checks shared by every op; each returns DSV4_OK or DSV4_EINVAL naming `what`. */
+int dsv4_cpu_check_f32(const dsv4_buf *b, int64_t rows, int64_t cols, const char *what, dsv4_err *err);
+int dsv4_cpu_check_i32(const dsv4_buf *b, int64_t rows, int64_t cols, const char *what, dsv4_err *err);
+int dsv4_cpu_check_vec(const dsv4_tview *v, int64_t n, const char *what, dsv4_err *err);
+
+/*
+ * y[T][out] = x[T][in] · Wᵀ on plain float arrays, decoding the stored
+ * weight one output row at a time. act_quant: quantise each x row to FP8 in
+ * blocks of 128 first (W8A8, reference numerics for FP8/FP4 weights).
+ * Errors: unsupported weight dtype.
+ */
+int dsv4_cpu_matmul(const float *x, int64_t T, const dsv4_linear *w, float *y, int act_quant,
+                    dsv4_err *err);
+/* Decode row r of a stored linear into out[w->in] (fp32). */
+void dsv4_cpu_decode_row(const dsv4_linear *w, int64_t r, float *out);
+/* Validate a linear's dtypes/shapes; names the tensor. */
+int dsv4_cpu_check_linear(const dsv4_linear *w, const char *what, dsv4_err *err);
+
+/* Op implementations (wired into the table by cpu_backend.c). */
+int dsv4_cpu_embed(dsv4_backend *be, const dsv4_tview *table, const dsv4_batch *b, int n_copies,
+                   dsv4_buf *out, dsv4_err *err);
+int dsv4_cpu_add(dsv4_backend *be, const dsv4_buf *a, const dsv4_buf *b, dsv4_buf *y, dsv4_err *err);
+int dsv4_cpu_rmsnorm(dsv4_backend *be, const dsv4_buf *x, const dsv4_tview *weight, int group,
+                     float eps, dsv4_buf *y, dsv4_err *err);
+int dsv4_cpu_rope(dsv4_backend *be, dsv4_buf *x, int head_dim, const dsv4_rope *rope,
+                  const dsv4_batch *b, int inverse, dsv4_err *err);
+void dsv4_cpu_rope_row(float *head, int head_dim, const dsv4_rope *rope, int64_t pos, int inverse);
+int dsv4_cpu_qat_fp8(dsv4_backend *be, dsv4_buf *x, int head_dim, int n_quant, int block,
+                     dsv4_err *err);
+int dsv4_cpu_qat_hadamard_fp4(dsv4_backend *be, dsv4_buf *x, int head_dim, dsv4_err *err);
+int dsv4_cpu_swiglu(dsv4_backend *be, const dsv4_buf *g, const dsv4_buf *u, float limit,
+                    dsv4_buf *h, dsv4_err *err);
+float dsv4_cpu_swiglu1(float g, float u, float limit);
+
+int dsv4_cpu_linear(dsv4_backend *be, const dsv4_buf *x, const dsv4_linear *w, dsv4_buf *y,
+                    dsv4_err *err);
+int dsv4_cpu_linear_grouped(dsv4_backend *be, const dsv4_buf *x, const dsv4_linear *w, int groups,
+                            dsv4_buf *y, dsv4_err *err);
+
+int dsv4_cpu_hc_pre(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn, const dsv4_tview *base,
+                    const dsv4_tview *scale, int n_hc, int iters, float eps, dsv4_buf *y,
+                    dsv4_buf *post, dsv4_buf *comb, dsv4_err *err);
+int dsv4_cpu_hc_post(dsv4_backend *be, const dsv4_buf *X, const dsv4_buf *f, const dsv4_buf *post,
+                     const dsv4_buf *comb, int n_hc, dsv4_buf *Xout, dsv4_err *err);
+int dsv4_cpu_hc_head(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn, const dsv4_tview *base,
+                     const dsv4_tview *scale, int n_hc, float eps, dsv4_buf *y, dsv4_err *err);
+
+int dsv4_cpu_win_store(dsv4_backend *be, dsv4_win_state *ws, const dsv4_buf *kv, const dsv4_batch *b,
+                       dsv4_err *err);
+int dsv4_cpu_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv,
+                       const dsv4_win_state *ws, const dsv4_cmp_state *cs, const dsv4_buf *sel,
+                       const dsv4_tview *sinks, int n_heads, const dsv4_batch *b, dsv4_buf *o,
+                       dsv4_err *err);
+int dsv4_cpu_compress(dsv4_backend *be, dsv4_cmp_state *cs, const dsv4_buf *K, const dsv4_buf *Z,
+                      const dsv4_tview *ape, const dsv4_tview *norm_w, float eps,
+                      const dsv4_rope *rope, dsv4_qat qat, const dsv4_batch *b, dsv4_err *err);
+int dsv4_cpu_indexer_select(dsv4_backend *be, const dsv4_buf *qi, const dsv4_buf *g, float g_scale,
+                            const dsv4_cmp_state *idx, int topk, const dsv4_batch *b,
+                            dsv4_buf *sel, dsv4_err *err);
+
+int dsv4_cpu_moe_route(dsv4_backend *be, const dsv4_buf *x, const dsv4_linear *gate,
+                       const dsv4_tview *bias, const dsv4_tview *tid2eid, int k, float route_scale,
+                       const dsv4_batch *b, dsv4_buf *ids, dsv4_buf *weights, dsv4_err *err);
+int dsv4_cpu_moe_experts(dsv4_backend *be, const dsv4_buf *x, const dsv4_linear *w1,
+                         const dsv4_linear *w3, const dsv4_linear *w2, int n_exp,
+                         const dsv4_buf *ids, const dsv4_buf *weights, float limit, dsv4_buf *y,
+                         dsv4_err *err);
+
+#endif

@@ -1,0 +1,563 @@
+/* The engine step loop (src/engine/engine.h). */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/engine.h"
+#include "engine/spec_verify.h"
+
+typedef enum { RQ_WAITING, RQ_PREFILL, RQ_DECODE, RQ_DONE } rq_state;
+
+struct dsv4_request {
+    dsv4_engine *e;
+    int refs;             /* caller + engine (while listed) */
+    rq_state st;
+    int slot;
+    int32_t *tok;         /* prompt followed by generated tokens */
+    int n_prompt, n_tok, cap;
+    int64_t n_computed;   /* positions whose state is committed in the runner */
+    dsv4_gen_params p;    /* arrays below are owned copies */
+    int32_t *stop_ids, *bias_ids;
+    float *bias_vals;
+    int n_read;           /* generated tokens handed to the consumer */
+    dsv4_finish finish;
+    int cancel;
+    int n_drafts;         /* drafts to verify in the next step */
+    int32_t drafts[DSV4_MAX_SPEC_K];
+    float *q;             /* [spec_k][vocab] draft distributions, or NULL (argmax drafts) */
+    int q_valid;
+    struct dsv4_request *next;
+};
+
+struct dsv4_engine {
+    dsv4_engine_opts o;
+    dsv4_runner run;
+    dsv4_drafter dr;
+    int has_drafter;
+    pthread_mutex_t mu;
+    pthread_cond_t cv_work, cv_out;
+    dsv4_request *head, *tail; /* all live requests, arrival order */
+    int *free_slots, n_free;
+    dsv4_engine_stats st;
+    pthread_t thread;
+    int thread_on, stopping;
+    int inited;           /* mutex and condvars exist */
+    /* step scratch (engine thread only) */
+    float *logits;
+    size_t logits_cap;
+    float *probs;         /* [(k+1)][vocab] */
+    float *vscratch;      /* [vocab] */
+    void *sscratch;
+};
+
+const char *dsv4_finish_name(dsv4_finish f) {
+    switch (f) {
+    case DSV4_FINISH_STOP: return "stop";
+    case DSV4_FINISH_LENGTH: return "length";
+    case DSV4_FINISH_ABORT: return "abort";
+    case DSV4_FINISH_ERROR: return "error";
+    default: return "none";
+    }
+}
+
+void dsv4_gen_params_default(dsv4_gen_params *p) {
+    memset(p, 0, sizeof *p);
+    dsv4_sampling_default(&p->sampling);
+    p->max_tokens = 16;
+    p->use_spec = 1;
+}
+
+int dsv4_engine_create(const dsv4_engine_opts *opts, const dsv4_runner *runner, const dsv4_drafter *drafter,
+                       dsv4_engine **out, dsv4_err *err) {
+    *out = NULL;
+    if (opts->max_num_seqs < 1 || opts->max_num_seqs > runner->n_slots)
+        return dsv4_err_set(err, DSV4_EINVAL, "max_num_seqs %d must be in [1, %d] (the runner's slots)",
+                            opts->max_num_seqs, runner->n_slots);
+    if (opts->max_num_batched_tokens < opts->max_num_seqs)
+        return dsv4_err_set(err, DSV4_EINVAL,
+                            "max_num_batched_tokens %d must be at least max_num_seqs %d (one decode row each)",
+                            opts->max_num_batched_tokens, opts->max_num_seqs);
+    if (opts->max_model_len < 2)
+        return dsv4_err_set(err, DSV4_EINVAL, "max_model_len %lld is too small", (long long)opts->max_model_len);
+    if (opts->spec_k < 0 || opts->spec_k > DSV4_MAX_SPEC_K)
+        return dsv4_err_set(err, DSV4_EINVAL, "num_speculative_tokens %d must be in [0, %d]", opts->spec_k,
+                            DSV4_MAX_SPEC_K);
+    if (opts->spec_k > 0 && !drafter)
+        return dsv4_err_set(err, DSV4_EINVAL, "num_speculative_tokens %d needs a draft model", opts->spec_k);
+    if (drafter && opts->spec_k > drafter->max_k)
+        return dsv4_err_set(err, DSV4_EINVAL,
+                            "num_speculative_tokens %d exceeds the draft model's block size %d", opts->spec_k,
+                            drafter->max_k);
+    dsv4_engine *e = calloc(1, sizeof *e);
+    if (!e) return dsv4_err_set(err, DSV4_ENOMEM, "out of memory creating the engine");
+    e->o = *opts;
+    e->run = *runner;
+    if (drafter && opts->spec_k > 0) {
+        e->dr = *drafter;
+        e->has_drafter = 1;
+    }
+    size_t V = (size_t)runner->vocab;
+    e->free_slots = malloc(sizeof(int) * (size_t)runner->n_slots);
+    e->probs = malloc(sizeof(float) * V * (size_t)(opts->spec_k + 1));
+    e->vscratch = malloc(sizeof(float) * V);
+    e->sscratch = malloc(dsv4_sampling_scratch_bytes(runner->vocab));
+    if (!e->free_slots || !e->probs || !e->vscratch || !e->sscratch) {
+        dsv4_engine_free(e);
+        return dsv4_err_set(err, DSV4_ENOMEM, "out of memory creating the engine");
+    }
+    for (int i = runner->n_slots - 1; i >= 0; i--) e->free_slots[e->n_free++] = i;
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv_work, NULL);
+    pthread_cond_init(&e->cv_out, NULL);
+    e->inited = 1;
+    *out = e;
+    return DSV4_OK;
+}
+
+static void req_free(dsv4_request *r) {
+    free(r->tok);
+    free(r->stop_ids);
+    free(r->bias_ids);
+    free(r->bias_vals);
+    free(r->q);
+    free(r);
+}
+
+/* Drop one reference; the caller holds e->mu. */
+static void req_unref_locked(dsv4_request *r) {
+    if (--r->refs == 0) req_free(r);
+}
+
+int dsv4_engine_submit(dsv4_engine *e, const int32_t *prompt, int n, const dsv4_gen_params *params,
+                       dsv4_request **out, dsv4_err *err) {
+    *out = NULL;
+    if (n < 1) return dsv4_err_set(err, DSV4_EINVAL, "the prompt is empty");
+    if (n >= e->o.max_model_len)
+        return dsv4_err_set(err, DSV4_ERANGE,
+                            "This model's maximum context length is %lld tokens. However, you requested %d "
+                            "tokens in the prompt. Please reduce the length of the messages.",
+                            (long long)e->o.max_model_len, n);
+    for (int i = 0; i < n; i++)
+        if (prompt[i] < 0 || prompt[i] >= e->run.vocab)
+            return dsv4_err_set(err, DSV4_EINVAL, "prompt token %d at index %d is outside the vocabulary (0..%d)",
+                                prompt[i], i, e->run.vocab - 1);
+    if (params->max_tokens < 1)
+        return dsv4_err_set(err, DSV4_EINVAL, "max_tokens must be at least 1, got %d", params->max_tokens);
+    if (dsv4_sampling_validate(&params->sampling, e->run.vocab, err)) return err ? err->code : DSV4_EINVAL;
+    dsv4_request *r = calloc(1, sizeof *r);
+    if (!r) return dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
+    r->e = e;
+    r->p = *params;
+    int64_t room = e->o.max_model_len - n; /* clamp to the remaining context (SERVING.md §3.3) */
+    if (r->p.max_tokens > room) r->p.max_tokens = (int)room;
+    r->cap = n + r->p.max_tokens + DSV4_MAX_SPEC_K + 1;
+    r->tok = malloc(sizeof(int32_t) * (size_t)r->cap);
+    if (r->p.n_stop_ids) r->stop_ids = malloc(sizeof(int32_t) * (size_t)r->p.n_stop_ids);
+    if (r->p.sampling.n_bias) {
+        r->bias_ids = malloc(sizeof(int32_t) * (size_t)r->p.sampling.n_bias);
+        r->bias_vals = malloc(sizeof(float) * (size_t)r->p.sampling.n_bias);
+    }
+    if (e->has_drafter) r->q = malloc(sizeof(float) * (size_t)e->run.vocab * (size_t)e->o.spec_k);
+    if (!r->tok || (r->p.n_stop_ids && !r->stop_ids) || (r->p.sampling.n_bias && (!r->bias_ids || !r->bias_vals)) ||
+        (e->has_drafter && !r->q)) {
+        req_free(r);
+        return dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
+    }
+    memcpy(r->tok, prompt, sizeof(int32_t) * (size_t)n);
+    r->n_prompt = r->n_tok = n;
+    if (r->stop_ids) memcpy(r->stop_ids, params->stop_ids, sizeof(int32_t) * (size_t)r->p.n_stop_ids);
+    if (r->bias_ids) {
+        memcpy(r->bias_ids, params->sampling.bias_ids, sizeof(int32_t) * (size_t)r->p.sampling.n_bias);
+        memcpy(r->bias_vals, params->sampling.bias_vals, sizeof(float) * (size_t)r->p.sampling.n_bias);
+    }
+    r->p.stop_ids = r->stop_ids;
+    r->p.sampling.bias_ids = r->bias_ids;
+    r->p.sampling.bias_vals = r->bias_vals;
+    r->slot = -1;
+    r->st = RQ_WAITING;
+    r->refs = 2;
+    pthread_mutex_lock(&e->mu);
+    if (e->tail) e->tail->next = r;
+    else e->head = r;
+    e->tail = r;
+    pthread_cond_signal(&e->cv_work);
+    pthread_mutex_unlock(&e->mu);
+    *out = r;
+    return DSV4_OK;
+}
+
+int dsv4_request_poll(dsv4_request *r, int32_t *buf, int cap, dsv4_finish *finish, int timeout_ms) {
+    dsv4_engine *e = r->e;
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    if (timeout_ms > 0) {
+        dl.tv_sec += timeout_ms / 1000;
+        dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (dl.tv_nsec >= 1000000000L) { dl.tv_sec++; dl.tv_nsec -= 1000000000L; }
+    }
+    pthread_mutex_lock(&e->mu);
+    for (;;) {
+        int avail = r->n_tok - r->n_prompt - r->n_read;
+        if (avail > 0 || r->st == RQ_DONE || timeout_ms == 0) break;
+        if (timeout_ms < 0) pthread_cond_wait(&e->cv_out, &e->mu);
+        else if (pthread_cond_timedwait(&e->cv_out, &e->mu, &dl) == ETIMEDOUT) break;
+    }
+    int avail = r->n_tok - r->n_prompt - r->n_read, n = avail < cap ? avail : cap;
+    if (n > 0) memcpy(buf, r->tok + r->n_prompt + r->n_read, sizeof(int32_t) * (size_t)n);
+    r->n_read += n;
+    *finish = (r->st == RQ_DONE && r->n_read == r->n_tok - r->n_prompt) ? r->finish : DSV4_FINISH_NONE;
+    pthread_mutex_unlock(&e->mu);
+    return n;
+}
+
+void dsv4_request_cancel(dsv4_request *r) {
+    pthread_mutex_lock(&r->e->mu);
+    r->cancel = 1;
+    pthread_cond_signal(&r->e->cv_work);
+    pthread_mutex_unlock(&r->e->mu);
+}
+
+void dsv4_request_release(dsv4_request *r) {
+    if (!r) return;
+    dsv4_engine *e = r->e;
+    pthread_mutex_lock(&e->mu);
+    if (r->st != RQ_DONE) r->cancel = 1; /* nobody will read it: stop generating */
+    req_unref_locked(r);
+    pthread_mutex_unlock(&e->mu);
+}
+
+void dsv4_request_counts(dsv4_request *r, int *prompt_tokens, int *generated_tokens) {
+    pthread_mutex_lock(&r->e->mu);
+    *prompt_tokens = r->n_prompt;
+    *generated_tokens = r->n_tok - r->n_prompt;
+    pthread_mutex_unlock(&r->e->mu);
+}
+
+/* Finish a request (engine thread, lock held): free its slot, mark done. */
+static void finish_locked(dsv4_engine *e, dsv4_request *r, dsv4_finish why) {
+    if (r->st == RQ_DONE) return;
+    if (r->slot >= 0) {
+        e->run.release(e->run.ctx, r->slot);
+        if (e->has_drafter && e->dr.release) e->dr.release(e->dr.ctx, r->slot);
+        e->free_slots[e->n_free++] = r->slot;
+        r->slot = -1;
+    }
+    r->finish = why;
+    r->st = RQ_DONE;
+    r->n_drafts = 0;
+}
+
+/* Remove finished requests from the live list and drop the engine's reference. */
+static void reap_locked(dsv4_engine *e) {
+    dsv4_request **pp = &e->head, *prev = NULL;
+    while (*pp) {
+        dsv4_request *r = *pp;
+        if (r->st == RQ_DONE) {
+            *pp = r->next;
+            if (e->tail == r) e->tail = prev;
+            req_unref_locked(r);
+        } else {
+            prev = r;
+            pp = &r->next;
+        }
+    }
+}
+
+static int is_stop_id(const dsv4_request *r, int32_t t, int32_t eos) {
+    if (t == eos && !r->p.ignore_eos) return 1;
+    for (int i = 0; i < r->p.n_stop_ids; i++)
+        if (r->p.stop_ids[i] == t) return 1;
+    return 0;
+}
+
+/*
+ * Append emitted tokens with the stop rules of spec/DSPARK.md §4.4 and
+ * SERVING.md §6: the run is cut right after EOS / a stop id (once min_tokens
+ * is reached) or at max_tokens; then the text-level hook may cut it further.
+ */
+static void commit_tokens_locked(dsv4_engine *e, dsv4_request *r, const int32_t *em, int n) {
+    int start = r->n_tok;
+    dsv4_finish fin = DSV4_FINISH_NONE;
+    for (int i = 0; i < n; i++) {
+        r->tok[r->n_tok++] = em[i];
+        int gen = r->n_tok - r->n_prompt;
+        if (gen >= r->p.min_tokens && is_stop_id(r, em[i], e->o.eos_id)) { fin = DSV4_FINISH_STOP; break; }
+        if (gen >= r->p.max_tokens || r->n_tok >= e->o.max_model_len) { fin = DSV4_FINISH_LENGTH; break; }
+    }
+    e->st.generation_tokens += (uint64_t)(r->n_tok - start);
+    if (r->p.on_tokens) {
+        int keep = r->n_tok - start;
+        if (r->p.on_tokens(r->p.user, r->tok + start, r->n_tok - start, &keep)) {
+            if (keep < 0) keep = 0;
+            if (keep < r->n_tok - start) {
+                e->st.generation_tokens -= (uint64_t)(r->n_tok - start - keep);
+                r->n_tok = start + keep;
+            }
+            fin = DSV4_FINISH_STOP;
+        }
+    }
+    if (fin != DSV4_FINISH_NONE) finish_locked(e, r, fin);
+}
+
+/* One planned segment of the step. */
+typedef struct seg {
+    dsv4_request *r;
+    int row0, nrows;
+    int decode;        /* 1: decode/verify rows; 0: prefill chunk */
+    int logit0;        /* first index into the logits rows, -1 if none */
+    int k;             /* drafts verified in this segment */
+} seg;
+
+/* Sample or verify one decode segment; returns the number of emitted tokens. */
+static int decode_segment(dsv4_engine *e, seg *s, int32_t *em) {
+    dsv4_request *r = s->r;
+    int V = e->run.vocab, k = s->k;
+    const float *lg = e->logits + (size_t)s->logit0 * (size_t)V;
+    int64_t P = r->n_tok - 1; /* anchor position */
+    const dsv4_sampling *sp = &r->p.sampling;
+    /* drafts are written after the committed tokens so that row j's penalty
+     * history includes d_1..d_j (SERVING.md §7.2) */
+    memcpy(r->tok + r->n_tok, s->r->drafts, sizeof(int32_t) * (size_t)k);
+    int32_t am[DSV4_MAX_SPEC_K + 1];
+    for (int j = 0; j <= k; j++)
+        am[j] = dsv4_sampling_probs(sp, lg + (size_t)j * V, V, r->tok, r->n_prompt, r->tok + r->n_prompt,
+                                    r->n_tok - r->n_prompt + j, e->probs + (size_t)j * V, e->sscratch);
+    if (k == 0) {
+        em[0] = sp->temperature == 0 ? am[0]
+                                     : dsv4_sample_from(e->probs, V, dsv4_rng_u01(sp->seed, P + 1, DSV4_RNG_SAMPLE));
+        return 1;
+    }
+    int n = sp->temperature == 0
+                ? dsv4_verify_greedy(am, r->drafts, k, em)
+                : dsv4_verify_sampled(e->probs, r->q_valid ? r->q : NULL, r->drafts, k, V, sp->seed, P + 1,
+                                      e->vscratch, em);
+    e->st.spec_drafts++;
+    e->st.spec_draft_tokens += (uint64_t)k;
+    e->st.spec_accepted_tokens += (uint64_t)(n - 1);
+    for (int j = 0; j < n - 1; j++) e->st.spec_accepted_per_pos[j]++;
+    return n;
+}
+
+int dsv4_engine_step(dsv4_engine *e, dsv4_err *err) {
+    pthread_mutex_lock(&e->mu);
+    /* cancellations */
+    for (dsv4_request *r = e->head; r; r = r->next)
+        if (r->cancel && r->st != RQ_DONE) finish_locked(e, r, DSV4_FINISH_ABORT);
+    /* admission, oldest first */
+    int running = 0;
+    for (dsv4_request *r = e->head; r; r = r->next) running += r->st == RQ_PREFILL || r->st == RQ_DECODE;
+    for (dsv4_request *r = e->head; r && e->n_free > 0 && running < e->o.max_num_seqs; r = r->next)
+        if (r->st == RQ_WAITING) {
+            r->slot = e->free_slots[--e->n_free];
+            r->st = RQ_PREFILL;
+            running++;
+        }
+    /* plan: decode rows first, then prefill chunks */
+    int budget = e->o.max_num_batched_tokens, nseg = 0, nrows = 0, nlog = 0;
+    int maxseg = running;
+    seg *segs = calloc((size_t)(maxseg ? maxseg : 1), sizeof *segs);
+    if (!segs) {
+        pthread_mutex_unlock(&e->mu);
+        return -dsv4_err_set(err, DSV4_ENOMEM, "out of memory planning a step");
+    }
+    for (int pass = 0; pass < 2; pass++)
+        for (dsv4_request *r = e->head; r && budget > 0; r = r->next) {
+            if (pass == 0 && r->st == RQ_DECODE) {
+                int k = r->n_drafts;
+                if (1 + k > budget) k = 0; /* no room to verify: plain decode this step */
+                segs[nseg++] = (seg){r, nrows, 1 + k, 1, nlog, k};
+                nrows += 1 + k;
+                nlog += 1 + k;
+                budget -= 1 + k;
+            } else if (pass == 1 && r->st == RQ_PREFILL) {
+                int left = (int)(r->n_prompt - r->n_computed), chunk = left < budget ? left : budget;
+                int last = chunk == left;
+                segs[nseg++] = (seg){r, nrows, chunk, 0, last ? nlog : -1, 0};
+                nrows += chunk;
+                nlog += last;
+                budget -= chunk;
+            }
+        }
+    int live = 0;
+    for (dsv4_request *r = e->head; r; r = r->next) live += r->st != RQ_DONE;
+    if (nseg == 0) {
+        reap_locked(e);
+        pthread_cond_broadcast(&e->cv_out);
+        pthread_mutex_unlock(&e->mu);
+        free(segs);
+        return live;
+    }
+    /* batch metadata (host) */
+    int32_t *buf = malloc(sizeof(int32_t) * (size_t)(5 * nrows + 3 * nseg + 1 + nlog));
+    size_t need = (size_t)nlog * (size_t)e->run.vocab;
+    if (need > e->logits_cap) {
+        float *nl = realloc(e->logits, need * sizeof(float));
+        if (nl) {
+            e->logits = nl;
+            e->logits_cap = need;
+        }
+    }
+    if (!buf || need > e->logits_cap) {
+        free(buf);
+        free(segs);
+        pthread_mutex_unlock(&e->mu);
+        return -dsv4_err_set(err, DSV4_ENOMEM, "out of memory building a step of %d rows", nrows);
+    }
+    int32_t *tok = buf, *pos = tok + nrows, *slot = pos + nrows, *sidx = slot + nrows, *lrows = sidx + nrows;
+    int32_t *cu = lrows + nlog, *sslot = cu + nseg + 1, *spos0 = sslot + nseg;
+    cu[0] = 0;
+    for (int s = 0; s < nseg; s++) {
+        dsv4_request *r = segs[s].r;
+        int64_t p0 = segs[s].decode ? r->n_tok - 1 : r->n_computed;
+        for (int i = 0; i < segs[s].nrows; i++) {
+            int row = segs[s].row0 + i;
+            tok[row] = segs[s].decode ? (i == 0 ? r->tok[r->n_tok - 1] : r->drafts[i - 1]) : r->tok[p0 + i];
+            pos[row] = (int32_t)(p0 + i);
+            slot[row] = r->slot;
+            sidx[row] = s;
+        }
+        if (segs[s].logit0 >= 0) {
+            if (segs[s].decode)
+                for (int i = 0; i < segs[s].nrows; i++) lrows[segs[s].logit0 + i] = segs[s].row0 + i;
+            else
+                lrows[segs[s].logit0] = segs[s].row0 + segs[s].nrows - 1;
+        }
+        cu[s + 1] = segs[s].row0 + segs[s].nrows;
+        sslot[s] = r->slot;
+        spos0[s] = (int32_t)p0;
+    }
+    dsv4_batch b = {nrows, nseg, tok, pos, slot, sidx, cu, sslot, spos0};
+    pthread_mutex_unlock(&e->mu);
+
+    dsv4_err ferr = {0};
+    int frc = e->run.forward(e->run.ctx, &b, lrows, nlog, e->logits, &ferr);
+
+    pthread_mutex_lock(&e->mu);
+    e->st.steps++;
+    int32_t em[DSV4_MAX_SPEC_K + 1];
+    for (int s = 0; s < nseg; s++) {
+        seg *sg = &segs[s];
+        dsv4_request *r = sg->r;
+        if (frc) {
+            dsv4_log(DSV4_LOG_ERROR, "forward failed: %s", ferr.msg);
+            finish_locked(e, r, DSV4_FINISH_ERROR);
+            continue;
+        }
+        if (r->st == RQ_DONE) continue;
+        int n = 0;
+        if (sg->decode) {
+            int64_t P = r->n_tok - 1;
+            n = decode_segment(e, sg, em);
+            r->n_computed = P + n; /* anchor + accepted drafts are committed */
+            r->n_drafts = 0;
+        } else {
+            r->n_computed += sg->nrows;
+            e->st.prompt_tokens += (uint64_t)sg->nrows;
+            if (sg->logit0 >= 0) {
+                const dsv4_sampling *sp = &r->p.sampling;
+                const float *lg = e->logits + (size_t)sg->logit0 * (size_t)e->run.vocab;
+                int32_t am = dsv4_sampling_probs(sp, lg, e->run.vocab, r->tok, r->n_prompt, NULL, 0, e->probs,
+                                                 e->sscratch);
+                em[0] = sp->temperature == 0
+                            ? am
+                            : dsv4_sample_from(e->probs, e->run.vocab,
+                                               dsv4_rng_u01(sp->seed, r->n_prompt, DSV4_RNG_SAMPLE));
+                n = 1;
+                r->st = RQ_DECODE;
+            }
+        }
+        if (n) commit_tokens_locked(e, r, em, n);
+    }
+    /* drafts for the next step (the drafter reads the runner's committed state) */
+    for (int s = 0; s < nseg && !frc; s++) {
+        dsv4_request *r = segs[s].r;
+        if (!e->has_drafter || !r->p.use_spec || r->st != RQ_DECODE || r->cancel) continue;
+        int64_t anchor_pos = r->n_tok - 1;
+        int k = e->o.spec_k;
+        if (anchor_pos + k >= e->o.max_model_len) k = (int)(e->o.max_model_len - 1 - anchor_pos);
+        if (k <= 0) continue;
+        dsv4_err derr = {0};
+        r->q_valid = r->p.sampling.temperature > 0;
+        if (e->dr.propose(e->dr.ctx, r->slot, r->tok[r->n_tok - 1], anchor_pos, k, r->p.sampling.temperature,
+                          r->p.sampling.seed, r->drafts, r->q_valid ? r->q : NULL, &derr)) {
+            dsv4_log(DSV4_LOG_WARN, "drafter failed, decoding without drafts: %s", derr.msg);
+            continue;
+        }
+        r->n_drafts = k;
+    }
+    reap_locked(e);
+    live = 0;
+    for (dsv4_request *r = e->head; r; r = r->next) live += r->st != RQ_DONE;
+    pthread_cond_broadcast(&e->cv_out);
+    pthread_mutex_unlock(&e->mu);
+    free(buf);
+    free(segs);
+    return live;
+}
+
+static void *engine_main(void *arg) {
+    dsv4_engine *e = arg;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        while (!e->stopping && !e->head) pthread_cond_wait(&e->cv_work, &e->mu);
+        int stop = e->stopping;
+        pthread_mutex_unlock(&e->mu);
+        if (stop) break;
+        dsv4_err err = {0};
+        if (dsv4_engine_step(e, &err) < 0) dsv4_log(DSV4_LOG_ERROR, "engine step failed: %s", err.msg);
+    }
+    return NULL;
+}
+
+int dsv4_engine_start(dsv4_engine *e, dsv4_err *err) {
+    if (e->thread_on) return DSV4_OK;
+    if (pthread_create(&e->thread, NULL, engine_main, e))
+        return dsv4_err_set(err, DSV4_EBACKEND, "cannot start the engine thread");
+    e->thread_on = 1;
+    return DSV4_OK;
+}
+
+void dsv4_engine_stop(dsv4_engine *e) {
+    if (!e->thread_on) return;
+    pthread_mutex_lock(&e->mu);
+    e->stopping = 1;
+    pthread_cond_signal(&e->cv_work);
+    pthread_mutex_unlock(&e->mu);
+    pthread_join(e->thread, NULL);
+    e->thread_on = 0;
+    e->stopping = 0;
+}
+
+void dsv4_engine_get_stats(dsv4_engine *e, dsv4_engine_stats *s) {
+    pthread_mutex_lock(&e->mu);
+    *s = e->st;
+    s->running = s->waiting = 0;
+    for (dsv4_request *r = e->head; r; r = r->next) {
+        s->running += r->st == RQ_PREFILL || r->st == RQ_DECODE;
+        s->waiting += r->st == RQ_WAITING;
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
+void dsv4_engine_free(dsv4_engine *e) {
+    if (!e) return;
+    dsv4_engine_stop(e);
+    if (e->inited) {
+        pthread_mutex_lock(&e->mu);
+        for (dsv4_request *r = e->head; r; r = r->next) finish_locked(e, r, DSV4_FINISH_ABORT);
+        reap_locked(e);
+        pthread_cond_broadcast(&e->cv_out);
+        pthread_mutex_unlock(&e->mu);
+        pthread_mutex_destroy(&e->mu);
+        pthread_cond_destroy(&e->cv_work);
+        pthread_cond_destroy(&e->cv_out);
+    }
+    free(e->free_slots);
+    free(e->logits);
+    free(e->probs);
+    free(e->vscratch);
+    free(e->sscratch);
+    free(e);
+}

@@ -1,0 +1,130 @@
+/*
+ * The engine: requests in, tokens out (DESIGN.md "Data flow" step 2).
+ *
+ * One engine thread owns all mutable state; HTTP threads only submit, poll
+ * and cancel (all three lock the engine briefly). Each step the scheduler
+ * (spec/DSPARK.md §4.7, spec/SERVING.md §8.6):
+ *   1. gives every running request in decode its rows first — one row, or
+ *      k+1 verify rows when speculating — so decode never starves;
+ *   2. fills the rest of max_num_batched_tokens with prefill chunks, oldest
+ *      request first (chunked prefill);
+ *   3. admits waiting requests while a slot is free (max_num_seqs).
+ * Then it runs the forward, samples or verifies, applies stops, proposes the
+ * next drafts, and wakes the requests' consumers.
+ *
+ * Per-request state lives in the runner under a stable slot (never a batch
+ * row), and all of it is position-addressed: rejected speculative rows are
+ * overwritten by the next step (spec/DSPARK.md §4.5).
+ */
+#ifndef DSV4_ENGINE_H
+#define DSV4_ENGINE_H
+
+#include <stdint.h>
+
+#include "dsv4/common.h"
+#include "engine/runner.h"
+#include "engine/sampler.h"
+
+#define DSV4_MAX_SPEC_K 16
+
+typedef struct dsv4_engine_opts {
+    int max_num_seqs;           /* running requests (slots in use), <= runner.n_slots */
+    int max_num_batched_tokens; /* rows per step, >= max_num_seqs * (k+1) is advisable */
+    int64_t max_model_len;      /* prompt + output tokens, per request */
+    int spec_k;                 /* drafted tokens per verify step; 0 = no speculation */
+    int32_t eos_id;             /* end of sentence (1 for DeepSeek-V4) */
+} dsv4_engine_opts;
+
+typedef enum dsv4_finish {
+    DSV4_FINISH_NONE = 0,
+    DSV4_FINISH_STOP,   /* EOS, a stop token id, or a stop string (on_tokens) */
+    DSV4_FINISH_LENGTH, /* max_tokens or the context is full */
+    DSV4_FINISH_ABORT,  /* cancelled by the client */
+    DSV4_FINISH_ERROR,  /* the forward failed */
+} dsv4_finish;
+
+const char *dsv4_finish_name(dsv4_finish f); /* "stop", "length", "abort", "error" */
+
+/*
+ * Called on the engine thread after tokens were appended to a request
+ * (text-level stop strings, spec/SERVING.md §6, live in the output parser).
+ * Return 0 to go on, or 1 to finish with reason STOP keeping only the first
+ * *keep of the n new tokens (0 <= *keep <= n).
+ */
+typedef int (*dsv4_on_tokens_fn)(void *user, const int32_t *tokens, int n, int *keep);
+
+typedef struct dsv4_gen_params {
+    dsv4_sampling sampling;
+    int max_tokens;          /* >= 1; generated tokens incl. the final EOS */
+    int min_tokens;          /* EOS / stop ids ignored before this many tokens */
+    int ignore_eos;
+    const int32_t *stop_ids; /* stop_token_ids (always active) */
+    int n_stop_ids;
+    int use_spec;            /* speculate for this request when the engine can */
+    dsv4_on_tokens_fn on_tokens;
+    void *user;
+} dsv4_gen_params;
+
+void dsv4_gen_params_default(dsv4_gen_params *p);
+
+typedef struct dsv4_engine dsv4_engine;
+typedef struct dsv4_request dsv4_request;
+
+/* Per-engine counters (spec/DSPARK.md §5.7, SERVING.md §3.9). */
+typedef struct dsv4_engine_stats {
+    uint64_t steps, prompt_tokens, generation_tokens;
+    uint64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens;
+    uint64_t spec_accepted_per_pos[DSV4_MAX_SPEC_K];
+    int running, waiting;
+} dsv4_engine_stats;
+
+/*
+ * dsv4_engine_create — runner (copied) executes forwards; drafter (copied) may
+ * be NULL (no speculation). Errors: DSV4_EINVAL naming the option
+ * (max_num_seqs > runner slots, spec_k > drafter->max_k or > DSV4_MAX_SPEC_K, ...).
+ */
+int dsv4_engine_create(const dsv4_engine_opts *opts, const dsv4_runner *runner, const dsv4_drafter *drafter,
+                       dsv4_engine **out, dsv4_err *err);
+/* Free the engine; outstanding requests are finished with ABORT first.
+ * Release every request handle before this: handles do not outlive the engine. */
+void dsv4_engine_free(dsv4_engine *e);
+
+/*
+ * dsv4_engine_submit — queue a request. prompt [n] token ids (copied), params
+ * copied (stop_ids and logit_bias arrays too). Errors (the request is not
+ * queued): DSV4_ERANGE when n >= max_model_len, with the OpenAI phrase
+ * "maximum context length is" (SERVING.md §3.8); DSV4_EINVAL for bad params
+ * or an empty prompt. *out holds one reference for the caller: release it.
+ */
+int dsv4_engine_submit(dsv4_engine *e, const int32_t *prompt, int n, const dsv4_gen_params *params,
+                       dsv4_request **out, dsv4_err *err);
+
+/*
+ * dsv4_request_poll — copy up to cap generated tokens not yet read into buf.
+ * Blocks up to timeout_ms (<0: forever) when nothing is new and the request is
+ * not finished. Returns the number copied; *finish is NONE until every token
+ * has been read and the request ended.
+ */
+int dsv4_request_poll(dsv4_request *r, int32_t *buf, int cap, dsv4_finish *finish, int timeout_ms);
+
+/* Ask the engine to stop a request; its slot is freed in the next step. */
+void dsv4_request_cancel(dsv4_request *r);
+/* Drop the caller's reference. */
+void dsv4_request_release(dsv4_request *r);
+/* Number of prompt tokens and generated tokens so far (for usage). */
+void dsv4_request_counts(dsv4_request *r, int *prompt_tokens, int *generated_tokens);
+
+/*
+ * dsv4_engine_step — run one scheduling step on the calling thread.
+ * Returns the number of requests still waiting or running (0 = idle), or a
+ * negative value after an internal error (err filled).
+ */
+int dsv4_engine_step(dsv4_engine *e, dsv4_err *err);
+
+/* Run steps on a background thread until dsv4_engine_stop / free. */
+int dsv4_engine_start(dsv4_engine *e, dsv4_err *err);
+void dsv4_engine_stop(dsv4_engine *e);
+
+void dsv4_engine_get_stats(dsv4_engine *e, dsv4_engine_stats *s);
+
+#endif

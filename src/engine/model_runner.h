@@ -1,0 +1,37 @@
+/*
+ * A checkpoint made runnable: checkpoint -> config -> bound weights -> backend
+ * -> target model + per-slot state, exposed as the engine's dsv4_runner
+ * (src/engine/runner.h). The one place that knows the loading order, so the
+ * CLI (`dsv4 run`, `dsv4 serve`) and tests open a model the same way.
+ */
+#ifndef DSV4_ENGINE_MODEL_RUNNER_H
+#define DSV4_ENGINE_MODEL_RUNNER_H
+
+#include "backend/backend.h"
+#include "engine/runner.h"
+#include "model/config.h"
+
+typedef struct dsv4_model_runner dsv4_model_runner;
+
+typedef struct dsv4_model_runner_opts {
+    int n_slots;            /* concurrent requests (state is allocated per slot) */
+    int max_len;            /* positions per request (prompt + output) */
+    int max_spec;           /* speculative rows per request per step that may be rejected (k), 0 = none */
+    dsv4_numerics numerics; /* DSV4_NUMERICS_REFERENCE for serving */
+} dsv4_model_runner_opts;
+
+/*
+ * dsv4_model_runner_open — open the checkpoint directory dir on the CPU
+ * backend. Errors are the loader's (file/tensor named: missing shard,
+ * unknown tensor, wrong dtype, ...) or allocation failures, prefixed with dir.
+ */
+int dsv4_model_runner_open(const char *dir, const dsv4_model_runner_opts *o, dsv4_model_runner **out,
+                           dsv4_err *err);
+void dsv4_model_runner_free(dsv4_model_runner *mr);
+
+/* The engine interface over this model (valid while mr lives). */
+dsv4_runner dsv4_model_runner_iface(dsv4_model_runner *mr);
+/* The parsed config (kind, vocab, eos, draft stages). */
+const dsv4_config *dsv4_model_runner_config(const dsv4_model_runner *mr);
+
+#endif

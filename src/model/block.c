@@ -1,0 +1,180 @@
+/*
+ * One decoder block (spec/MODEL.md §3.0, §3.2-3.5, consolidated in §3.7-3.8)
+ * as a sequence of backend ops. The same function runs target layers, the
+ * MTP block and DSpark stages: what differs is the weights, the ratio and the
+ * state handed in.
+ *
+ * Numerics switch: in reference numerics the forward calls the QAT ops (FP8
+ * round-trip of the KV nope dims, Hadamard + FP4 on indexer queries); the
+ * ops themselves apply W8A8 and the compressor-row QAT (backend.h).
+ */
+#include "model/forward.h"
+
+#include <math.h>
+#include <string.h>
+
+#define MAX_SCRATCH 32
+
+/* Scratch buffers of one call, all freed together. */
+typedef struct scratch {
+    dsv4_backend *be;
+    int n;
+    dsv4_buf bufs[MAX_SCRATCH];
+} scratch;
+
+static dsv4_buf *sc_alloc(scratch *s, dsv4_dtype dt, int64_t rows, int64_t cols, int *rc, dsv4_err *err) {
+    if (*rc) return NULL;
+    if (s->n == MAX_SCRATCH) {
+        *rc = dsv4_err_set(err, DSV4_EINTERNAL, "block: scratch exhausted");
+        return NULL;
+    }
+    dsv4_buf *b = &s->bufs[s->n];
+    *rc = s->be->buf_alloc(s->be, dt, rows, cols, b, err);
+    if (*rc) return NULL;
+    s->n++;
+    return b;
+}
+
+static void sc_free(scratch *s) {
+    for (int i = 0; i < s->n; i++) s->be->buf_free(s->be, &s->bufs[i]);
+    s->n = 0;
+}
+
+/* Attention sub-layer: x [T][d] (normed) → a [T][d]. §3.4. */
+static int attention_block(const dsv4_config *cfg, const dsv4_block_dev *blk, dsv4_layer_state *ls,
+                           dsv4_backend *be, const dsv4_batch *b, const dsv4_buf *x, dsv4_buf *a,
+                           scratch *s, dsv4_err *err) {
+    const dsv4_attn_w *w = &blk->w.attn;
+    int T = b->n_rows, H = cfg->num_attention_heads, hd = cfg->head_dim, rd = cfg->qk_rope_head_dim;
+    float eps = (float)cfg->rms_norm_eps;
+    int ref = be->numerics == DSV4_NUMERICS_REFERENCE, ratio = blk->w.ratio, rc = 0;
+    dsv4_dtype ad = be->act_dtype;
+
+    /* §3.4.1 query path */
+    dsv4_buf *qlat = sc_alloc(s, ad, T, cfg->q_lora_rank, &rc, err);
+    dsv4_buf *q = sc_alloc(s, ad, T, (int64_t)H * hd, &rc, err);
+    if (rc) return rc;
+    if ((rc = be->linear(be, x, &w->wq_a, qlat, err))) return rc;
+    if ((rc = be->rmsnorm(be, qlat, &w->q_norm, cfg->q_lora_rank, eps, qlat, err))) return rc;
+    if ((rc = be->linear(be, qlat, &w->wq_b, q, err))) return rc;
+    if ((rc = be->rmsnorm(be, q, NULL, hd, eps, q, err))) return rc; /* per-head, unweighted */
+    if ((rc = be->rope(be, q, hd, &blk->rope, b, 0, err))) return rc;
+
+    /* §3.4.2 KV path: one shared head, K = V */
+    dsv4_buf *kv = sc_alloc(s, ad, T, hd, &rc, err);
+    if (rc) return rc;
+    if ((rc = be->linear(be, x, &w->wkv, kv, err))) return rc;
+    if ((rc = be->rmsnorm(be, kv, &w->kv_norm, hd, eps, kv, err))) return rc;
+    if ((rc = be->rope(be, kv, hd, &blk->rope, b, 0, err))) return rc;
+    if (ref && (rc = be->qat_fp8(be, kv, hd, hd - rd, 64, err))) return rc;
+
+    /* §3.4.5 compressor: emits the rows completed by this batch, before attention */
+    if (ratio > 0) {
+        const dsv4_compressor_w *c = &w->compressor;
+        dsv4_buf *K = sc_alloc(s, DSV4_DT_F32, T, c->wkv.out, &rc, err);
+        dsv4_buf *Z = sc_alloc(s, DSV4_DT_F32, T, c->wgate.out, &rc, err);
+        if (rc) return rc;
+        if ((rc = be->linear(be, x, &c->wkv, K, err))) return rc;
+        if ((rc = be->linear(be, x, &c->wgate, Z, err))) return rc;
+        if ((rc = be->compress(be, &ls->cmp, K, Z, &c->ape, &c->norm, eps, &blk->rope, DSV4_QAT_FP8_NOPE, b,
+                               err)))
+            return rc;
+    }
+
+    /* §3.4.6 lightning indexer (ratio 4): index keys, queries, head weights, top-k */
+    dsv4_buf *sel = NULL;
+    if (ratio == 4) {
+        const dsv4_compressor_w *c = &w->indexer.compressor;
+        int Hi = cfg->index_n_heads, dk = cfg->index_head_dim;
+        dsv4_buf *K = sc_alloc(s, DSV4_DT_F32, T, c->wkv.out, &rc, err);
+        dsv4_buf *Z = sc_alloc(s, DSV4_DT_F32, T, c->wgate.out, &rc, err);
+        dsv4_buf *qi = sc_alloc(s, ad, T, (int64_t)Hi * dk, &rc, err);
+        dsv4_buf *g = sc_alloc(s, DSV4_DT_F32, T, Hi, &rc, err);
+        sel = sc_alloc(s, DSV4_DT_I32, T, cfg->index_topk, &rc, err);
+        if (rc) return rc;
+        if ((rc = be->linear(be, x, &c->wkv, K, err))) return rc;
+        if ((rc = be->linear(be, x, &c->wgate, Z, err))) return rc;
+        if ((rc = be->compress(be, &ls->idx, K, Z, &c->ape, &c->norm, eps, &blk->rope, DSV4_QAT_HADAMARD_FP4,
+                               b, err)))
+            return rc;
+        if ((rc = be->linear(be, qlat, &w->indexer.wq_b, qi, err))) return rc;
+        if ((rc = be->rope(be, qi, dk, &blk->rope, b, 0, err))) return rc;
+        if (ref && (rc = be->qat_hadamard_fp4(be, qi, dk, err))) return rc;
+        if ((rc = be->linear(be, x, &w->indexer.weights_proj, g, err))) return rc;
+        float g_scale = (float)(1.0 / sqrt((double)dk * Hi));
+        if ((rc = be->indexer_select(be, qi, g, g_scale, &ls->idx, cfg->index_topk, b, sel, err))) return rc;
+    }
+
+    /* §3.4.7 sink attention over window + compressed rows, then store the window rows */
+    dsv4_buf *o = sc_alloc(s, ad, T, (int64_t)H * hd, &rc, err);
+    if (rc) return rc;
+    if ((rc = be->attention(be, q, kv, &ls->win, ratio > 0 ? &ls->cmp : NULL, sel, &w->sink, H, b, o, err)))
+        return rc;
+    if ((rc = be->win_store(be, &ls->win, kv, b, err))) return rc;
+
+    /* §3.4.8 inverse RoPE, grouped low-rank output */
+    if ((rc = be->rope(be, o, hd, &blk->rope, b, 1, err))) return rc;
+    dsv4_buf *z = sc_alloc(s, ad, T, (int64_t)cfg->o_groups * cfg->o_lora_rank, &rc, err);
+    if (rc) return rc;
+    if ((rc = be->linear_grouped(be, o, &w->wo_a, cfg->o_groups, z, err))) return rc;
+    return be->linear(be, z, &w->wo_b, a, err);
+}
+
+/* MoE sub-layer: x [T][d] (normed) → f [T][d]. §3.5. */
+static int moe_block(const dsv4_config *cfg, const dsv4_block_dev *blk, dsv4_backend *be,
+                     const dsv4_batch *b, const dsv4_buf *x, dsv4_buf *f, scratch *s, dsv4_err *err) {
+    const dsv4_ffn_w *w = &blk->w.ffn;
+    int T = b->n_rows, k = cfg->num_experts_per_tok, rc = 0;
+    float limit = (float)cfg->swiglu_limit;
+    dsv4_dtype ad = be->act_dtype;
+    dsv4_buf *ids = sc_alloc(s, DSV4_DT_I32, T, k, &rc, err);
+    dsv4_buf *wts = sc_alloc(s, DSV4_DT_F32, T, k, &rc, err);
+    if (rc) return rc;
+    const dsv4_tview *hash = blk->w.hash ? &w->tid2eid : NULL;
+    const dsv4_tview *bias = blk->w.hash ? NULL : &w->gate_bias;
+    if ((rc = be->moe_route(be, x, &w->gate, bias, hash, k, (float)cfg->routed_scaling_factor, b, ids, wts, err)))
+        return rc;
+    if ((rc = be->moe_experts(be, x, blk->w1, blk->w3, blk->w2, w->n_experts, ids, wts, limit, f, err))) return rc;
+    /* shared expert, same clamp (§3.5, §6.5) */
+    int64_t F = w->shared.w1.out;
+    dsv4_buf *g = sc_alloc(s, ad, T, F, &rc, err);
+    dsv4_buf *u = sc_alloc(s, ad, T, F, &rc, err);
+    dsv4_buf *sh = sc_alloc(s, ad, T, cfg->hidden_size, &rc, err);
+    if (rc) return rc;
+    if ((rc = be->linear(be, x, &w->shared.w1, g, err))) return rc;
+    if ((rc = be->linear(be, x, &w->shared.w3, u, err))) return rc;
+    if ((rc = be->swiglu(be, g, u, limit, g, err))) return rc;
+    if ((rc = be->linear(be, g, &w->shared.w2, sh, err))) return rc;
+    return be->add(be, f, sh, f, err);
+}
+
+int dsv4_block_forward(const dsv4_config *cfg, const dsv4_block_dev *blk, dsv4_layer_state *ls,
+                       dsv4_backend *be, const dsv4_batch *b, dsv4_buf *X, dsv4_err *err) {
+    int T = b->n_rows, n_hc = cfg->hc_mult, d = cfg->hidden_size, rc = 0;
+    float eps = (float)cfg->rms_norm_eps, hc_eps = (float)cfg->hc_eps;
+    dsv4_dtype ad = be->act_dtype;
+    if (ls->ratio != blk->w.ratio)
+        return dsv4_err_set(err, DSV4_EINTERNAL, "block %d: state ratio %d != layer ratio %d", blk->w.layer_id,
+                            ls->ratio, blk->w.ratio);
+    scratch s = {.be = be};
+    dsv4_buf *y = sc_alloc(&s, ad, T, d, &rc, err);
+    dsv4_buf *post = sc_alloc(&s, DSV4_DT_F32, T, n_hc, &rc, err);
+    dsv4_buf *comb = sc_alloc(&s, DSV4_DT_F32, T, (int64_t)n_hc * n_hc, &rc, err);
+    dsv4_buf *sub = sc_alloc(&s, ad, T, d, &rc, err);
+    dsv4_buf *X2 = sc_alloc(&s, ad, T, (int64_t)n_hc * d, &rc, err);
+    /* attention half: X → X2 */
+    if (!rc) rc = be->hc_pre(be, X, &blk->w.hc_attn.fn, &blk->w.hc_attn.base, &blk->w.hc_attn.scale, n_hc,
+                             cfg->hc_sinkhorn_iters, hc_eps, y, post, comb, err);
+    if (!rc) rc = be->rmsnorm(be, y, &blk->w.attn_norm, d, eps, y, err);
+    if (!rc) rc = attention_block(cfg, blk, ls, be, b, y, sub, &s, err);
+    if (!rc) rc = be->hc_post(be, X, sub, post, comb, n_hc, X2, err);
+    /* MoE half: X2 → X */
+    if (!rc) rc = be->hc_pre(be, X2, &blk->w.hc_ffn.fn, &blk->w.hc_ffn.base, &blk->w.hc_ffn.scale, n_hc,
+                             cfg->hc_sinkhorn_iters, hc_eps, y, post, comb, err);
+    if (!rc) rc = be->rmsnorm(be, y, &blk->w.ffn_norm, d, eps, y, err);
+    if (!rc) rc = moe_block(cfg, blk, be, b, y, sub, &s, err);
+    if (!rc) rc = be->hc_post(be, X2, sub, post, comb, n_hc, X, err);
+    sc_free(&s);
+    if (rc) dsv4_err_prefix(err, "layer %d: ", blk->w.layer_id);
+    return rc;
+}

@@ -1,0 +1,50 @@
+/*
+ * The target forward (spec/MODEL.md §3.0, §3.6): embedding into hc_mult
+ * streams, every block in order, then hc_head → norm → fp32 head on the rows
+ * whose logits are wanted.
+ */
+#include "model/forward.h"
+
+int dsv4_forward(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const int32_t *logit_rows,
+                 int n_logits, float *logits, float *streams, dsv4_err *err) {
+    const dsv4_config *cfg = m->cfg;
+    dsv4_backend *be = m->be;
+    int T = b->n_rows, n_hc = cfg->hc_mult, d = cfg->hidden_size;
+    if (T <= 0) return dsv4_err_set(err, DSV4_EINVAL, "forward: empty batch");
+    if (st->n_layers != m->n_layers)
+        return dsv4_err_set(err, DSV4_EINVAL, "forward: state has %d layers, model %d", st->n_layers, m->n_layers);
+    for (int t = 0; t < T; t++) {
+        if (b->slot[t] < 0 || b->slot[t] >= st->n_slots)
+            return dsv4_err_set(err, DSV4_EINVAL, "forward: row %d: slot %d out of [0,%d)", t, b->slot[t], st->n_slots);
+        if (b->pos[t] < 0 || b->pos[t] >= st->max_len)
+            return dsv4_err_set(err, DSV4_ERANGE, "forward: row %d: position %d beyond max length %d", t, b->pos[t],
+                                st->max_len);
+    }
+    for (int i = 0; i < n_logits; i++)
+        if (logit_rows[i] < 0 || logit_rows[i] >= T)
+            return dsv4_err_set(err, DSV4_EINVAL, "forward: logit row %d out of [0,%d)", logit_rows[i], T);
+    int rc = be->batch_begin(be, b, err);
+    if (rc) return rc;
+    dsv4_buf X = {0}, y = {0}, ysel = {0}, lg = {0};
+    rc = be->buf_alloc(be, be->act_dtype, T, (int64_t)n_hc * d, &X, err);
+    if (!rc) rc = be->embed(be, &m->embed, b, n_hc, &X, err);
+    for (int l = 0; l < m->n_layers && !rc; l++) rc = dsv4_block_forward(cfg, &m->layers[l], &st->layers[l], be, b, &X, err);
+    if (!rc && streams) rc = be->buf_read(be, &X, streams, err);
+    if (!rc && n_logits > 0) {
+        rc = be->buf_alloc(be, be->act_dtype, T, d, &y, err);
+        if (!rc) rc = be->hc_head(be, &X, &m->hc_head.fn, &m->hc_head.base, &m->hc_head.scale, n_hc,
+                                  (float)cfg->hc_eps, &y, err);
+        if (!rc) rc = be->buf_alloc(be, be->act_dtype, n_logits, d, &ysel, err);
+        if (!rc) rc = be->buf_gather_rows(be, &y, logit_rows, n_logits, &ysel, err);
+        if (!rc) rc = be->rmsnorm(be, &ysel, &m->norm, d, (float)cfg->rms_norm_eps, &ysel, err);
+        if (!rc) rc = be->buf_alloc(be, DSV4_DT_F32, n_logits, m->head.out, &lg, err);
+        if (!rc) rc = be->linear(be, &ysel, &m->head, &lg, err);
+        if (!rc) rc = be->buf_read(be, &lg, logits, err);
+    }
+    if (!rc) rc = be->sync(be, err);
+    be->buf_free(be, &X);
+    be->buf_free(be, &y);
+    be->buf_free(be, &ysel);
+    be->buf_free(be, &lg);
+    return rc;
+}

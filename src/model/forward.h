@@ -1,0 +1,118 @@
+/*
+ * forward.h — the DeepSeek-V4 target forward pass, written once against the
+ * backend op table (src/backend/backend.h), over a flat ragged batch of rows
+ * (prefill chunks and decode/verify rows of several requests mixed) and
+ * per-request state addressed by request slot and position.
+ *
+ * Pieces (one file each):
+ *   model.c   dsv4_model: the weights made resident on a backend + RoPE tables
+ *   state.c   dsv4_state: per-layer window rings and compressor stores
+ *   block.c   dsv4_block_forward: one decoder block (§3.2-3.5), reused by the
+ *             MTP block and the DSpark stages (branch `drafter`)
+ *   forward.c dsv4_forward: embedding → blocks → hc_head → norm → head (§3.6)
+ *
+ * Chunking invariance (spec/MODEL.md §3.8): a request's rows may be split
+ * over calls anywhere; keys older than the segment's first position come from
+ * the state, so results equal one long prefill up to float rounding.
+ */
+#ifndef DSV4_MODEL_FORWARD_H
+#define DSV4_MODEL_FORWARD_H
+
+#include "backend/backend.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One block's weights resident on the backend, with what its ops need. */
+typedef struct dsv4_block_dev {
+    dsv4_block_w w;          /* every view uploaded (data in backend memory) */
+    dsv4_linear *w1, *w3, *w2; /* [n_experts] routed expert linears, for moe_experts */
+    dsv4_rope rope;          /* θ=rope_theta (ratio 0) or compress θ + YaRN (ratio > 0) */
+} dsv4_block_dev;
+
+/* The target model on a backend. Borrows cfg, the weights and the backend
+ * (all must outlive it). */
+typedef struct dsv4_model {
+    const dsv4_config *cfg;
+    dsv4_backend *be;
+    dsv4_tview embed, norm;
+    dsv4_linear head;
+    dsv4_hc_w hc_head;
+    int n_layers;
+    dsv4_block_dev *layers;  /* [n_layers] */
+} dsv4_model;
+
+/*
+ * dsv4_model_create — upload every target tensor of `w` to `be` and build the
+ * per-layer RoPE tables (spec/MODEL.md §3.4.3: ratio 0 → rope_theta, no YaRN;
+ * ratio > 0 → compress_rope_theta + YaRN). Draft blocks are not uploaded here
+ * (dsv4_block_dev_init does one block). Errors: upload failures, bad config.
+ */
+int dsv4_model_create(const dsv4_config *cfg, const dsv4_weights *w, dsv4_backend *be,
+                      dsv4_model **out, dsv4_err *err);
+void dsv4_model_free(dsv4_model *m);
+
+/* Upload one block (target layer, MTP block or DSpark stage) into *out.
+ * Free with dsv4_block_dev_free. */
+int dsv4_block_dev_init(const dsv4_config *cfg, const dsv4_block_w *w, dsv4_backend *be,
+                        dsv4_block_dev *out, dsv4_err *err);
+void dsv4_block_dev_free(dsv4_block_dev *b);
+
+/* Per-layer state of all slots (spec/MODEL.md §4.1; layout in docs/BACKEND.md). */
+typedef struct dsv4_layer_state {
+    int ratio;
+    dsv4_win_state win;
+    dsv4_cmp_state cmp; /* ratio > 0 */
+    dsv4_cmp_state idx; /* ratio == 4: the indexer's keys */
+} dsv4_layer_state;
+
+typedef struct dsv4_state {
+    dsv4_backend *be;
+    int n_slots, max_len, max_spec;
+    int n_layers;
+    dsv4_layer_state *layers;
+} dsv4_state;
+
+/*
+ * dsv4_state_create — state for n_slots requests of up to max_len positions,
+ * where at most max_spec rows of one request per step may later be rejected
+ * (speculative verify width; 0 without speculation). One layer state per
+ * ratio in `ratios[n_layers]` (target layers, or a draft's own blocks).
+ * Errors: DSV4_EINVAL for non-positive sizes, allocation failures.
+ */
+int dsv4_state_create(dsv4_backend *be, const dsv4_config *cfg, const int *ratios, int n_layers,
+                      int n_slots, int max_len, int max_spec, dsv4_state **out, dsv4_err *err);
+void dsv4_state_free(dsv4_state *st);
+/* Forget a slot's history (new request in the slot). Rows are position-
+ * addressed, so this only has to make stale rows unreachable — it zeroes them. */
+int dsv4_state_reset_slot(dsv4_state *st, int slot, dsv4_err *err);
+
+/*
+ * dsv4_block_forward — one decoder block (spec/MODEL.md §3.0, §3.2-3.5) in
+ * place on the streams X [T][hc_mult*d], against the layer state `ls`.
+ * Writes this batch's window rows and compressor rows into `ls`.
+ * Requires be->batch_begin(b) to have been called.
+ */
+int dsv4_block_forward(const dsv4_config *cfg, const dsv4_block_dev *blk, dsv4_layer_state *ls,
+                       dsv4_backend *be, const dsv4_batch *b, dsv4_buf *X, dsv4_err *err);
+
+/*
+ * dsv4_forward — the target model on one batch.
+ *  logit_rows[n_logits]: batch rows whose logits are wanted (e.g. the last
+ *    row of each prefill segment, every verify row); logits: host F32
+ *    [n_logits][vocab] (fp32 head, §3.6). n_logits may be 0.
+ *  streams: optional, host F32 [T][hc_mult*d], receives the final streams
+ *    before hc_head (the MTP/DSpark input, §3.9).
+ * Errors: batch inconsistent (names the row), slot/position out of range,
+ * token out of vocabulary, backend failures.
+ */
+int dsv4_forward(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const int32_t *logit_rows,
+                 int n_logits, float *logits, float *streams, dsv4_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,110 @@
+/*
+ * Per-request attention state (spec/MODEL.md §4.1), one contiguous store per
+ * layer for all slots (the engine will page it later). Layout and the ring
+ * capacities that make rejected speculative rows safe to re-write are in
+ * docs/BACKEND.md and src/backend/backend.h.
+ */
+#include "model/forward.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int alloc_cmp(dsv4_backend *be, dsv4_cmp_state *cs, int ratio, int out_dim, int n_slots,
+                     int max_len, int max_spec, dsv4_err *err) {
+    cs->ratio = ratio;
+    cs->overlap = ratio == 4;
+    cs->out_dim = out_dim;
+    cs->cap = ratio * (1 + cs->overlap) + max_spec;
+    cs->n_slots = n_slots;
+    cs->max_rows = (max_len + ratio - 1) / ratio;
+    int64_t cw = (int64_t)out_dim * (cs->overlap ? 2 : 1);
+    int rc = be->buf_alloc(be, DSV4_DT_F32, (int64_t)n_slots * cs->cap, cw, &cs->kv, err);
+    if (!rc) rc = be->buf_alloc(be, DSV4_DT_F32, (int64_t)n_slots * cs->cap, cw, &cs->score, err);
+    if (!rc) rc = be->buf_alloc(be, DSV4_DT_F32, (int64_t)n_slots * cs->max_rows, out_dim, &cs->rows, err);
+    return rc;
+}
+
+int dsv4_state_create(dsv4_backend *be, const dsv4_config *cfg, const int *ratios, int n_layers,
+                      int n_slots, int max_len, int max_spec, dsv4_state **out, dsv4_err *err) {
+    *out = NULL;
+    if (n_slots <= 0 || max_len <= 0 || max_spec < 0 || n_layers < 0)
+        return dsv4_err_set(err, DSV4_EINVAL, "state: n_slots %d, max_len %d, max_spec %d", n_slots,
+                            max_len, max_spec);
+    dsv4_state *st = calloc(1, sizeof *st);
+    if (!st) return dsv4_err_set(err, DSV4_ENOMEM, "state: out of memory");
+    st->be = be;
+    st->n_slots = n_slots;
+    st->max_len = max_len;
+    st->max_spec = max_spec;
+    st->n_layers = n_layers;
+    st->layers = calloc((size_t)(n_layers ? n_layers : 1), sizeof *st->layers);
+    int rc = st->layers ? DSV4_OK : dsv4_err_set(err, DSV4_ENOMEM, "state: out of memory");
+    for (int l = 0; l < n_layers && !rc; l++) {
+        dsv4_layer_state *ls = &st->layers[l];
+        ls->ratio = ratios[l];
+        ls->win.window = cfg->sliding_window;
+        ls->win.cap = cfg->sliding_window + max_spec;
+        ls->win.n_slots = n_slots;
+        rc = be->buf_alloc(be, DSV4_DT_F32, (int64_t)n_slots * ls->win.cap, cfg->head_dim, &ls->win.rows, err);
+        if (!rc && ls->ratio > 0)
+            rc = alloc_cmp(be, &ls->cmp, ls->ratio, cfg->head_dim, n_slots, max_len, max_spec, err);
+        if (!rc && ls->ratio == 4)
+            rc = alloc_cmp(be, &ls->idx, 4, cfg->index_head_dim, n_slots, max_len, max_spec, err);
+        if (rc) dsv4_err_prefix(err, "state layer %d: ", l);
+    }
+    if (rc) {
+        dsv4_state_free(st);
+        return rc;
+    }
+    *out = st;
+    return DSV4_OK;
+}
+
+static void free_cmp(dsv4_backend *be, dsv4_cmp_state *cs) {
+    be->buf_free(be, &cs->kv);
+    be->buf_free(be, &cs->score);
+    be->buf_free(be, &cs->rows);
+}
+
+void dsv4_state_free(dsv4_state *st) {
+    if (!st) return;
+    for (int l = 0; l < st->n_layers && st->layers; l++) {
+        st->be->buf_free(st->be, &st->layers[l].win.rows);
+        free_cmp(st->be, &st->layers[l].cmp);
+        free_cmp(st->be, &st->layers[l].idx);
+    }
+    free(st->layers);
+    free(st);
+}
+
+/* Zero rows [first, first+n) of a buffer through the backend's write path. */
+static int zero_rows(dsv4_backend *be, dsv4_buf *b, int64_t first, int64_t n, dsv4_err *err) {
+    if (!b->data || n <= 0) return DSV4_OK;
+    size_t rb = (size_t)b->cols * dsv4_dtype_size(b->dtype);
+    void *zeros = calloc((size_t)n, rb);
+    if (!zeros) return dsv4_err_set(err, DSV4_ENOMEM, "state: out of memory");
+    dsv4_buf view = *b;
+    view.data = (char *)b->data + (size_t)first * rb; /* backend pointer arithmetic: byte offsets */
+    view.rows = n;
+    int rc = be->buf_write(be, &view, zeros, err);
+    free(zeros);
+    return rc;
+}
+
+int dsv4_state_reset_slot(dsv4_state *st, int slot, dsv4_err *err) {
+    if (slot < 0 || slot >= st->n_slots)
+        return dsv4_err_set(err, DSV4_EINVAL, "state: slot %d out of [0,%d)", slot, st->n_slots);
+    int rc = DSV4_OK;
+    for (int l = 0; l < st->n_layers && !rc; l++) {
+        dsv4_layer_state *ls = &st->layers[l];
+        rc = zero_rows(st->be, &ls->win.rows, (int64_t)slot * ls->win.cap, ls->win.cap, err);
+        dsv4_cmp_state *cs[2] = {&ls->cmp, &ls->idx};
+        for (int i = 0; i < 2 && !rc; i++) {
+            if (!cs[i]->rows.data) continue;
+            rc = zero_rows(st->be, &cs[i]->kv, (int64_t)slot * cs[i]->cap, cs[i]->cap, err);
+            if (!rc) rc = zero_rows(st->be, &cs[i]->score, (int64_t)slot * cs[i]->cap, cs[i]->cap, err);
+            if (!rc) rc = zero_rows(st->be, &cs[i]->rows, (int64_t)slot * cs[i]->max_rows, cs[i]->max_rows, err);
+        }
+    }
+    return rc;
+}

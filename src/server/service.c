@@ -1,0 +1,131 @@
+/*
+ * Generation service: model + engine + text layer behind the routes
+ * (src/server/service.h). Request parsing is in service_params.c, the
+ * per-request job (engine hook, response/SSE building) in service_job.c.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine.h"
+#include "engine/model_runner.h"
+#include "server/service_internal.h"
+#include "text/tokenizer.h"
+
+
+static int warm_up(dsv4_service *s, dsv4_err *err) {
+    /* One short greedy generation through the whole path, so nothing is
+     * first-touched by a client's request (SERVING.md §8.5). */
+    int32_t p[4] = {0, 2, 3, 4};
+    for (int i = 1; i < 4; i++)
+        if (p[i] >= s->vocab) p[i] = s->vocab - 1;
+    dsv4_gen_params gp;
+    dsv4_gen_params_default(&gp);
+    gp.sampling.temperature = 0;
+    gp.max_tokens = 2;
+    gp.ignore_eos = 1;
+    dsv4_request *r;
+    if (dsv4_engine_submit(s->engine, p, 4, &gp, &r, err)) return err ? err->code : DSV4_EINTERNAL;
+    int32_t out[4];
+    dsv4_finish f = DSV4_FINISH_NONE;
+    while (f == DSV4_FINISH_NONE) dsv4_request_poll(r, out, 4, &f, 1000);
+    dsv4_request_release(r);
+    if (f == DSV4_FINISH_ERROR) return dsv4_err_set(err, DSV4_EBACKEND, "warm-up generation failed (see log)");
+    return DSV4_OK;
+}
+
+int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *err) {
+    *out = NULL;
+    dsv4_service *s = calloc(1, sizeof *s);
+    if (!s) return dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
+    snprintf(s->model_name, sizeof s->model_name, "%s", o->model_name);
+    s->stop_in_reasoning = o->stop_in_reasoning;
+    int rc;
+    dsv4_effort_profile profile;
+    if ((rc = dsv4_encoder_detect_profile(o->model_dir, o->profile_override, &profile, err))) goto fail;
+    dsv4_encoder_config_init(&s->enc, profile);
+    if (o->default_thinking && (rc = dsv4_effort_parse(o->default_thinking, 1, &s->enc.thinking.default_thinking, err)))
+        goto fail_flag;
+    if (o->default_reasoning_effort &&
+        (rc = dsv4_effort_parse(o->default_reasoning_effort, 0, &s->enc.thinking.default_reasoning_effort, err)))
+        goto fail_flag;
+    if (o->default_chat_template_kwargs) {
+        s->default_kwargs = cJSON_Parse(o->default_chat_template_kwargs);
+        if (!cJSON_IsObject(s->default_kwargs)) {
+            rc = dsv4_err_set(err, DSV4_EINVAL, "--default-chat-template-kwargs must be a JSON object, got '%s'",
+                              o->default_chat_template_kwargs);
+            goto fail;
+        }
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.json", o->model_dir);
+    if ((rc = dsv4_tokenizer_load(path, &s->tok, err))) goto fail;
+    s->eos_id = dsv4_tokenizer_special_id(s->tok, DSV4_TOK_EOS);
+    if (s->eos_id < 0) {
+        rc = dsv4_err_set(err, DSV4_EFORMAT, "%s: the end-of-sentence token is missing", path);
+        goto fail;
+    }
+    s->vocab_view = dsv4_detok_vocab_from_tokenizer(s->tok);
+
+    if (o->spec_k > 0) {
+        rc = dsv4_err_set(err, DSV4_EUNSUPPORTED,
+                          "--speculative-config: speculative decoding is not available in this build yet "
+                          "(the DSpark and MTP drafters are being written); start without --speculative-config");
+        goto fail;
+    }
+    /* CPU backend: per-slot state is sized for max_model_len, so default to a
+     * length that fits comfortably in memory; the user may raise it. */
+    s->max_model_len = o->max_model_len > 0 ? o->max_model_len : 8192;
+    dsv4_model_runner_opts mo = {o->max_num_seqs, (int)s->max_model_len, 0, DSV4_NUMERICS_REFERENCE};
+    if ((rc = dsv4_model_runner_open(o->model_dir, &mo, &s->mr, err))) goto fail;
+    const dsv4_config *cfg = dsv4_model_runner_config(s->mr);
+    if (s->max_model_len > cfg->max_position_embeddings) {
+        rc = dsv4_err_set(err, DSV4_EINVAL, "--max-model-len %lld exceeds the model's max_position_embeddings %lld",
+                          (long long)s->max_model_len, (long long)cfg->max_position_embeddings);
+        goto fail;
+    }
+    s->vocab = cfg->vocab_size;
+    if (dsv4_tokenizer_vocab_size(s->tok) < s->vocab)
+        dsv4_log(DSV4_LOG_WARN, "tokenizer has %d ids, the model %d", dsv4_tokenizer_vocab_size(s->tok), s->vocab);
+    dsv4_runner run = dsv4_model_runner_iface(s->mr);
+    dsv4_engine_opts eo = {o->max_num_seqs, o->max_num_batched_tokens, s->max_model_len, 0, s->eos_id};
+    if ((rc = dsv4_engine_create(&eo, &run, NULL, &s->engine, err))) goto fail;
+    if ((rc = dsv4_engine_start(s->engine, err))) goto fail;
+    s->metrics = dsv4_metrics_create(s->model_name, 0);
+    if (!s->metrics) {
+        rc = dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
+        goto fail;
+    }
+    dsv4_log(DSV4_LOG_INFO,
+             "model %s: %s, %d layers, vocab %d, profile %s; CPU backend; max_model_len %lld, "
+             "max_num_seqs %d (state for %d x %lld tokens)",
+             o->model_dir, dsv4_config_kind_name(cfg), cfg->num_hidden_layers, cfg->vocab_size,
+             dsv4_profile_name(profile), (long long)s->max_model_len, o->max_num_seqs, o->max_num_seqs,
+             (long long)s->max_model_len);
+    if ((rc = warm_up(s, err))) goto fail;
+    *out = s;
+    return DSV4_OK;
+fail_flag:
+    dsv4_err_prefix(err, "server flag: ");
+fail:
+    dsv4_service_free(s);
+    return rc;
+}
+
+void dsv4_service_free(dsv4_service *s) {
+    if (!s) return;
+    dsv4_engine_free(s->engine);
+    dsv4_model_runner_free(s->mr);
+    dsv4_tokenizer_free(s->tok);
+    dsv4_metrics_free(s->metrics);
+    cJSON_Delete(s->default_kwargs);
+    free(s);
+}
+
+int64_t dsv4_service_max_model_len(const dsv4_service *s) { return s->max_model_len; }
+
+char *dsv4_service_metrics(dsv4_service *s) {
+    dsv4_engine_stats st;
+    dsv4_engine_get_stats(s->engine, &st);
+    return dsv4_metrics_render(s->metrics, &st);
+}

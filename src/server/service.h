@@ -1,0 +1,62 @@
+/*
+ * The generation service behind the HTTP routes: it owns the tokenizer, the
+ * encoder settings, the model and the engine, and turns an OpenAI request
+ * into an engine request and the engine's tokens into an OpenAI response or
+ * SSE stream (spec/SERVING.md §1-§6).
+ *
+ * Per request (DESIGN.md "Data flow"): validate fields (400 naming the field)
+ * -> resolve thinking once -> render + tokenize -> context check -> submit
+ * with the output parser as the engine's token hook (stop strings cut the
+ * engine's run at the right token) -> deltas to the client.
+ */
+#ifndef DSV4_SERVER_SERVICE_H
+#define DSV4_SERVER_SERVICE_H
+
+#include <cjson/cJSON.h>
+
+#include "server/metrics.h"
+#include "server/server.h"
+#include "text/encoder.h"
+
+typedef struct dsv4_service dsv4_service;
+
+typedef struct dsv4_service_opts {
+    const char *model_dir;
+    const char *model_name;      /* canonical served name, used in responses */
+    int max_num_seqs;
+    int max_num_batched_tokens;
+    int64_t max_model_len;       /* <= 0: the default for this backend */
+    int spec_k;                  /* 0 = speculation off */
+    dsv4_effort_profile profile_override; /* AUTO = from encoding/encoding_dsv4.py */
+    const char *default_thinking;          /* off | low | high | max */
+    const char *default_reasoning_effort;  /* low | high | max */
+    int stop_in_reasoning;       /* --stop-in-reasoning active */
+    const char *default_chat_template_kwargs; /* JSON object text or NULL */
+} dsv4_service_opts;
+
+/*
+ * dsv4_service_open — load the checkpoint and tokenizer, start the engine
+ * thread and warm it up (one short generation) so the first request runs at
+ * full speed (SERVING.md §8.5). Errors name the file, tensor or flag at fault.
+ */
+int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *err);
+void dsv4_service_free(dsv4_service *s);
+
+/* The effective max_model_len (after backend defaults), for /v1/models. */
+int64_t dsv4_service_max_model_len(const dsv4_service *s);
+
+/* Route ids the router hands over. */
+typedef enum { DSV4_SVC_CHAT, DSV4_SVC_COMPLETIONS, DSV4_SVC_TOKENIZE, DSV4_SVC_DETOKENIZE } dsv4_svc_route;
+
+/*
+ * dsv4_service_handle — answer a validated request body (a JSON object;
+ * raw/len its exact text). Fills *out with a JSON reply, an error reply, or a
+ * streaming reply (stream.read set). Never fails.
+ */
+void dsv4_service_handle(dsv4_service *s, dsv4_svc_route route, const cJSON *req, const char *raw, size_t len,
+                         dsv4_reply *out);
+
+/* Prometheus text for /metrics (malloc'd), or NULL on allocation failure. */
+char *dsv4_service_metrics(dsv4_service *s);
+
+#endif

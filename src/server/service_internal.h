@@ -1,0 +1,63 @@
+/* Internals shared by service.c, service_params.c and service_job.c. */
+#ifndef DSV4_SERVER_SERVICE_INTERNAL_H
+#define DSV4_SERVER_SERVICE_INTERNAL_H
+
+#include <cjson/cJSON.h>
+
+#include "engine/engine.h"
+#include "engine/model_runner.h"
+#include "server/service.h"
+#include "text/detok.h"
+#include "text/outparse.h"
+#include "text/tokenizer.h"
+
+#define DSV4_MAX_STOPS 16
+#define DSV4_MAX_STOP_IDS 64
+
+struct dsv4_service {
+    char model_name[256];
+    dsv4_tokenizer *tok;
+    dsv4_detok_vocab vocab_view;
+    dsv4_encoder_config enc;
+    cJSON *default_kwargs; /* --default-chat-template-kwargs */
+    int stop_in_reasoning;
+    dsv4_model_runner *mr;
+    dsv4_engine *engine;
+    dsv4_metrics *metrics;
+    int32_t eos_id;
+    int vocab;
+    int64_t max_model_len;
+};
+
+/* Everything taken from one request body before it is submitted. */
+typedef struct dsv4_req_params {
+    int stream, include_usage, include_reasoning;
+    int max_tokens_given;
+    dsv4_gen_params gen;
+    const char *stops[DSV4_MAX_STOPS];
+    int n_stops;
+    int32_t stop_ids[DSV4_MAX_STOP_IDS];
+    int n_stop_ids;
+    int include_stop_str;
+    int echo;                    /* /v1/completions */
+    int32_t *bias_ids;           /* logit_bias, owned */
+    float *bias_vals;
+} dsv4_req_params;
+
+/*
+ * Read the sampling/limit/stream fields shared by both endpoints
+ * (SERVING.md §3.3, §3.6). Errors fill *out with a 400 naming the field and
+ * return nonzero. p->bias_* must be freed with dsv4_req_params_free.
+ */
+int dsv4_req_params_parse(dsv4_service *s, const cJSON *req, int chat, dsv4_req_params *p, dsv4_reply *out);
+void dsv4_req_params_free(dsv4_req_params *p);
+
+/*
+ * Submit prompt ids with params and a parser configured by pc, then answer:
+ * a JSON body (non-streaming, waits for the end) or a streaming reply.
+ * prompt_text (may be NULL) is echoed by /v1/completions when p->echo.
+ */
+void dsv4_service_run_job(dsv4_service *s, int chat, const int32_t *ids, int n_ids, dsv4_req_params *p,
+                          const dsv4_outparse_config *pc, const char *prompt_text, dsv4_reply *out);
+
+#endif

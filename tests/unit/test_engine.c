@@ -1,0 +1,502 @@
+/*
+ * Engine: scheduling, batching, speculation and stops (spec/DSPARK.md §4-5,
+ * spec/SERVING.md §6-8), driven by a small deterministic language model.
+ *
+ * The toy model: the logits at (slot, position p) are a hash of the tokens the
+ * runner holds for that slot at positions 0..p. The runner stores tokens by
+ * position (overwritable), exactly the contract of the real state; so any
+ * engine bug that feeds a wrong token, a wrong position, a wrong slot, or
+ * leaves a rejected draft in place changes the output, and the output of a
+ * request can be computed independently by running the toy model sequentially.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "engine/engine.h"
+#include "test.h"
+
+#define VOCAB 64
+#define SLOTS 8
+#define MAXPOS 4096
+
+typedef struct toy {
+    int32_t hist[SLOTS][MAXPOS];
+    int written[SLOTS]; /* positions [0, written) hold tokens */
+    int released[SLOTS];
+    int fail_next;      /* make the next forward fail */
+    int rows_per_step[1024], steps;
+} toy;
+
+static uint64_t mix(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+/* logits of the toy model after the sequence h[0..n) */
+static void toy_logits(const int32_t *h, int n, float *out) {
+    uint64_t acc = 0;
+    for (int i = 0; i < n; i++) acc = mix(acc ^ (uint64_t)(h[i] + 1) * 0x100000001B3ull);
+    for (int v = 0; v < VOCAB; v++) out[v] = (float)(mix(acc + (uint64_t)v) % 1000) / 150.0f;
+}
+
+static int32_t argmax(const float *x) {
+    int32_t b = 0;
+    for (int v = 1; v < VOCAB; v++)
+        if (x[v] > x[b]) b = v;
+    return b;
+}
+
+static int toy_forward(void *ctx, const dsv4_batch *b, const int32_t *lrows, int nl, float *logits, dsv4_err *err) {
+    toy *t = ctx;
+    if (t->fail_next) {
+        t->fail_next = 0;
+        return dsv4_err_set(err, DSV4_EBACKEND, "injected failure");
+    }
+    if (t->steps < 1024) t->rows_per_step[t->steps] = b->n_rows;
+    t->steps++;
+    int seen[SLOTS] = {0};
+    for (int s = 0; s < b->n_seqs; s++) {
+        int sl = b->seq_slot[s];
+        if (sl < 0 || sl >= SLOTS || seen[sl]++) return dsv4_err_set(err, DSV4_EINVAL, "slot %d twice", sl);
+        if (b->seq_pos0[s] > t->written[sl])
+            return dsv4_err_set(err, DSV4_EINVAL, "slot %d: gap before position %d", sl, b->seq_pos0[s]);
+        for (int r = b->cu_seqlens[s]; r < b->cu_seqlens[s + 1]; r++) {
+            if (b->pos[r] != b->seq_pos0[s] + (r - b->cu_seqlens[s]) || b->slot[r] != sl || b->seq_idx[r] != s)
+                return dsv4_err_set(err, DSV4_EINVAL, "row %d metadata inconsistent", r);
+            t->hist[sl][b->pos[r]] = b->token[r];
+        }
+        t->written[sl] = b->seq_pos0[s] + (b->cu_seqlens[s + 1] - b->cu_seqlens[s]);
+    }
+    for (int i = 0; i < nl; i++) {
+        int r = lrows[i];
+        toy_logits(t->hist[b->slot[r]], b->pos[r] + 1, logits + (size_t)i * VOCAB);
+    }
+    return 0;
+}
+
+static void toy_release(void *ctx, int slot) {
+    toy *t = ctx;
+    t->released[slot]++;
+    t->written[slot] = 0;
+}
+
+/* Drafter: follows the toy model's greedy chain from the committed history,
+ * but is wrong at some positions, so acceptance is partial. */
+static int toy_propose(void *ctx, int slot, int32_t anchor, int64_t apos, int k, float temp, uint64_t seed,
+                       int32_t *d, float *q, dsv4_err *err) {
+    toy *t = ctx;
+    if (apos > t->written[slot]) return dsv4_err_set(err, DSV4_EINVAL, "drafter: context missing");
+    int32_t h[MAXPOS];
+    memcpy(h, t->hist[slot], sizeof(int32_t) * (size_t)apos); /* committed part only */
+    h[apos] = anchor;
+    float lg[VOCAB];
+    for (int j = 0; j < k; j++) {
+        toy_logits(h, (int)apos + 1 + j, lg);
+        int32_t x = argmax(lg);
+        if (mix((uint64_t)(apos + j) * 31 + (uint64_t)slot) % 4 == 0) x = (x + 1) % VOCAB; /* a wrong guess */
+        if (q) { /* sampled drafting: a softened distribution, draft drawn from it */
+            double m = lg[argmax(lg)], s = 0;
+            for (int v = 0; v < VOCAB; v++) s += q[(size_t)j * VOCAB + v] = (float)exp((lg[v] - m) / (temp + 0.5));
+            for (int v = 0; v < VOCAB; v++) q[(size_t)j * VOCAB + v] = (float)(q[(size_t)j * VOCAB + v] / s);
+            x = dsv4_sample_from(q + (size_t)j * VOCAB, VOCAB, dsv4_rng_u01(seed, apos + 1 + j, DSV4_RNG_DRAFT));
+        }
+        d[j] = x;
+        h[apos + 1 + j] = x;
+    }
+    return 0;
+}
+
+/* Independent reference: greedy continuation of prompt by the toy model,
+ * with EOS handling as the engine's rules say. Returns the number of tokens. */
+static int reference(const int32_t *prompt, int n, int max_tokens, int32_t eos, int32_t *out) {
+    int32_t h[MAXPOS];
+    memcpy(h, prompt, sizeof(int32_t) * (size_t)n);
+    float lg[VOCAB];
+    int g = 0;
+    while (g < max_tokens) {
+        toy_logits(h, n + g, lg);
+        out[g] = h[n + g] = argmax(lg);
+        g++;
+        if (out[g - 1] == eos) break;
+    }
+    return g;
+}
+
+static toy T;
+static dsv4_runner RUN = {&T, VOCAB, SLOTS, toy_forward, toy_release};
+static dsv4_drafter DR = {&T, 5, toy_propose, NULL};
+
+static dsv4_engine *make(int seqs, int budget, int k, int64_t maxlen, int32_t eos) {
+    memset(&T, 0, sizeof T);
+    dsv4_engine_opts o = {seqs, budget, maxlen, k, eos};
+    dsv4_engine *e = NULL;
+    dsv4_err err = {0};
+    int rc = dsv4_engine_create(&o, &RUN, k ? &DR : NULL, &e, &err);
+    CHECK_MSG(rc == 0, "create: %s", err.msg);
+    return e;
+}
+
+static void run_idle(dsv4_engine *e) {
+    dsv4_err err = {0};
+    for (int i = 0; i < 100000 && dsv4_engine_step(e, &err) > 0; i++) {}
+}
+
+static int drain(dsv4_request *r, int32_t *out, dsv4_finish *f) {
+    int n = 0, got;
+    *f = DSV4_FINISH_NONE;
+    while ((got = dsv4_request_poll(r, out + n, 4096, f, 0)) > 0) n += got;
+    return n;
+}
+
+static void prompt_of(int i, int len, int32_t *p) {
+    for (int j = 0; j < len; j++) p[j] = (int32_t)(mix((uint64_t)i * 1000 + (uint64_t)j) % VOCAB);
+}
+
+/* Several concurrent greedy requests, chunked prefill, with and without speculation:
+ * each equals its single-stream reference. */
+static void test_batched_equals_single(int k) {
+    const int N = 6;
+    int lens[6] = {3, 40, 17, 90, 1, 25}, maxt[6] = {30, 12, 50, 8, 40, 33};
+    int32_t prompts[6][128], ref[6][128], out[4096];
+    dsv4_engine *e = make(6, 11, k, 1 << 20, -1);
+    dsv4_request *rq[6];
+    dsv4_err err = {0};
+    for (int i = 0; i < N; i++) {
+        prompt_of(i, lens[i], prompts[i]);
+        dsv4_gen_params gp;
+        dsv4_gen_params_default(&gp);
+        gp.sampling.temperature = 0;
+        gp.max_tokens = maxt[i];
+        CHECK_EQ_INT(dsv4_engine_submit(e, prompts[i], lens[i], &gp, &rq[i], &err), 0);
+    }
+    run_idle(e);
+    for (int i = 0; i < N; i++) {
+        int nref = reference(prompts[i], lens[i], maxt[i], -1, ref[i]);
+        dsv4_finish f;
+        int n = drain(rq[i], out, &f);
+        CHECK_EQ_INT(n, nref);
+        CHECK_MSG(n == nref && !memcmp(out, ref[i], sizeof(int32_t) * (size_t)n), "request %d (k=%d) differs", i, k);
+        CHECK_EQ_INT(f, DSV4_FINISH_LENGTH);
+        dsv4_request_release(rq[i]);
+    }
+    dsv4_engine_stats st;
+    dsv4_engine_get_stats(e, &st);
+    CHECK_EQ_INT(st.running + st.waiting, 0);
+    int total_prompt = 0;
+    for (int i = 0; i < N; i++) total_prompt += lens[i];
+    CHECK_EQ_INT(st.prompt_tokens, total_prompt);
+    if (k) {
+        CHECK(st.spec_drafts > 0);
+        CHECK(st.spec_accepted_tokens > 0 && st.spec_accepted_tokens < st.spec_draft_tokens);
+        CHECK(st.spec_accepted_per_pos[0] >= st.spec_accepted_per_pos[1]);
+    }
+    for (int i = 0; i < SLOTS; i++) CHECK(T.rows_per_step[0] <= 11);
+    for (int s = 0; s < SLOTS && s < 6; s++) CHECK_EQ_INT(T.released[s], 1); /* every slot freed once */
+    dsv4_engine_free(e);
+}
+
+/* EOS and stop ids inside a speculative run cut right after the token (§4.4). */
+static void test_stops(int k) {
+    int32_t p[20], ref[200], out[4096];
+    prompt_of(77, 20, p);
+    int nref = reference(p, 20, 200, -1, ref);
+    int32_t eos = ref[37]; /* a token that appears in the output: make it EOS */
+    int first = 0;
+    while (ref[first] != eos) first++;
+    dsv4_engine *e = make(2, 16, k, 1 << 20, eos);
+    dsv4_gen_params gp;
+    dsv4_gen_params_default(&gp);
+    gp.sampling.temperature = 0;
+    gp.max_tokens = 200;
+    dsv4_request *r;
+    dsv4_err err = {0};
+    dsv4_engine_submit(e, p, 20, &gp, &r, &err);
+    run_idle(e);
+    dsv4_finish f;
+    int n = drain(r, out, &f);
+    CHECK_EQ_INT(n, first + 1);
+    CHECK_EQ_INT(f, DSV4_FINISH_STOP);
+    CHECK(!memcmp(out, ref, sizeof(int32_t) * (size_t)n));
+    dsv4_request_release(r);
+
+    /* ignore_eos + a stop token id instead; min_tokens defers it */
+    gp.ignore_eos = 1;
+    int32_t sid = ref[50];
+    int sfirst = 0;
+    while (ref[sfirst] != sid) sfirst++;
+    gp.stop_ids = &sid;
+    gp.n_stop_ids = 1;
+    gp.min_tokens = sfirst + 2; /* skip its first occurrence */
+    int second = sfirst + 1;
+    while (second < nref && ref[second] != sid) second++;
+    dsv4_engine_submit(e, p, 20, &gp, &r, &err);
+    run_idle(e);
+    n = drain(r, out, &f);
+    if (second < nref) {
+        CHECK_EQ_INT(n, second + 1);
+        CHECK_EQ_INT(f, DSV4_FINISH_STOP);
+    } else {
+        CHECK_EQ_INT(n, 200);
+    }
+    dsv4_request_release(r);
+    dsv4_engine_free(e);
+}
+
+/* A text-level hook (stop strings) that cuts inside a multi-token step. */
+typedef struct hook { int32_t target; int seen; } hook;
+static int on_tok(void *u, const int32_t *t, int n, int *keep) {
+    hook *h = u;
+    for (int i = 0; i < n; i++)
+        if (t[i] == h->target) {
+            *keep = i; /* drop the matched token, like a stop string not included in output */
+            h->seen++;
+            return 1;
+        }
+    return 0;
+}
+
+static void test_hook(int k) {
+    int32_t p[9], ref[100], out[4096];
+    prompt_of(5, 9, p);
+    reference(p, 9, 100, -1, ref);
+    hook h = {ref[23], 0};
+    int first = 0;
+    while (ref[first] != h.target) first++;
+    dsv4_engine *e = make(2, 16, k, 1 << 20, -1);
+    dsv4_gen_params gp;
+    dsv4_gen_params_default(&gp);
+    gp.sampling.temperature = 0;
+    gp.max_tokens = 100;
+    gp.on_tokens = on_tok;
+    gp.user = &h;
+    dsv4_request *r;
+    dsv4_err err = {0};
+    dsv4_engine_submit(e, p, 9, &gp, &r, &err);
+    run_idle(e);
+    dsv4_finish f;
+    int n = drain(r, out, &f);
+    CHECK_EQ_INT(n, first);
+    CHECK_EQ_INT(f, DSV4_FINISH_STOP);
+    CHECK(!memcmp(out, ref, sizeof(int32_t) * (size_t)n));
+    int pt, gt;
+    dsv4_request_counts(r, &pt, &gt);
+    CHECK_EQ_INT(gt, first); /* usage counts only kept tokens */
+    dsv4_request_release(r);
+    dsv4_engine_free(e);
+}
+
+/* A victim request's output is unchanged while others arrive, get cancelled and finish around it;
+ * cancelled slots are freed and reused. */
+static void test_churn_and_cancel(void) {
+    int32_t pv[30], ref[300], out[4096], po[8][50];
+    prompt_of(1000, 30, pv);
+    int nref = reference(pv, 30, 300, -1, ref);
+    dsv4_engine *e = make(3, 9, 3, 1 << 20, -1);
+    dsv4_gen_params gp;
+    dsv4_gen_params_default(&gp);
+    gp.sampling.temperature = 0;
+    gp.max_tokens = 300;
+    dsv4_request *victim, *o[8] = {0};
+    dsv4_err err = {0};
+    dsv4_engine_submit(e, pv, 30, &gp, &victim, &err);
+    for (int i = 0; i < 8; i++) {
+        prompt_of(2000 + i, 50, po[i]);
+        dsv4_gen_params g2 = gp;
+        g2.max_tokens = 5 + i * 7;
+        g2.sampling.temperature = (i % 2) ? 0.8f : 0; /* mixed sampled and greedy neighbours */
+        g2.sampling.seed = (uint64_t)i;
+        dsv4_engine_submit(e, po[i], 50, &g2, &o[i], &err);
+        for (int s = 0; s < 3; s++) dsv4_engine_step(e, &err);
+        if (i % 3 == 1) dsv4_request_cancel(o[i]);
+    }
+    run_idle(e);
+    dsv4_finish f;
+    int n = drain(victim, out, &f);
+    CHECK_EQ_INT(n, nref);
+    CHECK(!memcmp(out, ref, sizeof(int32_t) * (size_t)nref));
+    dsv4_request_release(victim);
+    int cancelled = 0;
+    for (int i = 0; i < 8; i++) {
+        int32_t tmp[4096];
+        dsv4_finish fi;
+        drain(o[i], tmp, &fi);
+        if (i % 3 == 1) cancelled += fi == DSV4_FINISH_ABORT || fi == DSV4_FINISH_LENGTH;
+        else CHECK(fi == DSV4_FINISH_LENGTH);
+        dsv4_request_release(o[i]);
+    }
+    CHECK_EQ_INT(cancelled, 3);
+    dsv4_engine_stats st;
+    dsv4_engine_get_stats(e, &st);
+    CHECK_EQ_INT(st.running + st.waiting, 0);
+    dsv4_engine_free(e);
+}
+
+/* Decode never starves while long prefills run: the short streams gain a token every step. */
+static void test_no_starvation(void) {
+    int32_t lp[4][400], sp[2][5];
+    dsv4_engine *e = make(6, 16, 0, 1 << 20, -1);
+    dsv4_gen_params gp;
+    dsv4_gen_params_default(&gp);
+    gp.sampling.temperature = 0;
+    gp.max_tokens = 60;
+    dsv4_request *s[2], *l[4];
+    dsv4_err err = {0};
+    for (int i = 0; i < 2; i++) {
+        prompt_of(300 + i, 5, sp[i]);
+        dsv4_engine_submit(e, sp[i], 5, &gp, &s[i], &err);
+    }
+    for (int i = 0; i < 4; i++) {
+        prompt_of(400 + i, 400, lp[i]);
+        dsv4_engine_submit(e, lp[i], 400, &gp, &l[i], &err);
+    }
+    int32_t buf[64];
+    dsv4_finish f;
+    dsv4_engine_step(e, &err); /* both short prompts prefill in the first step */
+    int starved = 0, steps = 0;
+    for (int it = 0; it < 59; it++) {
+        dsv4_engine_step(e, &err);
+        steps++;
+        for (int i = 0; i < 2; i++) starved += dsv4_request_poll(s[i], buf, 64, &f, 0) == 0;
+    }
+    CHECK_EQ_INT(starved, 0);
+    run_idle(e);
+    for (int i = 0; i < 2; i++) dsv4_request_release(s[i]);
+    for (int i = 0; i < 4; i++) dsv4_request_release(l[i]);
+    dsv4_engine_free(e);
+}
+
+/* Errors: context overflow phrase, bad params, injected forward failure. */
+static void test_errors(void) {
+    dsv4_engine *e = make(2, 8, 0, 64, -1);
+    int32_t p[64] = {0};
+    dsv4_gen_params gp;
+    dsv4_gen_params_default(&gp);
+    dsv4_request *r = NULL;
+    dsv4_err err = {0};
+    CHECK_EQ_INT(dsv4_engine_submit(e, p, 64, &gp, &r, &err), DSV4_ERANGE);
+    CHECK_CONTAINS(err.msg, "maximum context length is 64 tokens");
+    CHECK(r == NULL);
+    p[3] = VOCAB;
+    CHECK_EQ_INT(dsv4_engine_submit(e, p, 10, &gp, &r, &err), DSV4_EINVAL);
+    CHECK_CONTAINS(err.msg, "index 3");
+    p[3] = 0;
+    gp.sampling.top_p = 2;
+    CHECK_EQ_INT(dsv4_engine_submit(e, p, 10, &gp, &r, &err), DSV4_EINVAL);
+    CHECK_CONTAINS(err.msg, "top_p");
+    dsv4_gen_params_default(&gp);
+    gp.max_tokens = 1000; /* clamped to the remaining context: 64 - 10 */
+    CHECK_EQ_INT(dsv4_engine_submit(e, p, 10, &gp, &r, &err), 0);
+    run_idle(e);
+    int32_t out[4096];
+    dsv4_finish f;
+    CHECK_EQ_INT(drain(r, out, &f), 54);
+    CHECK_EQ_INT(f, DSV4_FINISH_LENGTH);
+    dsv4_request_release(r);
+    dsv4_gen_params_default(&gp);
+    dsv4_engine_submit(e, p, 10, &gp, &r, &err);
+    T.fail_next = 1;
+    run_idle(e);
+    drain(r, out, &f);
+    CHECK_EQ_INT(f, DSV4_FINISH_ERROR);
+    dsv4_request_release(r);
+    /* the engine keeps serving after a failed step */
+    dsv4_engine_submit(e, p, 10, &gp, &r, &err);
+    run_idle(e);
+    CHECK_EQ_INT(drain(r, out, &f), 16);
+    dsv4_request_release(r);
+    dsv4_engine_free(e);
+
+    dsv4_engine_opts o = {9, 16, 100, 0, 1};
+    CHECK_EQ_INT(dsv4_engine_create(&o, &RUN, NULL, &e, &err), DSV4_EINVAL);
+    CHECK_CONTAINS(err.msg, "max_num_seqs");
+    dsv4_engine_opts o2 = {2, 16, 100, 6, 1};
+    CHECK_EQ_INT(dsv4_engine_create(&o2, &RUN, &DR, &e, &err), DSV4_EINVAL);
+    CHECK_CONTAINS(err.msg, "block size 5");
+}
+
+/* Sampled requests: same seed -> same output, with and without neighbours. */
+static void test_seeded(void) {
+    int32_t p[12], a[64], b[64];
+    prompt_of(9, 12, p);
+    dsv4_gen_params gp;
+    dsv4_gen_params_default(&gp);
+    gp.sampling.temperature = 0.9f;
+    gp.sampling.seed = 1234;
+    gp.max_tokens = 40;
+    dsv4_err err = {0};
+    dsv4_finish f;
+    dsv4_request *r, *x;
+    dsv4_engine *e = make(4, 16, 3, 1 << 20, -1);
+    dsv4_engine_submit(e, p, 12, &gp, &r, &err);
+    run_idle(e);
+    int na = drain(r, a, &f);
+    dsv4_request_release(r);
+    int32_t q[30];
+    prompt_of(10, 30, q);
+    dsv4_engine_submit(e, q, 30, &gp, &x, &err);
+    dsv4_engine_submit(e, p, 12, &gp, &r, &err);
+    run_idle(e);
+    int nb = drain(r, b, &f);
+    CHECK_EQ_INT(na, nb);
+    CHECK(na == nb && !memcmp(a, b, sizeof(int32_t) * (size_t)na));
+    dsv4_request_release(r);
+    dsv4_request_release(x);
+    dsv4_engine_free(e);
+}
+
+/* Threaded: the engine thread serves requests submitted from several client threads. */
+typedef struct client { dsv4_engine *e; int id; int ok; } client;
+static void *client_main(void *arg) {
+    client *c = arg;
+    int32_t p[40], ref[64], out[4096];
+    prompt_of(500 + c->id, 20 + c->id, p);
+    int nref = reference(p, 20 + c->id, 48, -1, ref);
+    dsv4_gen_params gp;
+    dsv4_gen_params_default(&gp);
+    gp.sampling.temperature = 0;
+    gp.max_tokens = 48;
+    dsv4_request *r;
+    dsv4_err err = {0};
+    if (dsv4_engine_submit(c->e, p, 20 + c->id, &gp, &r, &err)) return NULL;
+    int n = 0;
+    dsv4_finish f = DSV4_FINISH_NONE;
+    while (f == DSV4_FINISH_NONE) n += dsv4_request_poll(r, out + n, 64, &f, 1000);
+    c->ok = n == nref && !memcmp(out, ref, sizeof(int32_t) * (size_t)n) && f == DSV4_FINISH_LENGTH;
+    dsv4_request_release(r);
+    return NULL;
+}
+
+static void test_threaded(void) {
+    dsv4_engine *e = make(4, 12, 4, 1 << 20, -1);
+    dsv4_err err = {0};
+    CHECK_EQ_INT(dsv4_engine_start(e, &err), 0);
+    pthread_t th[6];
+    client c[6];
+    for (int i = 0; i < 6; i++) {
+        c[i] = (client){e, i, 0};
+        pthread_create(&th[i], NULL, client_main, &c[i]);
+    }
+    for (int i = 0; i < 6; i++) {
+        pthread_join(th[i], NULL);
+        CHECK_MSG(c[i].ok, "client %d", i);
+    }
+    dsv4_engine_free(e);
+}
+
+int main(void) {
+    test_batched_equals_single(0);
+    test_batched_equals_single(3);
+    test_batched_equals_single(5);
+    test_stops(0);
+    test_stops(4);
+    test_hook(0);
+    test_hook(5);
+    test_churn_and_cancel();
+    test_no_starvation();
+    test_errors();
+    test_seeded();
+    test_threaded();
+    return TEST_REPORT();
+}
