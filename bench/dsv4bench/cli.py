@@ -52,6 +52,8 @@ def parser():
         s.add_argument("--prompts-dir", default=None, help="prompt set folder (default bench/prompts)")
         s.add_argument("--warmup", type=int, default=3,
                        help="warm-up requests before measuring, timed to detect a cold server (default 3; 0 = none)")
+        s.add_argument("--warmup-max-tokens", type=int, default=None,
+                       help="tokens per warm-up request (default: warmup.json's, 64)")
         s.add_argument("--thinking", choices=["off", "on", "default"], default="off",
                        help="send chat_template_kwargs.thinking false/true, or nothing (default off)")
         s.add_argument("--ignore-eos", action="store_true", help="send ignore_eos: true (vLLM extension)")

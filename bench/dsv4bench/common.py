@@ -152,6 +152,8 @@ def warmup(ctx):
         ctx.meta["warmup"] = {"requests": 0}
         return None
     w = load_prompts("warmup.json", ctx.prompts_dir)
+    if ctx.args.warmup_max_tokens:
+        w["max_tokens"] = ctx.args.warmup_max_tokens
     spt, walls, first_tokens = [], [], None
     for _ in range(n):
         r = ctx.client.chat(ctx.body(w["messages"], w["max_tokens"], 0.0))
