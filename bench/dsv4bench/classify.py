@@ -22,7 +22,8 @@ soak run reports zero of every class. Classes:
                    an English request answered (partly) in CJK script.
   leak:<field>     chat-template, special-token, DSML or tool-XML markup in
                    text a client sees (SERVING.md §3.5: never emitted).
-  bad_json         a response_format JSON request whose content is not JSON.
+  bad_json         a response_format JSON request whose content is not JSON
+                   (bad_json:length when the token budget cut it).
   bad_tool_args    a tool call whose arguments are not a JSON object.
 
 The thresholds below are deliberately loose: templated yet progressing text
@@ -160,7 +161,8 @@ def classify(resp, expect_english=True, expect_json=False):
         try:
             json.loads(_strip_fence(content))
         except ValueError:
-            labels.append("bad_json")
+            # Cut by the token budget is told apart from malformed output.
+            labels.append("bad_json:length" if resp.get("finish_reason") == "length" else "bad_json")
     for tc in tool_calls:
         try:
             if not isinstance(json.loads(tc.get("arguments") or ""), dict):

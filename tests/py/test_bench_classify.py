@@ -139,6 +139,7 @@ def test_bad_json_and_tool_args():
     assert cl(resp('{"people": ["Ada"]}'), expect_json=True) == []
     assert cl(resp('```json\n{"people": ["Ada"]}\n```'), expect_json=True) == []
     assert cl(resp('{"people": ["Ada"'), expect_json=True) == ["bad_json"]
+    assert cl(resp('{"people": ["Ada"', finish="length"), expect_json=True) == ["bad_json:length"]
     bad = [{"name": "bash", "arguments": "{\"command\": \"ls"}]
     assert cl(resp(None, "", "tool_calls", 20, tool_calls=bad)) == ["bad_tool_args"]
     notobj = [{"name": "bash", "arguments": "[1, 2]"}]
