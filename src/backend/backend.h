@@ -203,6 +203,12 @@ struct dsv4_backend {
      * no copy). The backend owns the copy until `free`. */
     int (*upload)(dsv4_backend *be, const dsv4_tview *host, dsv4_tview *dev, dsv4_err *err);
 
+    /* Optional (NULL = upload w and scale separately with `upload`): make a
+     * whole linear resident at once, so a backend can repack it (e.g. FP4
+     * tiles in tensor-core fragment order). dev keeps out/in and dtypes; its
+     * data pointers are whatever this backend's linear ops understand. */
+    int (*upload_linear)(dsv4_backend *be, const dsv4_linear *host, dsv4_linear *dev, dsv4_err *err);
+
     /* Called before the ops of one forward on this batch / after the last one. */
     int (*batch_begin)(dsv4_backend *be, const dsv4_batch *b, dsv4_err *err);
     int (*sync)(dsv4_backend *be, dsv4_err *err);
@@ -278,7 +284,9 @@ struct dsv4_backend {
      * HC pre: X [T][n_hc*d] → y [T][d] (collapse Σ pre_h X_h), post [T][n_hc],
      * comb [T][n_hc*n_hc] (row-major C[i][j]). fn F32 [n_hc*(2+n_hc)][n_hc*d],
      * base F32 [n_hc*(2+n_hc)], scale F32 [3]. Sinkhorn with `iters` column
-     * passes and iters-1 row passes, eps = hc_eps. All fp32.
+     * passes and iters-1 row passes, eps = hc_eps (also used as the epsilon of
+     * the mixes' RMS normalisation; rms_norm_eps == hc_eps == 1e-6 in every
+     * config). All fp32.
      */
     int (*hc_pre)(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn, const dsv4_tview *base,
                   const dsv4_tview *scale, int n_hc, int iters, float eps, dsv4_buf *y,

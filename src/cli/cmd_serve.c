@@ -19,19 +19,60 @@
 static volatile sig_atomic_t g_stop;
 static void on_signal(int sig) { g_stop = 1; }
 
-/* num_speculative_tokens from --speculative-config (vLLM's JSON keys); 0 when absent. */
-static int spec_tokens(const char *json, dsv4_err *err) {
+/*
+ * --speculative-config with vLLM's keys (spec/DSPARK.md §5): method,
+ * num_speculative_tokens, draft_sample_method, num_speculative_tokens_per_batch_size
+ * ([[lo, hi, k], ...]). Unknown keys and bad values are refused at start with the
+ * reason, never discovered at request time.
+ */
+static int parse_spec(const char *json, dsv4_service_opts *so, char *method, size_t mlen, dsv4_err *err) {
+    so->spec_k = 0;
+    so->n_k_schedule = 0;
     if (!json) return 0;
     cJSON *j = cJSON_Parse(json);
+    int rc = 0;
     if (!cJSON_IsObject(j)) {
-        cJSON_Delete(j);
-        return -dsv4_err_set(err, DSV4_EINVAL, "--speculative-config must be a JSON object, got '%s'", json);
+        rc = dsv4_err_set(err, DSV4_EINVAL, "--speculative-config must be a JSON object, got '%s'", json);
+        goto out;
     }
-    const cJSON *k = cJSON_GetObjectItemCaseSensitive(j, "num_speculative_tokens");
-    const cJSON *m = cJSON_GetObjectItemCaseSensitive(j, "method");
-    int n = cJSON_IsNumber(k) ? (int)k->valuedouble : (m ? 1 : 0);
+    const cJSON *it;
+    cJSON_ArrayForEach(it, j) {
+        const char *k = it->string;
+        if (!strcmp(k, "method") && cJSON_IsString(it)) {
+            snprintf(method, mlen, "%s", it->valuestring);
+        } else if (!strcmp(k, "num_speculative_tokens") && cJSON_IsNumber(it) && it->valuedouble >= 0 &&
+                   it->valuedouble <= 16 && it->valuedouble == (int)it->valuedouble) {
+            so->spec_k = (int)it->valuedouble;
+        } else if (!strcmp(k, "draft_sample_method") && cJSON_IsString(it) &&
+                   (!strcmp(it->valuestring, "greedy") || !strcmp(it->valuestring, "probabilistic"))) {
+            /* drafts are argmax either way today; verification stays lossless (DSPARK.md §4.3) */
+        } else if (!strcmp(k, "num_speculative_tokens_per_batch_size") && cJSON_IsArray(it) &&
+                   cJSON_GetArraySize(it) <= 8) {
+            const cJSON *e;
+            cJSON_ArrayForEach(e, it) {
+                if (!cJSON_IsArray(e) || cJSON_GetArraySize(e) != 3) {
+                    rc = dsv4_err_set(err, DSV4_EINVAL,
+                                      "--speculative-config: num_speculative_tokens_per_batch_size entries are "
+                                      "[min_batch, max_batch, k]");
+                    goto out;
+                }
+                for (int x = 0; x < 3; x++)
+                    so->k_schedule[so->n_k_schedule][x] = (int)cJSON_GetNumberValue(cJSON_GetArrayItem(e, x));
+                so->n_k_schedule++;
+            }
+        } else {
+            rc = dsv4_err_set(err, DSV4_EINVAL, "--speculative-config: unsupported key or value \"%s\"", k);
+            goto out;
+        }
+    }
+    if (!method[0]) {
+        rc = dsv4_err_set(err, DSV4_EINVAL, "--speculative-config: \"method\" is required (e.g. \"dspark\")");
+        goto out;
+    }
+    if (so->spec_k == 0 && cJSON_GetObjectItemCaseSensitive(j, "num_speculative_tokens") == NULL) so->spec_k = 5;
+out:
     cJSON_Delete(j);
-    return n;
+    return rc;
 }
 
 int dsv4_cmd_serve(int argc, char **argv) {
@@ -57,14 +98,16 @@ int dsv4_cmd_serve(int argc, char **argv) {
                 a.model_dir ? "" : " (the embedded default is made by ./scripts/setup.sh)");
         return 1;
     }
-    int k = spec_tokens(a.speculative_config, &err);
-    if (k < 0) {
-        fprintf(stderr, "dsv4 serve: %s\n", err.msg);
-        return 2;
-    }
     dsv4_effort_profile prof;
     if (dsv4_profile_parse(a.reasoning_effort_profile, &prof, &err)) {
         fprintf(stderr, "dsv4 serve: --reasoning-effort-profile: %s\n", err.msg);
+        return 2;
+    }
+    dsv4_service_opts spec;
+    memset(&spec, 0, sizeof spec);
+    char spec_method[64] = "";
+    if (parse_spec(a.speculative_config, &spec, spec_method, sizeof spec_method, &err)) {
+        fprintf(stderr, "dsv4 serve: %s\n", err.msg);
         return 2;
     }
     a.http.model_root = dir;
@@ -85,17 +128,22 @@ int dsv4_cmd_serve(int argc, char **argv) {
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
 
-    dsv4_service_opts so = {dir,
-                            a.http.served_names[0],
-                            a.max_num_seqs > 64 ? 64 : a.max_num_seqs, /* CPU backend: state per slot */
-                            a.max_num_batched_tokens,
-                            a.max_model_len_given ? a.http.max_model_len : 0,
-                            k,
-                            prof,
-                            a.default_thinking,
-                            a.default_reasoning_effort,
-                            strcmp(a.stop_in_reasoning, "active") == 0,
-                            a.default_chat_template_kwargs};
+    dsv4_service_opts so;
+    memset(&so, 0, sizeof so);
+    so.model_dir = dir;
+    so.model_name = a.http.served_names[0];
+    so.max_num_seqs = a.max_num_seqs > 64 ? 64 : a.max_num_seqs; /* CPU backend: state per slot */
+    so.max_num_batched_tokens = a.max_num_batched_tokens;
+    so.max_model_len = a.max_model_len_given ? a.http.max_model_len : 0;
+    so.profile_override = prof;
+    so.default_thinking = a.default_thinking;
+    so.default_reasoning_effort = a.default_reasoning_effort;
+    so.stop_in_reasoning = strcmp(a.stop_in_reasoning, "active") == 0;
+    so.default_chat_template_kwargs = a.default_chat_template_kwargs;
+    so.spec_method = spec_method;
+    so.spec_k = spec.spec_k;
+    so.n_k_schedule = spec.n_k_schedule;
+    memcpy(so.k_schedule, spec.k_schedule, sizeof so.k_schedule);
     if (so.max_num_seqs > so.max_num_batched_tokens) so.max_num_seqs = so.max_num_batched_tokens;
     dsv4_service *svc = NULL;
     int rc = dsv4_service_open(&so, &svc, &err);

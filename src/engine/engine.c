@@ -26,6 +26,7 @@ struct dsv4_request {
     int cancel;
     int n_drafts;         /* drafts to verify in the next step */
     int32_t drafts[DSV4_MAX_SPEC_K];
+    dsv4_token_logprob *lp; /* [cap - n_prompt] per generated token, or NULL (not asked) */
     float *q;             /* [spec_k][vocab] draft distributions, or NULL (argmax drafts) */
     int q_valid;
     struct dsv4_request *next;
@@ -86,6 +87,13 @@ int dsv4_engine_create(const dsv4_engine_opts *opts, const dsv4_runner *runner, 
                             DSV4_MAX_SPEC_K);
     if (opts->spec_k > 0 && !drafter)
         return dsv4_err_set(err, DSV4_EINVAL, "num_speculative_tokens %d needs a draft model", opts->spec_k);
+    for (int i = 0; i < opts->n_k_schedule; i++)
+        if (opts->n_k_schedule > 8 || opts->k_schedule[i][0] < 1 || opts->k_schedule[i][1] < opts->k_schedule[i][0] ||
+            opts->k_schedule[i][2] < 0 || opts->k_schedule[i][2] > opts->spec_k)
+            return dsv4_err_set(err, DSV4_EINVAL,
+                                "num_speculative_tokens_per_batch_size entry %d [%d, %d, %d]: need 1 <= lo <= hi and "
+                                "0 <= k <= num_speculative_tokens (%d)",
+                                i, opts->k_schedule[i][0], opts->k_schedule[i][1], opts->k_schedule[i][2], opts->spec_k);
     if (drafter && opts->spec_k > drafter->max_k)
         return dsv4_err_set(err, DSV4_EINVAL,
                             "num_speculative_tokens %d exceeds the draft model's block size %d", opts->spec_k,
@@ -122,6 +130,7 @@ static void req_free(dsv4_request *r) {
     free(r->bias_ids);
     free(r->bias_vals);
     free(r->q);
+    free(r->lp);
     free(r);
 }
 
@@ -146,6 +155,9 @@ int dsv4_engine_submit(dsv4_engine *e, const int32_t *prompt, int n, const dsv4_
     if (params->max_tokens < 1)
         return dsv4_err_set(err, DSV4_EINVAL, "max_tokens must be at least 1, got %d", params->max_tokens);
     if (dsv4_sampling_validate(&params->sampling, e->run.vocab, err)) return err ? err->code : DSV4_EINVAL;
+    if (params->top_logprobs < 0 || params->top_logprobs > DSV4_MAX_TOP_LOGPROBS)
+        return dsv4_err_set(err, DSV4_EINVAL, "top_logprobs must be in [0, %d], got %d", DSV4_MAX_TOP_LOGPROBS,
+                            params->top_logprobs);
     dsv4_request *r = calloc(1, sizeof *r);
     if (!r) return dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
     r->e = e;
@@ -160,7 +172,8 @@ int dsv4_engine_submit(dsv4_engine *e, const int32_t *prompt, int n, const dsv4_
         r->bias_vals = malloc(sizeof(float) * (size_t)r->p.sampling.n_bias);
     }
     if (e->has_drafter) r->q = malloc(sizeof(float) * (size_t)e->run.vocab * (size_t)e->o.spec_k);
-    if (!r->tok || (r->p.n_stop_ids && !r->stop_ids) || (r->p.sampling.n_bias && (!r->bias_ids || !r->bias_vals)) ||
+    if (r->p.logprobs) r->lp = malloc(sizeof(dsv4_token_logprob) * (size_t)(r->cap - n));
+    if (!r->tok || (r->p.logprobs && !r->lp) || (r->p.n_stop_ids && !r->stop_ids) || (r->p.sampling.n_bias && (!r->bias_ids || !r->bias_vals)) ||
         (e->has_drafter && !r->q)) {
         req_free(r);
         return dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
@@ -210,6 +223,16 @@ int dsv4_request_poll(dsv4_request *r, int32_t *buf, int cap, dsv4_finish *finis
     *finish = (r->st == RQ_DONE && r->n_read == r->n_tok - r->n_prompt) ? r->finish : DSV4_FINISH_NONE;
     pthread_mutex_unlock(&e->mu);
     return n;
+}
+
+int dsv4_request_logprobs(dsv4_request *r, int first, int n, dsv4_token_logprob *out) {
+    pthread_mutex_lock(&r->e->mu);
+    int have = r->lp ? r->n_tok - r->n_prompt : 0;
+    if (first < 0) first = 0;
+    if (n > have - first) n = have - first;
+    if (n > 0) memcpy(out, r->lp + first, sizeof *out * (size_t)n);
+    pthread_mutex_unlock(&r->e->mu);
+    return n > 0 ? n : 0;
 }
 
 void dsv4_request_cancel(dsv4_request *r) {
@@ -327,17 +350,92 @@ static int decode_segment(dsv4_engine *e, seg *s, int32_t *em) {
     if (k == 0) {
         em[0] = sp->temperature == 0 ? am[0]
                                      : dsv4_sample_from(e->probs, V, dsv4_rng_u01(sp->seed, P + 1, DSV4_RNG_SAMPLE));
+        if (r->lp) dsv4_token_logprob_compute(lg, V, em[0], r->p.top_logprobs, &r->lp[r->n_tok - r->n_prompt]);
         return 1;
     }
     int n = sp->temperature == 0
                 ? dsv4_verify_greedy(am, r->drafts, k, em)
                 : dsv4_verify_sampled(e->probs, r->q_valid ? r->q : NULL, r->drafts, k, V, sp->seed, P + 1,
                                       e->vscratch, em);
+    if (r->lp) /* emitted token j came from verify row j (accepted drafts, then the correction / bonus) */
+        for (int j = 0; j < n; j++)
+            dsv4_token_logprob_compute(lg + (size_t)j * V, V, em[j], r->p.top_logprobs,
+                                       &r->lp[r->n_tok - r->n_prompt + j]);
     e->st.spec_drafts++;
     e->st.spec_draft_tokens += (uint64_t)k;
     e->st.spec_accepted_tokens += (uint64_t)(n - 1);
     for (int j = 0; j < n - 1; j++) e->st.spec_accepted_per_pos[j]++;
     return n;
+}
+
+/*
+ * After a step: tell the drafter which positions became final, then ask it
+ * for the next drafts of every request that will verify next step (one
+ * batched call each). Lock held; the drafter reads the runner's state.
+ */
+static void drafts_for_next_step_locked(dsv4_engine *e, seg *segs, int nseg) {
+    int32_t *slot = malloc(sizeof(int32_t) * (size_t)nseg * 2), *anchor = slot + nseg;
+    int64_t *len = malloc(sizeof(int64_t) * (size_t)nseg);
+    dsv4_request **who = malloc(sizeof *who * (size_t)nseg);
+    float *temp = malloc(sizeof(float) * (size_t)nseg);
+    uint64_t *seed = malloc(sizeof(uint64_t) * (size_t)nseg);
+    float **q = malloc(sizeof(float *) * (size_t)nseg);
+    int *qv = malloc(sizeof(int) * (size_t)nseg);
+    int32_t *drafts = malloc(sizeof(int32_t) * (size_t)nseg * (size_t)e->o.spec_k);
+    if (!slot || !len || !who || !temp || !seed || !q || !qv || !drafts) goto out;
+    int n = 0;
+    for (int s = 0; s < nseg; s++) {
+        dsv4_request *r = segs[s].r;
+        if (r->st == RQ_DONE || r->slot < 0) continue;
+        slot[n] = r->slot;
+        len[n++] = r->n_computed;
+    }
+    dsv4_err derr = {0};
+    if (n && e->dr.commit(e->dr.ctx, n, slot, len, &derr)) {
+        dsv4_log(DSV4_LOG_WARN, "drafter context update failed, decoding without drafts: %s", derr.msg);
+        e->st.spec_draft_failures++;
+        goto out;
+    }
+    /* k for this batch size (DSPARK.md §5.3) */
+    int k = e->o.spec_k, running = 0;
+    for (dsv4_request *r = e->head; r; r = r->next) running += r->st == RQ_PREFILL || r->st == RQ_DECODE;
+    for (int i = 0; i < e->o.n_k_schedule; i++)
+        if (running >= e->o.k_schedule[i][0] && running <= e->o.k_schedule[i][1]) k = e->o.k_schedule[i][2];
+    if (k <= 0) goto out;
+    /* the drafts need room: positions anchor_pos .. anchor_pos + k < max_model_len */
+    n = 0;
+    for (int s = 0; s < nseg; s++) {
+        dsv4_request *r = segs[s].r;
+        if (!r->p.use_spec || r->st != RQ_DECODE || r->cancel || r->n_tok - 1 + k >= e->o.max_model_len) continue;
+        who[n] = r;
+        slot[n] = r->slot;
+        anchor[n] = r->tok[r->n_tok - 1];
+        len[n] = r->n_tok - 1;
+        temp[n] = r->p.sampling.temperature;
+        seed[n] = r->p.sampling.seed;
+        q[n] = r->p.sampling.temperature > 0 ? r->q : NULL;
+        qv[n] = 0;
+        n++;
+    }
+    if (n && e->dr.propose(e->dr.ctx, n, slot, anchor, len, k, temp, seed, drafts, q, qv, &derr)) {
+        dsv4_log(DSV4_LOG_WARN, "drafter failed, decoding without drafts: %s", derr.msg);
+        e->st.spec_draft_failures++;
+        goto out;
+    }
+    for (int i = 0; i < n; i++) {
+        memcpy(who[i]->drafts, drafts + (size_t)i * k, sizeof(int32_t) * (size_t)k);
+        who[i]->n_drafts = k;
+        who[i]->q_valid = q[i] && qv[i];
+    }
+out:
+    free(slot);
+    free(len);
+    free(who);
+    free(temp);
+    free(seed);
+    free(q);
+    free(qv);
+    free(drafts);
 }
 
 int dsv4_engine_step(dsv4_engine *e, dsv4_err *err) {
@@ -464,29 +562,14 @@ int dsv4_engine_step(dsv4_engine *e, dsv4_err *err) {
                             ? am
                             : dsv4_sample_from(e->probs, e->run.vocab,
                                                dsv4_rng_u01(sp->seed, r->n_prompt, DSV4_RNG_SAMPLE));
+                if (r->lp) dsv4_token_logprob_compute(lg, e->run.vocab, em[0], r->p.top_logprobs, &r->lp[0]);
                 n = 1;
                 r->st = RQ_DECODE;
             }
         }
         if (n) commit_tokens_locked(e, r, em, n);
     }
-    /* drafts for the next step (the drafter reads the runner's committed state) */
-    for (int s = 0; s < nseg && !frc; s++) {
-        dsv4_request *r = segs[s].r;
-        if (!e->has_drafter || !r->p.use_spec || r->st != RQ_DECODE || r->cancel) continue;
-        int64_t anchor_pos = r->n_tok - 1;
-        int k = e->o.spec_k;
-        if (anchor_pos + k >= e->o.max_model_len) k = (int)(e->o.max_model_len - 1 - anchor_pos);
-        if (k <= 0) continue;
-        dsv4_err derr = {0};
-        r->q_valid = r->p.sampling.temperature > 0;
-        if (e->dr.propose(e->dr.ctx, r->slot, r->tok[r->n_tok - 1], anchor_pos, k, r->p.sampling.temperature,
-                          r->p.sampling.seed, r->drafts, r->q_valid ? r->q : NULL, &derr)) {
-            dsv4_log(DSV4_LOG_WARN, "drafter failed, decoding without drafts: %s", derr.msg);
-            continue;
-        }
-        r->n_drafts = k;
-    }
+    if (!frc && e->has_drafter) drafts_for_next_step_locked(e, segs, nseg);
     reap_locked(e);
     live = 0;
     for (dsv4_request *r = e->head; r; r = r->next) live += r->st != RQ_DONE;

@@ -31,8 +31,14 @@ typedef struct dsv4_engine_opts {
     int max_num_seqs;           /* running requests (slots in use), <= runner.n_slots */
     int max_num_batched_tokens; /* rows per step, >= max_num_seqs * (k+1) is advisable */
     int64_t max_model_len;      /* prompt + output tokens, per request */
-    int spec_k;                 /* drafted tokens per verify step; 0 = no speculation */
+    int spec_k;                 /* drafted tokens per verify step (the maximum); 0 = no speculation */
     int32_t eos_id;             /* end of sentence (1 for DeepSeek-V4) */
+    /* k by batch size (vLLM num_speculative_tokens_per_batch_size, spec/DSPARK.md
+     * §5.3): entry i = {lo, hi, k}: with lo <= running requests <= hi, draft k
+     * (0 = no drafts). Batch sizes no entry covers use spec_k. */
+    int k_schedule[8][3];
+    int n_k_schedule;
+
 } dsv4_engine_opts;
 
 typedef enum dsv4_finish {
@@ -61,6 +67,9 @@ typedef struct dsv4_gen_params {
     const int32_t *stop_ids; /* stop_token_ids (always active) */
     int n_stop_ids;
     int use_spec;            /* speculate for this request when the engine can */
+    int logprobs;            /* nonzero: keep a dsv4_token_logprob per generated token
+                              * (dsv4_request_logprobs); off = no extra work per step */
+    int top_logprobs;        /* 0..DSV4_MAX_TOP_LOGPROBS alternatives per token (needs logprobs) */
     dsv4_on_tokens_fn on_tokens;
     void *user;
 } dsv4_gen_params;
@@ -75,6 +84,7 @@ typedef struct dsv4_engine_stats {
     uint64_t steps, prompt_tokens, generation_tokens;
     uint64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens;
     uint64_t spec_accepted_per_pos[DSV4_MAX_SPEC_K];
+    uint64_t spec_draft_failures; /* drafter errors (logged; those steps decode without drafts) */
     int running, waiting;
 } dsv4_engine_stats;
 
@@ -106,6 +116,17 @@ int dsv4_engine_submit(dsv4_engine *e, const int32_t *prompt, int n, const dsv4_
  * has been read and the request ended.
  */
 int dsv4_request_poll(dsv4_request *r, int32_t *buf, int cap, dsv4_finish *finish, int timeout_ms);
+
+/*
+ * dsv4_request_logprobs — copy the log-probability records of generated
+ * tokens [first, first + n) (indices count generated tokens from 0, as poll
+ * hands them out) into out [n]. Only tokens generated so far are available.
+ * Each record is computed from the raw target logits of the row that produced
+ * the token (under speculation: the verify row of each accepted draft, and of
+ * the correction / bonus token), spec/SERVING.md §3.3, §7.2.
+ * Returns the number copied (0 when the request did not ask for logprobs).
+ */
+int dsv4_request_logprobs(dsv4_request *r, int first, int n, dsv4_token_logprob *out);
 
 /* Ask the engine to stop a request; its slot is freed in the next step. */
 void dsv4_request_cancel(dsv4_request *r);

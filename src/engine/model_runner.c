@@ -1,7 +1,11 @@
 /* Checkpoint -> engine runner (src/engine/model_runner.h). */
 #include <stdlib.h>
 
+#include <string.h>
+
 #include "engine/model_runner.h"
+#include "model/dspark.h"
+#include "model/mtp.h"
 #include "model/forward.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
@@ -13,10 +17,38 @@ struct dsv4_model_runner {
     dsv4_backend *be;
     dsv4_model *model;
     dsv4_state *state;
+    /* DSpark drafter (spec/DSPARK.md §2), when the checkpoint has stages and
+     * speculation was asked for. The last forward's context features stay
+     * here until the engine says which of its rows were committed. */
+    dsv4_dspark *dspark;
+    float *feats;          /* [feat_cap rows][n_tap*d] of the last forward */
+    int32_t *feat_slot, *feat_pos;
+    int feat_rows, feat_cap;
+    int64_t *ingested;     /* [n_slots] context positions already in the rings */
+    /* MTP drafter (original Flash, spec/MODEL.md §3.9): row i pairs the
+     * target's final streams H_i with token i+1 and predicts token i+2. The
+     * last forward's streams and tokens are kept per row; the streams of each
+     * slot's last committed position are kept across steps, because its
+     * partner token is only known once the next token is emitted. */
+    dsv4_mtp *mtp;
+    float *streams;        /* [feat_cap][hc*d] of the last forward */
+    int32_t *feat_tok;     /* [feat_cap] tokens of the last forward */
+    float *last_h;         /* [n_slots][hc*d]: H of position mtp_next[slot] */
+    int64_t *mtp_next;     /* [n_slots]: next MTP position to run (its H is last_h) */
 };
 
 void dsv4_model_runner_free(dsv4_model_runner *mr) {
     if (!mr) return;
+    dsv4_dspark_free(mr->dspark);
+    free(mr->feats);
+    free(mr->feat_slot);
+    free(mr->feat_pos);
+    free(mr->ingested);
+    dsv4_mtp_free(mr->mtp);
+    free(mr->streams);
+    free(mr->feat_tok);
+    free(mr->last_h);
+    free(mr->mtp_next);
     dsv4_state_free(mr->state);
     dsv4_model_free(mr->model);
     if (mr->be) mr->be->free(mr->be);
@@ -54,6 +86,24 @@ int dsv4_model_runner_open(const char *dir, const dsv4_model_runner_opts *o, dsv
     rc = dsv4_state_create(mr->be, &mr->cfg, ratios, L, o->n_slots, o->max_len, o->max_spec, &mr->state, err);
     free(ratios);
     if (rc) goto fail;
+    if (o->max_spec > 0 && mr->cfg.draft_kind == DSV4_DRAFT_DSPARK) {
+        if ((rc = dsv4_dspark_create(&mr->cfg, mr->w, mr->model, o->n_slots, &mr->dspark, err))) goto fail;
+        if (!(mr->ingested = calloc((size_t)o->n_slots, sizeof(int64_t)))) {
+            rc = dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
+            goto fail;
+        }
+    } else if (o->max_spec > 0 && mr->cfg.draft_kind == DSV4_DRAFT_MTP) {
+        if ((rc = dsv4_mtp_create(&mr->cfg, mr->w, mr->model, o->n_slots, o->max_len, o->max_spec + 1, &mr->mtp,
+                                  err)))
+            goto fail;
+        size_t HD = (size_t)mr->cfg.hc_mult * (size_t)mr->cfg.hidden_size;
+        mr->last_h = calloc((size_t)o->n_slots * HD, sizeof(float));
+        mr->mtp_next = calloc((size_t)o->n_slots, sizeof(int64_t));
+        if (!mr->last_h || !mr->mtp_next) {
+            rc = dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
+            goto fail;
+        }
+    }
     *out = mr;
     return DSV4_OK;
 fail:
@@ -62,10 +112,258 @@ fail:
     return rc;
 }
 
+/* Target forward that keeps each row's final streams and token for the MTP drafter. */
+static int mtp_forward_keep(dsv4_model_runner *mr, const dsv4_batch *b, const int32_t *logit_rows, int n_logits,
+                            float *logits, dsv4_err *err) {
+    size_t HD = (size_t)mr->cfg.hc_mult * (size_t)mr->cfg.hidden_size;
+    if (b->n_rows > mr->feat_cap) {
+        float *h = realloc(mr->streams, sizeof(float) * (size_t)b->n_rows * HD);
+        if (h) mr->streams = h;
+        int32_t *s = realloc(mr->feat_slot, sizeof(int32_t) * (size_t)b->n_rows);
+        if (s) mr->feat_slot = s;
+        int32_t *p = realloc(mr->feat_pos, sizeof(int32_t) * (size_t)b->n_rows);
+        if (p) mr->feat_pos = p;
+        int32_t *t = realloc(mr->feat_tok, sizeof(int32_t) * (size_t)b->n_rows);
+        if (t) mr->feat_tok = t;
+        if (!h || !s || !p || !t) return dsv4_err_set(err, DSV4_ENOMEM, "out of memory for MTP inputs");
+        mr->feat_cap = b->n_rows;
+    }
+    mr->feat_rows = 0;
+    int rc = dsv4_forward(mr->model, mr->state, b, logit_rows, n_logits, logits, mr->streams, err);
+    if (rc) return rc;
+    memcpy(mr->feat_slot, b->slot, sizeof(int32_t) * (size_t)b->n_rows);
+    memcpy(mr->feat_pos, b->pos, sizeof(int32_t) * (size_t)b->n_rows);
+    memcpy(mr->feat_tok, b->token, sizeof(int32_t) * (size_t)b->n_rows);
+    mr->feat_rows = b->n_rows;
+    return 0;
+}
+
 static int runner_forward(void *ctx, const dsv4_batch *b, const int32_t *logit_rows, int n_logits, float *logits,
                           dsv4_err *err) {
     dsv4_model_runner *mr = ctx;
-    return dsv4_forward(mr->model, mr->state, b, logit_rows, n_logits, logits, NULL, err);
+    if (mr->mtp) return mtp_forward_keep(mr, b, logit_rows, n_logits, logits, err);
+    if (!mr->dspark) return dsv4_forward(mr->model, mr->state, b, logit_rows, n_logits, logits, NULL, err);
+    int F = mr->cfg.n_dspark_target_layer_ids * mr->cfg.hidden_size;
+    if (b->n_rows > mr->feat_cap) {
+        float *f = realloc(mr->feats, sizeof(float) * (size_t)b->n_rows * (size_t)F);
+        if (f) mr->feats = f;
+        int32_t *s = realloc(mr->feat_slot, sizeof(int32_t) * (size_t)b->n_rows);
+        if (s) mr->feat_slot = s;
+        int32_t *p = realloc(mr->feat_pos, sizeof(int32_t) * (size_t)b->n_rows);
+        if (p) mr->feat_pos = p;
+        if (!f || !s || !p) return dsv4_err_set(err, DSV4_ENOMEM, "out of memory for draft context features");
+        mr->feat_cap = b->n_rows;
+    }
+    mr->feat_rows = 0;
+    dsv4_fwd_out fo = {logit_rows, n_logits, logits, NULL, mr->cfg.dspark_target_layer_ids,
+                       mr->cfg.n_dspark_target_layer_ids, mr->feats};
+    int rc = dsv4_forward_ex(mr->model, mr->state, b, &fo, err);
+    if (rc) return rc;
+    memcpy(mr->feat_slot, b->slot, sizeof(int32_t) * (size_t)b->n_rows);
+    memcpy(mr->feat_pos, b->pos, sizeof(int32_t) * (size_t)b->n_rows);
+    mr->feat_rows = b->n_rows;
+    return 0;
+}
+
+/*
+ * Engine: positions < len[i] of slot[i] are committed. Feed the rows of the
+ * last forward in [ingested, len) of each slot to the drafter's context path
+ * (spec/DSPARK.md §2.3, §4.6): prefill rows always, verify rows only up to
+ * the accepted ones. Rows of one slot are consecutive in a batch.
+ */
+static int drafter_commit(void *ctx, int n, const int32_t *slot, const int64_t *len, dsv4_err *err) {
+    dsv4_model_runner *mr = ctx;
+    int F = mr->cfg.n_dspark_target_layer_ids * mr->cfg.hidden_size, T = 0;
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)(4 * mr->feat_rows + 3 * n + 1));
+    float *f = malloc(sizeof(float) * (size_t)(mr->feat_rows ? mr->feat_rows : 1) * (size_t)F);
+    if (!tok || !f) {
+        free(tok);
+        free(f);
+        return dsv4_err_set(err, DSV4_ENOMEM, "out of memory for the draft context");
+    }
+    int32_t *pos = tok + mr->feat_rows, *sl = pos + mr->feat_rows, *sidx = sl + mr->feat_rows;
+    int32_t *cu = sidx + mr->feat_rows, *sslot = cu + n + 1, *spos0 = sslot + n;
+    int ns = 0, rc = 0;
+    cu[0] = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        int s = slot[i], first = -1, cnt = 0;
+        for (int r = 0; r < mr->feat_rows; r++)
+            if (mr->feat_slot[r] == s && mr->feat_pos[r] >= mr->ingested[s] && mr->feat_pos[r] < len[i]) {
+                if (first < 0) first = r;
+                cnt++;
+            }
+        if (!cnt) continue;
+        if (mr->feat_pos[first] != mr->ingested[s]) {
+            rc = dsv4_err_set(err, DSV4_EINTERNAL, "draft context of slot %d: have %lld positions, next row is %d",
+                              s, (long long)mr->ingested[s], mr->feat_pos[first]);
+            break;
+        }
+        for (int j = 0; j < cnt; j++) {
+            tok[T] = 0; /* the context path reads features, not tokens */
+            pos[T] = mr->feat_pos[first + j];
+            sl[T] = s;
+            sidx[T] = ns;
+            memcpy(f + (size_t)T * F, mr->feats + (size_t)(first + j) * F, sizeof(float) * (size_t)F);
+            T++;
+        }
+        sslot[ns] = s;
+        spos0[ns] = mr->feat_pos[first];
+        cu[++ns] = T;
+        mr->ingested[s] = len[i];
+    }
+    if (!rc && T > 0) {
+        dsv4_batch b = {T, ns, tok, pos, sl, sidx, cu, sslot, spos0};
+        rc = dsv4_dspark_context(mr->dspark, &b, f, err);
+    }
+    free(tok);
+    free(f);
+    return rc;
+}
+
+/* Greedy drafts for n requests (the deterministic-draft case of DSPARK.md §4.3:
+ * lossless; q is treated as one-hot by the verifier). */
+static int drafter_propose(void *ctx, int n, const int32_t *slot, const int32_t *anchor, const int64_t *apos, int k,
+                           const float *temperature, const uint64_t *seed, int32_t *drafts, float *const *q,
+                           int *q_valid, dsv4_err *err) {
+    dsv4_model_runner *mr = ctx;
+    int g = mr->dspark->gamma;
+    int32_t *pos = calloc((size_t)(n > 0 ? n : 1), sizeof(int32_t));
+    int32_t *tok = malloc(sizeof(int32_t) * (size_t)(n > 0 ? n : 1) * (size_t)g);
+    if (!pos || !tok) {
+        free(pos);
+        free(tok);
+        return dsv4_err_set(err, DSV4_ENOMEM, "out of memory for drafts");
+    }
+    for (int i = 0; i < n; i++) pos[i] = (int32_t)apos[i];
+    int rc = dsv4_dspark_draft(mr->dspark, n, slot, anchor, pos, tok, NULL, NULL, err);
+    for (int i = 0; i < n && !rc; i++) {
+        memcpy(drafts + (size_t)i * k, tok + (size_t)i * g, sizeof(int32_t) * (size_t)k);
+        q_valid[i] = 0;
+    }
+    free(pos);
+    free(tok);
+    return rc;
+}
+
+static void drafter_release(void *ctx, int slot) {
+    dsv4_model_runner *mr = ctx;
+    dsv4_err err = {0};
+    if (dsv4_dspark_reset_slot(mr->dspark, slot, &err)) dsv4_log(DSV4_LOG_ERROR, "draft slot %d: %s", slot, err.msg);
+    mr->ingested[slot] = 0;
+}
+
+/* Row of the last forward holding (slot, pos), or -1. */
+static int last_row(const dsv4_model_runner *mr, int slot, int64_t pos) {
+    for (int r = 0; r < mr->feat_rows; r++)
+        if (mr->feat_slot[r] == slot && mr->feat_pos[r] == pos) return r;
+    return -1;
+}
+
+/*
+ * MTP context (MODEL.md §3.9): once positions < len are committed, MTP rows
+ * i in [mtp_next, len-1) can run (H_i with the committed token i+1), so the
+ * block's window ring holds every committed position before the draft row.
+ * H_{len-1} waits in last_h for its partner, the next emitted token.
+ */
+static int mtp_commit(void *ctx, int n, const int32_t *slot, const int64_t *len, dsv4_err *err) {
+    dsv4_model_runner *mr = ctx;
+    size_t HD = (size_t)mr->cfg.hc_mult * (size_t)mr->cfg.hidden_size;
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        int s = slot[i];
+        int64_t from = mr->mtp_next[s], to = len[i] - 1; /* MTP rows [from, to) */
+        if (to < from) continue;
+        int cnt = (int)(to - from);
+        float *H = malloc(sizeof(float) * HD * (size_t)(cnt + 1));
+        int32_t *meta = malloc(sizeof(int32_t) * (size_t)(4 * cnt + 5));
+        if (!H || !meta) {
+            free(H);
+            free(meta);
+            return dsv4_err_set(err, DSV4_ENOMEM, "out of memory for the MTP context");
+        }
+        int32_t *tok = meta, *pos = tok + cnt, *sl = pos + cnt, *sidx = sl + cnt, *cu = sidx + cnt;
+        for (int j = 0; j < cnt && !rc; j++) {
+            int64_t p = from + j;
+            int rh = last_row(mr, s, p), rt = last_row(mr, s, p + 1);
+            if (rt < 0 || (rh < 0 && p != from)) {
+                rc = dsv4_err_set(err, DSV4_EINTERNAL, "MTP context of slot %d: position %lld not in the last step", s,
+                                  (long long)p);
+                break;
+            }
+            memcpy(H + (size_t)j * HD, rh >= 0 ? mr->streams + (size_t)rh * HD : mr->last_h + (size_t)s * HD,
+                   sizeof(float) * HD);
+            tok[j] = mr->feat_tok[rt];
+            pos[j] = (int32_t)p;
+            sl[j] = s;
+            sidx[j] = 0;
+        }
+        if (!rc && cnt > 0) {
+            cu[0] = 0;
+            cu[1] = cnt;
+            int32_t sslot = s, spos0 = (int32_t)from;
+            dsv4_batch b = {cnt, 1, tok, pos, sl, sidx, cu, &sslot, &spos0};
+            rc = dsv4_mtp_forward(mr->mtp, &b, H, NULL, NULL, err);
+        }
+        if (!rc) { /* keep H_{len-1} for the draft row */
+            int rl = last_row(mr, s, to);
+            if (rl >= 0) memcpy(mr->last_h + (size_t)s * HD, mr->streams + (size_t)rl * HD, sizeof(float) * HD);
+            else if (to != from) rc = dsv4_err_set(err, DSV4_EINTERNAL, "MTP: no streams for slot %d position %lld", s,
+                                                   (long long)to);
+            mr->mtp_next[s] = to;
+        }
+        free(H);
+        free(meta);
+    }
+    return rc;
+}
+
+/* One draft per request: the MTP row at P-1 pairs H_{P-1} with the anchor and
+ * predicts position P+1 (greedy; verification treats q as one-hot). */
+static int mtp_propose(void *ctx, int n, const int32_t *slot, const int32_t *anchor, const int64_t *apos, int k,
+                       const float *temperature, const uint64_t *seed, int32_t *drafts, float *const *q, int *q_valid,
+                       dsv4_err *err) {
+    dsv4_model_runner *mr = ctx;
+    size_t HD = (size_t)mr->cfg.hc_mult * (size_t)mr->cfg.hidden_size, V = (size_t)mr->cfg.vocab_size;
+    float *lg = malloc(sizeof(float) * V);
+    if (!lg) return dsv4_err_set(err, DSV4_ENOMEM, "out of memory for MTP logits");
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        int s = slot[i];
+        if (apos[i] < 1 || mr->mtp_next[s] != apos[i] - 1) {
+            rc = dsv4_err_set(err, DSV4_EINTERNAL, "MTP draft for slot %d at %lld: context at %lld", s,
+                              (long long)apos[i], (long long)mr->mtp_next[s]);
+            break;
+        }
+        int32_t tok = anchor[i], pos = (int32_t)(apos[i] - 1), sl = s, sidx = 0, cu[2] = {0, 1};
+        dsv4_batch b = {1, 1, &tok, &pos, &sl, &sidx, cu, &sl, &pos};
+        rc = dsv4_mtp_forward(mr->mtp, &b, mr->last_h + (size_t)s * HD, lg, NULL, err);
+        int32_t best = 0;
+        for (size_t v = 1; v < V && !rc; v++)
+            if (lg[v] > lg[best]) best = (int32_t)v;
+        drafts[(size_t)i * k] = best;
+        q_valid[i] = 0;
+    }
+    free(lg);
+    return rc;
+}
+
+static void mtp_release(void *ctx, int slot) {
+    dsv4_model_runner *mr = ctx;
+    dsv4_err err = {0};
+    if (dsv4_mtp_reset_slot(mr->mtp, slot, &err)) dsv4_log(DSV4_LOG_ERROR, "MTP slot %d: %s", slot, err.msg);
+    mr->mtp_next[slot] = 0;
+}
+
+int dsv4_model_runner_drafter(dsv4_model_runner *mr, dsv4_drafter *out) {
+    if (mr->dspark) {
+        *out = (dsv4_drafter){mr, mr->dspark->gamma, drafter_commit, drafter_propose, drafter_release};
+        return 1;
+    }
+    if (mr->mtp) {
+        *out = (dsv4_drafter){mr, 1, mtp_commit, mtp_propose, mtp_release};
+        return 1;
+    }
+    return 0;
 }
 
 static void runner_release(void *ctx, int slot) {

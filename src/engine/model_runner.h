@@ -16,7 +16,8 @@ typedef struct dsv4_model_runner dsv4_model_runner;
 typedef struct dsv4_model_runner_opts {
     int n_slots;            /* concurrent requests (state is allocated per slot) */
     int max_len;            /* positions per request (prompt + output) */
-    int max_spec;           /* speculative rows per request per step that may be rejected (k), 0 = none */
+    int max_spec;           /* speculative rows per request per step that may be rejected (k), 0 = none;
+                             * > 0 on a DSpark checkpoint also loads the drafter */
     dsv4_numerics numerics; /* DSV4_NUMERICS_REFERENCE for serving */
 } dsv4_model_runner_opts;
 
@@ -31,6 +32,15 @@ void dsv4_model_runner_free(dsv4_model_runner *mr);
 
 /* The engine interface over this model (valid while mr lives). */
 dsv4_runner dsv4_model_runner_iface(dsv4_model_runner *mr);
+/*
+ * dsv4_model_runner_drafter — the drafter over this model when the runner was
+ * opened with max_spec > 0: the DSpark stages (spec/DSPARK.md §2, k up to
+ * dspark_block_size) or the original Flash MTP block (spec/MODEL.md §3.9,
+ * k = 1). Fills *out and returns 1; returns 0 for a checkpoint without
+ * either. Valid while mr lives.
+ */
+int dsv4_model_runner_drafter(dsv4_model_runner *mr, dsv4_drafter *out);
+
 /* The parsed config (kind, vocab, eos, draft stages). */
 const dsv4_config *dsv4_model_runner_config(const dsv4_model_runner *mr);
 

@@ -37,15 +37,26 @@ typedef struct dsv4_drafter {
     void *ctx;
     int max_k;    /* largest block the drafter can propose (dspark_block_size) */
     /*
-     * propose — after a forward in which slot's positions < committed_len became
-     * final, propose k tokens following `anchor` (the last emitted token, at
-     * position anchor_pos = committed_len). drafts [k] out; q [k][vocab] out
-     * (the distribution each draft was sampled from) or NULL when the drafter
-     * drafts deterministically (argmax; verification then treats q as one-hot).
-     * temperature: the request's, for drafters that sample (0 = argmax).
+     * commit — after a forward, positions < committed_len[i] of slot[i] are
+     * final for each of the n requests of the step (prefill chunks: all their
+     * rows; verify rows: the anchor and the accepted drafts). The drafter
+     * takes its context from those rows only (spec/DSPARK.md §4.6); rejected
+     * rows are never committed and are re-run in a later step.
      */
-    int (*propose)(void *ctx, int slot, int32_t anchor, int64_t anchor_pos, int k, float temperature,
-                   uint64_t seed, int32_t *drafts, float *q, dsv4_err *err);
+    int (*commit)(void *ctx, int n, const int32_t *slot, const int64_t *committed_len, dsv4_err *err);
+    /*
+     * propose — k drafts for each of n requests (distinct slots): request i
+     * drafts after `anchor[i]`, the last emitted token, at position
+     * anchor_pos[i] (= its committed length). drafts [n][k] out.
+     * q[i] (may be NULL) points to [k][vocab]: a drafter that samples fills it
+     * with the distribution each draft was drawn from and sets q_valid[i] = 1;
+     * a deterministic (argmax) drafter sets q_valid[i] = 0 and verification
+     * treats q as one-hot (DSPARK.md §4.3). temperature[i], seed[i]: the
+     * request's, for drafters that sample.
+     */
+    int (*propose)(void *ctx, int n, const int32_t *slot, const int32_t *anchor, const int64_t *anchor_pos, int k,
+                   const float *temperature, const uint64_t *seed, int32_t *drafts, float *const *q, int *q_valid,
+                   dsv4_err *err);
     void (*release)(void *ctx, int slot);
 } dsv4_drafter;
 

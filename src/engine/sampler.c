@@ -155,6 +155,32 @@ void dsv4_log_softmax(const float *logits, int vocab, float *out) {
     for (int v = 0; v < vocab; v++) out[v] = (float)(logits[v] - lse);
 }
 
+void dsv4_token_logprob_compute(const float *logits, int vocab, int32_t token, int n_top, dsv4_token_logprob *out) {
+    if (n_top < 0) n_top = 0;
+    if (n_top > DSV4_MAX_TOP_LOGPROBS) n_top = DSV4_MAX_TOP_LOGPROBS;
+    if (n_top > vocab) n_top = vocab;
+    float mx = logits[argmax(logits, vocab)];
+    double sum = 0;
+    for (int v = 0; v < vocab; v++) sum += exp((double)logits[v] - mx);
+    double lse = mx + log(sum);
+    out->token = token;
+    out->logprob = (float)(logits[token] - lse);
+    /* top-n by insertion into a short sorted list (descending value, ascending id) */
+    int m = 0;
+    for (int v = 0; v < vocab && n_top > 0; v++) {
+        float x = logits[v];
+        if (m == n_top && !(x > logits[out->top_ids[m - 1]])) continue;
+        int i = m < n_top ? m++ : m - 1;
+        while (i > 0 && x > logits[out->top_ids[i - 1]]) {
+            out->top_ids[i] = out->top_ids[i - 1];
+            i--;
+        }
+        out->top_ids[i] = v;
+    }
+    out->n_top = m;
+    for (int i = 0; i < m; i++) out->top_logprobs[i] = (float)(logits[out->top_ids[i]] - lse);
+}
+
 /* splitmix64 finaliser: a good 64-bit mixer, enough for sampling streams. */
 static uint64_t mix64(uint64_t x) {
     x += 0x9E3779B97F4A7C15ull;

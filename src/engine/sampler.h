@@ -60,6 +60,27 @@ int32_t dsv4_sample_from(const float *probs, int vocab, double u);
 /* log_softmax of raw logits [vocab] into out [vocab] (f32, natural log). */
 void dsv4_log_softmax(const float *logits, int vocab, float *out);
 
+/* Most alternatives one token can report (OpenAI top_logprobs <= 20, SERVING.md §3.3). */
+#define DSV4_MAX_TOP_LOGPROBS 20
+
+/* Log-probabilities of one generated token (natural log, of the RAW target
+ * logits: before logit_bias, penalties and temperature; SERVING.md §7.2). */
+typedef struct dsv4_token_logprob {
+    int32_t token;                           /* the emitted token */
+    float logprob;                           /* log_softmax(raw logits)[token] */
+    int n_top;                               /* alternatives filled, 0..DSV4_MAX_TOP_LOGPROBS */
+    int32_t top_ids[DSV4_MAX_TOP_LOGPROBS];  /* most likely first; ties: lowest id first */
+    float top_logprobs[DSV4_MAX_TOP_LOGPROBS];
+} dsv4_token_logprob;
+
+/*
+ * dsv4_token_logprob_compute — fill out for `token` from raw logits [vocab]
+ * (f32, not modified) with the n_top (clamped to [0, DSV4_MAX_TOP_LOGPROBS]
+ * and to vocab) most likely ids. One pass for log-sum-exp, one for the top-n
+ * (O(vocab * n_top)); no scratch memory. SERVING.md §3.3, §7.2.
+ */
+void dsv4_token_logprob_compute(const float *logits, int vocab, int32_t token, int n_top, dsv4_token_logprob *out);
+
 /*
  * Counter-based uniform random numbers in [0, 1): a pure function of
  * (seed, position, purpose), so replays and batch composition never change a

@@ -5,8 +5,33 @@
  */
 #include "model/forward.h"
 
+#include <stdlib.h>
+#include <string.h>
+
+/* taps[t][i*d + k] = mean over the hc streams of X[t] (host copy `host`). */
+static void tap_mean(const float *host, int T, int n_hc, int d, int i, int n_taps, float *taps) {
+    for (int t = 0; t < T; t++) {
+        float *o = taps + ((size_t)t * n_taps + i) * d;
+        const float *x = host + (size_t)t * n_hc * d;
+        for (int k = 0; k < d; k++) {
+            float acc = 0;
+            for (int h = 0; h < n_hc; h++) acc += x[h * d + k];
+            o[k] = acc / n_hc;
+        }
+    }
+}
+
 int dsv4_forward(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const int32_t *logit_rows,
                  int n_logits, float *logits, float *streams, dsv4_err *err) {
+    dsv4_fwd_out out = {.logit_rows = logit_rows, .n_logits = n_logits, .logits = logits, .streams = streams};
+    return dsv4_forward_ex(m, st, b, &out, err);
+}
+
+int dsv4_forward_ex(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const dsv4_fwd_out *out,
+                    dsv4_err *err) {
+    const int32_t *logit_rows = out->logit_rows;
+    int n_logits = out->logits ? out->n_logits : 0;
+    float *logits = out->logits, *streams = out->streams;
     const dsv4_config *cfg = m->cfg;
     dsv4_backend *be = m->be;
     int T = b->n_rows, n_hc = cfg->hc_mult, d = cfg->hidden_size;
@@ -23,12 +48,31 @@ int dsv4_forward(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const int32
     for (int i = 0; i < n_logits; i++)
         if (logit_rows[i] < 0 || logit_rows[i] >= T)
             return dsv4_err_set(err, DSV4_EINVAL, "forward: logit row %d out of [0,%d)", logit_rows[i], T);
+    int n_taps = out->taps ? out->n_taps : 0;
+    for (int i = 0; i < n_taps; i++)
+        if (out->tap_layers[i] < 0 || out->tap_layers[i] >= m->n_layers)
+            return dsv4_err_set(err, DSV4_EINVAL, "forward: tap layer %d out of [0,%d)", out->tap_layers[i],
+                                m->n_layers);
+    if (n_taps && be->act_dtype != DSV4_DT_F32)
+        return dsv4_err_set(err, DSV4_EUNSUPPORTED, "forward: taps need F32 activations (backend %s)", be->name);
     int rc = be->batch_begin(be, b, err);
     if (rc) return rc;
     dsv4_buf X = {0}, y = {0}, ysel = {0}, lg = {0};
+    float *host = NULL; /* host copy of the streams for taps (the mean is taken on the host) */
+    if (n_taps && !(host = malloc(sizeof(float) * (size_t)T * n_hc * d)))
+        return dsv4_err_set(err, DSV4_ENOMEM, "forward: out of memory");
     rc = be->buf_alloc(be, be->act_dtype, T, (int64_t)n_hc * d, &X, err);
     if (!rc) rc = be->embed(be, &m->embed, b, n_hc, &X, err);
-    for (int l = 0; l < m->n_layers && !rc; l++) rc = dsv4_block_forward(cfg, &m->layers[l], &st->layers[l], be, b, &X, err);
+    for (int l = 0; l < m->n_layers && !rc; l++) {
+        rc = dsv4_block_forward(cfg, &m->layers[l], &st->layers[l], be, b, &X, err);
+        int read = 0;
+        for (int i = 0; i < n_taps && !rc; i++) {
+            if (out->tap_layers[i] != l) continue;
+            if (!read && !(rc = be->buf_read(be, &X, host, err))) read = 1;
+            if (!rc) tap_mean(host, T, n_hc, d, i, n_taps, out->taps);
+        }
+    }
+    free(host);
     if (!rc && streams) rc = be->buf_read(be, &X, streams, err);
     if (!rc && n_logits > 0) {
         rc = be->buf_alloc(be, be->act_dtype, T, d, &y, err);

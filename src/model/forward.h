@@ -112,6 +112,26 @@ int dsv4_block_forward(const dsv4_config *cfg, const dsv4_block_dev *blk, dsv4_l
 int dsv4_forward(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const int32_t *logit_rows,
                  int n_logits, float *logits, float *streams, dsv4_err *err);
 
+/* Everything a forward can hand back (all host memory, every field optional). */
+typedef struct dsv4_fwd_out {
+    const int32_t *logit_rows; /* [n_logits] batch rows whose logits are wanted      */
+    int n_logits;
+    float *logits;             /* F32 [n_logits][vocab] (fp32 head, §3.6)            */
+    float *streams;            /* F32 [T][hc_mult*d] final streams before hc_head     */
+    const int *tap_layers;     /* [n_taps] target layer ids (DSPARK.md §2.2)         */
+    int n_taps;
+    float *taps;               /* F32 [T][n_taps*d]: for each tap, in list order, the
+                                  mean over the hc streams of that layer's OUTPUT
+                                  (after its ffn hc-post) — the DSpark context features */
+} dsv4_fwd_out;
+
+/*
+ * dsv4_forward_ex — dsv4_forward with every output in one struct (DSpark taps
+ * included). Errors: as dsv4_forward; a tap layer outside [0, n_layers).
+ */
+int dsv4_forward_ex(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const dsv4_fwd_out *out,
+                    dsv4_err *err);
+
 #ifdef __cplusplus
 }
 #endif

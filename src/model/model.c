@@ -18,6 +18,13 @@ static int up_view(dsv4_backend *be, dsv4_tview *v, dsv4_err *err) {
 }
 
 static int up_linear(dsv4_backend *be, dsv4_linear *l, dsv4_err *err) {
+    if (be->upload_linear && l->w.dtype != DSV4_DT_INVALID && l->w.data) {
+        dsv4_linear dev;
+        int rc = be->upload_linear(be, l, &dev, err);
+        if (rc) return dsv4_err_prefix(err, "uploading %s: ", l->w.name ? l->w.name : "linear");
+        *l = dev;
+        return DSV4_OK;
+    }
     int rc = up_view(be, &l->w, err);
     return rc ? rc : up_view(be, &l->scale, err);
 }

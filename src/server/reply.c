@@ -58,3 +58,15 @@ int dsv4_reply_error(dsv4_reply *r, int status, const char *param, const char *f
     r->len = strlen(r->body);
     return 0;
 }
+
+void dsv4_reply_json(dsv4_reply *r, int status, cJSON *obj) {
+    r->status = status;
+    r->content_type = "application/json";
+    r->body = cJSON_PrintUnformatted(obj);
+    cJSON_Delete(obj);
+    if (!r->body) {
+        dsv4_reply_error(r, 500, NULL, "out of memory");
+        return;
+    }
+    r->len = strlen(r->body);
+}

@@ -129,18 +129,6 @@ static long utf8_invalid_at(const unsigned char *s, size_t n) {
     return -1;
 }
 
-static void reply_json(dsv4_reply *r, int status, cJSON *obj) {
-    r->status = status;
-    r->content_type = "application/json";
-    r->body = cJSON_PrintUnformatted(obj);
-    cJSON_Delete(obj);
-    if (!r->body) {
-        dsv4_reply_error(r, 500, NULL, "out of memory");
-        return;
-    }
-    r->len = strlen(r->body);
-}
-
 static cJSON *model_object(const dsv4_router *rt, const char *name) {
     cJSON *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "id", name);
@@ -178,7 +166,7 @@ static void route_models(dsv4_router *rt, const char *id, dsv4_reply *out) {
             unknown_model(rt, id, out);
             return;
         }
-        reply_json(out, 200, model_object(rt, id));
+        dsv4_reply_json(out, 200, model_object(rt, id));
         return;
     }
     cJSON *root = cJSON_CreateObject(), *data;
@@ -186,7 +174,7 @@ static void route_models(dsv4_router *rt, const char *id, dsv4_reply *out) {
     data = cJSON_AddArrayToObject(root, "data");
     for (int i = 0; i < rt->opts.n_served_names; i++)
         cJSON_AddItemToArray(data, model_object(rt, rt->opts.served_names[i]));
-    reply_json(out, 200, root);
+    dsv4_reply_json(out, 200, root);
 }
 
 /* Byte offset -> "line L, column C" for JSON error messages. */
@@ -268,7 +256,7 @@ static void route_health(dsv4_router *rt, dsv4_reply *out) {
     }
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "status", "ok");
-    reply_json(out, 200, o);
+    dsv4_reply_json(out, 200, o);
 }
 
 typedef enum { R_HEALTH, R_VERSION, R_MODELS, R_MODEL_ID, R_CHAT, R_COMPLETIONS, R_TOKENIZE,
@@ -319,7 +307,7 @@ void dsv4_router_handle(dsv4_router *rt, const char *method, const char *path, c
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "version", "0.1.0-dev");
         cJSON_AddStringToObject(o, "checkpoint", rt->opts.model_root ? rt->opts.model_root : "");
-        reply_json(out, 200, o);
+        dsv4_reply_json(out, 200, o);
         return;
     }
     case R_CHAT: route_generate(rt, DSV4_SVC_CHAT, body, len, out); return;

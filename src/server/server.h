@@ -16,6 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <cjson/cJSON.h>
+
 #include "dsv4/common.h"
 
 #define DSV4_SERVER_MAX_KEYS 16
@@ -71,6 +73,12 @@ void dsv4_reply_free(dsv4_reply *r);
  */
 int dsv4_reply_error(dsv4_reply *r, int status, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+
+/*
+ * dsv4_reply_json — fill r with status and obj printed as JSON; takes
+ * ownership of obj (deleted). Allocation failure gives a 500 error body.
+ */
+void dsv4_reply_json(dsv4_reply *r, int status, cJSON *obj);
 
 /* State shared by the router and the HTTP layer. */
 typedef struct dsv4_router dsv4_router;

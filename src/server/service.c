@@ -67,16 +67,17 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
     }
     s->vocab_view = dsv4_detok_vocab_from_tokenizer(s->tok);
 
-    if (o->spec_k > 0) {
+    if (o->spec_k > 0 && o->spec_method && strcmp(o->spec_method, "dspark") != 0) {
         rc = dsv4_err_set(err, DSV4_EUNSUPPORTED,
-                          "--speculative-config: speculative decoding is not available in this build yet "
-                          "(the DSpark and MTP drafters are being written); start without --speculative-config");
+                          "--speculative-config: method \"%s\" is not available yet (only \"dspark\"); the MTP "
+                          "block of the original Flash checkpoint is not wired into serving",
+                          o->spec_method);
         goto fail;
     }
     /* CPU backend: per-slot state is sized for max_model_len, so default to a
      * length that fits comfortably in memory; the user may raise it. */
     s->max_model_len = o->max_model_len > 0 ? o->max_model_len : 8192;
-    dsv4_model_runner_opts mo = {o->max_num_seqs, (int)s->max_model_len, 0, DSV4_NUMERICS_REFERENCE};
+    dsv4_model_runner_opts mo = {o->max_num_seqs, (int)s->max_model_len, o->spec_k, DSV4_NUMERICS_REFERENCE};
     if ((rc = dsv4_model_runner_open(o->model_dir, &mo, &s->mr, err))) goto fail;
     const dsv4_config *cfg = dsv4_model_runner_config(s->mr);
     if (s->max_model_len > cfg->max_position_embeddings) {
@@ -88,20 +89,34 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
     if (dsv4_tokenizer_vocab_size(s->tok) < s->vocab)
         dsv4_log(DSV4_LOG_WARN, "tokenizer has %d ids, the model %d", dsv4_tokenizer_vocab_size(s->tok), s->vocab);
     dsv4_runner run = dsv4_model_runner_iface(s->mr);
-    dsv4_engine_opts eo = {o->max_num_seqs, o->max_num_batched_tokens, s->max_model_len, 0, s->eos_id};
-    if ((rc = dsv4_engine_create(&eo, &run, NULL, &s->engine, err))) goto fail;
+    dsv4_drafter dr;
+    int has_drafter = o->spec_k > 0 && dsv4_model_runner_drafter(s->mr, &dr);
+    if (o->spec_k > 0 && !has_drafter) {
+        rc = dsv4_err_set(err, DSV4_EINVAL,
+                          "--speculative-config method dspark: %s has no DSpark draft stages (mtp.0..S-1 with "
+                          "main_proj); drop --speculative-config to serve without speculation",
+                          o->model_dir);
+        goto fail;
+    }
+    dsv4_engine_opts eo = {o->max_num_seqs, o->max_num_batched_tokens, s->max_model_len, o->spec_k, s->eos_id,
+                           {{0}}, o->n_k_schedule};
+    memcpy(eo.k_schedule, o->k_schedule, sizeof eo.k_schedule);
+    if ((rc = dsv4_engine_create(&eo, &run, has_drafter ? &dr : NULL, &s->engine, err))) {
+        dsv4_err_prefix(err, "--speculative-config: ");
+        goto fail;
+    }
     if ((rc = dsv4_engine_start(s->engine, err))) goto fail;
-    s->metrics = dsv4_metrics_create(s->model_name, 0);
+    s->metrics = dsv4_metrics_create(s->model_name, o->spec_k);
     if (!s->metrics) {
         rc = dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
         goto fail;
     }
     dsv4_log(DSV4_LOG_INFO,
              "model %s: %s, %d layers, vocab %d, profile %s; CPU backend; max_model_len %lld, "
-             "max_num_seqs %d (state for %d x %lld tokens)",
+             "max_num_seqs %d (state for %d x %lld tokens); speculation %s k=%d",
              o->model_dir, dsv4_config_kind_name(cfg), cfg->num_hidden_layers, cfg->vocab_size,
              dsv4_profile_name(profile), (long long)s->max_model_len, o->max_num_seqs, o->max_num_seqs,
-             (long long)s->max_model_len);
+             (long long)s->max_model_len, o->spec_k ? "dspark" : "off", o->spec_k);
     if ((rc = warm_up(s, err))) goto fail;
     *out = s;
     return DSV4_OK;

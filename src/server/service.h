@@ -26,7 +26,12 @@ typedef struct dsv4_service_opts {
     int max_num_seqs;
     int max_num_batched_tokens;
     int64_t max_model_len;       /* <= 0: the default for this backend */
-    int spec_k;                  /* 0 = speculation off */
+    /* --speculative-config (vLLM keys): method "dspark" (k = num_speculative_tokens,
+     * 0 = speculation off) and num_speculative_tokens_per_batch_size entries. */
+    const char *spec_method;
+    int spec_k;
+    int k_schedule[8][3];
+    int n_k_schedule;
     dsv4_effort_profile profile_override; /* AUTO = from encoding/encoding_dsv4.py */
     const char *default_thinking;          /* off | low | high | max */
     const char *default_reasoning_effort;  /* low | high | max */

@@ -40,6 +40,8 @@ typedef struct dsv4_req_params {
     int n_stop_ids;
     int include_stop_str;
     int echo;                    /* /v1/completions */
+    int n;                       /* choices, 1..8 (§3.3) */
+    int logprobs, top_logprobs;  /* chat logprobs/top_logprobs; completions logprobs=N -> 1, N */
     int32_t *bias_ids;           /* logit_bias, owned */
     float *bias_vals;
 } dsv4_req_params;
@@ -59,5 +61,18 @@ void dsv4_req_params_free(dsv4_req_params *p);
  */
 void dsv4_service_run_job(dsv4_service *s, int chat, const int32_t *ids, int n_ids, dsv4_req_params *p,
                           const dsv4_outparse_config *pc, const char *prompt_text, dsv4_reply *out);
+
+/*
+ * Logprob objects (service_logprobs.c, SERVING.md §3.3, §3.6) for records
+ * lp [n]; top = alternatives to list per token (the request's top_logprobs /
+ * legacy logprobs). Chat: {"content": [...]}. Completions (legacy): {tokens,
+ * token_logprobs, top_logprobs, text_offset}; *text_offset is the character
+ * offset of the first token in the choice's text and is advanced past them.
+ */
+cJSON *dsv4_chat_logprobs_json(dsv4_service *s, const dsv4_token_logprob *lp, int n, int top);
+cJSON *dsv4_completion_logprobs_json(dsv4_service *s, const dsv4_token_logprob *lp, int n, int top,
+                                     long *text_offset);
+/* Characters (code points) of a UTF-8 string; 0 for NULL. */
+long dsv4_text_chars(const char *str);
 
 #endif

@@ -4,6 +4,14 @@
  * string cuts the engine's run at the right token (also inside a multi-token
  * speculative step) and usage counts only kept tokens; the HTTP thread turns
  * the parser's deltas into SSE chunks or, at the end, one JSON body.
+ *
+ * n > 1 (§3.3): one engine request and one parser per choice, all sharing the
+ * prompt and the response id; streaming interleaves the choices' chunks by
+ * index as their tokens arrive. Logprobs: the HTTP thread copies each
+ * choice's records from the engine as it polls tokens (never from the engine
+ * hook, which runs under the engine's lock); a streamed chunk carries the
+ * records of the tokens fed to the parser up to the delta it shows, and the
+ * final chunk whatever is left (tokens held back by stop matching, EOS).
  */
 #include <pthread.h>
 #include <stdarg.h>
@@ -21,26 +29,45 @@ typedef struct qdelta {
     char *text; /* NUL-terminated */
     char tool_id[32];
     char *name;
+    int lp_to;  /* tokens fed to the parser when this delta was produced */
 } qdelta;
+
+struct job;
+
+/* One choice: an engine request and its parser (SERVING.md §3.3 `n`). */
+typedef struct choice {
+    struct job *j;
+    int index;
+    dsv4_request *req;
+    dsv4_outparse *op;       /* guarded by j->mu (engine thread vs HTTP thread) */
+    qdelta *q;               /* guarded by j->mu */
+    int nq, capq;
+    int n_fed;               /* tokens kept by the parser (engine thread, under j->mu) */
+    double t_first, t_last;
+    int ended;               /* engine finished and the parser was closed */
+    dsv4_finish efinish;
+    int sent_final;
+    /* logprobs (HTTP thread only) */
+    dsv4_token_logprob *lp;  /* records of the tokens polled so far */
+    int n_lp, cap_lp, lp_sent;
+    long text_off;           /* completions: character offset of the next token */
+} choice;
 
 typedef struct job {
     dsv4_service *s;
     int chat, stream, include_usage, include_reasoning;
-    dsv4_request *req;
-    dsv4_outparse *op;
-    pthread_mutex_t mu;      /* guards op and q (engine thread vs HTTP thread) */
-    qdelta *q;
-    int nq, capq;
+    int logprobs, top_logprobs;
+    pthread_mutex_t mu;      /* guards every choice's op and q */
+    choice *c;
+    int n;
     char id[48];
     long created;
     int n_prompt, max_tokens;
-    double t0, t_first, t_last;
-    int ended;               /* engine finished and the parser was closed */
-    dsv4_finish efinish;
+    double t0, t_out;
     /* streaming output */
     char *out;
     size_t out_len, out_cap, out_off;
-    int sent_role, sent_final, sent_done;
+    int sent_role, sent_done;
     char *echo_text;
 } job;
 
@@ -58,23 +85,24 @@ static void random_hex(char *dst, int n) {
     dst[n] = 0;
 }
 
-/* Move the parser's pending deltas into j->q (lock held). Streaming only. */
-static void take_deltas_locked(job *j) {
+/* Move the parser's pending deltas into c->q (j->mu held). Streaming only. */
+static void take_deltas_locked(choice *c) {
     size_t nd = 0;
-    const dsv4_outparse_delta *d = dsv4_outparse_take_deltas(j->op, &nd);
-    if (!j->stream) return;
+    const dsv4_outparse_delta *d = dsv4_outparse_take_deltas(c->op, &nd);
+    if (!c->j->stream) return;
     for (size_t i = 0; i < nd; i++) {
-        if (j->nq == j->capq) {
-            int cap = j->capq ? j->capq * 2 : 16;
-            qdelta *nq = realloc(j->q, sizeof *nq * (size_t)cap);
+        if (c->nq == c->capq) {
+            int cap = c->capq ? c->capq * 2 : 16;
+            qdelta *nq = realloc(c->q, sizeof *nq * (size_t)cap);
             if (!nq) return; /* dropped under memory pressure; the final result stays correct */
-            j->q = nq;
-            j->capq = cap;
+            c->q = nq;
+            c->capq = cap;
         }
-        qdelta *x = &j->q[j->nq++];
+        qdelta *x = &c->q[c->nq++];
         memset(x, 0, sizeof *x);
         x->kind = d[i].kind;
         x->tool_index = d[i].tool_index;
+        x->lp_to = c->n_fed;
         if (d[i].text) x->text = strndup(d[i].text, d[i].len);
         if (d[i].tool_id) snprintf(x->tool_id, sizeof x->tool_id, "%s", d[i].tool_id);
         if (d[i].tool_name) x->name = strdup(d[i].tool_name);
@@ -83,14 +111,15 @@ static void take_deltas_locked(job *j) {
 
 /* Engine hook (engine thread): feed the step's tokens to the parser. */
 static int on_tokens(void *user, const int32_t *t, int n, int *keep) {
-    job *j = user;
-    pthread_mutex_lock(&j->mu);
+    choice *c = user;
+    pthread_mutex_lock(&c->j->mu);
     int kept = n;
     dsv4_err e = {0};
-    if (dsv4_outparse_feed(j->op, t, n, &kept, &e)) dsv4_log(DSV4_LOG_ERROR, "output parser: %s", e.msg);
-    take_deltas_locked(j);
-    int fin = dsv4_outparse_finished(j->op);
-    pthread_mutex_unlock(&j->mu);
+    if (dsv4_outparse_feed(c->op, t, n, &kept, &e)) dsv4_log(DSV4_LOG_ERROR, "output parser: %s", e.msg);
+    int fin = dsv4_outparse_finished(c->op);
+    c->n_fed += fin ? kept : n;
+    take_deltas_locked(c);
+    pthread_mutex_unlock(&c->j->mu);
     if (fin) *keep = kept;
     return fin;
 }
@@ -103,75 +132,105 @@ static dsv4_end_reason end_of(dsv4_finish f) {
     }
 }
 
+/* Copy the logprob records of n newly polled tokens (HTTP thread, no lock held). */
+static void fetch_logprobs(choice *c, int n) {
+    if (!c->j->logprobs || n <= 0) return;
+    if (c->n_lp + n > c->cap_lp) {
+        int cap = (c->n_lp + n) * 2;
+        dsv4_token_logprob *nl = realloc(c->lp, sizeof *nl * (size_t)cap);
+        if (!nl) return;
+        c->lp = nl;
+        c->cap_lp = cap;
+    }
+    c->n_lp += dsv4_request_logprobs(c->req, c->n_lp, n, c->lp + c->n_lp);
+}
+
 /*
- * Wait up to timeout_ms for progress. Returns 1 once the request has ended
- * (the parser is then closed and its last deltas queued).
+ * Wait up to timeout_ms for progress of one choice. Returns 1 once it has
+ * ended (the parser is then closed and its last deltas queued); *got (may be
+ * NULL) receives the number of new tokens.
  */
-static int pump(job *j, int timeout_ms) {
-    if (j->ended) return 1;
+static int pump(choice *c, int timeout_ms, int *got) {
+    if (got) *got = 0;
+    if (c->ended) return 1;
     int32_t buf[256];
     dsv4_finish f = DSV4_FINISH_NONE;
-    int n = dsv4_request_poll(j->req, buf, 256, &f, timeout_ms);
+    int n = dsv4_request_poll(c->req, buf, 256, &f, timeout_ms);
     double t = now_s();
     if (n > 0) {
-        if (j->t_first == 0) j->t_first = t;
-        else dsv4_metrics_observe_itl(j->s->metrics, (t - j->t_last) / n);
-        j->t_last = t;
+        if (c->t_first == 0) c->t_first = t;
+        else dsv4_metrics_observe_itl(c->j->s->metrics, (t - c->t_last) / n);
+        c->t_last = t;
+        fetch_logprobs(c, n);
+        if (got) *got = n;
     }
     if (f == DSV4_FINISH_NONE) return 0;
-    pthread_mutex_lock(&j->mu);
-    if (!dsv4_outparse_finished(j->op)) {
+    pthread_mutex_lock(&c->j->mu);
+    if (!dsv4_outparse_finished(c->op)) {
         dsv4_err e = {0};
-        dsv4_outparse_finish(j->op, end_of(f), &e);
+        dsv4_outparse_finish(c->op, end_of(f), &e);
     }
-    take_deltas_locked(j);
-    pthread_mutex_unlock(&j->mu);
-    j->efinish = f;
-    j->ended = 1;
+    take_deltas_locked(c);
+    pthread_mutex_unlock(&c->j->mu);
+    c->efinish = f;
+    c->ended = 1;
     return 1;
 }
 
 static void job_free(job *j) {
     if (!j) return;
-    if (j->req) {
-        /* the engine must be done with the hook before j goes away */
-        dsv4_request_cancel(j->req);
-        dsv4_finish f = DSV4_FINISH_NONE;
-        int32_t buf[256];
-        while (f == DSV4_FINISH_NONE) dsv4_request_poll(j->req, buf, 256, &f, 1000);
-        dsv4_request_release(j->req);
+    for (int i = 0; i < j->n; i++) {
+        choice *c = &j->c[i];
+        if (c->req) {
+            /* the engine must be done with the hook before c goes away */
+            dsv4_request_cancel(c->req);
+            dsv4_finish f = DSV4_FINISH_NONE;
+            int32_t buf[256];
+            while (f == DSV4_FINISH_NONE) dsv4_request_poll(c->req, buf, 256, &f, 1000);
+            dsv4_request_release(c->req);
+        }
+        for (int k = 0; k < c->nq; k++) {
+            free(c->q[k].text);
+            free(c->q[k].name);
+        }
+        free(c->q);
+        free(c->lp);
+        dsv4_outparse_free(c->op);
     }
-    for (int i = 0; i < j->nq; i++) {
-        free(j->q[i].text);
-        free(j->q[i].name);
-    }
-    free(j->q);
-    dsv4_outparse_free(j->op);
+    free(j->c);
     pthread_mutex_destroy(&j->mu);
     free(j->out);
     free(j->echo_text);
     free(j);
 }
 
-static void record_metrics(job *j, const dsv4_outparse_result *res) {
+static void record_metrics(choice *c, const dsv4_outparse_result *res) {
+    job *j = c->j;
     double t = now_s();
-    dsv4_metrics_observe_request(j->s->metrics, j->t_first ? j->t_first - j->t0 : -1, t - j->t0, 0, j->n_prompt,
+    dsv4_metrics_observe_request(j->s->metrics, c->t_first ? c->t_first - j->t0 : -1, t - j->t0, 0, j->n_prompt,
                                  res->completion_tokens, j->max_tokens,
-                                 j->efinish == DSV4_FINISH_ERROR ? "error" : res->finish_reason);
+                                 c->efinish == DSV4_FINISH_ERROR ? "error" : res->finish_reason);
     dsv4_metrics_count_parser(j->s->metrics, res->reasoning_unterminated, res->tool_parse_failures,
                               res->dsml_stripped);
 }
 
-static cJSON *usage_json(job *j, const dsv4_outparse_result *res) {
+/* Usage over all choices: the prompt counted once (§3.3 `n`). j->mu held. */
+static cJSON *usage_json(job *j) {
+    int comp = 0, reas = 0;
+    for (int i = 0; i < j->n; i++) {
+        const dsv4_outparse_result *res = dsv4_outparse_get_result(j->c[i].op);
+        comp += res->completion_tokens;
+        reas += res->reasoning_tokens;
+    }
     cJSON *u = cJSON_CreateObject();
     cJSON_AddNumberToObject(u, "prompt_tokens", j->n_prompt);
-    cJSON_AddNumberToObject(u, "completion_tokens", res->completion_tokens);
-    cJSON_AddNumberToObject(u, "total_tokens", j->n_prompt + res->completion_tokens);
+    cJSON_AddNumberToObject(u, "completion_tokens", comp);
+    cJSON_AddNumberToObject(u, "total_tokens", j->n_prompt + comp);
     cJSON *pd = cJSON_AddObjectToObject(u, "prompt_tokens_details");
     cJSON_AddNumberToObject(pd, "cached_tokens", 0);
     if (j->chat) {
         cJSON *cd = cJSON_AddObjectToObject(u, "completion_tokens_details");
-        cJSON_AddNumberToObject(cd, "reasoning_tokens", res->reasoning_tokens);
+        cJSON_AddNumberToObject(cd, "reasoning_tokens", reas);
     }
     return u;
 }
@@ -193,21 +252,27 @@ static cJSON *envelope(job *j, int chunk) {
     return o;
 }
 
-/* The non-streaming body (§3.4, §3.6). */
-static void final_body(job *j, dsv4_reply *out) {
-    pthread_mutex_lock(&j->mu);
-    const dsv4_outparse_result *res = dsv4_outparse_get_result(j->op);
-    record_metrics(j, res);
-    if (j->efinish == DSV4_FINISH_ERROR) {
-        pthread_mutex_unlock(&j->mu);
-        dsv4_reply_error(out, 500, NULL, "the engine failed while generating this request (see the server log)");
-        return;
-    }
-    cJSON *o = envelope(j, 0), *choices = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
-    cJSON_AddItemToArray(choices, c);
-    cJSON_AddNumberToObject(c, "index", 0);
+/* Logprobs of c's records [c->lp_sent, upto) in the endpoint's form, or a JSON
+ * null when the request did not ask; advances lp_sent. */
+static cJSON *logprobs_upto(choice *c, int upto) {
+    job *j = c->j;
+    if (!j->logprobs) return cJSON_CreateNull();
+    if (upto > c->n_lp) upto = c->n_lp;
+    int n = upto > c->lp_sent ? upto - c->lp_sent : 0;
+    cJSON *o = j->chat ? dsv4_chat_logprobs_json(j->s, c->lp + c->lp_sent, n, j->top_logprobs)
+                       : dsv4_completion_logprobs_json(j->s, c->lp + c->lp_sent, n, j->top_logprobs, &c->text_off);
+    c->lp_sent += n;
+    return o;
+}
+
+/* One choice of the non-streaming body (j->mu held). */
+static cJSON *final_choice(choice *c) {
+    job *j = c->j;
+    const dsv4_outparse_result *res = dsv4_outparse_get_result(c->op);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "index", c->index);
     if (j->chat) {
-        cJSON *m = cJSON_AddObjectToObject(c, "message");
+        cJSON *m = cJSON_AddObjectToObject(o, "message");
         cJSON_AddStringToObject(m, "role", "assistant");
         char *content = res->content ? strndup(res->content, res->content_len) : NULL;
         if (content) cJSON_AddStringToObject(m, "content", content);
@@ -238,20 +303,34 @@ static void final_body(job *j, dsv4_reply *out) {
             if (res->content_len) memcpy(text + el, res->content, res->content_len);
             text[el + res->content_len] = 0;
         }
-        cJSON_AddStringToObject(c, "text", text ? text : "");
+        cJSON_AddStringToObject(o, "text", text ? text : "");
         free(text);
     }
-    cJSON_AddNullToObject(c, "logprobs");
-    cJSON_AddStringToObject(c, "finish_reason", res->finish_reason ? res->finish_reason : "stop");
-    add_stop_reason(c, res);
-    cJSON_AddItemToObject(o, "usage", usage_json(j, res));
+    /* every kept token: reasoning, </think>, content, markup, EOS (usage counts the same) */
+    cJSON_AddItemToObject(o, "logprobs", logprobs_upto(c, res->completion_tokens));
+    cJSON_AddStringToObject(o, "finish_reason", res->finish_reason ? res->finish_reason : "stop");
+    add_stop_reason(o, res);
+    return o;
+}
+
+/* The non-streaming body (§3.4, §3.6). */
+static void final_body(job *j, dsv4_reply *out) {
+    pthread_mutex_lock(&j->mu);
+    int failed = 0;
+    for (int i = 0; i < j->n; i++) {
+        record_metrics(&j->c[i], dsv4_outparse_get_result(j->c[i].op));
+        failed |= j->c[i].efinish == DSV4_FINISH_ERROR;
+    }
+    if (failed) {
+        pthread_mutex_unlock(&j->mu);
+        dsv4_reply_error(out, 500, NULL, "the engine failed while generating this request (see the server log)");
+        return;
+    }
+    cJSON *o = envelope(j, 0), *choices = cJSON_AddArrayToObject(o, "choices");
+    for (int i = 0; i < j->n; i++) cJSON_AddItemToArray(choices, final_choice(&j->c[i]));
+    cJSON_AddItemToObject(o, "usage", usage_json(j));
     pthread_mutex_unlock(&j->mu);
-    out->status = 200;
-    out->content_type = "application/json";
-    out->body = cJSON_PrintUnformatted(o);
-    out->len = out->body ? strlen(out->body) : 0;
-    cJSON_Delete(o);
-    if (!out->body) dsv4_reply_error(out, 500, NULL, "out of memory");
+    dsv4_reply_json(out, 200, o);
 }
 
 /* ---- streaming ---- */
@@ -282,25 +361,30 @@ static void emit_json(job *j, cJSON *o) {
     cJSON_Delete(o);
     if (s) emit(j, "data: %s\n\n", s);
     free(s);
+    j->t_out = now_s();
 }
 
-/* A chunk with one choice whose delta (chat) or text (completions) is given. */
-static cJSON *chunk_with(job *j, cJSON **delta_out) {
-    cJSON *o = envelope(j, 1), *choices = cJSON_AddArrayToObject(o, "choices"), *c = cJSON_CreateObject();
-    cJSON_AddItemToArray(choices, c);
-    cJSON_AddNumberToObject(c, "index", 0);
-    if (j->chat) *delta_out = cJSON_AddObjectToObject(c, "delta");
-    else *delta_out = c;
-    cJSON_AddNullToObject(c, "logprobs");
-    cJSON_AddNullToObject(c, "finish_reason");
+/* A chunk for choice c whose delta (chat) or text (completions) is given;
+ * *choice_out (may be NULL) receives the choice object. */
+static cJSON *chunk_with(choice *c, cJSON **delta_out, cJSON **choice_out) {
+    job *j = c->j;
+    cJSON *o = envelope(j, 1), *choices = cJSON_AddArrayToObject(o, "choices"), *ch = cJSON_CreateObject();
+    cJSON_AddItemToArray(choices, ch);
+    cJSON_AddNumberToObject(ch, "index", c->index);
+    if (j->chat) *delta_out = cJSON_AddObjectToObject(ch, "delta");
+    else *delta_out = ch;
+    cJSON_AddNullToObject(ch, "logprobs");
+    cJSON_AddNullToObject(ch, "finish_reason");
+    if (choice_out) *choice_out = ch;
     return o;
 }
 
-/* Turn queued deltas into SSE chunks (lock held). */
-static void drain_queue_locked(job *j) {
-    for (int i = 0; i < j->nq; i++) {
-        qdelta *x = &j->q[i];
-        cJSON *d, *o = chunk_with(j, &d);
+/* Turn c's queued deltas into SSE chunks (j->mu held). */
+static void drain_queue_locked(choice *c) {
+    job *j = c->j;
+    for (int i = 0; i < c->nq; i++) {
+        qdelta *x = &c->q[i];
+        cJSON *d, *ch, *o = chunk_with(c, &d, &ch);
         switch (x->kind) {
         case DSV4_DELTA_REASONING:
             if (!j->include_reasoning) { cJSON_Delete(o); o = NULL; break; }
@@ -329,39 +413,58 @@ static void drain_queue_locked(job *j) {
             break;
         }
         }
-        if (o) emit_json(j, o);
+        if (o) {
+            /* the tokens this delta covers; records not polled yet go with a later chunk */
+            if (j->logprobs) cJSON_ReplaceItemInObject(ch, "logprobs", logprobs_upto(c, x->lp_to));
+            emit_json(j, o);
+        }
         free(x->text);
         free(x->name);
     }
-    j->nq = 0;
+    c->nq = 0;
 }
 
-static void emit_end(job *j) {
-    pthread_mutex_lock(&j->mu);
-    drain_queue_locked(j);
-    const dsv4_outparse_result *res = dsv4_outparse_get_result(j->op);
-    record_metrics(j, res);
-    if (j->efinish == DSV4_FINISH_ERROR) {
-        emit(j, "data: {\"error\":{\"message\":\"the engine failed while generating this request\","
-                "\"type\":\"InternalServerError\",\"param\":null,\"code\":500}}\n\n");
-    } else {
-        cJSON *d, *o = chunk_with(j, &d);
-        cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
-        cJSON_ReplaceItemInObject(c, "finish_reason",
-                                  cJSON_CreateString(res->finish_reason ? res->finish_reason : "stop"));
-        add_stop_reason(c, res);
-        if (!j->chat) cJSON_AddStringToObject(d, "text", "");
-        emit_json(j, o);
-        if (j->include_usage) {
-            cJSON *u = envelope(j, 1);
-            cJSON_AddArrayToObject(u, "choices");
-            cJSON_AddItemToObject(u, "usage", usage_json(j, res));
-            emit_json(j, u);
-        }
+/* c has ended: its last deltas and its final chunk (j->mu held). Returns 1 on an engine failure. */
+static int emit_choice_end_locked(choice *c) {
+    job *j = c->j;
+    drain_queue_locked(c);
+    c->sent_final = 1;
+    const dsv4_outparse_result *res = dsv4_outparse_get_result(c->op);
+    record_metrics(c, res);
+    if (c->efinish == DSV4_FINISH_ERROR) return 1;
+    cJSON *d, *ch, *o = chunk_with(c, &d, &ch);
+    cJSON_ReplaceItemInObject(ch, "finish_reason", cJSON_CreateString(res->finish_reason ? res->finish_reason : "stop"));
+    add_stop_reason(ch, res);
+    if (!j->chat) cJSON_AddStringToObject(d, "text", "");
+    /* tokens no delta covered: held back by stop matching, special tokens, EOS */
+    if (j->logprobs && c->lp_sent < res->completion_tokens)
+        cJSON_ReplaceItemInObject(ch, "logprobs", logprobs_upto(c, res->completion_tokens));
+    emit_json(j, o);
+    return 0;
+}
+
+/*
+ * Wait for progress of any choice. n = 1 blocks on it up to 15 s (the
+ * keep-alive period); n > 1 polls every choice and then blocks briefly on
+ * the first unfinished one, so chunks interleave as the choices advance.
+ * Returns 1 when every choice has ended.
+ */
+static int pump_all(job *j) {
+    if (j->n == 1) return pump(&j->c[0], 15000, NULL);
+    int all = 1, progress = 0;
+    for (int i = 0; i < j->n; i++) {
+        int got = 0;
+        int was = j->c[i].ended;
+        all &= pump(&j->c[i], 0, &got);
+        progress |= got > 0 || (!was && j->c[i].ended);
     }
-    pthread_mutex_unlock(&j->mu);
-    emit(j, "data: [DONE]\n\n");
-    j->sent_done = 1;
+    if (all || progress) return all;
+    for (int i = 0; i < j->n; i++)
+        if (!j->c[i].ended) {
+            pump(&j->c[i], 50, NULL); /* whatever it brings is drained by the caller; the next call sees the end */
+            break;
+        }
+    return 0;
 }
 
 static long stream_read(void *ctx, char *buf, size_t max) {
@@ -370,23 +473,44 @@ static long stream_read(void *ctx, char *buf, size_t max) {
         j->out_off = j->out_len = 0;
         if (j->sent_done) return -1;
         if (!j->sent_role) {
-            cJSON *d, *o = chunk_with(j, &d);
-            if (j->chat) {
-                cJSON_AddStringToObject(d, "role", "assistant");
-                cJSON_AddStringToObject(d, "content", "");
-            } else {
-                cJSON_AddStringToObject(d, "text", j->echo_text ? j->echo_text : "");
+            for (int i = 0; i < j->n; i++) {
+                cJSON *d, *o = chunk_with(&j->c[i], &d, NULL);
+                if (j->chat) {
+                    cJSON_AddStringToObject(d, "role", "assistant");
+                    cJSON_AddStringToObject(d, "content", "");
+                } else {
+                    cJSON_AddStringToObject(d, "text", j->echo_text ? j->echo_text : "");
+                }
+                emit_json(j, o);
             }
-            emit_json(j, o);
             j->sent_role = 1;
             continue;
         }
-        int ended = pump(j, 15000);
+        int ended = pump_all(j), failed = 0;
         pthread_mutex_lock(&j->mu);
-        drain_queue_locked(j);
+        for (int i = 0; i < j->n; i++) {
+            choice *c = &j->c[i];
+            if (c->ended && !c->sent_final) failed |= emit_choice_end_locked(c);
+            else if (!c->sent_final) drain_queue_locked(c);
+        }
+        if (failed) {
+            emit(j, "data: {\"error\":{\"message\":\"the engine failed while generating this request\","
+                    "\"type\":\"InternalServerError\",\"param\":null,\"code\":500}}\n\n");
+            ended = 1;
+        } else if (ended && j->include_usage) {
+            cJSON *u = envelope(j, 1);
+            cJSON_AddArrayToObject(u, "choices");
+            cJSON_AddItemToObject(u, "usage", usage_json(j));
+            emit_json(j, u);
+        }
         pthread_mutex_unlock(&j->mu);
-        if (ended) emit_end(j);
-        else if (j->out_len == 0) emit(j, ": keep-alive\n\n"); /* §3.5: at least every 15 s */
+        if (ended) {
+            emit(j, "data: [DONE]\n\n");
+            j->sent_done = 1;
+        } else if (j->out_len == 0 && now_s() - j->t_out >= 14.5) {
+            emit(j, ": keep-alive\n\n"); /* §3.5: at least every 15 s */
+            j->t_out = now_s();
+        }
     }
     size_t n = j->out_len - j->out_off;
     if (n > max) n = max;
@@ -400,7 +524,10 @@ static void stream_close(void *ctx) { job_free(ctx); }
 void dsv4_service_run_job(dsv4_service *s, int chat, const int32_t *ids, int n_ids, dsv4_req_params *p,
                           const dsv4_outparse_config *pc, const char *prompt_text, dsv4_reply *out) {
     job *j = calloc(1, sizeof *j);
-    if (!j) {
+    int n = p->n > 0 ? p->n : 1;
+    if (j) j->c = calloc((size_t)n, sizeof *j->c);
+    if (!j || !j->c) {
+        free(j);
         dsv4_reply_error(out, 500, NULL, "out of memory");
         return;
     }
@@ -410,27 +537,38 @@ void dsv4_service_run_job(dsv4_service *s, int chat, const int32_t *ids, int n_i
     j->stream = p->stream;
     j->include_usage = p->include_usage;
     j->include_reasoning = p->include_reasoning;
+    j->logprobs = p->logprobs;
+    j->top_logprobs = p->top_logprobs;
     j->n_prompt = n_ids;
-    j->t0 = now_s();
+    j->t0 = j->t_out = now_s();
     j->created = (long)time(NULL);
     strcpy(j->id, chat ? "chatcmpl-" : "cmpl-");
     random_hex(j->id + strlen(j->id), 32);
     if (p->echo && prompt_text) j->echo_text = strdup(prompt_text);
-    dsv4_err err = {0};
-    j->op = dsv4_outparse_create(pc, &s->vocab_view, &err);
-    if (!j->op) {
-        dsv4_reply_error(out, 400, "stop", "%s", err.msg);
-        job_free(j);
-        return;
-    }
-    p->gen.on_tokens = on_tokens;
-    p->gen.user = j;
     j->max_tokens = p->gen.max_tokens;
-    if (dsv4_engine_submit(s->engine, ids, n_ids, &p->gen, &j->req, &err)) {
-        if (err.code == DSV4_ERANGE) dsv4_reply_error(out, 400, chat ? "messages" : "prompt", "%s", err.msg);
-        else dsv4_reply_error(out, err.code == DSV4_EINVAL ? 400 : 500, NULL, "%s", err.msg);
-        job_free(j);
-        return;
+    uint64_t seed = p->gen.sampling.seed;
+    dsv4_err err = {0};
+    for (int i = 0; i < n; i++) {
+        choice *c = &j->c[i];
+        c->j = j;
+        c->index = i;
+        c->text_off = dsv4_text_chars(j->echo_text);
+        j->n = i + 1;
+        c->op = dsv4_outparse_create(pc, &s->vocab_view, &err);
+        if (!c->op) {
+            dsv4_reply_error(out, 400, "stop", "%s", err.msg);
+            job_free(j);
+            return;
+        }
+        p->gen.on_tokens = on_tokens;
+        p->gen.user = c;
+        p->gen.sampling.seed = seed + (uint64_t)i; /* choice i: seed + i (§3.3 `n`) */
+        if (dsv4_engine_submit(s->engine, ids, n_ids, &p->gen, &c->req, &err)) {
+            if (err.code == DSV4_ERANGE) dsv4_reply_error(out, 400, chat ? "messages" : "prompt", "%s", err.msg);
+            else dsv4_reply_error(out, err.code == DSV4_EINVAL ? 400 : 500, NULL, "%s", err.msg);
+            job_free(j);
+            return;
+        }
     }
     if (p->stream) {
         out->status = 200;
@@ -438,7 +576,8 @@ void dsv4_service_run_job(dsv4_service *s, int chat, const int32_t *ids, int n_i
         out->stream = (dsv4_stream_src){j, stream_read, stream_close};
         return;
     }
-    while (!pump(j, -1)) {}
+    for (int i = 0; i < n; i++)
+        while (!pump(&j->c[i], -1, NULL)) {}
     final_body(j, out);
     job_free(j);
 }

@@ -202,18 +202,31 @@ int dsv4_req_params_parse(dsv4_service *s, const cJSON *req, int chat, dsv4_req_
         sp->n_bias = k;
     }
 
-    /* Known fields this build cannot honour: refuse rather than ignore (§3.3). */
+    /* n: choices sharing the prompt (§3.3) */
     ll = 1;
     if (int_field(req, "n", 1, 8, &ll, out)) return 1;
-    if (ll != 1) {
-        dsv4_reply_error(out, 400, "n", "`n` > 1 is not supported yet");
-        return 1;
+    p->n = (int)ll;
+    /* logprobs: chat `logprobs` bool + `top_logprobs` 0..20; completions the
+     * legacy `logprobs` int 0..5 (§3.3, §3.6). Raw target values (§7.2). */
+    if (chat) {
+        if (bool_field(req, "logprobs", &p->logprobs, out)) return 1;
+        ll = 0;
+        if (int_field(req, "top_logprobs", 0, DSV4_MAX_TOP_LOGPROBS, &ll, out)) return 1;
+        if (ll > 0 && !p->logprobs) {
+            dsv4_reply_error(out, 400, "top_logprobs", "when using `top_logprobs`, `logprobs` must be set to true");
+            return 1;
+        }
+        p->top_logprobs = (int)ll;
+    } else {
+        ll = -1;
+        if (int_field(req, "logprobs", 0, 5, &ll, out)) return 1;
+        p->logprobs = ll >= 0;
+        p->top_logprobs = ll > 0 ? (int)ll : 0;
     }
-    const cJSON *lp = cJSON_GetObjectItemCaseSensitive(req, "logprobs");
-    if (lp && !cJSON_IsNull(lp) && !cJSON_IsFalse(lp) && !(cJSON_IsNumber(lp) && lp->valuedouble == 0)) {
-        dsv4_reply_error(out, 400, "logprobs", "`logprobs` is not supported yet");
-        return 1;
-    }
+    p->gen.logprobs = p->logprobs;
+    p->gen.top_logprobs = p->top_logprobs;
+
+    /* Known fields this build cannot honour: refuse rather than ignore (§3.3). */
     if (chat) {
         const cJSON *tc = cJSON_GetObjectItemCaseSensitive(req, "tool_choice");
         if ((cJSON_IsString(tc) && !strcmp(tc->valuestring, "required")) || cJSON_IsObject(tc)) {
@@ -230,6 +243,10 @@ int dsv4_req_params_parse(dsv4_service *s, const cJSON *req, int chat, dsv4_req_
         }
     } else {
         if (bool_field(req, "echo", &p->echo, out)) return 1;
+        if (p->echo && p->logprobs) {
+            dsv4_reply_error(out, 400, "echo", "`echo` with `logprobs` (prompt log-probabilities) is not supported yet");
+            return 1;
+        }
         const cJSON *suf = cJSON_GetObjectItemCaseSensitive(req, "suffix");
         if (suf && !cJSON_IsNull(suf)) {
             dsv4_reply_error(out, 400, "suffix", "`suffix` is not supported");

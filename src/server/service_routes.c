@@ -137,15 +137,6 @@ static void handle_completions(dsv4_service *s, const cJSON *req, dsv4_reply *ou
     dsv4_req_params_free(&p);
 }
 
-static void reply_obj(dsv4_reply *out, cJSON *o) {
-    out->status = 200;
-    out->content_type = "application/json";
-    out->body = cJSON_PrintUnformatted(o);
-    out->len = out->body ? strlen(out->body) : 0;
-    cJSON_Delete(o);
-    if (!out->body) dsv4_reply_error(out, 500, NULL, "out of memory");
-}
-
 static void handle_tokenize(dsv4_service *s, const cJSON *req, const char *raw, size_t len, dsv4_reply *out) {
     dsv4_tokvec ids = {0};
     dsv4_err err = {0};
@@ -183,7 +174,7 @@ static void handle_tokenize(dsv4_service *s, const cJSON *req, const char *raw, 
     cJSON_AddNumberToObject(o, "max_model_len", (double)s->max_model_len);
     for (size_t i = 0; i < ids.n; i++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(ids.ids[i]));
     dsv4_tokvec_free(&ids);
-    reply_obj(out, o);
+    dsv4_reply_json(out, 200, o);
 }
 
 static void handle_detokenize(dsv4_service *s, const cJSON *req, dsv4_reply *out) {
@@ -214,7 +205,7 @@ static void handle_detokenize(dsv4_service *s, const cJSON *req, dsv4_reply *out
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "prompt", text);
     free(text);
-    reply_obj(out, o);
+    dsv4_reply_json(out, 200, o);
 }
 
 void dsv4_service_handle(dsv4_service *s, dsv4_svc_route route, const cJSON *req, const char *raw, size_t len,

@@ -8,24 +8,24 @@
 #include <string.h>
 
 static uint64_t tu_state = 0x1234567;
-static float tu_rand(void) { /* uniform in [-1, 1) */
+static inline float tu_rand(void) { /* uniform in [-1, 1) */
     tu_state ^= tu_state << 13;
     tu_state ^= tu_state >> 7;
     tu_state ^= tu_state << 17;
     return (float)((tu_state >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
 }
-static void tu_fill(float *x, size_t n, float scale) {
+static inline void tu_fill(float *x, size_t n, float scale) {
     for (size_t i = 0; i < n; i++) x[i] = tu_rand() * scale;
 }
 
-static dsv4_buf tu_buf(dsv4_backend *be, dsv4_dtype dt, int64_t r, int64_t c) {
+static inline dsv4_buf tu_buf(dsv4_backend *be, dsv4_dtype dt, int64_t r, int64_t c) {
     dsv4_buf b = {0};
     be->buf_alloc(be, dt, r, c, &b, NULL);
     return b;
 }
-static float *tu_f(dsv4_buf *b) { return (float *)b->data; }
+static inline float *tu_f(dsv4_buf *b) { return (float *)b->data; }
 
-static dsv4_tview tu_view(dsv4_dtype dt, const void *data, int ndim, int64_t d0, int64_t d1) {
+static inline dsv4_tview tu_view(dsv4_dtype dt, const void *data, int ndim, int64_t d0, int64_t d1) {
     dsv4_tview v = {0};
     v.dtype = dt;
     v.ndim = ndim;
@@ -43,7 +43,7 @@ typedef struct tu_batch {
     int32_t cu[17], sslot[16], spos0[16];
 } tu_batch;
 
-static void tu_batch_init(tu_batch *tb) {
+static inline void tu_batch_init(tu_batch *tb) {
     memset(tb, 0, sizeof *tb);
     tb->b.token = tb->token;
     tb->b.pos = tb->pos;
@@ -54,7 +54,7 @@ static void tu_batch_init(tu_batch *tb) {
     tb->b.seq_pos0 = tb->spos0;
 }
 /* Append a segment of n rows: slot, positions pos0.., tokens from toks (indexed by position) */
-static void tu_batch_add(tu_batch *tb, int slot, int pos0, int n, const int32_t *toks_by_pos) {
+static inline void tu_batch_add(tu_batch *tb, int slot, int pos0, int n, const int32_t *toks_by_pos) {
     int s = tb->b.n_seqs, r0 = tb->b.n_rows;
     tb->sslot[s] = slot;
     tb->spos0[s] = pos0;

@@ -1,6 +1,7 @@
 /* CPU backend number formats (spec/MODEL.md §2.3, §3.4.2, §3.4.6): decode tables,
  * rounding grids and the QAT round-trips, checked against their definitions. */
 #include "backend/cpu/cpu_num.h"
+#include "model/formats.h"
 #include "test.h"
 
 #include <math.h>
@@ -90,10 +91,34 @@ static void test_hadamard(void) {
     CHECK_NEAR(md, 0.0, 1e-5);
 }
 
+/* Against the loader's independent quantisers (src/model/formats.c, checked there against
+ * ml_dtypes goldens), including block maxima just above a power of two times 448. */
+static void test_against_formats(void) {
+    float x[256], a[256], b[256];
+    int bad8 = 0, bad4 = 0;
+    for (int trial = 0; trial < 200; trial++) {
+        for (int i = 0; i < 256; i++) x[i] = (float)((rand() % 20001) - 10000) / (1 + trial % 37);
+        if (trial % 2) x[trial % 256] = 448.0f * ldexpf(1.0f + ldexpf(1, -23), trial % 20 - 10); /* just above 2^k·448 */
+        for (int blk = 64; blk <= 128; blk *= 2) {
+            memcpy(a, x, sizeof x);
+            for (int k = 0; k < 256; k += blk) dsv4_cpu_fp8_roundtrip(a + k, blk);
+            dsv4_act_roundtrip_e4m3(x, b, 256, blk);
+            bad8 += memcmp(a, b, sizeof a) != 0;
+        }
+        memcpy(a, x, sizeof x);
+        for (int k = 0; k < 256; k += 32) dsv4_cpu_fp4_roundtrip(a + k, 32);
+        dsv4_act_roundtrip_e2m1(x, b, 256, 32);
+        bad4 += memcmp(a, b, sizeof a) != 0;
+    }
+    CHECK_EQ_INT(bad8, 0);
+    CHECK_EQ_INT(bad4, 0);
+}
+
 int main(void) {
     test_decode();
     test_grids();
     test_roundtrips();
     test_hadamard();
+    test_against_formats();
     return TEST_REPORT();
 }

@@ -9,6 +9,7 @@
  * leaves a rejected draft in place changes the output, and the output of a
  * request can be computed independently by running the toy model sequentially.
  */
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -83,13 +84,31 @@ static void toy_release(void *ctx, int slot) {
 }
 
 /* Drafter: follows the toy model's greedy chain from the committed history,
- * but is wrong at some positions, so acceptance is partial. */
-static int toy_propose(void *ctx, int slot, int32_t anchor, int64_t apos, int k, float temp, uint64_t seed,
-                       int32_t *d, float *q, dsv4_err *err) {
+ * but is wrong at some positions, so acceptance is partial. It keeps its own
+ * copy of the committed tokens (taken only through commit), as a real
+ * drafter's context ring is fed only committed rows. */
+static int32_t dctx[SLOTS][MAXPOS];
+static int dlen[SLOTS];
+
+static int toy_commit(void *ctx, int n, const int32_t *slot, const int64_t *len, dsv4_err *err) {
     toy *t = ctx;
-    if (apos > t->written[slot]) return dsv4_err_set(err, DSV4_EINVAL, "drafter: context missing");
+    for (int i = 0; i < n; i++) {
+        int s = slot[i];
+        if (len[i] > t->written[s] || len[i] < dlen[s])
+            return dsv4_err_set(err, DSV4_EINVAL, "commit: slot %d length %lld (written %d, had %d)", s,
+                                (long long)len[i], t->written[s], dlen[s]);
+        memcpy(dctx[s] + dlen[s], t->hist[s] + dlen[s], sizeof(int32_t) * (size_t)(len[i] - dlen[s]));
+        dlen[s] = (int)len[i];
+    }
+    return 0;
+}
+
+static int toy_propose1(int slot, int32_t anchor, int64_t apos, int k, float temp, uint64_t seed, int32_t *d,
+                        float *q, dsv4_err *err) {
+    if (apos != dlen[slot]) return dsv4_err_set(err, DSV4_EINVAL, "drafter: context %d, anchor at %lld", dlen[slot],
+                                                (long long)apos);
     int32_t h[MAXPOS];
-    memcpy(h, t->hist[slot], sizeof(int32_t) * (size_t)apos); /* committed part only */
+    memcpy(h, dctx[slot], sizeof(int32_t) * (size_t)apos); /* committed part only */
     h[apos] = anchor;
     float lg[VOCAB];
     for (int j = 0; j < k; j++) {
@@ -107,6 +126,18 @@ static int toy_propose(void *ctx, int slot, int32_t anchor, int64_t apos, int k,
     }
     return 0;
 }
+
+static int toy_propose(void *ctx, int n, const int32_t *slot, const int32_t *anchor, const int64_t *apos, int k,
+                       const float *temp, const uint64_t *seed, int32_t *d, float *const *q, int *qv, dsv4_err *err) {
+    for (int i = 0; i < n; i++) {
+        int rc = toy_propose1(slot[i], anchor[i], apos[i], k, temp[i], seed[i], d + (size_t)i * k, q[i], err);
+        if (rc) return rc;
+        qv[i] = q[i] != NULL;
+    }
+    return 0;
+}
+
+static void toy_drafter_release(void *ctx, int slot) { dlen[slot] = 0; }
 
 /* Independent reference: greedy continuation of prompt by the toy model,
  * with EOS handling as the engine's rules say. Returns the number of tokens. */
@@ -126,11 +157,12 @@ static int reference(const int32_t *prompt, int n, int max_tokens, int32_t eos, 
 
 static toy T;
 static dsv4_runner RUN = {&T, VOCAB, SLOTS, toy_forward, toy_release};
-static dsv4_drafter DR = {&T, 5, toy_propose, NULL};
+static dsv4_drafter DR = {&T, 5, toy_commit, toy_propose, toy_drafter_release};
 
 static dsv4_engine *make(int seqs, int budget, int k, int64_t maxlen, int32_t eos) {
     memset(&T, 0, sizeof T);
-    dsv4_engine_opts o = {seqs, budget, maxlen, k, eos};
+    memset(dlen, 0, sizeof dlen);
+    dsv4_engine_opts o = {seqs, budget, maxlen, k, eos, {{0}}, 0};
     dsv4_engine *e = NULL;
     dsv4_err err = {0};
     int rc = dsv4_engine_create(&o, &RUN, k ? &DR : NULL, &e, &err);
@@ -187,6 +219,7 @@ static void test_batched_equals_single(int k) {
     int total_prompt = 0;
     for (int i = 0; i < N; i++) total_prompt += lens[i];
     CHECK_EQ_INT(st.prompt_tokens, total_prompt);
+    CHECK_EQ_INT(st.spec_draft_failures, 0);
     if (k) {
         CHECK(st.spec_drafts > 0);
         CHECK(st.spec_accepted_tokens > 0 && st.spec_accepted_tokens < st.spec_draft_tokens);
@@ -408,10 +441,10 @@ static void test_errors(void) {
     dsv4_request_release(r);
     dsv4_engine_free(e);
 
-    dsv4_engine_opts o = {9, 16, 100, 0, 1};
+    dsv4_engine_opts o = {9, 16, 100, 0, 1, {{0}}, 0};
     CHECK_EQ_INT(dsv4_engine_create(&o, &RUN, NULL, &e, &err), DSV4_EINVAL);
     CHECK_CONTAINS(err.msg, "max_num_seqs");
-    dsv4_engine_opts o2 = {2, 16, 100, 6, 1};
+    dsv4_engine_opts o2 = {2, 16, 100, 6, 1, {{0}}, 0};
     CHECK_EQ_INT(dsv4_engine_create(&o2, &RUN, &DR, &e, &err), DSV4_EINVAL);
     CHECK_CONTAINS(err.msg, "block size 5");
 }
@@ -443,6 +476,84 @@ static void test_seeded(void) {
     CHECK(na == nb && !memcmp(a, b, sizeof(int32_t) * (size_t)na));
     dsv4_request_release(r);
     dsv4_request_release(x);
+    dsv4_engine_free(e);
+}
+
+/*
+ * Logprobs (SERVING.md §3.3, §7.2): every generated token's record equals an
+ * independent log_softmax (double) of the toy model's raw logits after the
+ * prompt and the tokens before it, also when speculation emits several tokens
+ * per step and when sampling with penalties (logprobs stay raw). Requests that
+ * did not ask get none.
+ */
+static void test_logprobs(int k, float temp) {
+    int32_t p[2][20], out[2][4096], h[MAXPOS];
+    prompt_of(77, 20, p[0]);
+    prompt_of(78, 9, p[1]);
+    dsv4_engine *e = make(2, 16, k, 1 << 20, -1);
+    dsv4_request *r[2];
+    dsv4_err err = {0};
+    for (int i = 0; i < 2; i++) {
+        dsv4_gen_params gp;
+        dsv4_gen_params_default(&gp);
+        gp.sampling.temperature = temp;
+        gp.sampling.seed = 99;
+        gp.sampling.presence_penalty = temp > 0 ? 1.5f : 0; /* changes sampling, not the reported logprobs */
+        gp.max_tokens = 40;
+        gp.logprobs = i == 0;
+        gp.top_logprobs = 7;
+        CHECK_EQ_INT(dsv4_engine_submit(e, p[i], i ? 9 : 20, &gp, &r[i], &err), 0);
+    }
+    run_idle(e);
+    dsv4_finish f;
+    int n = drain(r[0], out[0], &f);
+    CHECK_EQ_INT(n, 40);
+    dsv4_token_logprob *lp = calloc((size_t)n + 1, sizeof *lp);
+    CHECK_EQ_INT(dsv4_request_logprobs(r[0], 0, n + 5, lp), n);
+    memcpy(h, p[0], sizeof(int32_t) * 20);
+    int bad = 0, top1_hits = 0;
+    for (int g = 0; g < n; g++) {
+        float lg[VOCAB];
+        toy_logits(h, 20 + g, lg);
+        double mx = lg[0], s = 0, ref[VOCAB];
+        for (int v = 1; v < VOCAB; v++) mx = lg[v] > mx ? lg[v] : mx;
+        for (int v = 0; v < VOCAB; v++) s += exp((double)lg[v] - mx);
+        for (int v = 0; v < VOCAB; v++) ref[v] = lg[v] - mx - log(s);
+        bad += lp[g].token != out[0][g] || fabs(lp[g].logprob - ref[out[0][g]]) > 1e-5 || lp[g].n_top != 7;
+        for (int t = 0; t < lp[g].n_top; t++) {
+            int32_t id = lp[g].top_ids[t];
+            bad += fabs(lp[g].top_logprobs[t] - ref[id]) > 1e-5;
+            if (t > 0) bad += lp[g].top_logprobs[t] > lp[g].top_logprobs[t - 1];
+            int above = 0; /* exactly t ids are strictly more likely */
+            for (int v = 0; v < VOCAB; v++) above += ref[v] > ref[id];
+            bad += above > t;
+        }
+        top1_hits += lp[g].top_ids[0] == out[0][g];
+        h[20 + g] = out[0][g];
+    }
+    CHECK_MSG(bad == 0, "k=%d temp=%g: %d logprob mismatches", k, temp, bad);
+    if (temp == 0) CHECK_EQ_INT(top1_hits, n); /* greedy picks the raw top-1 */
+    else CHECK(top1_hits < n);                 /* sampling with a penalty strays from it */
+    CHECK_EQ_INT(dsv4_request_logprobs(r[0], 35, 10, lp), 5);
+    CHECK_EQ_INT(drain(r[1], out[1], &f), 40);
+    CHECK_EQ_INT(dsv4_request_logprobs(r[1], 0, 40, lp), 0);
+    if (k) {
+        dsv4_engine_stats st;
+        dsv4_engine_get_stats(e, &st);
+        CHECK(st.spec_accepted_tokens > 0); /* multi-token steps were covered */
+    }
+    free(lp);
+    dsv4_request_release(r[0]);
+    dsv4_request_release(r[1]);
+    dsv4_engine_free(e);
+    /* top_logprobs out of range is refused */
+    e = make(1, 8, 0, 1 << 20, -1);
+    dsv4_gen_params gp;
+    dsv4_gen_params_default(&gp);
+    gp.logprobs = 1;
+    gp.top_logprobs = DSV4_MAX_TOP_LOGPROBS + 1;
+    CHECK_EQ_INT(dsv4_engine_submit(e, p[0], 20, &gp, &r[0], &err), DSV4_EINVAL);
+    CHECK_CONTAINS(err.msg, "top_logprobs");
     dsv4_engine_free(e);
 }
 
@@ -485,7 +596,44 @@ static void test_threaded(void) {
     dsv4_engine_free(e);
 }
 
+/* Per-batch-size k (DSPARK.md §5.3): no drafts while 2+ requests run, k=2 alone. */
+static void test_k_schedule(void) {
+    memset(&T, 0, sizeof T);
+    memset(dlen, 0, sizeof dlen);
+    dsv4_engine_opts o = {4, 16, 1 << 20, 4, -1, {{2, 64, 0}, {1, 1, 2}}, 2};
+    dsv4_engine *e;
+    dsv4_err err = {0};
+    CHECK_EQ_INT(dsv4_engine_create(&o, &RUN, &DR, &e, &err), 0);
+    int32_t p[2][10], ref[2][64], out[4096];
+    dsv4_request *r[2];
+    dsv4_gen_params gp;
+    dsv4_gen_params_default(&gp);
+    gp.sampling.temperature = 0;
+    for (int i = 0; i < 2; i++) {
+        prompt_of(60 + i, 10, p[i]);
+        gp.max_tokens = i ? 40 : 10;
+        reference(p[i], 10, gp.max_tokens, -1, ref[i]);
+        dsv4_engine_submit(e, p[i], 10, &gp, &r[i], &err);
+    }
+    run_idle(e);
+    dsv4_engine_stats st;
+    dsv4_engine_get_stats(e, &st);
+    /* drafts only once request 0 finished: all of size 2, never 4 */
+    CHECK(st.spec_drafts > 0 && st.spec_draft_tokens == 2 * st.spec_drafts);
+    for (int i = 0; i < 2; i++) {
+        dsv4_finish f;
+        int n = drain(r[i], out, &f);
+        CHECK(n == (i ? 40 : 10) && !memcmp(out, ref[i], sizeof(int32_t) * (size_t)n));
+        dsv4_request_release(r[i]);
+    }
+    dsv4_engine_free(e);
+    dsv4_engine_opts bad = {4, 16, 1 << 20, 4, -1, {{1, 8, 5}}, 1};
+    CHECK_EQ_INT(dsv4_engine_create(&bad, &RUN, &DR, &e, &err), DSV4_EINVAL);
+    CHECK_CONTAINS(err.msg, "num_speculative_tokens_per_batch_size");
+}
+
 int main(void) {
+    test_k_schedule();
     test_batched_equals_single(0);
     test_batched_equals_single(3);
     test_batched_equals_single(5);
@@ -497,6 +645,10 @@ int main(void) {
     test_no_starvation();
     test_errors();
     test_seeded();
+    test_logprobs(0, 0);
+    test_logprobs(4, 0);
+    test_logprobs(0, 0.8f);
+    test_logprobs(5, 0.8f);
     test_threaded();
     return TEST_REPORT();
 }

@@ -54,7 +54,7 @@ int dsv4_cpu_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv,
     /* Upper bound on candidates: raw window + compressed rows. */
     int64_t max_cand = ws->window + (cs ? (sel ? sel->cols : cs->max_rows) : 0);
     int fail = 0;
-#pragma omp parallel
+#pragma omp parallel if ((int64_t)T * n_heads * max_cand * hd > DSV4_CPU_PAR_MIN)
     {
         const float **keys = malloc((size_t)max_cand * sizeof *keys);
         float *s = malloc((size_t)max_cand * sizeof *s);
@@ -89,9 +89,7 @@ int dsv4_cpu_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv,
                 float sink = dsv4_cpu_load_f(sinks->data, sinks->dtype, h);
                 float mx = sink;
                 for (int64_t j = 0; j < n; j++) {
-                    float acc = 0;
-                    for (int64_t k = 0; k < hd; k++) acc += qh[k] * keys[j][k];
-                    s[j] = acc * scale;
+                    s[j] = dsv4_cpu_dot(qh, keys[j], hd) * scale;
                     mx = fmaxf(mx, s[j]);
                 }
                 /* One softmax over candidates plus the sink logit, which has no value row. */

@@ -48,7 +48,7 @@ int dsv4_cpu_rmsnorm(dsv4_backend *be, const dsv4_buf *x, const dsv4_tview *weig
     if (!rc && weight) rc = dsv4_cpu_check_vec(weight, group, "rmsnorm weight", err);
     if (rc) return rc;
     int64_t ng = x->rows * (x->cols / group);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (x->rows * x->cols > DSV4_CPU_PAR_MIN)
     for (int64_t gi = 0; gi < ng; gi++) {
         const float *xi = (const float *)x->data + gi * group;
         float *yi = (float *)y->data + gi * group;
@@ -84,7 +84,7 @@ int dsv4_cpu_rope(dsv4_backend *be, dsv4_buf *x, int head_dim, const dsv4_rope *
                           head_dim, (long long)x->cols, rope->rope_dim);
     if (rc) return rc;
     int64_t nh = x->cols / head_dim;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (x->rows * x->cols > DSV4_CPU_PAR_MIN)
     for (int t = 0; t < b->n_rows; t++)
         for (int64_t h = 0; h < nh; h++)
             dsv4_cpu_rope_row((float *)x->data + (t * nh + h) * head_dim, head_dim, rope, b->pos[t],

@@ -7,6 +7,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 static float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
@@ -15,11 +16,20 @@ static void hc_mixes(const float *x, int64_t n, const dsv4_tview *fn, int n_out,
     double ss = 0;
     for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
     float r = (float)(1.0 / sqrt(ss / n + eps));
+    float *row = malloc((size_t)n * sizeof(float));
     for (int k = 0; k < n_out; k++) {
-        double acc = 0;
-        for (int64_t i = 0; i < n; i++) acc += (double)dsv4_cpu_load_f(fn->data, fn->dtype, k * n + i) * x[i];
-        m[k] = (float)acc * r;
+        /* fp32 accumulate, like the official fp32 GEMM; the row is copied out first because
+         * checkpoint F32 tensors need not be 4-byte aligned */
+        if (row && fn->dtype == DSV4_DT_F32) {
+            memcpy(row, (const char *)fn->data + (size_t)(k * n) * sizeof(float), (size_t)n * sizeof(float));
+            m[k] = dsv4_cpu_dot(row, x, n) * r;
+        } else {
+            float acc = 0;
+            for (int64_t i = 0; i < n; i++) acc += dsv4_cpu_load_f(fn->data, fn->dtype, k * n + i) * x[i];
+            m[k] = acc * r;
+        }
     }
+    free(row);
 }
 
 /*
@@ -67,7 +77,7 @@ int dsv4_cpu_hc_pre(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn, c
     if (rc) return rc;
     float sc[3];
     for (int i = 0; i < 3; i++) sc[i] = dsv4_cpu_load_f(scale->data, scale->dtype, i);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * X->cols * 8 > DSV4_CPU_PAR_MIN)
     for (int64_t t = 0; t < T; t++) {
         const float *x = (const float *)X->data + t * n;
         float m[16 * 18], pre[16];
@@ -101,7 +111,7 @@ int dsv4_cpu_hc_post(dsv4_backend *be, const dsv4_buf *X, const dsv4_buf *f, con
     if (!rc) rc = dsv4_cpu_check_f32(Xout, T, X->cols, "hc_post Xout", err);
     if (!rc && Xout->data == X->data) rc = dsv4_err_set(err, DSV4_EINVAL, "cpu: hc_post: Xout aliases X");
     if (rc) return rc;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * X->cols * 8 > DSV4_CPU_PAR_MIN)
     for (int64_t t = 0; t < T; t++) {
         const float *x = (const float *)X->data + t * n_hc * d, *fr = (const float *)f->data + t * d;
         const float *po = (const float *)post->data + t * n_hc, *C = (const float *)comb->data + t * n_hc * n_hc;
@@ -129,7 +139,7 @@ int dsv4_cpu_hc_head(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn, 
     if (!rc) rc = dsv4_cpu_check_f32(y, T, d, "hc_head y", err);
     if (rc) return rc;
     float sc = dsv4_cpu_load_f(scale->data, scale->dtype, 0);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (T * X->cols * 8 > DSV4_CPU_PAR_MIN)
     for (int64_t t = 0; t < T; t++) {
         const float *x = (const float *)X->data + t * n;
         float m[16], pre[16];

@@ -35,7 +35,7 @@ int dsv4_cpu_indexer_select(dsv4_backend *be, const dsv4_buf *qi, const dsv4_buf
     if (!rc) rc = dsv4_cpu_check_f32(&idx->rows, (int64_t)idx->n_slots * idx->max_rows, dk, "index keys", err);
     if (rc) return rc;
     int fail = 0;
-#pragma omp parallel for schedule(dynamic)
+#pragma omp parallel for schedule(dynamic) if ((int64_t)T * H * dk * idx->max_rows > DSV4_CPU_PAR_MIN)
     for (int t = 0; t < T; t++) {
         int32_t *out = (int32_t *)sel->data + (int64_t)t * topk;
         int64_t nvis = (b->pos[t] + 1) / idx->ratio;
@@ -56,8 +56,7 @@ int dsv4_cpu_indexer_select(dsv4_backend *be, const dsv4_buf *qi, const dsv4_buf
         for (int64_t w = 0; w < nvis; w++) {
             float total = 0;
             for (int64_t h = 0; h < H; h++) {
-                float dot = 0;
-                for (int64_t k = 0; k < dk; k++) dot += q[h * dk + k] * keys[w * dk + k];
+                float dot = dsv4_cpu_dot(q + h * dk, keys + w * dk, dk);
                 total += g_scale * gw[h] * (dot > 0 ? dot : 0);
             }
             sc[w].s = total;

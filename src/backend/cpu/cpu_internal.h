@@ -8,6 +8,22 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_num.h"
 
+/* Work (multiply-adds) below which an op stays single-threaded: thread
+ * start-up and barriers cost more than tiny ops, badly so on a loaded machine. */
+#define DSV4_CPU_PAR_MIN ((int64_t)1 << 22)
+
+/* Dot product in fp32 with 8 interleaved partial sums: a fixed summation
+ * order the compiler can vectorise (plain left-to-right sums it cannot). */
+static inline float dsv4_cpu_dot(const float *a, const float *b, int64_t n) {
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t k = 0;
+    for (; k + 8 <= n; k += 8)
+        for (int j = 0; j < 8; j++) acc[j] += a[k + j] * b[k + j];
+    float s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; k < n; k++) s += a[k] * b[k];
+    return s;
+}
+
 /* Checks shared by every op; each returns DSV4_OK or DSV4_EINVAL naming `what`. */
 int dsv4_cpu_check_f32(const dsv4_buf *b, int64_t rows, int64_t cols, const char *what, dsv4_err *err);
 int dsv4_cpu_check_i32(const dsv4_buf *b, int64_t rows, int64_t cols, const char *what, dsv4_err *err);

@@ -54,16 +54,21 @@ void dsv4_cpu_decode_row(const dsv4_linear *w, int64_t r, float *out) {
     case DSV4_DT_F8_E4M3: {
         const uint8_t *q = (const uint8_t *)w->w.data + r * in;
         int64_t sc = w->scale.shape[1];
-        for (int64_t k = 0; k < in; k++)
-            out[k] = dsv4_cpu_e4m3_to_f32(q[k]) * scale_at(&w->scale, (r / 128) * sc + k / 128);
+        for (int64_t k0 = 0; k0 < in; k0 += 128) { /* one scale per 128×128 block */
+            float s = scale_at(&w->scale, (r / 128) * sc + k0 / 128);
+            for (int64_t k = k0; k < in && k < k0 + 128; k++) out[k] = dsv4_cpu_e4m3_to_f32(q[k]) * s;
+        }
         break;
     }
     case DSV4_DT_I8:
     case DSV4_DT_U8: {
         const uint8_t *p = (const uint8_t *)w->w.data + r * (in / 2);
-        for (int64_t k = 0; k < in; k++) {
-            unsigned nib = (k & 1) ? p[k / 2] >> 4 : p[k / 2] & 15; /* low nibble = even column */
-            out[k] = dsv4_cpu_e2m1_to_f32(nib) * scale_at(&w->scale, r * (in / 32) + k / 32);
+        for (int64_t k0 = 0; k0 < in; k0 += 32) { /* one scale per 32 columns of the row */
+            float s = scale_at(&w->scale, r * (in / 32) + k0 / 32);
+            for (int64_t k = k0; k < k0 + 32; k++) {
+                unsigned nib = (k & 1) ? p[k / 2] >> 4 : p[k / 2] & 15; /* low nibble = even column */
+                out[k] = dsv4_cpu_e2m1_to_f32(nib) * s;
+            }
         }
         break;
     }
@@ -93,7 +98,7 @@ int dsv4_cpu_matmul(const float *x, int64_t T, const dsv4_linear *w, float *y, i
         xs = xq;
     }
     int fail = 0;
-#pragma omp parallel
+#pragma omp parallel if (T * in * out > DSV4_CPU_PAR_MIN)
     {
         float *wr = malloc((size_t)in * sizeof(float));
         if (!wr) {
@@ -105,10 +110,7 @@ int dsv4_cpu_matmul(const float *x, int64_t T, const dsv4_linear *w, float *y, i
             if (!wr) continue;
             dsv4_cpu_decode_row(w, o, wr);
             for (int64_t t = 0; t < T; t++) {
-                const float *xr = xs + t * in;
-                float acc = 0.0f;
-                for (int64_t k = 0; k < in; k++) acc += xr[k] * wr[k];
-                y[t * out + o] = acc;
+                y[t * out + o] = dsv4_cpu_dot(xs + t * in, wr, in);
             }
         }
         free(wr);
@@ -139,7 +141,7 @@ int dsv4_cpu_linear_grouped(dsv4_backend *be, const dsv4_buf *x, const dsv4_line
     const float *xp = x->data;
     float *yp = y->data;
     int fail = 0;
-#pragma omp parallel
+#pragma omp parallel if (T * in_g * out > DSV4_CPU_PAR_MIN)
     {
         float *wr = malloc((size_t)in_g * sizeof(float));
         if (!wr) {
@@ -152,10 +154,7 @@ int dsv4_cpu_linear_grouped(dsv4_backend *be, const dsv4_buf *x, const dsv4_line
             dsv4_cpu_decode_row(w, o, wr);
             int64_t g = o / out_g;
             for (int64_t t = 0; t < T; t++) {
-                const float *xr = xp + t * in_g * groups + g * in_g;
-                float acc = 0.0f;
-                for (int64_t k = 0; k < in_g; k++) acc += xr[k] * wr[k];
-                yp[t * out + o] = acc;
+                yp[t * out + o] = dsv4_cpu_dot(xp + t * in_g * groups + g * in_g, wr, in_g);
             }
         }
         free(wr);

@@ -45,7 +45,8 @@ int dsv4_cpu_moe_route(dsv4_backend *be, const dsv4_buf *x, const dsv4_linear *g
                 break;
             }
             for (int j = 0; j < k; j++) {
-                int64_t e = ((const int64_t *)tid2eid->data)[tok * k + j];
+                int64_t e;
+                memcpy(&e, (const char *)tid2eid->data + 8 * (tok * k + j), 8); /* may be unaligned */
                 if (e < 0 || e >= E) {
                     rc = dsv4_err_set(err, DSV4_EINVAL, "moe_route: tid2eid[%lld] = %lld not an expert",
                                       (long long)tok, (long long)e);

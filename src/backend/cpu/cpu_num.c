@@ -22,14 +22,26 @@ float dsv4_cpu_round_bf16(float x) {
     return f;
 }
 
-float dsv4_cpu_e4m3_to_f32(uint8_t b) {
-    int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
-    if (e == 15 && m == 7) return 0.0f; /* NaN codes: never produced by a valid checkpoint */
-    float v = e == 0 ? ldexpf((float)m, -9) : ldexpf(1.0f + m / 8.0f, e - 7);
-    return s ? -v : v;
+/* Built from bits rather than ldexp: this decode runs once per weight element. */
+static float from_bits(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
 }
 
-float dsv4_cpu_e8m0_to_f32(uint8_t b) { return ldexpf(1.0f, (int)b - 127); }
+float dsv4_cpu_e4m3_to_f32(uint8_t b) {
+    uint32_t s = (uint32_t)(b >> 7) << 31, e = (b >> 3) & 15, m = b & 7;
+    if (e == 15 && m == 7) return 0.0f; /* NaN codes: never produced by a valid checkpoint */
+    if (e == 0) { /* subnormal: m · 2^-9 */
+        float v = (float)m * 0.001953125f;
+        return s ? -v : v;
+    }
+    return from_bits(s | (e - 7 + 127) << 23 | m << 20);
+}
+
+float dsv4_cpu_e8m0_to_f32(uint8_t b) {
+    return b ? from_bits((uint32_t)b << 23) : from_bits(0x00400000u); /* e = 0: 2^-127 */
+}
 
 float dsv4_cpu_e2m1_to_f32(unsigned nib) {
     static const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
@@ -69,15 +81,23 @@ static float amax_of(const float *x, int n) {
     return m;
 }
 
+/* 2^ceil(log2(v)) exactly, for positive finite v. (exp2f(ceilf(log2f(v))) is wrong when v is
+ * just above a power of two: log2f rounds down onto the integer and the scale halves.) */
+static float pow2_ceil(float v) {
+    int e;
+    float m = frexpf(v, &e); /* v = m·2^e, m in [0.5, 1) */
+    return ldexpf(1.0f, m == 0.5f ? e - 1 : e);
+}
+
 void dsv4_cpu_fp8_roundtrip(float *x, int n) {
     float amax = fmaxf(amax_of(x, n), 1e-4f);
-    float s = exp2f(ceilf(log2f(amax / 448.0f)));
+    float s = pow2_ceil(amax / 448.0f);
     for (int i = 0; i < n; i++) x[i] = dsv4_cpu_round_e4m3(x[i] / s) * s;
 }
 
 void dsv4_cpu_fp4_roundtrip(float *x, int n) {
     float amax = fmaxf(amax_of(x, n), 6.0f * ldexpf(1.0f, -126));
-    float s = exp2f(ceilf(log2f(amax / 6.0f)));
+    float s = pow2_ceil(amax / 6.0f);
     for (int i = 0; i < n; i++) x[i] = dsv4_cpu_round_e2m1(x[i] / s) * s;
 }
 
@@ -95,10 +115,20 @@ void dsv4_cpu_hadamard(float *x, int n) {
 
 float dsv4_cpu_load_f(const void *data, dsv4_dtype dt, int64_t i) {
     switch (dt) {
-    case DSV4_DT_F32: return ((const float *)data)[i];
-    case DSV4_DT_BF16: return dsv4_cpu_bf16_to_f32(((const uint16_t *)data)[i]);
+    /* memcpy: checkpoint tensors are not necessarily aligned to their element size */
+    case DSV4_DT_F32: {
+        float f;
+        memcpy(&f, (const char *)data + 4 * i, 4);
+        return f;
+    }
+    case DSV4_DT_BF16: {
+        uint16_t h;
+        memcpy(&h, (const char *)data + 2 * i, 2);
+        return dsv4_cpu_bf16_to_f32(h);
+    }
     case DSV4_DT_F16: {
-        uint16_t h = ((const uint16_t *)data)[i];
+        uint16_t h;
+        memcpy(&h, (const char *)data + 2 * i, 2);
         int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
         float v = e == 0 ? ldexpf((float)m, -24) : e == 31 ? INFINITY : ldexpf(1.0f + m / 1024.0f, e - 15);
         return s ? -v : v;

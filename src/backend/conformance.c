@@ -1,0 +1,500 @@
+/*
+ * Backend conformance: every op of the table run on identical random inputs
+ * in a test backend and a reference backend (src/backend/conformance.h).
+ * Inputs are made on the host from a small counter-based generator, so a run
+ * is reproducible from its seed on any machine.
+ */
+#include "backend/conformance.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_BUFS 96
+
+typedef struct conf {
+    dsv4_backend *be[2]; /* 0 = test, 1 = ref */
+    dsv4_buf bufs[2][MAX_BUFS];
+    int nbuf;
+    void *host[4 * MAX_BUFS]; /* host allocations to free */
+    int nhost;
+    uint64_t rng;
+    double tol;
+    FILE *rep;
+    int fails;
+    dsv4_err *err;
+} conf;
+
+static float rnd(conf *c) { /* uniform [-1, 1) */
+    c->rng += 0x9E3779B97F4A7C15ull;
+    uint64_t z = c->rng;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (float)((z >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+}
+
+static void *halloc(conf *c, size_t n) {
+    void *p = calloc(1, n ? n : 1);
+    if (p && c->nhost < 4 * MAX_BUFS) {
+        c->host[c->nhost++] = p;
+    } else {
+        free(p);
+        p = NULL;
+    }
+    return p;
+}
+
+static float *hrand(conf *c, size_t n, float scale) {
+    float *p = halloc(c, n * sizeof(float));
+    if (p)
+        for (size_t i = 0; i < n; i++) p[i] = scale * rnd(c);
+    return p;
+}
+
+/* A buffer in both backends with the same host contents (host may be NULL = zeros). */
+static int pair(conf *c, dsv4_dtype dt, int64_t r, int64_t cols, const void *host, dsv4_buf **out) {
+    if (c->nbuf == MAX_BUFS) return dsv4_err_set(c->err, DSV4_EINTERNAL, "conformance: out of buffers");
+    int i = c->nbuf++;
+    for (int s = 0; s < 2; s++) {
+        int rc = c->be[s]->buf_alloc(c->be[s], dt, r, cols, &c->bufs[s][i], c->err);
+        if (!rc && host) rc = c->be[s]->buf_write(c->be[s], &c->bufs[s][i], host, c->err);
+        if (rc) return rc;
+    }
+    out[0] = &c->bufs[0][i];
+    out[1] = &c->bufs[1][i];
+    return DSV4_OK;
+}
+
+/* Normalised error of an F32 output; counts a failure above tol. */
+static int check_f32(conf *c, const char *op, dsv4_buf **b) {
+    size_t n = (size_t)(b[1]->rows * b[1]->cols);
+    float *x = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float));
+    int rc = (x && y) ? DSV4_OK : dsv4_err_set(c->err, DSV4_ENOMEM, "conformance: out of memory");
+    if (!rc) rc = c->be[0]->buf_read(c->be[0], b[0], x, c->err);
+    if (!rc) rc = c->be[1]->buf_read(c->be[1], b[1], y, c->err);
+    if (!rc) {
+        double num = 0, den = 0;
+        for (size_t i = 0; i < n; i++) {
+            num += ((double)x[i] - y[i]) * ((double)x[i] - y[i]);
+            den += (double)y[i] * y[i];
+        }
+        double e = sqrt(num) / fmax(sqrt(den), 1e-30);
+        int bad = !(e <= c->tol);
+        c->fails += bad;
+        if (c->rep) fprintf(c->rep, "%-22s nerr %.3e %s\n", op, e, bad ? "FAIL" : "ok");
+    }
+    free(x);
+    free(y);
+    return rc;
+}
+
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Row-set comparison of an I32 output (order within a row does not matter). */
+static int check_sets(conf *c, const char *op, dsv4_buf **b) {
+    int64_t R = b[1]->rows, K = b[1]->cols;
+    int32_t *x = malloc((size_t)(R * K) * 4), *y = malloc((size_t)(R * K) * 4);
+    int rc = (x && y) ? DSV4_OK : dsv4_err_set(c->err, DSV4_ENOMEM, "conformance: out of memory");
+    if (!rc) rc = c->be[0]->buf_read(c->be[0], b[0], x, c->err);
+    if (!rc) rc = c->be[1]->buf_read(c->be[1], b[1], y, c->err);
+    if (!rc) {
+        int64_t diff = 0;
+        for (int64_t r = 0; r < R; r++) {
+            qsort(x + r * K, (size_t)K, 4, cmp_i32);
+            qsort(y + r * K, (size_t)K, 4, cmp_i32);
+            diff += memcmp(x + r * K, y + r * K, (size_t)K * 4) != 0;
+        }
+        double f = (double)diff / (double)(R ? R : 1);
+        int bad = !(f <= c->tol);
+        c->fails += bad;
+        if (c->rep) fprintf(c->rep, "%-22s rows differing %.3f %s\n", op, f, bad ? "FAIL" : "ok");
+    }
+    free(x);
+    free(y);
+    return rc;
+}
+
+/* Copy the reference side's buffer into the test side's (e.g. to feed both the same ids). */
+static int copy_ref_to_test(conf *c, dsv4_buf **b) {
+    size_t n = (size_t)(b[1]->rows * b[1]->cols) * dsv4_dtype_size(b[1]->dtype);
+    void *h = malloc(n ? n : 1);
+    if (!h) return dsv4_err_set(c->err, DSV4_ENOMEM, "conformance: out of memory");
+    int rc = c->be[1]->buf_read(c->be[1], b[1], h, c->err);
+    if (!rc) rc = c->be[0]->buf_write(c->be[0], b[0], h, c->err);
+    free(h);
+    return rc;
+}
+
+/* ---- weights ---- */
+
+static dsv4_tview view(dsv4_dtype dt, const void *data, int ndim, int64_t d0, int64_t d1) {
+    dsv4_tview v = {0};
+    v.dtype = dt;
+    v.ndim = ndim;
+    v.shape[0] = d0;
+    v.shape[1] = d1;
+    v.data = data;
+    v.nbytes = (size_t)(d0 * (ndim > 1 ? d1 : 1)) * dsv4_dtype_size(dt);
+    return v;
+}
+
+static uint16_t to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)(u >> 16);
+}
+
+/* Host linear: FP8 (random codes, no NaN), FP4 (random nibbles) or BF16; scales near 2^-7. */
+static dsv4_linear host_linear(conf *c, dsv4_dtype dt, int64_t o, int64_t i) {
+    dsv4_linear l = {.out = o, .in = i};
+    if (dt == DSV4_DT_F8_E4M3) {
+        uint8_t *q = halloc(c, (size_t)(o * i)), *s = halloc(c, (size_t)(((o + 127) / 128) * ((i + 127) / 128)));
+        for (int64_t k = 0; q && k < o * i; k++) {
+            uint8_t b = (uint8_t)((rnd(c) + 1) * 127.9f);
+            q[k] = (b & 0x7F) == 0x7F ? 0x38 : (uint8_t)(b & 0xBF); /* exponents up to 7: |v| < 2 */
+        }
+        for (int64_t k = 0; s && k < ((o + 127) / 128) * ((i + 127) / 128); k++) s[k] = (uint8_t)(120 + k % 3);
+        l.w = view(DSV4_DT_F8_E4M3, q, 2, o, i);
+        l.scale = view(DSV4_DT_F8_E8M0, s, 2, (o + 127) / 128, (i + 127) / 128);
+    } else if (dt == DSV4_DT_I8) {
+        uint8_t *q = halloc(c, (size_t)(o * i / 2)), *s = halloc(c, (size_t)(o * i / 32));
+        for (int64_t k = 0; q && k < o * i / 2; k++) q[k] = (uint8_t)((rnd(c) + 1) * 127.9f);
+        for (int64_t k = 0; s && k < o * i / 32; k++) s[k] = (uint8_t)(121 + k % 3);
+        l.w = view(DSV4_DT_I8, q, 2, o, i / 2);
+        l.scale = view(DSV4_DT_F8_E8M0, s, 2, o, i / 32);
+    } else {
+        uint16_t *w = halloc(c, (size_t)(o * i) * 2);
+        float sc = 1.0f / sqrtf((float)i);
+        for (int64_t k = 0; w && k < o * i; k++) w[k] = to_bf16(sc * rnd(c));
+        l.w = view(DSV4_DT_BF16, w, 2, o, i);
+    }
+    return l;
+}
+
+static int up_view(conf *c, int s, const dsv4_tview *h, dsv4_tview *d) {
+    if (!h->data) {
+        *d = *h;
+        return DSV4_OK;
+    }
+    return c->be[s]->upload(c->be[s], h, d, c->err);
+}
+
+static int up_linear(conf *c, const dsv4_linear *h, dsv4_linear *d /* [2] */) {
+    for (int s = 0; s < 2; s++) {
+        int rc;
+        if (c->be[s]->upload_linear) {
+            rc = c->be[s]->upload_linear(c->be[s], h, &d[s], c->err);
+        } else {
+            d[s] = *h;
+            rc = up_view(c, s, &h->w, &d[s].w);
+            if (!rc) rc = up_view(c, s, &h->scale, &d[s].scale);
+        }
+        if (rc) return rc;
+    }
+    return DSV4_OK;
+}
+
+static int up_vec(conf *c, const float *data, int64_t n, dsv4_tview *d /* [2] */) {
+    dsv4_tview h = view(DSV4_DT_F32, data, 1, n, 0);
+    int rc = up_view(c, 0, &h, &d[0]);
+    return rc ? rc : up_view(c, 1, &h, &d[1]);
+}
+
+#define RUN(call0, call1)                                  \
+    do {                                                   \
+        int rc_ = (call0);                                 \
+        if (!rc_) rc_ = (call1);                           \
+        if (rc_) return dsv4_err_prefix(c->err, "%s: ", op); \
+    } while (0)
+
+/* ---- the ops ---- */
+
+static int conf_dense(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
+    int T = s->rows, rc;
+    const char *op = "dense";
+    dsv4_buf *x[2], *y[2], *g[2], *u[2];
+    /* rmsnorm (weighted, and per-head unweighted) */
+    dsv4_tview nw[2];
+    if ((rc = pair(c, DSV4_DT_F32, T, s->d, hrand(c, (size_t)T * s->d, 3), x)) ||
+        (rc = pair(c, DSV4_DT_F32, T, s->d, NULL, y)) || (rc = up_vec(c, hrand(c, s->d, 1), s->d, nw)))
+        return rc;
+    op = "rmsnorm";
+    RUN(c->be[0]->rmsnorm(c->be[0], x[0], &nw[0], s->d, 1e-6f, y[0], c->err),
+        c->be[1]->rmsnorm(c->be[1], x[1], &nw[1], s->d, 1e-6f, y[1], c->err));
+    if ((rc = check_f32(c, op, y))) return rc;
+    op = "add";
+    RUN(c->be[0]->add(c->be[0], x[0], y[0], y[0], c->err), c->be[1]->add(c->be[1], x[1], y[1], y[1], c->err));
+    if ((rc = check_f32(c, op, y))) return rc;
+    /* rope forward + inverse on q-shaped rows, and the two QAT round-trips */
+    dsv4_rope r;
+    if ((rc = dsv4_rope_init(&r, s->rope_dim, 160000, 16, 65536, 32, 1, c->err))) return rc;
+    int64_t qw = (int64_t)s->n_heads * s->head_dim;
+    if ((rc = pair(c, DSV4_DT_F32, T, qw, hrand(c, (size_t)(T * qw), 2), g))) return rc;
+    op = "rope";
+    RUN(c->be[0]->rope(c->be[0], g[0], s->head_dim, &r, b, 0, c->err), c->be[1]->rope(c->be[1], g[1], s->head_dim, &r, b, 0, c->err));
+    if ((rc = check_f32(c, op, g))) return rc;
+    op = "rope_inverse";
+    RUN(c->be[0]->rope(c->be[0], g[0], s->head_dim, &r, b, 1, c->err), c->be[1]->rope(c->be[1], g[1], s->head_dim, &r, b, 1, c->err));
+    if ((rc = check_f32(c, op, g))) return rc;
+    op = "rmsnorm_per_head";
+    RUN(c->be[0]->rmsnorm(c->be[0], g[0], NULL, s->head_dim, 1e-6f, g[0], c->err),
+        c->be[1]->rmsnorm(c->be[1], g[1], NULL, s->head_dim, 1e-6f, g[1], c->err));
+    if ((rc = check_f32(c, op, g))) return rc;
+    op = "qat_fp8";
+    int nq = s->head_dim - s->rope_dim;
+    RUN(c->be[0]->qat_fp8(c->be[0], g[0], s->head_dim, nq, 64, c->err), c->be[1]->qat_fp8(c->be[1], g[1], s->head_dim, nq, 64, c->err));
+    if ((rc = check_f32(c, op, g))) return rc;
+    if ((rc = pair(c, DSV4_DT_F32, T, (int64_t)s->index_heads * s->index_dim,
+                   hrand(c, (size_t)T * s->index_heads * s->index_dim, 2), u)))
+        return rc;
+    op = "qat_hadamard_fp4";
+    RUN(c->be[0]->qat_hadamard_fp4(c->be[0], u[0], s->index_dim, c->err), c->be[1]->qat_hadamard_fp4(c->be[1], u[1], s->index_dim, c->err));
+    return check_f32(c, op, u);
+}
+
+static int conf_linear(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
+    int T = s->rows, rc;
+    static const struct { const char *name; dsv4_dtype dt; } kinds[3] = {
+        {"linear_fp8", DSV4_DT_F8_E4M3}, {"linear_fp4", DSV4_DT_I8}, {"linear_bf16", DSV4_DT_BF16}};
+    for (int k = 0; k < 3; k++) {
+        const char *op = kinds[k].name;
+        int64_t out = k == 1 ? s->moe_inter : s->q_lora;
+        dsv4_linear h = host_linear(c, kinds[k].dt, out, s->d), L[2];
+        dsv4_buf *x[2], *y[2];
+        if ((rc = up_linear(c, &h, L)) || (rc = pair(c, DSV4_DT_F32, T, s->d, hrand(c, (size_t)T * s->d, 2), x)) ||
+            (rc = pair(c, DSV4_DT_F32, T, out, NULL, y)))
+            return rc;
+        RUN(c->be[0]->linear(c->be[0], x[0], &L[0], y[0], c->err), c->be[1]->linear(c->be[1], x[1], &L[1], y[1], c->err));
+        if ((rc = check_f32(c, op, y))) return rc;
+    }
+    const char *op = "linear_grouped";
+    int64_t in_g = (int64_t)s->n_heads * s->head_dim / s->o_groups, out = (int64_t)s->o_groups * s->o_lora;
+    dsv4_linear h = host_linear(c, DSV4_DT_F8_E4M3, out, in_g), L[2];
+    dsv4_buf *x[2], *y[2];
+    if ((rc = up_linear(c, &h, L)) ||
+        (rc = pair(c, DSV4_DT_F32, T, in_g * s->o_groups, hrand(c, (size_t)(T * in_g * s->o_groups), 1), x)) ||
+        (rc = pair(c, DSV4_DT_F32, T, out, NULL, y)))
+        return rc;
+    RUN(c->be[0]->linear_grouped(c->be[0], x[0], &L[0], s->o_groups, y[0], c->err),
+        c->be[1]->linear_grouped(c->be[1], x[1], &L[1], s->o_groups, y[1], c->err));
+    (void)b;
+    return check_f32(c, op, y);
+}
+
+static int conf_hc(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
+    int T = s->rows, n = s->hc, nm = n * (2 + n), rc;
+    int64_t w = (int64_t)n * s->d;
+    dsv4_tview fn[2], base[2], sc[2], hfn[2], hbase[2], hsc[2];
+    float *scale = hrand(c, 3, 0.25f);
+    for (int i = 0; scale && i < 3; i++) scale[i] += 1;
+    if ((rc = up_vec(c, hrand(c, (size_t)(nm * w), 1.0f / sqrtf((float)w)), nm * w, fn)) ||
+        (rc = up_vec(c, hrand(c, nm, 1), nm, base)) || (rc = up_vec(c, scale, 3, sc)) ||
+        (rc = up_vec(c, hrand(c, (size_t)(n * w), 1.0f / sqrtf((float)w)), n * w, hfn)) ||
+        (rc = up_vec(c, hrand(c, n, 1), n, hbase)) || (rc = up_vec(c, scale, 1, hsc)))
+        return rc;
+    /* the ops read fn as [rows][w]: shape is only checked by element count */
+    dsv4_buf *X[2], *y[2], *post[2], *comb[2], *f[2], *X2[2];
+    if ((rc = pair(c, DSV4_DT_F32, T, w, hrand(c, (size_t)(T * w), 2), X)) || (rc = pair(c, DSV4_DT_F32, T, s->d, NULL, y)) ||
+        (rc = pair(c, DSV4_DT_F32, T, n, NULL, post)) || (rc = pair(c, DSV4_DT_F32, T, n * n, NULL, comb)) ||
+        (rc = pair(c, DSV4_DT_F32, T, s->d, hrand(c, (size_t)T * s->d, 1), f)) || (rc = pair(c, DSV4_DT_F32, T, w, NULL, X2)))
+        return rc;
+    const char *op = "hc_pre";
+    RUN(c->be[0]->hc_pre(c->be[0], X[0], &fn[0], &base[0], &sc[0], n, 20, 1e-6f, y[0], post[0], comb[0], c->err),
+        c->be[1]->hc_pre(c->be[1], X[1], &fn[1], &base[1], &sc[1], n, 20, 1e-6f, y[1], post[1], comb[1], c->err));
+    if ((rc = check_f32(c, "hc_pre y", y)) || (rc = check_f32(c, "hc_pre post", post)) ||
+        (rc = check_f32(c, "hc_pre comb", comb)))
+        return rc;
+    op = "hc_post";
+    RUN(c->be[0]->hc_post(c->be[0], X[0], f[0], post[0], comb[0], n, X2[0], c->err),
+        c->be[1]->hc_post(c->be[1], X[1], f[1], post[1], comb[1], n, X2[1], c->err));
+    if ((rc = check_f32(c, op, X2))) return rc;
+    op = "hc_head";
+    RUN(c->be[0]->hc_head(c->be[0], X2[0], &hfn[0], &hbase[0], &hsc[0], n, 1e-6f, y[0], c->err),
+        c->be[1]->hc_head(c->be[1], X2[1], &hfn[1], &hbase[1], &hsc[1], n, 1e-6f, y[1], c->err));
+    if ((rc = check_f32(c, op, y))) return rc;
+    op = "swiglu";
+    dsv4_buf *u[2];
+    if ((rc = pair(c, DSV4_DT_F32, T, s->d, hrand(c, (size_t)T * s->d, 20), u))) return rc;
+    RUN(c->be[0]->swiglu(c->be[0], f[0], u[0], 10.0f, u[0], c->err), c->be[1]->swiglu(c->be[1], f[1], u[1], 10.0f, u[1], c->err));
+    (void)b;
+    return check_f32(c, op, u);
+}
+
+/* Window ring + compressed rows + attention + compressor + indexer, for two requests. */
+static int conf_attention(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b, int max_pos) {
+    int T = s->rows, hd = s->head_dim, H = s->n_heads, rc;
+    int slots = 2, cap = s->window + 4;
+    dsv4_win_state ws[2];
+    dsv4_cmp_state cs[2], ix[2];
+    dsv4_buf *ring[2], *rows[2], *ckv[2], *csc[2], *irows[2], *ikv[2], *isc[2];
+    int64_t max_rows = max_pos / 4 + 1;
+    int cmcap = 8 + 4;
+    if ((rc = pair(c, DSV4_DT_F32, (int64_t)slots * cap, hd, hrand(c, (size_t)slots * cap * hd, 1), ring)) ||
+        (rc = pair(c, DSV4_DT_F32, slots * max_rows, hd, hrand(c, (size_t)(slots * max_rows * hd), 1), rows)) ||
+        (rc = pair(c, DSV4_DT_F32, (int64_t)slots * cmcap, 2 * hd, hrand(c, (size_t)slots * cmcap * 2 * hd, 1), ckv)) ||
+        (rc = pair(c, DSV4_DT_F32, (int64_t)slots * cmcap, 2 * hd, hrand(c, (size_t)slots * cmcap * 2 * hd, 1), csc)) ||
+        (rc = pair(c, DSV4_DT_F32, slots * max_rows, s->index_dim, hrand(c, (size_t)(slots * max_rows * s->index_dim), 1), irows)) ||
+        (rc = pair(c, DSV4_DT_F32, (int64_t)slots * cmcap, 2 * s->index_dim, hrand(c, (size_t)slots * cmcap * 2 * s->index_dim, 1), ikv)) ||
+        (rc = pair(c, DSV4_DT_F32, (int64_t)slots * cmcap, 2 * s->index_dim, hrand(c, (size_t)slots * cmcap * 2 * s->index_dim, 1), isc)))
+        return rc;
+    for (int k = 0; k < 2; k++) {
+        ws[k] = (dsv4_win_state){.window = s->window, .cap = cap, .n_slots = slots, .rows = *ring[k]};
+        cs[k] = (dsv4_cmp_state){.ratio = 4, .overlap = 1, .out_dim = hd, .cap = cmcap, .n_slots = slots,
+                                 .max_rows = max_rows, .kv = *ckv[k], .score = *csc[k], .rows = *rows[k]};
+        ix[k] = (dsv4_cmp_state){.ratio = 4, .overlap = 1, .out_dim = s->index_dim, .cap = cmcap, .n_slots = slots,
+                                 .max_rows = max_rows, .kv = *ikv[k], .score = *isc[k], .rows = *irows[k]};
+    }
+    dsv4_rope r;
+    if ((rc = dsv4_rope_init(&r, s->rope_dim, 160000, 16, 65536, 32, 1, c->err))) return rc;
+    /* compressor (main, FP8 QAT) and the indexer's (Hadamard + FP4) */
+    dsv4_buf *K[2], *Z[2], *Ki[2], *Zi[2];
+    dsv4_tview ape[2], nw[2], iape[2], inw[2];
+    if ((rc = pair(c, DSV4_DT_F32, T, 2 * hd, hrand(c, (size_t)T * 2 * hd, 1), K)) ||
+        (rc = pair(c, DSV4_DT_F32, T, 2 * hd, hrand(c, (size_t)T * 2 * hd, 2), Z)) ||
+        (rc = pair(c, DSV4_DT_F32, T, 2 * s->index_dim, hrand(c, (size_t)T * 2 * s->index_dim, 1), Ki)) ||
+        (rc = pair(c, DSV4_DT_F32, T, 2 * s->index_dim, hrand(c, (size_t)T * 2 * s->index_dim, 2), Zi)) ||
+        (rc = up_vec(c, hrand(c, (size_t)8 * hd, 1), 8 * hd, ape)) || (rc = up_vec(c, hrand(c, hd, 1), hd, nw)) ||
+        (rc = up_vec(c, hrand(c, (size_t)8 * s->index_dim, 1), 8 * s->index_dim, iape)) ||
+        (rc = up_vec(c, hrand(c, s->index_dim, 1), s->index_dim, inw)))
+        return rc;
+    const char *op = "compress";
+    RUN(c->be[0]->compress(c->be[0], &cs[0], K[0], Z[0], &ape[0], &nw[0], 1e-6f, &r, DSV4_QAT_FP8_NOPE, b, c->err),
+        c->be[1]->compress(c->be[1], &cs[1], K[1], Z[1], &ape[1], &nw[1], 1e-6f, &r, DSV4_QAT_FP8_NOPE, b, c->err));
+    if ((rc = check_f32(c, "compress rows", rows)) || (rc = check_f32(c, "compress kv ring", ckv)) ||
+        (rc = check_f32(c, "compress score ring", csc)))
+        return rc;
+    op = "compress_indexer";
+    RUN(c->be[0]->compress(c->be[0], &ix[0], Ki[0], Zi[0], &iape[0], &inw[0], 1e-6f, &r, DSV4_QAT_HADAMARD_FP4, b, c->err),
+        c->be[1]->compress(c->be[1], &ix[1], Ki[1], Zi[1], &iape[1], &inw[1], 1e-6f, &r, DSV4_QAT_HADAMARD_FP4, b, c->err));
+    if ((rc = check_f32(c, "compress_indexer rows", irows))) return rc;
+    /* indexer selection */
+    dsv4_buf *qi[2], *g[2], *sel[2];
+    int64_t qiw = (int64_t)s->index_heads * s->index_dim;
+    if ((rc = pair(c, DSV4_DT_F32, T, qiw, hrand(c, (size_t)(T * qiw), 1), qi)) ||
+        (rc = pair(c, DSV4_DT_F32, T, s->index_heads, hrand(c, (size_t)T * s->index_heads, 1), g)) ||
+        (rc = pair(c, DSV4_DT_I32, T, s->index_topk, NULL, sel)))
+        return rc;
+    float gs = 1.0f / sqrtf((float)qiw);
+    op = "indexer_select";
+    RUN(c->be[0]->indexer_select(c->be[0], qi[0], g[0], gs, &ix[0], s->index_topk, b, sel[0], c->err),
+        c->be[1]->indexer_select(c->be[1], qi[1], g[1], gs, &ix[1], s->index_topk, b, sel[1], c->err));
+    if ((rc = check_sets(c, op, sel)) || (rc = copy_ref_to_test(c, sel))) return rc;
+    /* attention: window only, all visible compressed rows, and the reference's selection */
+    dsv4_buf *q[2], *kv[2], *o[2];
+    dsv4_tview sinks[2];
+    if ((rc = pair(c, DSV4_DT_F32, T, (int64_t)H * hd, hrand(c, (size_t)T * H * hd, 1), q)) ||
+        (rc = pair(c, DSV4_DT_F32, T, hd, hrand(c, (size_t)T * hd, 1), kv)) ||
+        (rc = pair(c, DSV4_DT_F32, T, (int64_t)H * hd, NULL, o)) || (rc = up_vec(c, hrand(c, H, 1), H, sinks)))
+        return rc;
+    for (int mode = 0; mode < 3; mode++) {
+        static const char *names[3] = {"attention_window", "attention_all_rows", "attention_selected"};
+        op = names[mode];
+        RUN(c->be[0]->attention(c->be[0], q[0], kv[0], &ws[0], mode ? &cs[0] : NULL, mode == 2 ? sel[0] : NULL,
+                                &sinks[0], H, b, o[0], c->err),
+            c->be[1]->attention(c->be[1], q[1], kv[1], &ws[1], mode ? &cs[1] : NULL, mode == 2 ? sel[1] : NULL,
+                                &sinks[1], H, b, o[1], c->err));
+        if ((rc = check_f32(c, op, o))) return rc;
+    }
+    op = "win_store";
+    RUN(c->be[0]->win_store(c->be[0], &ws[0], kv[0], b, c->err), c->be[1]->win_store(c->be[1], &ws[1], kv[1], b, c->err));
+    return check_f32(c, op, ring);
+}
+
+static int conf_moe(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
+    int T = s->rows, E = s->n_exp, k = s->top_k, rc;
+    dsv4_linear gh = host_linear(c, DSV4_DT_BF16, E, s->d), gate[2];
+    dsv4_tview bias[2];
+    dsv4_buf *x[2], *ids[2], *w[2], *y[2];
+    if ((rc = up_linear(c, &gh, gate)) || (rc = up_vec(c, hrand(c, E, 0.5f), E, bias)) ||
+        (rc = pair(c, DSV4_DT_F32, T, s->d, hrand(c, (size_t)T * s->d, 2), x)) || (rc = pair(c, DSV4_DT_I32, T, k, NULL, ids)) ||
+        (rc = pair(c, DSV4_DT_F32, T, k, NULL, w)) || (rc = pair(c, DSV4_DT_F32, T, s->d, NULL, y)))
+        return rc;
+    const char *op = "moe_route";
+    RUN(c->be[0]->moe_route(c->be[0], x[0], &gate[0], &bias[0], NULL, k, 1.5f, b, ids[0], w[0], c->err),
+        c->be[1]->moe_route(c->be[1], x[1], &gate[1], &bias[1], NULL, k, 1.5f, b, ids[1], w[1], c->err));
+    if ((rc = check_sets(c, "moe_route ids", ids)) || (rc = copy_ref_to_test(c, ids)) || (rc = copy_ref_to_test(c, w)))
+        return rc;
+    dsv4_linear *w1 = calloc((size_t)E * 6, sizeof *w1);
+    if (!w1) return dsv4_err_set(c->err, DSV4_ENOMEM, "conformance: out of memory");
+    dsv4_linear *w3 = w1 + 2 * E, *w2 = w1 + 4 * E; /* [side][E] each */
+    for (int e = 0; e < E && !rc; e++) {
+        dsv4_linear h1 = host_linear(c, DSV4_DT_I8, s->moe_inter, s->d), h3 = host_linear(c, DSV4_DT_I8, s->moe_inter, s->d),
+                    h2 = host_linear(c, DSV4_DT_I8, s->d, s->moe_inter), d[2];
+        if (!(rc = up_linear(c, &h1, d))) w1[e] = d[0], w1[E + e] = d[1];
+        if (!rc && !(rc = up_linear(c, &h3, d))) w3[e] = d[0], w3[E + e] = d[1];
+        if (!rc && !(rc = up_linear(c, &h2, d))) w2[e] = d[0], w2[E + e] = d[1];
+    }
+    /* both sides route with the reference's ids and weights, so only the experts are compared */
+    op = "moe_experts";
+    if (!rc) {
+        rc = c->be[0]->moe_experts(c->be[0], x[0], w1, w3, w2, E, ids[0], w[0], 10.0f, y[0], c->err);
+        if (!rc) rc = c->be[1]->moe_experts(c->be[1], x[1], w1 + E, w3 + E, w2 + E, E, ids[1], w[1], 10.0f, y[1], c->err);
+        if (rc) dsv4_err_prefix(c->err, "%s: ", op);
+    }
+    free(w1);
+    return rc ? rc : check_f32(c, op, y);
+}
+
+void dsv4_conf_shape_tiny(dsv4_conf_shape *s) {
+    *s = (dsv4_conf_shape){.rows = 24, .d = 256, .n_heads = 4, .head_dim = 128, .rope_dim = 64, .q_lora = 128,
+                           .o_groups = 2, .o_lora = 64, .n_exp = 8, .top_k = 2, .moe_inter = 128, .index_heads = 8,
+                           .index_dim = 128, .index_topk = 4, .window = 16, .hc = 4};
+}
+
+void dsv4_conf_shape_flash(dsv4_conf_shape *s, int rows) {
+    *s = (dsv4_conf_shape){.rows = rows, .d = 4096, .n_heads = 64, .head_dim = 512, .rope_dim = 64, .q_lora = 1024,
+                           .o_groups = 8, .o_lora = 1024, .n_exp = 16, .top_k = 6, .moe_inter = 2048,
+                           .index_heads = 64, .index_dim = 128, .index_topk = 512, .window = 128, .hc = 4};
+}
+
+int dsv4_backend_conformance(dsv4_backend *test, dsv4_backend *ref, const dsv4_conf_shape *s, double tol,
+                             unsigned seed, FILE *report, dsv4_err *err) {
+    conf *c = calloc(1, sizeof *c);
+    if (!c) return -dsv4_err_set(err, DSV4_ENOMEM, "conformance: out of memory");
+    c->be[0] = test;
+    c->be[1] = ref;
+    c->rng = seed * 0x9E3779B97F4A7C15ull + 1;
+    c->tol = tol;
+    c->rep = report;
+    c->err = err;
+    dsv4_numerics saved = test->numerics;
+    test->numerics = ref->numerics;
+    /* two requests: slot 0 continues at position 5 (ring rows below), slot 1 at position 37 */
+    int T = s->rows, n0 = T / 2;
+    int32_t *a = calloc((size_t)T * 5, sizeof(int32_t));
+    int32_t cu[3] = {0, n0, T}, ss[2] = {0, 1}, sp[2] = {5, 37};
+    int rc = a ? DSV4_OK : dsv4_err_set(err, DSV4_ENOMEM, "conformance: out of memory");
+    dsv4_batch b = {0};
+    if (!rc) {
+        for (int t = 0; t < T; t++) {
+            int sq = t >= n0;
+            a[t] = (int32_t)(t * 7 % 64);
+            a[T + t] = sp[sq] + (t - cu[sq]);
+            a[2 * T + t] = ss[sq];
+            a[3 * T + t] = sq;
+        }
+        b = (dsv4_batch){.n_rows = T, .n_seqs = 2, .token = a, .pos = a + T, .slot = a + 2 * T, .seq_idx = a + 3 * T,
+                         .cu_seqlens = cu, .seq_slot = ss, .seq_pos0 = sp};
+        rc = test->batch_begin(test, &b, err);
+        if (!rc) rc = ref->batch_begin(ref, &b, err);
+    }
+    if (!rc) rc = conf_dense(c, s, &b);
+    if (!rc) rc = conf_linear(c, s, &b);
+    if (!rc) rc = conf_hc(c, s, &b);
+    if (!rc) rc = conf_attention(c, s, &b, 37 + T);
+    if (!rc) rc = conf_moe(c, s, &b);
+    int fails = c->fails;
+    for (int i = 0; i < c->nbuf; i++) {
+        test->buf_free(test, &c->bufs[0][i]);
+        ref->buf_free(ref, &c->bufs[1][i]);
+    }
+    for (int i = 0; i < c->nhost; i++) free(c->host[i]);
+    free(a);
+    free(c);
+    test->numerics = saved;
+    return rc ? -rc : fails;
+}

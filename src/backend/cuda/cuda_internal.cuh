@@ -1,0 +1,224 @@
+/*
+ * cuda_internal.cuh — what the backend's .cu files share: the context
+ * struct, error helpers (CUDA / cuBLAS status -> dsv4_err, never exit) and
+ * the device-side number-format helpers (spec/MODEL.md §2.3).
+ */
+#ifndef DSV4_CUDA_INTERNAL_CUH
+#define DSV4_CUDA_INTERNAL_CUH
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "backend/cuda/dsv4_cuda.h"
+
+struct dsv4_cuda_ctx {
+    int device;
+    int pdl; /* programmatic dependent launch (sm_90+): see cu_launch */
+    int fuseq_max; /* rows up to which linears quantise x inside the GEMV */
+    int moe_persistent; /* DSV4_CUDA_MOE_PERSISTENT: one-wave expert kernels (k_moe_fp4) */
+    int moe_fq;         /* DSV4_CUDA_MOE_FQ: quantise x / H inside the expert kernels */
+    int moe_minb3;      /* DSV4_CUDA_MOE_MINB3: expert kernels capped for 3 blocks / SM */
+    cudaStream_t stream;
+    cublasHandle_t cublas;
+    cublasLtHandle_t cublaslt;
+    cudaDeviceProp prop;
+    void *ws;        /* scratch area (dsv4_cuda_workspace_reserve) */
+    size_t ws_bytes;
+};
+
+/* The backend does not depend on dsv4core's err.c (static-library order):
+ * it formats its own messages into the same record. */
+static inline int cu_err(dsv4_err *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static inline int cu_err(dsv4_err *err, int code, const char *fmt, ...) {
+    if (!err) return code;
+    err->code = code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+/* Check a CUDA runtime call; on failure fill err and return from the caller. */
+#define CU_TRY(call, err, what)                                                              \
+    do {                                                                                     \
+        cudaError_t e_ = (call);                                                             \
+        if (e_ != cudaSuccess)                                                               \
+            return cu_err((err), DSV4_EBACKEND, "cuda: %s: %s (%s)", (what),                 \
+                          cudaGetErrorString(e_), cudaGetErrorName(e_));                     \
+    } while (0)
+
+/* After a kernel launch: configuration errors show up here. */
+#define CU_LAUNCHED(err, what) CU_TRY(cudaGetLastError(), err, what)
+
+#define CUBLAS_TRY(call, err, what)                                                          \
+    do {                                                                                     \
+        cublasStatus_t s_ = (call);                                                          \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                                     \
+            return cu_err((err), DSV4_EBACKEND, "cublas: %s: %s", (what),                    \
+                          cublasGetStatusString(s_));                                        \
+    } while (0)
+
+/* Scratch of at least `bytes`, 256-byte aligned; grows outside graph capture. */
+int cu_workspace(dsv4_cuda_ctx *ctx, size_t bytes, void **out, dsv4_err *err);
+
+static inline size_t cu_align(size_t x) { return (x + 255) & ~(size_t)255; }
+
+/* ------------------------------------------------------------ device helpers */
+
+/* E8M0 scale byte -> fp32 2^(e-127); e = 0 is 2^-127, a subnormal (§2.3). */
+__device__ __forceinline__ float e8m0_to_f32(uint32_t e) {
+    return e ? __uint_as_float(e << 23) : __uint_as_float(0x00400000u);
+}
+
+/* Smallest power of two >= r, for normal positive r (W8A8 scale, §2.4). */
+__device__ __forceinline__ float pow2_ceil(float r) {
+    uint32_t b = __float_as_uint(r);
+    uint32_t e = (b >> 23) & 0xffu;
+    if (b & 0x7fffffu) e += 1;
+    return __uint_as_float(e << 23);
+}
+
+__device__ __forceinline__ float round_bf16(float v) {
+    return __bfloat162float(__float2bfloat16_rn(v));
+}
+
+/*
+ * Four packed E2M1 values per byte-pair -> E4M3 bytes, by moving bits: an
+ * E2M1 nibble s.e1e0.m placed as s.0 e1e0.m00 in E4M3 has the same sign and
+ * is exactly 2^-6 times the E2M1 value (normals and the 0.5 subnormal alike),
+ * so the scale absorbs 2^6. `w` holds 8 nibbles (4 bytes); lo -> the 4
+ * even columns, hi -> the 4 odd columns, each in byte order.
+ */
+__device__ __forceinline__ void fp4x8_to_e4m3(uint32_t w, uint32_t &lo, uint32_t &hi) {
+    lo = ((w << 4) & 0x80808080u) | ((w << 2) & 0x1c1c1c1cu);
+    hi = (w & 0x80808080u) | ((w >> 2) & 0x1c1c1c1cu);
+}
+
+/*
+ * D += A·B on the tensor cores, m16n8k32, E4M3 x E4M3 -> fp32 (sm_89+).
+ * A 16x32 row-major (4 regs), B 32x8 column-major (2 regs), fragment
+ * layout of the PTX ISA "mma.m16n8k32": lane = 4·g + t holds A rows g and
+ * g+8 at k = 4t..4t+3 (regs 0,1) and 16+4t.. (regs 2,3), B column g at the
+ * same k, and D rows g, g+8 at columns 2t, 2t+1.
+ */
+__device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+    /* Unreachable: dsv4_cuda_ctx_create refuses devices below 8.9. */
+    (void)a0; (void)a1; (void)a2; (void)a3; (void)b0; (void)b1;
+    d[0] = d[1] = d[2] = d[3] = __int_as_float(0x7fc00000);
+#endif
+}
+
+/* Streaming 16-byte weight load: read once per step, keep it out of L1. */
+__device__ __forceinline__ uint4 ld_stream(const void *p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+/*
+ * Programmatic dependent launch (PDL, sm_90+). Why: at decode a layer is
+ * ~20 short kernels and the gap between two of them (launch, ramp-up, the
+ * last loads draining) costs as much as streaming megabytes of weights
+ * (spec/PERFORMANCE.md §6.2). With PDL a kernel is launched while its
+ * predecessor still runs: it issues its first weight loads (weights never
+ * depend on earlier kernels), then pdl_wait() blocks until the predecessor
+ * has finished and its writes are visible. Rules every kernel here keeps:
+ * pdl_trigger() at entry (lets the successor launch), and pdl_wait() in
+ * every block before it reads activations or writes anything. Both are
+ * no-ops when the kernel was launched without the attribute.
+ */
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+/* Launch `k` on the context's stream, with PDL where the device has it. */
+template <typename... KArgs, typename... Args>
+static inline cudaError_t cu_launch(dsv4_cuda_ctx *c, void (*k)(KArgs...), dim3 grid, dim3 block,
+                                    size_t smem, Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = c->stream;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = c->pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, k, ((KArgs)args)...);
+}
+
+/*
+ * Fused W8A8 activation quantisation (spec/MODEL.md §2.4) for the mma
+ * B fragments: the 4 lanes of a quad (same g) hold the 128 columns of one
+ * block between them, 32 each; v[] are this lane's 32 values. Returns the
+ * block scale (identical in the quad) and the E4M3 bytes packed 4 per
+ * word in the order of v[]. Every lane of the warp must call it.
+ */
+/* Four fp32 -> four E4M3 bytes (RNE, saturating at ±448), first value in the
+ * low byte; two paired conversions (cvt ...e4m3x2). */
+__device__ __forceinline__ uint32_t pack_e4m3x4(float a, float b, float c, float d) {
+    const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+    const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
+    return lo | hi << 16;
+}
+
+/* `valid` false: the quad's row does not exist; v must be zeros and the
+ * conversions are skipped (q = 0). */
+__device__ __forceinline__ float quant_quad(const float (&v)[32], uint32_t (&q)[8], bool valid) {
+    float amax = 0.f;
+#pragma unroll
+    for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    amax = fmaxf(amax, 1e-4f);
+    const float sc = pow2_ceil(amax / 448.0f);
+    const float inv = 1.0f / sc;
+    if (valid) {
+#pragma unroll
+        for (int w = 0; w < 8; w++)
+            q[w] = pack_e4m3x4(v[4 * w] * inv, v[4 * w + 1] * inv, v[4 * w + 2] * inv, v[4 * w + 3] * inv);
+    } else {
+#pragma unroll
+        for (int w = 0; w < 8; w++) q[w] = 0;
+    }
+    return sc;
+}
+
+/* Internal launchers shared between files (cuda_linear.cu). */
+int cu_act_quant(dsv4_cuda_ctx *ctx, const float *x, int n, int dim, uint8_t *q, float *s,
+                 dsv4_err *err);
+/* FP4 GEMV over a token list (cuda_moe.cu uses it for dense FP4 linears too). */
+int cu_fp4_linear(dsv4_cuda_ctx *ctx, const dsv4_cuda_weight *w, const float *x,
+                  const uint8_t *xq, const float *xs, int n, float *y, int flags, dsv4_err *err);
+/* Default rows up to which the dense linears quantise activations inside the
+ * GEMV (one launch) rather than in a separate act_quant pass; the
+ * environment variable DSV4_CUDA_FUSEQ_MAX overrides it (for measuring). */
+#define CU_FUSED_QUANT_MAX 0 /* measured: fusing was slower (bench/results) */
+
+#endif

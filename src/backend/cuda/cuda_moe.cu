@@ -1,0 +1,695 @@
+/*
+ * cuda_moe.cu — FP4 (E2M1, per-32 E8M0 scales) linears and the grouped
+ * routed-expert MoE of one step (spec/MODEL.md §2.3, §2.4, §3.5).
+ *
+ * Why this shape: Hopper has no FP4 tensor cores, and converting E2M1 to
+ * fp32 on the CUDA cores costs more integer work per byte than HBM delivers
+ * bytes. E2M1 -> E4M3 is a pure bit move (cuda_internal.cuh
+ * fp4x8_to_e4m3, ~1 op per value), after which the FP8 mma does the math;
+ * the weights are repacked at upload (cuda_weights.cu) so each mma step sees
+ * one scale group per row.
+ *
+ * The MoE of a step: the tokens' top-k choices are grouped by expert on the
+ * device (no host round trip, so it can live in a CUDA graph), then one
+ * launch walks every selected expert's w1/w3 once for all its tokens (SwiGLU
+ * fused), one walks w2, and a last kernel sums the k slots per token in a
+ * fixed order (deterministic; no atomics).
+ */
+#include "backend/cuda/cuda_internal.cuh"
+
+#include <cub/block/block_scan.cuh>
+
+enum { FP4_PLAIN = 0, FP4_GATEUP = 1, FP4_DOWN = 2 };
+
+struct Fp4Args {
+    const uint8_t *w1, *s1, *w3, *s3; /* w3/s3: GATEUP only */
+    size_t wstride, sstride;          /* bytes per expert */
+    int R, K;
+    const uint8_t *xq; /* input rows [*, K] E4M3 and their scales [*, K/128] */
+    const float *xs;
+    const float *xf;   /* or fp32 input rows [*, K], quantised in the kernel (FQ) */
+    int n; /* PLAIN: rows of x */
+    const int *act_n, *act_exp, *act_off, *list;
+    int topk;
+    const float *wts;
+    float *y; /* output rows [*, R] */
+    int flags;
+};
+
+__device__ __forceinline__ float silu(float v) { return v / (1.0f + __expf(-v)); }
+
+/*
+ * Block = KW warps on one 16-row tile (blockIdx.x). blockIdx.y is the
+ * expert slot (GATEUP/DOWN) or the 8·NT-row group (PLAIN). Columns of the
+ * mma are the rows of the step that chose this expert, 8·NT per pass.
+ */
+template <int NT, int MODE, bool FQ, int MINB = 1>
+__global__ void __launch_bounds__(256, MINB) k_fp4(Fp4Args a) {
+    pdl_trigger();
+    pdl_wait(); /* the expert list and x come from the previous kernels */
+    extern __shared__ float red[]; /* [2][KW][32][4] */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, KW = blockDim.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int tile = blockIdx.x, C = a.K >> 7;
+    int e = 0, off, cnt;
+    if (MODE == FP4_PLAIN) {
+        off = blockIdx.y * 8 * NT;
+        cnt = min(8 * NT, a.n - off);
+    } else {
+        const int slot = blockIdx.y;
+        if (slot >= *a.act_n) return;
+        e = a.act_exp[slot];
+        off = a.act_off[slot];
+        cnt = a.act_off[slot + 1] - off;
+    }
+    const uint8_t *wb1 = a.w1 + (size_t)e * a.wstride + (size_t)tile * C * 1024 + lane * 32;
+    const uint8_t *sb1 = a.s1 + (size_t)e * a.sstride + (size_t)tile * C * 64 + g * 8;
+    const uint8_t *wb3 = MODE == FP4_GATEUP ? a.w3 + (size_t)e * a.wstride + (size_t)tile * C * 1024 + lane * 32 : nullptr;
+    const uint8_t *sb3 = MODE == FP4_GATEUP ? a.s3 + (size_t)e * a.sstride + (size_t)tile * C * 64 + g * 8 : nullptr;
+    constexpr int NM = MODE == FP4_GATEUP ? 2 : 1;
+
+    for (int j0 = 0; j0 < cnt; j0 += 8 * NT) {
+        /* input row of mma column g, and of columns 2t, 2t+1 (for scales) */
+        int rin[NT], rs0[NT], rs1[NT];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            int j = j0 + nt * 8 + g, ja = j0 + nt * 8 + 2 * t;
+            auto src = [&](int jj) {
+                if (jj >= cnt) return -1;
+                return MODE == FP4_GATEUP ? a.list[off + jj] / a.topk : off + jj;
+            };
+            rin[nt] = src(j);
+            rs0[nt] = src(ja);
+            rs1[nt] = src(ja + 1);
+        }
+        float acc[NM][NT][4];
+#pragma unroll
+        for (int m = 0; m < NM; m++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) acc[m][nt][0] = acc[m][nt][1] = acc[m][nt][2] = acc[m][nt][3] = 0.f;
+
+        /* weights of the next chunk stay in flight while this one computes */
+        uint4 np[NM][2];
+        uint2 nsc[NM];
+        auto fetch = [&](int cc) {
+            np[0][0] = ld_stream(wb1 + (size_t)cc * 1024);
+            np[0][1] = ld_stream(wb1 + (size_t)cc * 1024 + 16);
+            nsc[0] = __ldg((const uint2 *)(sb1 + (size_t)cc * 64));
+            if (MODE == FP4_GATEUP) {
+                np[NM - 1][0] = ld_stream(wb3 + (size_t)cc * 1024);
+                np[NM - 1][1] = ld_stream(wb3 + (size_t)cc * 1024 + 16);
+                nsc[NM - 1] = __ldg((const uint2 *)(sb3 + (size_t)cc * 64));
+            }
+        };
+        if (warp < C) fetch(warp);
+        for (int c = warp; c < C; c += KW) {
+            uint4 p[NM][2];
+            uint2 sc[NM];
+#pragma unroll
+            for (int m = 0; m < NM; m++) {
+                p[m][0] = np[m][0];
+                p[m][1] = np[m][1];
+                sc[m] = nsc[m];
+            }
+            if (c + KW < C) fetch(c + KW);
+            /* activations: column g's 4 steps, 8 bytes each (columns 32s+8t..+7) */
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                if (j0 + nt * 8 >= cnt) break;
+                uint32_t b0[4], b1[4];
+                float x0, x1;
+                if (FQ) {
+                    /* this lane's 32 columns: 32s+8t+0..7 for s = 0..3, ordered
+                     * even columns then odd columns per step (the B layout) */
+                    float v[32];
+                    if (rin[nt] >= 0) {
+                        const float *xr = a.xf + (size_t)rin[nt] * a.K + (size_t)c * 128 + 8 * t;
+#pragma unroll
+                        for (int s = 0; s < 4; s++) {
+                            const float4 lo = __ldg((const float4 *)(xr + 32 * s));
+                            const float4 hi = __ldg((const float4 *)(xr + 32 * s + 4));
+                            v[8 * s + 0] = lo.x; v[8 * s + 1] = lo.z; v[8 * s + 2] = hi.x; v[8 * s + 3] = hi.z;
+                            v[8 * s + 4] = lo.y; v[8 * s + 5] = lo.w; v[8 * s + 6] = hi.y; v[8 * s + 7] = hi.w;
+                        }
+                    } else {
+#pragma unroll
+                        for (int i = 0; i < 32; i++) v[i] = 0.f;
+                    }
+                    uint32_t q[8];
+                    const float sc = quant_quad(v, q, rin[nt] >= 0);
+#pragma unroll
+                    for (int s = 0; s < 4; s++) {
+                        b0[s] = q[2 * s];
+                        b1[s] = q[2 * s + 1];
+                    }
+                    x0 = __shfl_sync(0xffffffffu, sc, 8 * t);
+                    x1 = __shfl_sync(0xffffffffu, sc, 8 * t + 4);
+                    if (rs0[nt] < 0) x0 = 0.f;
+                    if (rs1[nt] < 0) x1 = 0.f;
+                } else {
+#pragma unroll
+                    for (int s = 0; s < 4; s++) {
+                        uint2 xv = make_uint2(0, 0);
+                        if (rin[nt] >= 0)
+                            xv = __ldg((const uint2 *)(a.xq + (size_t)rin[nt] * a.K + (size_t)c * 128 + 32 * s + 8 * t));
+                        b0[s] = __byte_perm(xv.x, xv.y, 0x6420); /* even columns */
+                        b1[s] = __byte_perm(xv.x, xv.y, 0x7531); /* odd columns  */
+                    }
+                    x0 = rs0[nt] >= 0 ? __ldg(a.xs + (size_t)rs0[nt] * C + c) : 0.f;
+                    x1 = rs1[nt] >= 0 ? __ldg(a.xs + (size_t)rs1[nt] * C + c) : 0.f;
+                }
+#pragma unroll
+                for (int m = 0; m < NM; m++) {
+                    const uint32_t wv[8] = {p[m][0].x, p[m][0].y, p[m][0].z, p[m][0].w,
+                                            p[m][1].x, p[m][1].y, p[m][1].z, p[m][1].w};
+                    float part[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                    for (int s = 0; s < 4; s++) {
+                        uint32_t lo0, hi0, lo1, hi1;
+                        fp4x8_to_e4m3(wv[2 * s], lo0, hi0);     /* row g   */
+                        fp4x8_to_e4m3(wv[2 * s + 1], lo1, hi1); /* row g+8 */
+                        float d[4] = {0.f, 0.f, 0.f, 0.f};
+                        mma_e4m3(d, lo0, lo1, hi0, hi1, b0[s], b1[s]);
+                        /* 2^6 undoes the E2M1 -> E4M3 bit move */
+                        const float ws0 = e8m0_to_f32((sc[m].x >> (8 * s)) & 0xffu) * 64.f;
+                        const float ws1 = e8m0_to_f32((sc[m].y >> (8 * s)) & 0xffu) * 64.f;
+                        part[0] += d[0] * ws0;
+                        part[1] += d[1] * ws0;
+                        part[2] += d[2] * ws1;
+                        part[3] += d[3] * ws1;
+                    }
+                    acc[m][nt][0] += part[0] * x0;
+                    acc[m][nt][1] += part[1] * x1;
+                    acc[m][nt][2] += part[2] * x0;
+                    acc[m][nt][3] += part[3] * x1;
+                }
+            }
+        }
+        /* reduce the KW partial sums, then the epilogue in warp 0 */
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            if (j0 + nt * 8 >= cnt) break; /* block-uniform */
+            float v[NM][4];
+#pragma unroll
+            for (int m = 0; m < NM; m++)
+                for (int i = 0; i < 4; i++) v[m][i] = acc[m][nt][i];
+            if (KW > 1) {
+                float4 *rp = (float4 *)red;
+#pragma unroll
+                for (int m = 0; m < NM; m++)
+                    rp[(m * KW + warp) * 32 + lane] = make_float4(v[m][0], v[m][1], v[m][2], v[m][3]);
+                __syncthreads();
+                if (warp == 0) {
+#pragma unroll
+                    for (int m = 0; m < NM; m++)
+                        for (int w = 1; w < KW; w++) {
+                            float4 o = rp[(m * KW + w) * 32 + lane];
+                            v[m][0] += o.x; v[m][1] += o.y; v[m][2] += o.z; v[m][3] += o.w;
+                        }
+                }
+                __syncthreads();
+            }
+            if (warp == 0) {
+                const int r0 = tile * 16 + g;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int j = j0 + nt * 8 + 2 * t + (i & 1);
+                    const int r = r0 + (i >> 1) * 8;
+                    if (j >= cnt) continue;
+                    float out;
+                    if (MODE == FP4_GATEUP) {
+                        /* §3.5: bf16 GEMM outputs, clamp, SwiGLU, × routing weight, bf16 */
+                        float gv = fminf(round_bf16(v[0][i]), 10.f);
+                        float uv = fminf(fmaxf(round_bf16(v[NM - 1][i]), -10.f), 10.f);
+                        out = round_bf16(silu(gv) * uv * a.wts[a.list[off + j]]);
+                    } else {
+                        out = v[0][i];
+                        if (MODE == FP4_DOWN || (a.flags & DSV4_CUDA_OUT_BF16)) out = round_bf16(out);
+                    }
+                    a.y[(size_t)(off + j) * a.R + r] = out;
+                }
+            }
+        }
+    }
+}
+
+/*
+ * Persistent expert kernel (decode / verify steps). Why: with one block per
+ * (expert, 16-row tile) the blocks are short (64 KB of weights), the grid
+ * runs in ~3 ragged waves and every block pays its ramp-up and reduction;
+ * measured at ~35% of HBM bandwidth. Here a grid of one wave walks the work
+ * items (slot, tile) — tile-major inside an expert, so neighbouring blocks
+ * stream neighbouring bytes — and, per item, passes of 8 rows; the warps of
+ * a block split the 128-column chunks (C % KW == 0, so they reach each
+ * pass's reduction together) and every warp keeps its next chunk's weights
+ * in flight across pass and item boundaries.
+ */
+template <int MODE, bool FQ>
+__global__ void __launch_bounds__(256) k_moe_fp4(Fp4Args a) {
+    extern __shared__ float red[]; /* [2][KW][32][4] */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, KW = blockDim.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int C = a.K >> 7, T = a.R >> 4, CPW = C / KW;
+    constexpr int NM = MODE == FP4_GATEUP ? 2 : 1;
+    pdl_trigger();
+    pdl_wait(); /* the expert list and x come from the previous kernels */
+    const int total = *a.act_n * T;
+    int wi = blockIdx.x, pass = 0, k = 0, e = 0, off = 0, cnt = 0, tile = 0;
+    auto item = [&](int w) {
+        const int slot = w / T;
+        tile = w % T;
+        e = a.act_exp[slot];
+        off = a.act_off[slot];
+        cnt = a.act_off[slot + 1] - off;
+    };
+    uint4 np[NM][2];
+    uint2 nsc[NM];
+    auto fetch = [&](int c) {
+        const size_t wo = (size_t)e * a.wstride + ((size_t)tile * C + c) * 1024 + lane * 32;
+        const size_t so = (size_t)e * a.sstride + ((size_t)tile * C + c) * 64 + g * 8;
+        np[0][0] = ld_stream(a.w1 + wo);
+        np[0][1] = ld_stream(a.w1 + wo + 16);
+        nsc[0] = __ldg((const uint2 *)(a.s1 + so));
+        if (MODE == FP4_GATEUP) {
+            np[NM - 1][0] = ld_stream(a.w3 + wo);
+            np[NM - 1][1] = ld_stream(a.w3 + wo + 16);
+            nsc[NM - 1] = __ldg((const uint2 *)(a.s3 + so));
+        }
+    };
+    if (wi < total) {
+        item(wi);
+        fetch(warp);
+    }
+    float acc[NM][4];
+#pragma unroll
+    for (int m = 0; m < NM; m++) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
+    while (wi < total) {
+        uint4 p[NM][2];
+        uint2 sc[NM];
+#pragma unroll
+        for (int m = 0; m < NM; m++) {
+            p[m][0] = np[m][0];
+            p[m][1] = np[m][1];
+            sc[m] = nsc[m];
+        }
+        const int c = warp + k * KW, ck = k, cpass = pass, coff = off, ccnt = cnt, ctile = tile;
+        /* advance, and put the next chunk's loads in flight */
+        if (++k == CPW) {
+            k = 0;
+            if ((pass + 1) * 8 < cnt) {
+                pass++;
+            } else {
+                pass = 0;
+                wi += gridDim.x;
+                if (wi < total) item(wi);
+            }
+        }
+        if (wi < total) fetch(warp + k * KW);
+
+        /* activations: mma column g = row j of this pass */
+        const int j = cpass * 8 + g;
+        const int rin = j < ccnt ? (MODE == FP4_GATEUP ? a.list[coff + j] / a.topk : coff + j) : -1;
+        uint32_t q[8];
+        float x0, x1;
+        if (!FQ) { /* pre-quantised rows (act_quant): 8 bytes per step */
+            const int ja = cpass * 8 + 2 * t;
+            auto src = [&](int jj) {
+                return jj < ccnt ? (MODE == FP4_GATEUP ? a.list[coff + jj] / a.topk : coff + jj) : -1;
+            };
+            const int r0 = src(ja), r1 = src(ja + 1);
+#pragma unroll
+            for (int s = 0; s < 4; s++) {
+                uint2 xv = make_uint2(0, 0);
+                if (rin >= 0)
+                    xv = __ldg((const uint2 *)(a.xq + (size_t)rin * a.K + (size_t)c * 128 + 32 * s + 8 * t));
+                q[2 * s] = __byte_perm(xv.x, xv.y, 0x6420);
+                q[2 * s + 1] = __byte_perm(xv.x, xv.y, 0x7531);
+            }
+            x0 = r0 >= 0 ? __ldg(a.xs + (size_t)r0 * C + c) : 0.f;
+            x1 = r1 >= 0 ? __ldg(a.xs + (size_t)r1 * C + c) : 0.f;
+        } else {
+        float v[32];
+        if (rin >= 0) {
+            const float *xr = a.xf + (size_t)rin * a.K + (size_t)c * 128 + 8 * t;
+#pragma unroll
+            for (int s = 0; s < 4; s++) {
+                const float4 lo = __ldg((const float4 *)(xr + 32 * s));
+                const float4 hi = __ldg((const float4 *)(xr + 32 * s + 4));
+                v[8 * s + 0] = lo.x; v[8 * s + 1] = lo.z; v[8 * s + 2] = hi.x; v[8 * s + 3] = hi.z;
+                v[8 * s + 4] = lo.y; v[8 * s + 5] = lo.w; v[8 * s + 6] = hi.y; v[8 * s + 7] = hi.w;
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 32; i++) v[i] = 0.f;
+        }
+        const float xsc = quant_quad(v, q, rin >= 0);
+        x0 = __shfl_sync(0xffffffffu, xsc, 8 * t);
+        x1 = __shfl_sync(0xffffffffu, xsc, 8 * t + 4);
+        if (cpass * 8 + 2 * t >= ccnt) x0 = 0.f;
+        if (cpass * 8 + 2 * t + 1 >= ccnt) x1 = 0.f;
+        }
+#pragma unroll
+        for (int m = 0; m < NM; m++) {
+            const uint32_t wv[8] = {p[m][0].x, p[m][0].y, p[m][0].z, p[m][0].w,
+                                    p[m][1].x, p[m][1].y, p[m][1].z, p[m][1].w};
+            float part[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int s = 0; s < 4; s++) {
+                uint32_t lo0, hi0, lo1, hi1;
+                fp4x8_to_e4m3(wv[2 * s], lo0, hi0);
+                fp4x8_to_e4m3(wv[2 * s + 1], lo1, hi1);
+                float d[4] = {0.f, 0.f, 0.f, 0.f};
+                mma_e4m3(d, lo0, lo1, hi0, hi1, q[2 * s], q[2 * s + 1]);
+                const float ws0 = e8m0_to_f32((sc[m].x >> (8 * s)) & 0xffu) * 64.f;
+                const float ws1 = e8m0_to_f32((sc[m].y >> (8 * s)) & 0xffu) * 64.f;
+                part[0] += d[0] * ws0;
+                part[1] += d[1] * ws0;
+                part[2] += d[2] * ws1;
+                part[3] += d[3] * ws1;
+            }
+            acc[m][0] += part[0] * x0;
+            acc[m][1] += part[1] * x1;
+            acc[m][2] += part[2] * x0;
+            acc[m][3] += part[3] * x1;
+        }
+        if (ck == CPW - 1) { /* pass complete in every warp: reduce, epilogue */
+            float r[NM][4];
+#pragma unroll
+            for (int m = 0; m < NM; m++)
+                for (int i = 0; i < 4; i++) r[m][i] = acc[m][i];
+            if (KW > 1) {
+                float4 *rp = (float4 *)red;
+#pragma unroll
+                for (int m = 0; m < NM; m++)
+                    rp[(m * KW + warp) * 32 + lane] = make_float4(r[m][0], r[m][1], r[m][2], r[m][3]);
+                __syncthreads();
+                if (warp == 0) {
+#pragma unroll
+                    for (int m = 0; m < NM; m++)
+                        for (int w = 1; w < KW; w++) {
+                            const float4 o = rp[(m * KW + w) * 32 + lane];
+                            r[m][0] += o.x; r[m][1] += o.y; r[m][2] += o.z; r[m][3] += o.w;
+                        }
+                }
+                __syncthreads();
+            }
+            if (warp == 0) {
+                const int r0 = ctile * 16 + g;
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    const int jj = cpass * 8 + 2 * t + (i & 1);
+                    if (jj >= ccnt) continue;
+                    float out;
+                    if (MODE == FP4_GATEUP) {
+                        /* §3.5: bf16 GEMM outputs, clamp, SwiGLU, × routing weight, bf16 */
+                        const float gv = fminf(round_bf16(r[0][i]), 10.f);
+                        const float uv = fminf(fmaxf(round_bf16(r[NM - 1][i]), -10.f), 10.f);
+                        out = round_bf16(silu(gv) * uv * a.wts[a.list[coff + jj]]);
+                    } else {
+                        out = round_bf16(r[0][i]);
+                    }
+                    a.y[(size_t)(coff + jj) * a.R + r0 + (i >> 1) * 8] = out;
+                }
+            }
+#pragma unroll
+            for (int m = 0; m < NM; m++) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
+        }
+    }
+}
+
+template <int MODE, bool FQ>
+static int launch_moe_fp4(dsv4_cuda_ctx *c, const Fp4Args &a, int slots, dsv4_err *err) {
+    const int C = a.K / 128;
+    int kw = 1; /* power of two dividing C, >= 4 chunks per warp */
+    while (kw < 8 && C % (kw * 2) == 0 && C / (kw * 2) >= 4) kw *= 2;
+    size_t smem = (size_t)2 * kw * 32 * 4 * sizeof(float);
+    int per_sm = 0;
+    CU_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_moe_fp4<MODE, FQ>, kw * 32, smem), err,
+           "fp4 experts (occupancy)");
+    if (per_sm < 1) per_sm = 1;
+    long long items = (long long)slots * (a.R / 16), gx = (long long)per_sm * c->prop.multiProcessorCount;
+    if (gx > items) gx = items;
+    CU_TRY(cu_launch(c, k_moe_fp4<MODE, FQ>, dim3((unsigned)gx), dim3(kw * 32), smem, a), err,
+           MODE == FP4_GATEUP ? "fp4 experts w1/w3" : "fp4 experts w2");
+    return DSV4_OK;
+}
+
+static int pick_nt4(int n) { return n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8; }
+
+/* nt = 0: one n-tile with the activations quantised in the kernel (FQ). */
+template <int MODE>
+static int launch_fp4(dsv4_cuda_ctx *c, const Fp4Args &a, int nt, unsigned gy, dsv4_err *err) {
+    int chunks = a.K / 128, kw = chunks / 4;
+    if (kw < 1) kw = 1;
+    if (kw > 8) kw = 8;
+    dim3 grid((unsigned)(a.R / 16), gy), block((unsigned)(kw * 32));
+    size_t smem = (size_t)2 * kw * 32 * 4 * sizeof(float);
+    cudaError_t e;
+    if constexpr (MODE != FP4_PLAIN) { /* experts: one 8-row n-tile per pass */
+        /* MINB 3 caps registers (more warps resident, maybe spills): measured */
+        e = nt == 0 ? cu_launch(c, k_fp4<1, MODE, true>, grid, block, smem, a)
+            : c->moe_minb3 ? cu_launch(c, k_fp4<1, MODE, false, 3>, grid, block, smem, a)
+                           : cu_launch(c, k_fp4<1, MODE, false>, grid, block, smem, a);
+    } else {
+        switch (nt) {
+        case 0: e = cu_launch(c, k_fp4<1, MODE, true>, grid, block, smem, a); break;
+        case 1: e = cu_launch(c, k_fp4<1, MODE, false>, grid, block, smem, a); break;
+        case 2: e = cu_launch(c, k_fp4<2, MODE, false>, grid, block, smem, a); break;
+        case 4: e = cu_launch(c, k_fp4<4, MODE, false>, grid, block, smem, a); break;
+        default: e = cu_launch(c, k_fp4<8, MODE, false>, grid, block, smem, a); break;
+        }
+    }
+    CU_TRY(e, err, MODE == FP4_GATEUP ? "fp4 experts w1/w3" : MODE == FP4_DOWN ? "fp4 experts w2" : "fp4 linear");
+    return DSV4_OK;
+}
+
+int cu_fp4_linear(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const float *x, const uint8_t *xq,
+                  const float *xs, int n, float *y, int flags, dsv4_err *err) {
+    Fp4Args a;
+    memset(&a, 0, sizeof a);
+    a.w1 = (const uint8_t *)w->w;
+    a.s1 = (const uint8_t *)w->scale;
+    a.R = (int)w->out;
+    a.K = (int)w->in;
+    a.xq = xq;
+    a.xs = xs;
+    a.xf = x;
+    a.n = n;
+    a.y = y;
+    a.flags = flags;
+    if (!xq) return launch_fp4<FP4_PLAIN>(c, a, 0, (unsigned)((n + 7) / 8), err);
+    int nt = pick_nt4(n);
+    return launch_fp4<FP4_PLAIN>(c, a, nt, (unsigned)((n + 8 * nt - 1) / (8 * nt)), err);
+}
+
+/* ---------------------------------------------------------------- grouping */
+
+#define ROUTE_THREADS 256
+#define ROUTE_IPT 4 /* experts per thread: up to 1024 experts */
+
+/*
+ * One block. For the n·topk choices: count per expert, list the chosen
+ * experts in ascending id (slot order), and place every choice at
+ * pos = start(expert) + rank among earlier choices of that expert, so the
+ * layout is a pure function of ids (deterministic).
+ */
+__global__ void __launch_bounds__(ROUTE_THREADS) k_route_group(const int *__restrict__ ids, int nent,
+                                                               int E, int *act_n, int *act_exp,
+                                                               int *act_off, int *list, int *inv) {
+    pdl_trigger();
+    pdl_wait();
+    typedef cub::BlockScan<int, ROUTE_THREADS> Scan;
+    __shared__ typename Scan::TempStorage tmp;
+    __shared__ int cnt[ROUTE_THREADS * ROUTE_IPT], start[ROUTE_THREADS * ROUTE_IPT];
+    extern __shared__ int sid[];
+    const int tid = threadIdx.x;
+    for (int i = tid; i < ROUTE_THREADS * ROUTE_IPT; i += ROUTE_THREADS) cnt[i] = 0;
+    __syncthreads();
+    for (int i = tid; i < nent; i += ROUTE_THREADS) {
+        int v = ids[i];
+        if (v < 0 || v >= E) v = -1;
+        sid[i] = v;
+        if (v >= 0) atomicAdd(&cnt[v], 1);
+    }
+    __syncthreads();
+    int cv[ROUTE_IPT], fv[ROUTE_IPT], cs[ROUTE_IPT], fs[ROUTE_IPT];
+#pragma unroll
+    for (int k = 0; k < ROUTE_IPT; k++) {
+        cv[k] = cnt[tid * ROUTE_IPT + k];
+        fv[k] = cv[k] > 0;
+    }
+    int total_c, total_f;
+    Scan(tmp).ExclusiveSum(cv, cs, total_c);
+    __syncthreads();
+    Scan(tmp).ExclusiveSum(fv, fs, total_f);
+#pragma unroll
+    for (int k = 0; k < ROUTE_IPT; k++) {
+        const int e = tid * ROUTE_IPT + k;
+        start[e] = cs[k];
+        if (fv[k]) {
+            act_exp[fs[k]] = e;
+            act_off[fs[k]] = cs[k];
+        }
+    }
+    if (tid == 0) {
+        *act_n = total_f;
+        act_off[total_f] = total_c;
+    }
+    __syncthreads();
+    for (int i = tid; i < nent; i += ROUTE_THREADS) {
+        const int v = sid[i];
+        if (v < 0) {
+            inv[i] = -1;
+            continue;
+        }
+        int rank = 0;
+        for (int j = 0; j < i; j++) rank += sid[j] == v;
+        const int pos = start[v] + rank;
+        list[pos] = i;
+        inv[i] = pos;
+    }
+}
+
+/* y[t] = Σ_k O[inv[t,k]] (+ shared[t]) in slot order; 4 columns per thread. */
+__global__ void k_moe_combine(const float *__restrict__ O, const int *__restrict__ inv, int n,
+                              int topk, int D, const float *__restrict__ shared,
+                              float *__restrict__ y, int flags) {
+    pdl_trigger();
+    pdl_wait();
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int d4 = D / 4;
+    if (i >= (size_t)n * d4) return;
+    const int tok = (int)(i / d4), col = (int)(i % d4) * 4;
+    float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int k = 0; k < topk; k++) {
+        const int p = inv[tok * topk + k];
+        if (p < 0) continue;
+        const float4 o = *(const float4 *)(O + (size_t)p * D + col);
+        s.x += o.x; s.y += o.y; s.z += o.z; s.w += o.w;
+    }
+    if (shared) {
+        const float4 o = *(const float4 *)(shared + (size_t)tok * D + col);
+        s.x += o.x; s.y += o.y; s.z += o.z; s.w += o.w;
+    }
+    if (flags & DSV4_CUDA_OUT_BF16) {
+        s.x = round_bf16(s.x); s.y = round_bf16(s.y); s.z = round_bf16(s.z); s.w = round_bf16(s.w);
+    }
+    *(float4 *)(y + (size_t)tok * D + col) = s;
+}
+
+static int moe_run(dsv4_cuda_ctx *c, const dsv4_cuda_experts *ex, const float *x,
+                   const uint8_t *xq_in, const float *xs_in, int n, const int32_t *ids,
+                   const float *wts, int topk, const float *shared, float *y, int flags,
+                   dsv4_err *err);
+
+extern "C" int dsv4_cuda_moe(dsv4_cuda_ctx *c, const dsv4_cuda_experts *ex, const float *x, int n,
+                             const int32_t *ids, const float *wts, int topk, const float *shared,
+                             float *y, int flags, dsv4_err *err) {
+    return moe_run(c, ex, x, NULL, NULL, n, ids, wts, topk, shared, y, flags, err);
+}
+
+extern "C" int dsv4_cuda_moe_q(dsv4_cuda_ctx *c, const dsv4_cuda_experts *ex, const float *x,
+                               const uint8_t *xq, const float *xs, int n, const int32_t *ids,
+                               const float *wts, int topk, const float *shared, float *y, int flags,
+                               dsv4_err *err) {
+    if (n > 0 && (!xq || !xs)) return cu_err(err, DSV4_EINVAL, "dsv4_cuda_moe_q: xq/xs is NULL");
+    return moe_run(c, ex, x, xq, xs, n, ids, wts, topk, shared, y, flags, err);
+}
+
+static int moe_run(dsv4_cuda_ctx *c, const dsv4_cuda_experts *ex, const float *x,
+                   const uint8_t *xq_in, const float *xs_in, int n, const int32_t *ids,
+                   const float *wts, int topk, const float *shared, float *y, int flags,
+                   dsv4_err *err) {
+    if (!c || !ex || n < 0 || (n && (!x || !ids || !wts || !y)))
+        return cu_err(err, DSV4_EINVAL, "dsv4_cuda_moe: bad argument");
+    if (topk <= 0 || topk > 16)
+        return cu_err(err, DSV4_EINVAL, "dsv4_cuda_moe: topk %d not in 1..16", topk);
+    if (ex->n_experts <= 0 || ex->n_experts > ROUTE_THREADS * ROUTE_IPT || !ex->w1)
+        return cu_err(err, DSV4_EINVAL, "dsv4_cuda_moe: %d experts (need 1..%d, uploaded)",
+                      ex->n_experts, ROUTE_THREADS * ROUTE_IPT);
+    if (n == 0) return DSV4_OK;
+    const int dm = (int)ex->d_model, dff = (int)ex->d_ff, nent = n * topk;
+    const int slots = nent < ex->n_experts ? nent : ex->n_experts;
+    if ((size_t)nent * sizeof(int) > 32 * 1024)
+        return cu_err(err, DSV4_EINVAL, "dsv4_cuda_moe: %d tokens x top-%d exceeds one grouping block", n, topk);
+    /* workspace: act_n act_exp act_off list inv | H [nent, dff] | O [nent, dm]
+     *            | xq xs (x quantised) | hq hs (H quantised) */
+    size_t o_g = 0;
+    size_t o_h = o_g + cu_align((size_t)(1 + slots + slots + 1 + 2 * nent) * 4);
+    size_t o_o = o_h + cu_align((size_t)nent * dff * 4);
+    size_t o_xq = o_o + cu_align((size_t)nent * dm * 4);
+    size_t o_xs = o_xq + cu_align((size_t)n * dm);
+    size_t o_hq = o_xs + cu_align((size_t)n * (dm / 128) * 4);
+    size_t o_hs = o_hq + cu_align((size_t)nent * dff);
+    size_t total = o_hs + cu_align((size_t)nent * (dff / 128) * 4);
+    void *wsp = NULL;
+    int rc = cu_workspace(c, total, &wsp, err);
+    if (rc) return rc;
+    uint8_t *base = (uint8_t *)wsp;
+    float *H = (float *)(base + o_h), *O = (float *)(base + o_o);
+    uint8_t *xq = base + o_xq, *hq = base + o_hq;
+    float *xs = (float *)(base + o_xs), *hs = (float *)(base + o_hs);
+    /* measured on H200: quantising x / H once (act_quant) beats quantising
+     * the same rows again in every (expert, tile) block (bench/results) */
+    const int fq = c->moe_fq && !xq_in;
+    if (xq_in) {
+        xq = (uint8_t *)xq_in; /* the caller quantised x (shared with other linears) */
+        xs = (float *)xs_in;
+    } else if (!fq && (rc = cu_act_quant(c, x, n, dm, xq, xs, err))) {
+        return rc;
+    }
+    int *act_n = (int *)(base + o_g), *act_exp = act_n + 1, *act_off = act_exp + slots;
+    int *list = act_off + slots + 1, *inv = list + nent;
+
+    CU_TRY(cu_launch(c, k_route_group, dim3(1), dim3(ROUTE_THREADS), (size_t)nent * sizeof(int), ids,
+                     nent, ex->n_experts, act_n, act_exp, act_off, list, inv),
+           err, "moe grouping");
+
+    Fp4Args a;
+    memset(&a, 0, sizeof a);
+    a.act_n = act_n;
+    a.act_exp = act_exp;
+    a.act_off = act_off;
+    a.list = list;
+    a.topk = topk;
+    a.wts = wts;
+    a.wstride = (size_t)dm * dff / 2;
+    a.sstride = (size_t)dm * dff / 32;
+    /* w1, w3: [dff, dm] */
+    a.w1 = (const uint8_t *)ex->w1;
+    a.s1 = (const uint8_t *)ex->s1;
+    a.w3 = (const uint8_t *)ex->w3;
+    a.s3 = (const uint8_t *)ex->s3;
+    a.R = dff;
+    a.K = dm;
+    a.xf = x;
+    a.xq = xq;
+    a.xs = xs;
+    a.y = H;
+    /* One n-tile of 8 rows per pass: most experts get 1-2 rows of a decode /
+     * verify step; an expert chosen by more rows is streamed once per 8. */
+    if (!c->moe_persistent) rc = launch_fp4<FP4_GATEUP>(c, a, fq ? 0 : 1, (unsigned)slots, err);
+    else rc = fq ? launch_moe_fp4<FP4_GATEUP, true>(c, a, slots, err)
+                 : launch_moe_fp4<FP4_GATEUP, false>(c, a, slots, err);
+    if (rc) return rc;
+    if (!fq && (rc = cu_act_quant(c, H, nent, dff, hq, hs, err))) return rc;
+    /* w2: [dm, dff] */
+    a.w1 = (const uint8_t *)ex->w2;
+    a.s1 = (const uint8_t *)ex->s2;
+    a.w3 = a.s3 = NULL;
+    a.R = dm;
+    a.K = dff;
+    a.xf = H;
+    a.xq = hq;
+    a.xs = hs;
+    a.y = O;
+    if (!c->moe_persistent) rc = launch_fp4<FP4_DOWN>(c, a, fq ? 0 : 1, (unsigned)slots, err);
+    else rc = fq ? launch_moe_fp4<FP4_DOWN, true>(c, a, slots, err)
+                 : launch_moe_fp4<FP4_DOWN, false>(c, a, slots, err);
+    if (rc) return rc;
+    size_t items = (size_t)n * (dm / 4);
+    CU_TRY(cu_launch(c, k_moe_combine, dim3((unsigned)((items + 255) / 256)), dim3(256), 0,
+                     (const float *)O, (const int *)inv, n, topk, dm, shared, y, flags),
+           err, "moe combine");
+    return DSV4_OK;
+}

@@ -1,0 +1,60 @@
+/*
+ * The backend conformance harness (src/backend/conformance.h) that the CUDA
+ * backend will be run through: two CPU backends agree on every op (error 0),
+ * and a backend with one wrong op is caught — a RoPE with the rotation sign
+ * flipped, a linear that skips the W8A8 activation quantisation of reference
+ * numerics, an attention without the sink.
+ */
+#include "backend/conformance.h"
+#include "backend/cpu/cpu_internal.h"
+#include "test.h"
+
+static int bad_rope(dsv4_backend *be, dsv4_buf *x, int hd, const dsv4_rope *r, const dsv4_batch *b, int inv,
+                    dsv4_err *err) {
+    return dsv4_cpu_rope(be, x, hd, r, b, !inv, err);
+}
+
+static int bad_linear(dsv4_backend *be, const dsv4_buf *x, const dsv4_linear *w, dsv4_buf *y, dsv4_err *err) {
+    dsv4_numerics n = be->numerics;
+    be->numerics = DSV4_NUMERICS_HF; /* forgets W8A8 */
+    int rc = dsv4_cpu_linear(be, x, w, y, err);
+    be->numerics = n;
+    return rc;
+}
+
+static int bad_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, const dsv4_win_state *ws,
+                         const dsv4_cmp_state *cs, const dsv4_buf *sel, const dsv4_tview *sinks, int nh,
+                         const dsv4_batch *b, dsv4_buf *o, dsv4_err *err) {
+    static float very_negative[256];
+    for (int i = 0; i < nh && i < 256; i++) very_negative[i] = -1e30f; /* sink weight 0 */
+    dsv4_tview none = *sinks;
+    none.dtype = DSV4_DT_F32;
+    none.data = very_negative;
+    return dsv4_cpu_attention(be, q, kv, ws, cs, sel, &none, nh, b, o, err);
+}
+
+int main(void) {
+    dsv4_err e = {0};
+    dsv4_conf_shape sh;
+    dsv4_conf_shape_tiny(&sh);
+    for (int num = 0; num < 2; num++) {
+        dsv4_numerics n = num ? DSV4_NUMERICS_HF : DSV4_NUMERICS_REFERENCE;
+        dsv4_backend *ref = dsv4_backend_cpu_create(n, &e), *test = dsv4_backend_cpu_create(n, &e);
+        int fails = dsv4_backend_conformance(test, ref, &sh, 1e-6, 7, num ? NULL : stdout, &e);
+        CHECK_MSG(fails == 0, "cpu vs cpu (%s): %d ops differ (%s)", num ? "hf" : "reference", fails, e.msg);
+        test->free(test);
+        ref->free(ref);
+    }
+    for (int k = 0; k < 3; k++) {
+        dsv4_backend *ref = dsv4_backend_cpu_create(DSV4_NUMERICS_REFERENCE, &e);
+        dsv4_backend *test = dsv4_backend_cpu_create(DSV4_NUMERICS_REFERENCE, &e);
+        if (k == 0) test->rope = bad_rope;
+        if (k == 1) test->linear = bad_linear;
+        if (k == 2) test->attention = bad_attention;
+        int fails = dsv4_backend_conformance(test, ref, &sh, 1e-3, 7, NULL, &e);
+        CHECK_MSG(fails >= 1, "broken op %d was not caught (%d, %s)", k, fails, e.msg);
+        test->free(test);
+        ref->free(ref);
+    }
+    return TEST_REPORT();
+}
