@@ -1,0 +1,576 @@
+/*
+ * cuda_backend.cu — the CUDA op table (cuda_backend.h): device buffers,
+ * weight upload, the batch mirror, linears and MoE on top of the kernels of
+ * dsv4_cuda.h; the small ops are in cuda_be_ops.cu.
+ *
+ * Weights. `upload_linear` keeps, per linear, a host record (cu_lin) that
+ * holds the uploaded dsv4_cuda_weight (FP8 as stored, FP4 repacked, BF16) or
+ * an F32 copy. The returned dsv4_linear points at the record: w.data = the
+ * record, scale.data = &record->magic, so `linear` can tell an uploaded
+ * linear from raw device views without dereferencing a device pointer.
+ *
+ * MoE. dsv4_cuda_moe wants all experts of a layer in one expert-major
+ * allocation; the op table hands over per-expert linears. The first
+ * moe_experts call for a set assembles it (device-to-device copies of the
+ * repacked bytes, the same layout dsv4_cuda_experts_upload makes) and keeps
+ * it, keyed by the w1 array, until the backend is freed. This doubles the
+ * expert memory; uploading a layer's experts straight into one allocation
+ * (an upload_experts op) is the fix once the forward runs on the GPU.
+ */
+#include "backend/cuda/cuda_be_internal.cuh"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define LIN_MAGIC 0x4c494e43u /* "CNIL" */
+
+typedef struct cu_lin {
+    uint32_t magic;
+    dsv4_dtype dtype;     /* stored dtype of w */
+    dsv4_cuda_weight cw;  /* FP8 / FP4 / BF16 */
+    float *f32;           /* F32 weights: device copy [out][in] */
+    int64_t out, in;
+    struct cu_lin *next;
+} cu_lin;
+
+typedef struct cu_moe {
+    const dsv4_linear *key; /* the w1 array */
+    const void *key0;       /* w1[0].w.data, in case the array is reused */
+    int n_exp;
+    dsv4_cuda_experts ex;
+    struct cu_moe *next;
+} cu_moe;
+
+/* ------------------------------------------------------------------ checks */
+
+static size_t dt_size(dsv4_dtype dt) {
+    switch (dt) {
+    case DSV4_DT_F32: case DSV4_DT_I32: return 4;
+    case DSV4_DT_BF16: case DSV4_DT_F16: return 2;
+    case DSV4_DT_I64: return 8;
+    case DSV4_DT_F8_E4M3: case DSV4_DT_F8_E8M0: case DSV4_DT_I8: case DSV4_DT_U8: return 1;
+    default: return 0;
+    }
+}
+
+int cu_be_check(const dsv4_buf *b, dsv4_dtype dt, int64_t rows, int64_t cols, const char *what, dsv4_err *err) {
+    if (!b || !b->data) return cu_err(err, DSV4_EINVAL, "cuda: %s: missing buffer", what);
+    if (b->dtype != dt) return cu_err(err, DSV4_EINVAL, "cuda: %s: wrong dtype (%d, expected %d)", what, (int)b->dtype, (int)dt);
+    if ((rows >= 0 && b->rows != rows) || (cols >= 0 && b->cols != cols))
+        return cu_err(err, DSV4_EINVAL, "cuda: %s: shape [%lld,%lld], expected [%lld,%lld]", what, (long long)b->rows,
+                      (long long)b->cols, (long long)rows, (long long)cols);
+    return DSV4_OK;
+}
+
+int cu_be_check_vec(const dsv4_tview *v, int64_t n, const char *what, dsv4_err *err) {
+    if (!v || !v->data) return cu_err(err, DSV4_EINVAL, "cuda: %s: missing tensor", what);
+    if (v->dtype != DSV4_DT_F32 && v->dtype != DSV4_DT_BF16)
+        return cu_err(err, DSV4_EINVAL, "cuda: %s (%s): dtype %d, expected F32/BF16", what, v->name ? v->name : "-",
+                      (int)v->dtype);
+    int64_t k = 1;
+    for (int i = 0; i < v->ndim; i++) k *= v->shape[i];
+    if (n >= 0 && k != n)
+        return cu_err(err, DSV4_EINVAL, "cuda: %s (%s): %lld elements, expected %lld", what, v->name ? v->name : "-",
+                      (long long)k, (long long)n);
+    return DSV4_OK;
+}
+
+/* ------------------------------------------------------ lifetime, memory */
+
+static void cu_be_free(dsv4_backend *be) {
+    if (!be) return;
+    cu_be *cb = cube(be);
+    if (cb) {
+        if (cb->ctx) cudaStreamSynchronize(cb->ctx->stream);
+        for (int i = 0; i < cb->nviews; i++) dsv4_cuda_free(cb->ctx, cb->views[i]);
+        free(cb->views);
+        for (cu_lin *l = cb->lins, *n; l; l = n) {
+            n = l->next;
+            dsv4_cuda_weight_free(cb->ctx, &l->cw);
+            dsv4_cuda_free(cb->ctx, l->f32);
+            free(l);
+        }
+        for (cu_moe *m = cb->moes, *n; m; m = n) {
+            n = m->next;
+            dsv4_cuda_experts_free(cb->ctx, &m->ex);
+            free(m);
+        }
+        dsv4_cuda_free(cb->ctx, cb->d_batch);
+        dsv4_cuda_ctx_free(cb->ctx);
+        free(cb);
+    }
+    free(be);
+}
+
+static int cu_buf_alloc(dsv4_backend *be, dsv4_dtype dt, int64_t rows, int64_t cols, dsv4_buf *out, dsv4_err *err) {
+    size_t es = dt_size(dt);
+    if (!out || !es || rows < 0 || cols < 0)
+        return cu_err(err, DSV4_EINVAL, "cuda: buf_alloc: bad dtype or shape [%lld,%lld]", (long long)rows,
+                      (long long)cols);
+    size_t n = (size_t)rows * (size_t)cols * es;
+    void *p = NULL;
+    int rc = dsv4_cuda_alloc(cube(be)->ctx, n, &p, err);
+    if (rc) return rc;
+    cudaError_t e = cudaMemsetAsync(p, 0, n ? n : 1, cube(be)->ctx->stream);
+    if (e != cudaSuccess) {
+        dsv4_cuda_free(cube(be)->ctx, p);
+        return cu_err(err, DSV4_EBACKEND, "cuda: buf_alloc: memset: %s", cudaGetErrorString(e));
+    }
+    out->data = p;
+    out->dtype = dt;
+    out->rows = rows;
+    out->cols = cols;
+    return DSV4_OK;
+}
+
+static void cu_buf_free(dsv4_backend *be, dsv4_buf *b) {
+    if (!b || !b->data) return;
+    cudaStreamSynchronize(cube(be)->ctx->stream); /* a queued op may still use it */
+    dsv4_cuda_free(cube(be)->ctx, b->data);
+    b->data = NULL;
+}
+
+static size_t buf_bytes(const dsv4_buf *b) { return (size_t)b->rows * (size_t)b->cols * dt_size(b->dtype); }
+
+static int cu_buf_write(dsv4_backend *be, dsv4_buf *dst, const void *host, dsv4_err *err) {
+    if (!dst || !dst->data || !host) return cu_err(err, DSV4_EINVAL, "cuda: buf_write: NULL");
+    return dsv4_cuda_upload(cube(be)->ctx, dst->data, host, buf_bytes(dst), err);
+}
+
+static int cu_buf_read(dsv4_backend *be, const dsv4_buf *src, void *host, dsv4_err *err) {
+    if (!src || !src->data || !host) return cu_err(err, DSV4_EINVAL, "cuda: buf_read: NULL");
+    return dsv4_cuda_download(cube(be)->ctx, host, src->data, buf_bytes(src), err);
+}
+
+static int cu_buf_gather_rows(dsv4_backend *be, const dsv4_buf *src, const int32_t *idx, int n, dsv4_buf *dst,
+                              dsv4_err *err) {
+    if (!src || !dst || !src->data || !dst->data || src->dtype != dst->dtype || src->cols != dst->cols ||
+        dst->rows < n || n < 0)
+        return cu_err(err, DSV4_EINVAL, "cuda: gather_rows: mismatched buffers");
+    size_t rb = (size_t)src->cols * dt_size(src->dtype);
+    for (int i = 0; i < n; i++) {
+        if (idx[i] < 0 || idx[i] >= src->rows)
+            return cu_err(err, DSV4_EINVAL, "cuda: gather_rows: index %d out of [0,%lld)", idx[i], (long long)src->rows);
+        CU_TRY(cudaMemcpyAsync((char *)dst->data + i * rb, (const char *)src->data + (size_t)idx[i] * rb, rb,
+                               cudaMemcpyDeviceToDevice, cube(be)->ctx->stream),
+               err, "gather_rows");
+    }
+    return DSV4_OK;
+}
+
+/* ----------------------------------------------------------------- weights */
+
+static int cu_upload(dsv4_backend *be, const dsv4_tview *host, dsv4_tview *dev, dsv4_err *err) {
+    cu_be *cb = cube(be);
+    if (!host || !dev) return cu_err(err, DSV4_EINVAL, "cuda: upload: NULL");
+    *dev = *host;
+    if (!host->data) return DSV4_OK;
+    if (cb->nviews == cb->capviews) {
+        int cap = cb->capviews ? 2 * cb->capviews : 64;
+        void **v = (void **)realloc(cb->views, (size_t)cap * sizeof *v);
+        if (!v) return cu_err(err, DSV4_ENOMEM, "cuda: upload: out of memory");
+        cb->views = v;
+        cb->capviews = cap;
+    }
+    void *p = NULL;
+    int rc = dsv4_cuda_alloc(cb->ctx, host->nbytes, &p, err);
+    if (!rc) rc = dsv4_cuda_upload(cb->ctx, p, host->data, host->nbytes, err);
+    if (rc) {
+        dsv4_cuda_free(cb->ctx, p);
+        return rc;
+    }
+    cb->views[cb->nviews++] = p;
+    dev->data = p;
+    return DSV4_OK;
+}
+
+static int cu_upload_linear(dsv4_backend *be, const dsv4_linear *host, dsv4_linear *dev, dsv4_err *err) {
+    cu_be *cb = cube(be);
+    if (!host || !dev || !host->w.data) return cu_err(err, DSV4_EINVAL, "cuda: upload_linear: missing weight");
+    cu_lin *l = (cu_lin *)calloc(1, sizeof *l);
+    if (!l) return cu_err(err, DSV4_ENOMEM, "cuda: upload_linear: out of memory");
+    l->magic = LIN_MAGIC;
+    l->dtype = host->w.dtype;
+    l->out = host->out;
+    l->in = host->in;
+    int rc;
+    if (host->w.dtype == DSV4_DT_F32) {
+        size_t nb = (size_t)(host->out * host->in) * 4;
+        if (host->w.nbytes != nb) {
+            free(l);
+            return cu_err(err, DSV4_EINVAL, "cuda: %s: F32 weight size does not match [%lld,%lld]",
+                          host->w.name ? host->w.name : "linear", (long long)host->out, (long long)host->in);
+        }
+        void *p = NULL;
+        rc = dsv4_cuda_alloc(cb->ctx, nb, &p, err);
+        if (!rc) rc = dsv4_cuda_upload(cb->ctx, p, host->w.data, nb, err);
+        l->f32 = (float *)p;
+    } else {
+        rc = dsv4_cuda_weight_upload(cb->ctx, host, &l->cw, err);
+    }
+    if (rc) {
+        dsv4_cuda_free(cb->ctx, l->f32);
+        free(l);
+        return rc;
+    }
+    l->next = cb->lins;
+    cb->lins = l;
+    *dev = *host;
+    dev->w.data = l;
+    dev->scale.data = &l->magic;
+    return DSV4_OK;
+}
+
+/* The record behind a linear from upload_linear, or NULL (message in err). */
+static const cu_lin *lin_of(const dsv4_linear *w, const char *op, dsv4_err *err) {
+    if (!w || !w->w.data || w->scale.data != (const void *)&((const cu_lin *)w->w.data)->magic) {
+        cu_err(err, DSV4_EINVAL, "cuda: %s: %s was not uploaded with upload_linear", op,
+               w && w->w.name ? w->w.name : "weight");
+        return NULL;
+    }
+    const cu_lin *l = (const cu_lin *)w->w.data;
+    if (l->magic != LIN_MAGIC) {
+        cu_err(err, DSV4_EINVAL, "cuda: %s: corrupt linear record", op);
+        return NULL;
+    }
+    return l;
+}
+
+static const char *lin_name(const dsv4_linear *w) { return w->w.name ? w->w.name : "linear"; }
+
+/* ------------------------------------------------------------------ batch */
+
+static int batch_upload(cu_be *cb, const dsv4_batch *b, dsv4_err *err) {
+    int T = b->n_rows;
+    if (T > cb->batch_cap) {
+        dsv4_cuda_free(cb->ctx, cb->d_batch);
+        cb->d_batch = NULL;
+        cb->batch_cap = 0;
+        void *p = NULL;
+        int rc = dsv4_cuda_alloc(cb->ctx, (size_t)3 * T * sizeof(int32_t), &p, err);
+        if (rc) return rc;
+        cb->d_batch = (int32_t *)p;
+        cb->batch_cap = T;
+    }
+    if (T) {
+        /* synchronous copies: the host arrays may change after this returns */
+        int rc = dsv4_cuda_upload(cb->ctx, cb->d_batch, b->token, (size_t)T * 4, err);
+        if (!rc) rc = dsv4_cuda_upload(cb->ctx, cb->d_batch + cb->batch_cap, b->pos, (size_t)T * 4, err);
+        if (!rc) rc = dsv4_cuda_upload(cb->ctx, cb->d_batch + 2 * cb->batch_cap, b->slot, (size_t)T * 4, err);
+        if (rc) return rc;
+    }
+    cb->h_token = b->token;
+    cb->h_pos = b->pos;
+    cb->n_rows = T;
+    return DSV4_OK;
+}
+
+int cu_be_batch(dsv4_backend *be, const dsv4_batch *b, const int32_t **token, const int32_t **pos,
+                const int32_t **slot, dsv4_err *err) {
+    cu_be *cb = cube(be);
+    if (!b) return cu_err(err, DSV4_EINVAL, "cuda: no batch");
+    if (b->token != cb->h_token || b->pos != cb->h_pos || b->n_rows != cb->n_rows) {
+        int rc = batch_upload(cb, b, err);
+        if (rc) return rc;
+    }
+    *token = cb->d_batch;
+    *pos = cb->d_batch + cb->batch_cap;
+    *slot = cb->d_batch + 2 * cb->batch_cap;
+    return DSV4_OK;
+}
+
+static int cu_batch_begin(dsv4_backend *be, const dsv4_batch *b, dsv4_err *err) {
+    if (!b || b->n_rows < 0 || b->n_seqs < 0) return cu_err(err, DSV4_EINVAL, "batch: bad sizes");
+    for (int s = 0; s < b->n_seqs; s++)
+        for (int r = b->cu_seqlens[s]; r < b->cu_seqlens[s + 1]; r++)
+            if (b->seq_idx[r] != s || b->slot[r] != b->seq_slot[s] || b->pos[r] != b->seq_pos0[s] + (r - b->cu_seqlens[s]))
+                return cu_err(err, DSV4_EINVAL, "batch: row %d inconsistent with segment %d (slot/pos/seq_idx)", r, s);
+    if (b->cu_seqlens[0] != 0 || b->cu_seqlens[b->n_seqs] != b->n_rows)
+        return cu_err(err, DSV4_EINVAL, "batch: cu_seqlens do not cover %d rows", b->n_rows);
+    return batch_upload(cube(be), b, err);
+}
+
+static int cu_sync(dsv4_backend *be, dsv4_err *err) { return dsv4_cuda_sync(cube(be)->ctx, err); }
+
+/* ----------------------------------------------------------------- linears */
+
+/* y[t][o] = Σ_k x[t][xoff(o) + k]·W[o][k] over in_g, fp32; one warp per output.
+ * W: F32, BF16 or FP8 (E4M3 with E8M0 128x128 block scales, dequantised:
+ * the official wo_a path, no activation quantisation). */
+__global__ void k_dot_rows(const float *x, int64_t xstride, const void *W, int kind, const uint8_t *ws,
+                           int64_t wsc, int64_t T, int64_t out, int64_t out_g, int64_t in_g, float *y) {
+    const int64_t wid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (wid >= T * out) return;
+    const int64_t t = wid / out, o = wid % out, g = o / out_g;
+    const float *xr = x + t * xstride + g * in_g;
+    float acc = 0.f;
+    for (int64_t k = lane; k < in_g; k += 32) {
+        float w;
+        if (kind == 0) {
+            w = ((const float *)W)[o * in_g + k];
+        } else if (kind == 1) {
+            w = __uint_as_float((uint32_t)((const uint16_t *)W)[o * in_g + k] << 16);
+        } else {
+            __nv_fp8_e4m3 q;
+            q.__x = ((const uint8_t *)W)[o * in_g + k];
+            w = float(q) * e8m0_to_f32(ws[(o / 128) * wsc + k / 128]);
+        }
+        acc += xr[k] * w;
+    }
+    for (int s = 16; s; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);
+    if (lane == 0) y[t * out + o] = acc;
+}
+
+static int dot_rows(cu_be *cb, const cu_lin *l, const float *x, int64_t xstride, int64_t T, int64_t out_g,
+                    float *y, dsv4_err *err) {
+    int kind;
+    const void *W;
+    const uint8_t *ws = NULL;
+    if (l->f32) {
+        kind = 0;
+        W = l->f32;
+    } else if (l->cw.kind == DSV4_CUDA_W_BF16) {
+        kind = 1;
+        W = l->cw.w;
+    } else if (l->cw.kind == DSV4_CUDA_W_FP8) {
+        kind = 2;
+        W = l->cw.w;
+        ws = (const uint8_t *)l->cw.scale;
+    } else {
+        return cu_err(err, DSV4_EUNSUPPORTED, "cuda: linear_grouped: FP4 weights not implemented");
+    }
+    int64_t warps = T * l->out;
+    if (!warps) return DSV4_OK;
+    k_dot_rows<<<(unsigned)((warps * 32 + 255) / 256), 256, 0, cb->ctx->stream>>>(
+        x, xstride, W, kind, ws, (l->in + 127) / 128, T, l->out, out_g, l->in, y);
+    CU_TRY(cudaGetLastError(), err, "linear (dot rows)");
+    return DSV4_OK;
+}
+
+static int cu_linear(dsv4_backend *be, const dsv4_buf *x, const dsv4_linear *w, dsv4_buf *y, dsv4_err *err) {
+    cu_be *cb = cube(be);
+    const cu_lin *l = lin_of(w, "linear", err);
+    if (!l) return DSV4_EINVAL;
+    int rc = cu_be_check(x, DSV4_DT_F32, -1, l->in, "linear x", err);
+    if (!rc) rc = cu_be_check(y, DSV4_DT_F32, x->rows, l->out, "linear y", err);
+    if (!rc && x->data == y->data) rc = cu_err(err, DSV4_EINVAL, "cuda: linear %s: y aliases x", lin_name(w));
+    if (rc) return rc;
+    if (l->f32) return dot_rows(cb, l, (const float *)x->data, l->in, x->rows, l->out, (float *)y->data, err);
+    if (l->cw.kind != DSV4_CUDA_W_BF16 && be->numerics != DSV4_NUMERICS_REFERENCE)
+        return cu_err(err, DSV4_EUNSUPPORTED, "cuda: linear %s: FP8/FP4 weights in HF numerics (no activation "
+                      "quantisation) not implemented", lin_name(w));
+    return dsv4_cuda_linear(cb->ctx, &l->cw, (const float *)x->data, (int)x->rows, (float *)y->data, 0, err);
+}
+
+static int cu_linear_grouped(dsv4_backend *be, const dsv4_buf *x, const dsv4_linear *w, int groups, dsv4_buf *y,
+                             dsv4_err *err) {
+    const cu_lin *l = lin_of(w, "linear_grouped", err);
+    if (!l) return DSV4_EINVAL;
+    if (groups <= 0 || l->out % groups)
+        return cu_err(err, DSV4_EINVAL, "cuda: linear_grouped: %d groups do not divide %lld rows", groups,
+                      (long long)l->out);
+    int rc = cu_be_check(x, DSV4_DT_F32, -1, l->in * groups, "linear_grouped x", err);
+    if (!rc) rc = cu_be_check(y, DSV4_DT_F32, x->rows, l->out, "linear_grouped y", err);
+    if (rc) return rc;
+    return dot_rows(cube(be), l, (const float *)x->data, l->in * groups, x->rows, l->out / groups,
+                    (float *)y->data, err);
+}
+
+/* -------------------------------------------------------------------- MoE */
+
+static int cu_moe_route(dsv4_backend *be, const dsv4_buf *x, const dsv4_linear *gate, const dsv4_tview *bias,
+                        const dsv4_tview *tid2eid, int k, float route_scale, const dsv4_batch *b, dsv4_buf *ids,
+                        dsv4_buf *weights, dsv4_err *err) {
+    cu_be *cb = cube(be);
+    const cu_lin *l = lin_of(gate, "moe_route", err);
+    if (!l) return DSV4_EINVAL;
+    int T = b->n_rows, E = (int)l->out;
+    int rc = cu_be_check(x, DSV4_DT_F32, T, l->in, "moe_route x", err);
+    if (!rc) rc = cu_be_check(ids, DSV4_DT_I32, T, k, "moe ids", err);
+    if (!rc) rc = cu_be_check(weights, DSV4_DT_F32, T, k, "moe weights", err);
+    if (!rc && (k <= 0 || k > E)) rc = cu_err(err, DSV4_EINVAL, "moe_route: k %d of %d experts", k, E);
+    if (!rc && bias && bias->data) rc = cu_be_check_vec(bias, E, "gate.bias", err);
+    int hash = tid2eid && tid2eid->data;
+    if (!rc && hash && (tid2eid->dtype != DSV4_DT_I64 || tid2eid->ndim != 2 || tid2eid->shape[1] != k))
+        rc = cu_err(err, DSV4_EINVAL, "moe_route: tid2eid must be I64 [V][%d]", k);
+    if (!rc && !l->f32 && l->cw.kind != DSV4_CUDA_W_BF16)
+        rc = cu_err(err, DSV4_EUNSUPPORTED, "cuda: moe_route: gate %s must be BF16 or F32", lin_name(gate));
+    if (rc) return rc;
+    if (hash)
+        for (int t = 0; t < T; t++)
+            if (b->token[t] < 0 || b->token[t] >= tid2eid->shape[0])
+                return cu_err(err, DSV4_EINVAL, "moe_route: token %d outside tid2eid", b->token[t]);
+    if (!T) return DSV4_OK;
+    const int32_t *tok, *pos, *slot;
+    if ((rc = cu_be_batch(be, b, &tok, &pos, &slot, err))) return rc;
+    /* logits in fp32 (exact fp32 dot, as the CPU reference), in a buffer of our own:
+     * the workspace is used by the route tail's error flag */
+    void *lg = NULL;
+    if ((rc = dsv4_cuda_alloc(cb->ctx, (size_t)T * E * 4, &lg, err))) return rc;
+    rc = dot_rows(cb, l, (const float *)x->data, l->in, T, E, (float *)lg, err);
+    if (!rc)
+        rc = cu_be_route_tail(be, (const float *)lg, T, E, bias && bias->data ? bias : NULL, hash ? tid2eid : NULL,
+                              tok, k, route_scale, (int32_t *)ids->data, (float *)weights->data, err);
+    cudaStreamSynchronize(cb->ctx->stream);
+    dsv4_cuda_free(cb->ctx, lg);
+    return rc;
+}
+
+/* The expert-major copy of an expert set (see the banner), made on first use. */
+static int moe_set(cu_be *cb, const dsv4_linear *w1, const dsv4_linear *w3, const dsv4_linear *w2, int n_exp,
+                   const dsv4_cuda_experts **out, dsv4_err *err) {
+    for (cu_moe *m = cb->moes; m; m = m->next)
+        if (m->key == w1 && m->key0 == w1[0].w.data && m->n_exp == n_exp) {
+            *out = &m->ex;
+            return DSV4_OK;
+        }
+    const cu_lin *l0 = lin_of(&w1[0], "moe_experts", err);
+    if (!l0) return DSV4_EINVAL;
+    int64_t dm = l0->in, dff = l0->out;
+    for (int e = 0; e < n_exp; e++) {
+        const dsv4_linear *ws[3] = {&w1[e], &w3[e], &w2[e]};
+        for (int j = 0; j < 3; j++) {
+            const cu_lin *l = lin_of(ws[j], "moe_experts", err);
+            if (!l) return DSV4_EINVAL;
+            if (l->cw.kind != DSV4_CUDA_W_FP4)
+                return cu_err(err, DSV4_EUNSUPPORTED, "cuda: moe_experts: expert %d %s is not FP4 (only FP4 experts "
+                              "are implemented)", e, lin_name(ws[j]));
+            int64_t eo = j == 2 ? dm : dff, ei = j == 2 ? dff : dm;
+            if (l->out != eo || l->in != ei)
+                return cu_err(err, DSV4_EINVAL, "moe: expert %d weight shapes do not match d=%lld, F=%lld", e,
+                              (long long)dm, (long long)dff);
+        }
+    }
+    cu_moe *m = (cu_moe *)calloc(1, sizeof *m);
+    if (!m) return cu_err(err, DSV4_ENOMEM, "cuda: moe_experts: out of memory");
+    m->key = w1;
+    m->key0 = w1[0].w.data;
+    m->n_exp = n_exp;
+    dsv4_cuda_experts *x = &m->ex;
+    x->n_experts = n_exp;
+    x->d_model = dm;
+    x->d_ff = dff;
+    size_t wb = (size_t)(dm * dff / 2), sb = (size_t)(dm * dff / 32);
+    int rc = 0;
+    void **bufs[6] = {&x->w1, &x->w3, &x->w2, &x->s1, &x->s3, &x->s2};
+    for (int j = 0; j < 6 && !rc; j++) rc = dsv4_cuda_alloc(cb->ctx, (j < 3 ? wb : sb) * n_exp, bufs[j], err);
+    for (int e = 0; e < n_exp && !rc; e++) {
+        const dsv4_linear *ws[3] = {&w1[e], &w3[e], &w2[e]};
+        for (int j = 0; j < 3 && !rc; j++) {
+            const cu_lin *l = (const cu_lin *)ws[j]->w.data;
+            cudaError_t ce = cudaMemcpyAsync((uint8_t *)*bufs[j] + e * wb, l->cw.w, wb, cudaMemcpyDeviceToDevice,
+                                             cb->ctx->stream);
+            if (ce == cudaSuccess)
+                ce = cudaMemcpyAsync((uint8_t *)*bufs[3 + j] + e * sb, l->cw.scale, sb, cudaMemcpyDeviceToDevice,
+                                     cb->ctx->stream);
+            if (ce != cudaSuccess) rc = cu_err(err, DSV4_EBACKEND, "cuda: moe_experts: copy: %s", cudaGetErrorString(ce));
+        }
+    }
+    if (rc) {
+        dsv4_cuda_experts_free(cb->ctx, x);
+        free(m);
+        return rc;
+    }
+    x->bytes = 3 * (wb + sb) * n_exp;
+    m->next = cb->moes;
+    cb->moes = m;
+    *out = x;
+    return DSV4_OK;
+}
+
+static int cu_moe_experts(dsv4_backend *be, const dsv4_buf *x, const dsv4_linear *w1, const dsv4_linear *w3,
+                          const dsv4_linear *w2, int n_exp, const dsv4_buf *ids, const dsv4_buf *weights, float limit,
+                          dsv4_buf *y, dsv4_err *err) {
+    cu_be *cb = cube(be);
+    int rc = cu_be_check(x, DSV4_DT_F32, -1, -1, "moe x", err);
+    if (rc) return rc;
+    int64_t T = x->rows, d = x->cols;
+    rc = cu_be_check(ids, DSV4_DT_I32, T, -1, "moe ids", err);
+    if (!rc) rc = cu_be_check(weights, DSV4_DT_F32, T, ids->cols, "moe weights", err);
+    if (!rc) rc = cu_be_check(y, DSV4_DT_F32, T, d, "moe y", err);
+    if (!rc && n_exp <= 0) rc = cu_err(err, DSV4_EINVAL, "cuda: moe_experts: %d experts", n_exp);
+    if (rc) return rc;
+    if (be->numerics != DSV4_NUMERICS_REFERENCE)
+        return cu_err(err, DSV4_EUNSUPPORTED, "cuda: moe_experts: HF numerics (no W8A8) not implemented");
+    if (limit != 10.0f)
+        return cu_err(err, DSV4_EUNSUPPORTED, "cuda: moe_experts: swiglu limit %g (the kernel has 10)", (double)limit);
+    const dsv4_cuda_experts *ex = NULL;
+    if ((rc = moe_set(cb, w1, w3, w2, n_exp, &ex, err))) return rc;
+    if (ex->d_model != d) return cu_err(err, DSV4_EINVAL, "cuda: moe_experts: x has %lld columns, experts %lld",
+                                        (long long)d, (long long)ex->d_model);
+    /* ids outside [0, n_exp) are skipped by the kernel (the CPU reference rejects them) */
+    return dsv4_cuda_moe(cb->ctx, ex, (const float *)x->data, (int)T, (const int32_t *)ids->data,
+                         (const float *)weights->data, (int)ids->cols, NULL, (float *)y->data, 0, err);
+}
+
+/* ------------------------------------------------------- not implemented yet */
+
+static int cu_compress(dsv4_backend *be, dsv4_cmp_state *cs, const dsv4_buf *K, const dsv4_buf *Z,
+                       const dsv4_tview *ape, const dsv4_tview *norm_w, float eps, const dsv4_rope *rope, dsv4_qat qat,
+                       const dsv4_batch *b, dsv4_err *err) {
+    return cu_err(err, DSV4_EUNSUPPORTED, "cuda: compress: not implemented");
+}
+
+static int cu_indexer_select(dsv4_backend *be, const dsv4_buf *qi, const dsv4_buf *g, float g_scale,
+                             const dsv4_cmp_state *idx, int topk, const dsv4_batch *b, dsv4_buf *sel, dsv4_err *err) {
+    return cu_err(err, DSV4_EUNSUPPORTED, "cuda: indexer_select: not implemented");
+}
+
+static int cu_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, const dsv4_win_state *ws,
+                        const dsv4_cmp_state *cs, const dsv4_buf *sel, const dsv4_tview *sinks, int n_heads,
+                        const dsv4_batch *b, dsv4_buf *o, dsv4_err *err) {
+    return cu_err(err, DSV4_EUNSUPPORTED, "cuda: attention: not implemented");
+}
+
+/* ------------------------------------------------------------------ create */
+
+extern "C" dsv4_backend *dsv4_backend_cuda_create(dsv4_numerics numerics, int device, dsv4_err *err) {
+    dsv4_backend *be = (dsv4_backend *)calloc(1, sizeof *be);
+    cu_be *cb = (cu_be *)calloc(1, sizeof *cb);
+    if (!be || !cb) {
+        free(be);
+        free(cb);
+        cu_err(err, DSV4_ENOMEM, "cuda backend: out of memory");
+        return NULL;
+    }
+    if (dsv4_cuda_ctx_create(device, &cb->ctx, err)) {
+        free(be);
+        free(cb);
+        return NULL;
+    }
+    snprintf(cb->name, sizeof cb->name, "cuda:%d", device);
+    be->name = cb->name;
+    be->numerics = numerics;
+    be->act_dtype = DSV4_DT_F32;
+    be->ctx = cb;
+    be->free = cu_be_free;
+    be->buf_alloc = cu_buf_alloc;
+    be->buf_free = cu_buf_free;
+    be->buf_write = cu_buf_write;
+    be->buf_read = cu_buf_read;
+    be->buf_gather_rows = cu_buf_gather_rows;
+    be->upload = cu_upload;
+    be->upload_linear = cu_upload_linear;
+    be->batch_begin = cu_batch_begin;
+    be->sync = cu_sync;
+    be->embed = cu_be_embed;
+    be->add = cu_be_add;
+    be->rmsnorm = cu_be_rmsnorm;
+    be->rope = cu_be_rope;
+    be->qat_fp8 = cu_be_qat_fp8;
+    be->qat_hadamard_fp4 = cu_be_qat_hadamard_fp4;
+    be->linear = cu_linear;
+    be->linear_grouped = cu_linear_grouped;
+    be->hc_pre = cu_be_hc_pre;
+    be->hc_post = cu_be_hc_post;
+    be->hc_head = cu_be_hc_head;
+    be->win_store = cu_be_win_store;
+    be->compress = cu_compress;
+    be->indexer_select = cu_indexer_select;
+    be->attention = cu_attention;
+    be->moe_route = cu_moe_route;
+    be->moe_experts = cu_moe_experts;
+    be->swiglu = cu_be_swiglu;
+    return be;
+}

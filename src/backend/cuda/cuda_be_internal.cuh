@@ -1,0 +1,74 @@
+/*
+ * cuda_be_internal.cuh — what the two files of the CUDA op table share
+ * (cuda_backend.cu: memory, weights, linears, MoE; cuda_be_ops.cu: the
+ * small row-wise ops). Not a public header.
+ */
+#ifndef DSV4_CUDA_BE_INTERNAL_CUH
+#define DSV4_CUDA_BE_INTERNAL_CUH
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_internal.cuh"
+
+/* The backend's private state (be->ctx). */
+typedef struct cu_be {
+    dsv4_cuda_ctx *ctx;
+    char name[16];
+    void **views; /* device copies made by `upload`, freed with the backend */
+    int nviews, capviews;
+    struct cu_lin *lins;  /* linears made by `upload_linear` */
+    struct cu_moe *moes;  /* expert sets assembled for moe_experts */
+    /* device mirror of the last batch (batch_begin): token, pos, slot */
+    int32_t *d_batch;
+    int batch_cap;
+    const int32_t *h_token, *h_pos; /* host arrays the mirror was made from */
+    int n_rows;
+} cu_be;
+
+static inline cu_be *cube(dsv4_backend *be) { return (cu_be *)be->ctx; }
+
+/* Device copies of the batch's token / pos / slot arrays ([T] each); uploads
+ * them if `b` is not the batch last given to batch_begin. */
+int cu_be_batch(dsv4_backend *be, const dsv4_batch *b, const int32_t **token, const int32_t **pos,
+                const int32_t **slot, dsv4_err *err);
+
+/* Check an F32 (or I32) device buffer's shape; names `what`. rows/cols < 0: any. */
+int cu_be_check(const dsv4_buf *b, dsv4_dtype dt, int64_t rows, int64_t cols, const char *what,
+                dsv4_err *err);
+/* A weight vector (F32 or BF16, n elements; n < 0: any) in device memory. */
+int cu_be_check_vec(const dsv4_tview *v, int64_t n, const char *what, dsv4_err *err);
+
+/* Element i of a device F32 / BF16 tensor. */
+__device__ __forceinline__ float cu_ldf(const void *p, int bf16, int64_t i) {
+    if (bf16) return __uint_as_float((uint32_t)((const uint16_t *)p)[i] << 16);
+    return ((const float *)p)[i];
+}
+
+/* The small ops (cuda_be_ops.cu), wired into the table by cuda_backend.cu. */
+int cu_be_embed(dsv4_backend *be, const dsv4_tview *table, const dsv4_batch *b, int n_copies,
+                dsv4_buf *out, dsv4_err *err);
+int cu_be_add(dsv4_backend *be, const dsv4_buf *a, const dsv4_buf *b, dsv4_buf *y, dsv4_err *err);
+int cu_be_rmsnorm(dsv4_backend *be, const dsv4_buf *x, const dsv4_tview *weight, int group,
+                  float eps, dsv4_buf *y, dsv4_err *err);
+int cu_be_rope(dsv4_backend *be, dsv4_buf *x, int head_dim, const dsv4_rope *rope,
+               const dsv4_batch *b, int inverse, dsv4_err *err);
+int cu_be_qat_fp8(dsv4_backend *be, dsv4_buf *x, int head_dim, int n_quant, int block,
+                  dsv4_err *err);
+int cu_be_qat_hadamard_fp4(dsv4_backend *be, dsv4_buf *x, int head_dim, dsv4_err *err);
+int cu_be_swiglu(dsv4_backend *be, const dsv4_buf *g, const dsv4_buf *u, float limit,
+                 dsv4_buf *h, dsv4_err *err);
+int cu_be_hc_pre(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn, const dsv4_tview *base,
+                 const dsv4_tview *scale, int n_hc, int iters, float eps, dsv4_buf *y,
+                 dsv4_buf *post, dsv4_buf *comb, dsv4_err *err);
+int cu_be_hc_post(dsv4_backend *be, const dsv4_buf *X, const dsv4_buf *f, const dsv4_buf *post,
+                  const dsv4_buf *comb, int n_hc, dsv4_buf *Xout, dsv4_err *err);
+int cu_be_hc_head(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn, const dsv4_tview *base,
+                  const dsv4_tview *scale, int n_hc, float eps, dsv4_buf *y, dsv4_err *err);
+int cu_be_win_store(dsv4_backend *be, dsv4_win_state *ws, const dsv4_buf *kv, const dsv4_batch *b,
+                    dsv4_err *err);
+/* Router tail: logits [T][E] (fp32) -> ids, weights (§3.5). bias may be NULL;
+ * tid2eid (I64 [V][k], device) selects hash routing; tokens are the device batch. */
+int cu_be_route_tail(dsv4_backend *be, const float *logits, int T, int E, const dsv4_tview *bias,
+                     const dsv4_tview *tid2eid, const int32_t *d_token, int k, float route_scale,
+                     int32_t *ids, float *weights, dsv4_err *err);
+
+#endif
