@@ -156,13 +156,13 @@ static int reference(const int32_t *prompt, int n, int max_tokens, int32_t eos, 
 }
 
 static toy T;
-static dsv4_runner RUN = {&T, VOCAB, SLOTS, toy_forward, toy_release};
+static dsv4_runner RUN = {&T, VOCAB, SLOTS, toy_forward, toy_release, NULL, NULL, NULL};
 static dsv4_drafter DR = {&T, 5, toy_commit, toy_propose, toy_drafter_release};
 
 static dsv4_engine *make(int seqs, int budget, int k, int64_t maxlen, int32_t eos) {
     memset(&T, 0, sizeof T);
     memset(dlen, 0, sizeof dlen);
-    dsv4_engine_opts o = {seqs, budget, maxlen, k, eos, {{0}}, 0};
+    dsv4_engine_opts o = {seqs, budget, maxlen, k, eos, {{0}}, 0, 0};
     dsv4_engine *e = NULL;
     dsv4_err err = {0};
     int rc = dsv4_engine_create(&o, &RUN, k ? &DR : NULL, &e, &err);
@@ -441,10 +441,10 @@ static void test_errors(void) {
     dsv4_request_release(r);
     dsv4_engine_free(e);
 
-    dsv4_engine_opts o = {9, 16, 100, 0, 1, {{0}}, 0};
+    dsv4_engine_opts o = {9, 16, 100, 0, 1, {{0}}, 0, 0};
     CHECK_EQ_INT(dsv4_engine_create(&o, &RUN, NULL, &e, &err), DSV4_EINVAL);
     CHECK_CONTAINS(err.msg, "max_num_seqs");
-    dsv4_engine_opts o2 = {2, 16, 100, 6, 1, {{0}}, 0};
+    dsv4_engine_opts o2 = {2, 16, 100, 6, 1, {{0}}, 0, 0};
     CHECK_EQ_INT(dsv4_engine_create(&o2, &RUN, &DR, &e, &err), DSV4_EINVAL);
     CHECK_CONTAINS(err.msg, "block size 5");
 }
@@ -600,7 +600,7 @@ static void test_threaded(void) {
 static void test_k_schedule(void) {
     memset(&T, 0, sizeof T);
     memset(dlen, 0, sizeof dlen);
-    dsv4_engine_opts o = {4, 16, 1 << 20, 4, -1, {{2, 64, 0}, {1, 1, 2}}, 2};
+    dsv4_engine_opts o = {4, 16, 1 << 20, 4, -1, {{2, 64, 0}, {1, 1, 2}}, 2, 0};
     dsv4_engine *e;
     dsv4_err err = {0};
     CHECK_EQ_INT(dsv4_engine_create(&o, &RUN, &DR, &e, &err), 0);
@@ -627,7 +627,7 @@ static void test_k_schedule(void) {
         dsv4_request_release(r[i]);
     }
     dsv4_engine_free(e);
-    dsv4_engine_opts bad = {4, 16, 1 << 20, 4, -1, {{1, 8, 5}}, 1};
+    dsv4_engine_opts bad = {4, 16, 1 << 20, 4, -1, {{1, 8, 5}}, 1, 0};
     CHECK_EQ_INT(dsv4_engine_create(&bad, &RUN, &DR, &e, &err), DSV4_EINVAL);
     CHECK_CONTAINS(err.msg, "num_speculative_tokens_per_batch_size");
 }
