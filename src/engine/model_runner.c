@@ -405,7 +405,8 @@ static void runner_release(void *ctx, int slot) {
  *    resume is exact when the new prompt reaches the old context length P
  *    (or P <= W); the context rows themselves depend only on their position's
  *    target features, so rows >= R are re-ingested from the resumed forward;
- *  - MTP window ring (cap W + max_spec + 1, written up to mtp_next).
+ *  - MTP window ring (cap W + max_spec + 1, written up to mtp_next; the
+ *    streams of row mtp_next are kept in last_h, so R <= mtp_next + 1).
  * Each condition is "the first position read >= the first position held",
  * monotone in R, so the answer is the largest upper bound or nothing.
  */
@@ -424,10 +425,10 @@ static int64_t runner_reusable(void *ctx, int slot, int64_t committed, int64_t w
         if (R > P) R = P;
         if (!(n_new >= P || P <= W)) return 0;
     }
-    if (mr->mtp) {
+    if (mr->mtp) { /* MTP rows < nx are in its ring; row nx waits in last_h for token nx+1 */
         int64_t nx = mr->mtp_next[slot];
         const dsv4_win_state *mw = &mr->mtp->st->layers[0].win;
-        if (R > nx) R = nx;
+        if (R > nx + 1) R = nx + 1;
         if (!ring_holds(R - W + 1, nx + 1, mw->cap)) return 0;
     }
     if (R < 1) return 0;
@@ -450,7 +451,9 @@ static int runner_resume(void *ctx, int slot, int64_t pos, dsv4_err *err) {
     if (slot < 0 || slot >= mr->state->n_slots || pos < 1)
         return dsv4_err_set(err, DSV4_EINVAL, "resume slot %d at %lld", slot, (long long)pos);
     if (mr->dspark) mr->ingested[slot] = pos;
-    if (mr->mtp) mr->mtp_next[slot] = pos;
+    /* MTP: rows from pos on are re-run; at pos = mtp_next + 1 the row at
+     * mtp_next runs from last_h with the new prompt's token pos */
+    if (mr->mtp && mr->mtp_next[slot] > pos) mr->mtp_next[slot] = pos;
     return DSV4_OK;
 }
 
