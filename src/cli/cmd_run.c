@@ -1,20 +1,24 @@
 /*
  * dsv4 run — greedy generation for one prompt on the CPU reference backend.
  *
- * The whole path a request takes, without the server: config + checkpoint
- * (strict binder) → prompt encoder (chat template, thinking resolved once) →
- * tokenizer → one prefill → greedy decode steps through src/model/forward.c
- * → incremental byte output. It exists to run the reference model by hand and
- * as the end-to-end smoke test of issue 4; it is not fast.
+ * The whole path a request takes, without the server: checkpoint (strict
+ * binder) → prompt encoder (chat template, thinking resolved once) →
+ * tokenizer → the engine (the same step loop the server uses, with DSpark or
+ * MTP speculation when asked) → incremental byte output, then timing and
+ * speculative statistics (accepted length, per-position acceptance) on
+ * stderr. It exists to run the reference model by hand and as the end-to-end
+ * smoke test of issues 4 and 5; it is not fast.
  */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <time.h>
+
 #include "cli/cli.h"
-#include "model/forward.h"
-#include "model/safetensors.h"
+#include "engine/engine.h"
+#include "engine/model_runner.h"
 #include "text/encoder.h"
 #include "text/tokenizer.h"
 
@@ -28,13 +32,15 @@ static void usage(FILE *f) {
             "  --max-tokens N       tokens to generate (default 32)\n"
             "  --thinking           render with thinking mode on (default off)\n"
             "  --numerics MODE      reference (official QAT numerics, default) or hf (transformers)\n"
+            "  --spec K             speculate K tokens per step with the checkpoint's drafter\n"
+            "                       (DSpark stages: K <= dspark_block_size; MTP block: K = 1)\n"
             "  --show-ids           print the prompt and generated token ids to stderr\n",
             dsv4_default_model_dir());
 }
 
 typedef struct run_opts {
     const char *dir, *prompt;
-    int raw, max_tokens, thinking, show_ids;
+    int raw, max_tokens, thinking, show_ids, spec_k;
     dsv4_numerics numerics;
 } run_opts;
 
@@ -65,6 +71,14 @@ static int parse_args(int argc, char **argv, run_opts *o) {
                 fprintf(stderr, "dsv4 run: --numerics: '%s' (expected reference or hf)\n", m);
                 return 2;
             }
+        } else if (!strcmp(a, "--spec") && i + 1 < argc) {
+            char *end;
+            long v = strtol(argv[++i], &end, 10);
+            if (*end || v < 0 || v > DSV4_MAX_SPEC_K) {
+                fprintf(stderr, "dsv4 run: --spec: '%s' is not a draft count in [0, %d]\n", argv[i], DSV4_MAX_SPEC_K);
+                return 2;
+            }
+            o->spec_k = (int)v;
         } else if (!strcmp(a, "--raw")) {
             o->raw = 1;
         } else if (!strcmp(a, "--thinking")) {
@@ -110,27 +124,28 @@ static int prompt_ids(const run_opts *o, const dsv4_tokenizer *tok, dsv4_tokvec 
     return rc;
 }
 
-/* One forward call over rows [p0, p0+n) of ids in slot 0; greedy argmax of the last row. */
-static int step(dsv4_model *m, dsv4_state *st, const int32_t *ids, int p0, int n, float *logits,
-                int32_t *next, dsv4_err *err) {
-    int32_t *pos = malloc(sizeof(int32_t) * n * 3), *slot = pos + n, *seq = slot + n;
-    if (!pos) return dsv4_err_set(err, DSV4_ENOMEM, "run: out of memory");
-    for (int i = 0; i < n; i++) {
-        pos[i] = p0 + i;
-        slot[i] = 0;
-        seq[i] = 0;
-    }
-    int32_t cu[2] = {0, n}, sslot = 0, spos = p0, last = n - 1;
-    dsv4_batch b = {.n_rows = n, .n_seqs = 1, .token = ids + p0, .pos = pos, .slot = slot, .seq_idx = seq,
-                    .cu_seqlens = cu, .seq_slot = &sslot, .seq_pos0 = &spos};
-    int rc = dsv4_forward(m, st, &b, &last, 1, logits, NULL, err);
-    free(pos);
-    if (rc) return rc;
-    int best = 0;
-    for (int v = 1; v < m->cfg->vocab_size; v++)
-        if (logits[v] > logits[best]) best = v;
-    *next = best;
-    return DSV4_OK;
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* Timing and, with speculation, the acceptance statistics of spec/DSPARK.md §5.7. */
+static void print_stats(const dsv4_engine_stats *st, int n_prompt, int n_gen, double secs, int k) {
+    fprintf(stderr, "\nprompt %d tokens, generated %d tokens in %.2f s (%.2f tok/s), %llu engine steps\n", n_prompt,
+            n_gen, secs, secs > 0 ? n_gen / secs : 0.0, (unsigned long long)st->steps);
+    if (!k) return;
+    double drafts = (double)st->spec_drafts;
+    fprintf(stderr, "speculative: %llu verify steps, %llu drafted, %llu accepted (acceptance %.1f%%), "
+                    "mean accepted length %.2f tokens/step\n",
+            (unsigned long long)st->spec_drafts, (unsigned long long)st->spec_draft_tokens,
+            (unsigned long long)st->spec_accepted_tokens,
+            st->spec_draft_tokens ? 100.0 * (double)st->spec_accepted_tokens / (double)st->spec_draft_tokens : 0.0,
+            drafts ? 1.0 + (double)st->spec_accepted_tokens / drafts : 0.0);
+    fprintf(stderr, "per-position acceptance:");
+    for (int i = 0; i < k; i++)
+        fprintf(stderr, " %.3f", drafts ? (double)st->spec_accepted_per_pos[i] / drafts : 0.0);
+    fputc('\n', stderr);
 }
 
 int dsv4_cmd_run(int argc, char **argv) {
@@ -138,73 +153,75 @@ int dsv4_cmd_run(int argc, char **argv) {
     int prc = parse_args(argc, argv, &o);
     if (prc) return prc < 0 ? 0 : prc;
     dsv4_err err = {0};
-    dsv4_config cfg;
-    dsv4_ckpt *ck = NULL;
-    dsv4_weights *w = NULL;
-    dsv4_backend *be = NULL;
-    dsv4_model *m = NULL;
-    dsv4_state *st = NULL;
     dsv4_tokenizer *tok = NULL;
     dsv4_tokvec ids = {0};
-    float *logits = NULL;
+    dsv4_model_runner *mr = NULL;
+    dsv4_engine *e = NULL;
+    dsv4_request *r = NULL;
     char path[4096];
     snprintf(path, sizeof path, "%s/tokenizer.json", o.dir);
-    int rc = dsv4_config_load(o.dir, &cfg, &err);
-    if (!rc) rc = dsv4_ckpt_open(o.dir, &ck, &err);
-    if (!rc) rc = dsv4_config_set_drafts(&cfg, ck, &err);
-    if (!rc) rc = dsv4_weights_bind(&cfg, ck, &w, &err);
-    if (!rc) rc = dsv4_tokenizer_load(path, &tok, &err);
+    int rc = dsv4_tokenizer_load(path, &tok, &err);
     if (!rc) rc = prompt_ids(&o, tok, &ids, &err);
     if (!rc && ids.n == 0) rc = dsv4_err_set(&err, DSV4_EINVAL, "run: the prompt has no tokens");
+    int max_len = (int)ids.n + o.max_tokens + o.spec_k + 2;
     if (!rc) {
-        be = dsv4_backend_cpu_create(o.numerics, &err);
-        if (!be) rc = err.code ? err.code : DSV4_ENOMEM;
+        dsv4_model_runner_opts mo = {1, max_len, o.spec_k, o.numerics};
+        rc = dsv4_model_runner_open(o.dir, &mo, &mr, &err);
     }
-    if (!rc) rc = dsv4_model_create(&cfg, w, be, &m, &err);
-    int max_len = (int)ids.n + o.max_tokens + 1;
+    dsv4_drafter dr;
+    int has_drafter = 0;
+    if (!rc && o.spec_k > 0 && !(has_drafter = dsv4_model_runner_drafter(mr, &dr)))
+        rc = dsv4_err_set(&err, DSV4_EINVAL, "--spec: %s has neither DSpark draft stages nor an MTP block", o.dir);
     if (!rc) {
-        int ratios[DSV4_MAX_LAYERS];
-        for (int l = 0; l < cfg.num_hidden_layers; l++) ratios[l] = dsv4_config_layer_ratio(&cfg, l);
-        rc = dsv4_state_create(be, &cfg, ratios, cfg.num_hidden_layers, 1, max_len, 0, &st, &err);
+        dsv4_runner run = dsv4_model_runner_iface(mr);
+        const dsv4_config *cfg = dsv4_model_runner_config(mr);
+        dsv4_engine_opts eo = {1, max_len, max_len, o.spec_k, cfg->eos_token_id, {{0}}, 0};
+        rc = dsv4_engine_create(&eo, &run, has_drafter ? &dr : NULL, &e, &err);
     }
     if (!rc && o.show_ids) {
         fprintf(stderr, "prompt ids (%zu):", ids.n);
         for (size_t i = 0; i < ids.n; i++) fprintf(stderr, " %d", ids.ids[i]);
         fputc('\n', stderr);
     }
-    if (!rc && !(logits = malloc(sizeof(float) * (size_t)cfg.vocab_size)))
-        rc = dsv4_err_set(&err, DSV4_ENOMEM, "run: out of memory");
-    /* prefill the prompt, then one row per generated token */
-    int p = 0, n_new = 0;
-    int32_t next = 0;
+    int n_gen = 0;
+    double t0 = now_s();
     if (!rc && o.max_tokens > 0) {
-        rc = step(m, st, ids.ids, 0, (int)ids.n, logits, &next, &err);
-        p = (int)ids.n;
+        dsv4_gen_params gp;
+        dsv4_gen_params_default(&gp);
+        gp.sampling.temperature = 0;
+        gp.max_tokens = o.max_tokens;
+        rc = dsv4_engine_submit(e, ids.ids, (int)ids.n, &gp, &r, &err);
     }
-    while (!rc && n_new < o.max_tokens) {
-        if (dsv4_tokvec_push(&ids, next)) {
-            rc = dsv4_err_set(&err, DSV4_ENOMEM, "run: out of memory");
+    dsv4_finish fin = r ? DSV4_FINISH_NONE : DSV4_FINISH_STOP;
+    while (!rc && fin == DSV4_FINISH_NONE) {
+        if (dsv4_engine_step(e, &err) < 0) {
+            rc = err.code ? err.code : DSV4_EINTERNAL;
             break;
         }
-        n_new++;
-        size_t len = 0;
-        const char *bytes = dsv4_tokenizer_token_bytes(tok, next, &len);
-        if (bytes) fwrite(bytes, 1, len, stdout);
+        int32_t got[DSV4_MAX_SPEC_K + 1];
+        int n;
+        while ((n = dsv4_request_poll(r, got, DSV4_MAX_SPEC_K + 1, &fin, 0)) > 0)
+            for (int i = 0; i < n; i++) {
+                size_t len = 0;
+                const char *bytes = dsv4_tokenizer_token_bytes(tok, got[i], &len);
+                if (bytes) fwrite(bytes, 1, len, stdout);
+                if (o.show_ids) fprintf(stderr, "[%d]", got[i]);
+                n_gen++;
+            }
         fflush(stdout);
-        if (o.show_ids) fprintf(stderr, "[%d]", next);
-        if (next == cfg.eos_token_id || n_new == o.max_tokens) break;
-        rc = step(m, st, ids.ids, p, 1, logits, &next, &err);
-        p++;
+        if (fin == DSV4_FINISH_ERROR) rc = dsv4_err_set(&err, DSV4_EBACKEND, "run: the forward failed (see above)");
     }
-    if (!rc) putchar('\n');
+    if (!rc) {
+        putchar('\n');
+        dsv4_engine_stats st;
+        dsv4_engine_get_stats(e, &st);
+        print_stats(&st, (int)ids.n, n_gen, now_s() - t0, o.spec_k);
+    }
     if (rc) fprintf(stderr, "dsv4 run: %s: %s\n", dsv4_status_name(rc), err.msg);
-    free(logits);
+    dsv4_request_release(r);
+    dsv4_engine_free(e);
+    dsv4_model_runner_free(mr);
     dsv4_tokvec_free(&ids);
     dsv4_tokenizer_free(tok);
-    dsv4_state_free(st);
-    dsv4_model_free(m);
-    if (be) be->free(be);
-    dsv4_weights_free(w);
-    dsv4_ckpt_free(ck);
     return rc ? 1 : 0;
 }

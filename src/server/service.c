@@ -67,11 +67,12 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
     }
     s->vocab_view = dsv4_detok_vocab_from_tokenizer(s->tok);
 
-    if (o->spec_k > 0 && o->spec_method && strcmp(o->spec_method, "dspark") != 0) {
+    int want_mtp = o->spec_method && (!strcmp(o->spec_method, "mtp") || !strcmp(o->spec_method, "deepseek_mtp"));
+    if (o->spec_k > 0 && !want_mtp && !(o->spec_method && !strcmp(o->spec_method, "dspark"))) {
         rc = dsv4_err_set(err, DSV4_EUNSUPPORTED,
-                          "--speculative-config: method \"%s\" is not available yet (only \"dspark\"); the MTP "
-                          "block of the original Flash checkpoint is not wired into serving",
-                          o->spec_method);
+                          "--speculative-config: method \"%s\" is not supported (use \"dspark\" for DSpark "
+                          "checkpoints or \"mtp\" for the original Flash MTP block)",
+                          o->spec_method ? o->spec_method : "");
         goto fail;
     }
     /* CPU backend: per-slot state is sized for max_model_len, so default to a
@@ -95,11 +96,14 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
     dsv4_runner run = dsv4_model_runner_iface(s->mr);
     dsv4_drafter dr;
     int has_drafter = o->spec_k > 0 && dsv4_model_runner_drafter(s->mr, &dr);
-    if (o->spec_k > 0 && !has_drafter) {
+    dsv4_draft_kind want = want_mtp ? DSV4_DRAFT_MTP : DSV4_DRAFT_DSPARK;
+    if (o->spec_k > 0 && (!has_drafter || cfg->draft_kind != want)) {
         rc = dsv4_err_set(err, DSV4_EINVAL,
-                          "--speculative-config method dspark: %s has no DSpark draft stages (mtp.0..S-1 with "
-                          "main_proj); drop --speculative-config to serve without speculation",
-                          o->model_dir);
+                          "--speculative-config method %s: %s has no %s; drop --speculative-config to serve "
+                          "without speculation",
+                          o->spec_method, o->model_dir,
+                          want_mtp ? "MTP block (mtp.0 with e_proj/h_proj)"
+                                   : "DSpark draft stages (mtp.0..S-1 with main_proj)");
         goto fail;
     }
     dsv4_engine_opts eo = {o->max_num_seqs, o->max_num_batched_tokens, s->max_model_len, o->spec_k, s->eos_id,

@@ -96,3 +96,16 @@ def test_missing_model_dir_names_it(tmp_path):
     r = subprocess.run([DSV4, "run", str(tmp_path / "nope"), "--prompt", "x"], capture_output=True, text=True)
     assert r.returncode == 1
     assert "nope" in r.stderr
+
+
+def test_speculative_run_reports_acceptance_and_keeps_tokens(model):
+    plain = run(model, "--prompt", "Count to five", "--max-tokens", "6", "--show-ids")
+    spec = run(model, "--prompt", "Count to five", "--max-tokens", "6", "--show-ids", "--spec", "3")
+    assert plain.returncode == 0 and spec.returncode == 0, plain.stderr + spec.stderr
+    assert ids_of(spec.stderr) == ids_of(plain.stderr)  # speculation never changes greedy tokens
+    assert "mean accepted length" in spec.stderr
+    per_pos = re.search(r"per-position acceptance:((?: [0-9.]+)+)", spec.stderr)
+    assert per_pos and len(per_pos.group(1).split()) == 3
+    assert "speculative:" not in plain.stderr
+    bad = run(model, "--prompt", "x", "--spec", "99")
+    assert bad.returncode == 2 and "--spec" in bad.stderr

@@ -49,7 +49,8 @@ def test_spec_greedy_equals_plain(default_server):
 
 @pytest.mark.parametrize("cfg,why", [
     ('{"method":"dspark","num_speculative_tokens":6}', "block size 5"),
-    ('{"method":"mtp","num_speculative_tokens":1}', "not available yet"),
+    ('{"method":"mtp","num_speculative_tokens":1}', "has no MTP block"),
+    ('{"method":"eagle","num_speculative_tokens":1}', "not supported"),
     ('{"method":"dspark","num_speculative_tokens":5,"bogus":1}', "bogus"),
     ('{"num_speculative_tokens":5}', "method"),
     ('{"method":"dspark","num_speculative_tokens":4,"num_speculative_tokens_per_batch_size":[[1,1,5]]}',
@@ -76,3 +77,9 @@ def test_spec_on_checkpoint_without_stages_refused(tmp_path):
                         "--speculative-config", '{"method":"dspark","num_speculative_tokens":3}'],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "no DSpark draft stages" in r.stderr, r.stderr
+    # the same checkpoint serves with its MTP block (k = 1); k = 2 is refused with the reason
+    r = subprocess.run([DSV4, "serve", str(tmp_path), "--port", str(free_port()), "--max-model-len", "256",
+                        "--max-num-seqs", "2", "--reasoning-effort-profile", "0731",
+                        "--speculative-config", '{"method":"mtp","num_speculative_tokens":2}'],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "block size 1" in r.stderr, r.stderr
