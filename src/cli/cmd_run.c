@@ -175,7 +175,7 @@ int dsv4_cmd_run(int argc, char **argv) {
     if (!rc) {
         dsv4_runner run = dsv4_model_runner_iface(mr);
         const dsv4_config *cfg = dsv4_model_runner_config(mr);
-        dsv4_engine_opts eo = {1, max_len, max_len, o.spec_k, cfg->eos_token_id, {{0}}, 0};
+        dsv4_engine_opts eo = {1, max_len, max_len, o.spec_k, cfg->eos_token_id, {{0}}, 0, 0}; /* one prompt per run: nothing to cache */
         rc = dsv4_engine_create(&eo, &run, has_drafter ? &dr : NULL, &e, &err);
     }
     if (!rc && o.show_ids) {

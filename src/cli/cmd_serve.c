@@ -141,6 +141,7 @@ int dsv4_cmd_serve(int argc, char **argv) {
     so.stop_in_reasoning = strcmp(a.stop_in_reasoning, "active") == 0;
     so.default_chat_template_kwargs = a.default_chat_template_kwargs;
     so.spec_method = spec_method;
+    so.enable_prefix_caching = a.enable_prefix_caching;
     so.spec_k = spec.spec_k;
     so.n_k_schedule = spec.n_k_schedule;
     memcpy(so.k_schedule, spec.k_schedule, sizeof so.k_schedule);

@@ -29,6 +29,7 @@ struct dsv4_request {
     dsv4_token_logprob *lp; /* [cap - n_prompt] per generated token, or NULL (not asked) */
     float *q;             /* [spec_k][vocab] draft distributions, or NULL (argmax drafts) */
     int q_valid;
+    int n_cached;         /* prompt positions reused from the prefix cache */
     struct dsv4_request *next;
 };
 
@@ -41,6 +42,14 @@ struct dsv4_engine {
     pthread_cond_t cv_work, cv_out;
     dsv4_request *head, *tail; /* all live requests, arrival order */
     int *free_slots, n_free;
+    /* prefix cache: what each free slot's state holds (len 0 = nothing) */
+    struct slot_cache {
+        int32_t *tok;     /* [len] committed tokens of the history */
+        int64_t len, cap;
+        uint64_t used;    /* LRU stamp */
+    } *cache;
+    uint64_t clock;
+    int caching;          /* enable_prefix_caching and the runner supports it */
     dsv4_engine_stats st;
     pthread_t thread;
     int thread_on, stopping;
@@ -108,10 +117,12 @@ int dsv4_engine_create(const dsv4_engine_opts *opts, const dsv4_runner *runner, 
     }
     size_t V = (size_t)runner->vocab;
     e->free_slots = malloc(sizeof(int) * (size_t)runner->n_slots);
+    e->cache = calloc((size_t)runner->n_slots, sizeof *e->cache);
+    e->caching = opts->enable_prefix_caching && runner->reusable && runner->resume;
     e->probs = malloc(sizeof(float) * V * (size_t)(opts->spec_k + 1));
     e->vscratch = malloc(sizeof(float) * V);
     e->sscratch = malloc(dsv4_sampling_scratch_bytes(runner->vocab));
-    if (!e->free_slots || !e->probs || !e->vscratch || !e->sscratch) {
+    if (!e->free_slots || !e->cache || !e->probs || !e->vscratch || !e->sscratch) {
         dsv4_engine_free(e);
         return dsv4_err_set(err, DSV4_ENOMEM, "out of memory creating the engine");
     }
@@ -258,12 +269,132 @@ void dsv4_request_counts(dsv4_request *r, int *prompt_tokens, int *generated_tok
     pthread_mutex_unlock(&r->e->mu);
 }
 
-/* Finish a request (engine thread, lock held): free its slot, mark done. */
+int dsv4_request_cached_tokens(dsv4_request *r) {
+    pthread_mutex_lock(&r->e->mu);
+    int n = r->n_cached;
+    pthread_mutex_unlock(&r->e->mu);
+    return n;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Prefix cache (spec/SERVING.md §8.7): free slots that still hold a history */
+/* ------------------------------------------------------------------------ */
+
+static void slot_drop(dsv4_engine *e, int slot) {
+    e->run.release(e->run.ctx, slot);
+    if (e->has_drafter && e->dr.release) e->dr.release(e->dr.ctx, slot);
+    e->cache[slot].len = 0;
+}
+
+/* Record that slot holds the state of tok[0..len); 0 on success. */
+static int cache_store(dsv4_engine *e, int slot, const int32_t *tok, int64_t len) {
+    struct slot_cache *c = &e->cache[slot];
+    if (len > c->cap) {
+        int32_t *t = realloc(c->tok, sizeof(int32_t) * (size_t)len);
+        if (!t) return -1;
+        c->tok = t;
+        c->cap = len;
+    }
+    memcpy(c->tok, tok, sizeof(int32_t) * (size_t)len);
+    c->len = len;
+    c->used = ++e->clock;
+    return 0;
+}
+
+/* Best reusable position of free slot `slot` for r's prompt (0 = none). */
+static int64_t cache_match(dsv4_engine *e, int slot, const dsv4_request *r) {
+    const struct slot_cache *c = &e->cache[slot];
+    if (!c->len) return 0;
+    int64_t lcp = 0, lim = c->len < r->n_prompt ? c->len : r->n_prompt;
+    while (lcp < lim && c->tok[lcp] == r->tok[lcp]) lcp++;
+    int64_t want = lcp < r->n_prompt - 1 ? lcp : r->n_prompt - 1; /* >= 1 row computed for the logits */
+    if (want < 1) return 0;
+    int64_t R = e->run.reusable(e->run.ctx, slot, c->len, want, r->n_prompt);
+    return R > 0 && R <= want ? R : 0;
+}
+
+/* Index into free_slots of the slot to overwrite: an empty one, else the least recently used. */
+static int victim_locked(dsv4_engine *e) {
+    int best = e->n_free - 1;
+    for (int i = e->n_free - 1; i >= 0; i--) { /* from the end: the lowest slot ids first */
+        const struct slot_cache *c = &e->cache[e->free_slots[i]], *b = &e->cache[e->free_slots[best]];
+        if (!c->len) return i;
+        if (c->used < b->used) best = i;
+    }
+    return best;
+}
+
+static int take_free(dsv4_engine *e, int i) {
+    int s = e->free_slots[i];
+    e->free_slots[i] = e->free_slots[--e->n_free];
+    return s;
+}
+
+/* Give a free slot to r (n_free > 0): the cached history it shares the longest
+ * exact prefix with, else an empty or the least recently used slot (evicted). */
+static void admit_locked(dsv4_engine *e, dsv4_request *r) {
+    int best = -1;
+    int64_t R = 0;
+    if (e->caching) {
+        e->st.prefix_queries += (uint64_t)r->n_prompt;
+        for (int i = 0; i < e->n_free; i++) {
+            int64_t x = cache_match(e, e->free_slots[i], r);
+            if (x > R) {
+                R = x;
+                best = i;
+            }
+        }
+    }
+    if (best >= 0) {
+        int s = e->free_slots[best];
+        dsv4_err err = {0};
+        if (e->run.resume(e->run.ctx, s, R, &err)) {
+            dsv4_log(DSV4_LOG_WARN, "prefix cache: resuming slot %d at %lld failed, recomputing: %s", s,
+                     (long long)R, err.msg);
+            best = -1;
+            R = 0;
+        }
+    }
+    if (best < 0) {
+        best = victim_locked(e);
+        if (e->cache[e->free_slots[best]].len) slot_drop(e, e->free_slots[best]);
+    }
+    r->slot = take_free(e, best);
+    e->cache[r->slot].len = 0; /* the slot's state now belongs to r */
+    r->n_computed = R;
+    r->n_cached = (int)R;
+    e->st.prefix_hits += (uint64_t)R;
+}
+
+/*
+ * r just finished its prefill and keeps decoding in its slot, which will
+ * overwrite the window rings: keep a copy of the prompt's state in a free
+ * slot (LRU eviction) unless a free slot already serves this prompt.
+ */
+static void snapshot_locked(dsv4_engine *e, dsv4_request *r) {
+    if (!e->caching || !e->run.copy_slot || !e->n_free || r->slot < 0 || r->n_computed != r->n_prompt) return;
+    for (int i = 0; i < e->n_free; i++)
+        if (cache_match(e, e->free_slots[i], r) == r->n_prompt - 1) return;
+    int i = victim_locked(e), dst = e->free_slots[i];
+    dsv4_err err = {0};
+    e->cache[dst].len = 0;
+    if (e->run.copy_slot(e->run.ctx, r->slot, dst, &err) || cache_store(e, dst, r->tok, r->n_computed)) {
+        dsv4_log(DSV4_LOG_WARN, "prefix cache: copying slot %d to %d failed: %s", r->slot, dst, err.msg);
+        slot_drop(e, dst);
+        return;
+    }
+    e->st.prefix_snapshots++;
+}
+
+/* Finish a request (engine thread, lock held): free its slot (its state stays
+ * cached under prefix caching), mark done. */
 static void finish_locked(dsv4_engine *e, dsv4_request *r, dsv4_finish why) {
     if (r->st == RQ_DONE) return;
     if (r->slot >= 0) {
-        e->run.release(e->run.ctx, r->slot);
-        if (e->has_drafter && e->dr.release) e->dr.release(e->dr.ctx, r->slot);
+        /* a failed forward may have left the slot half-written: never cache it */
+        if (!e->caching || why == DSV4_FINISH_ERROR || r->n_computed < 1 ||
+            cache_store(e, r->slot, r->tok, r->n_computed))
+            slot_drop(e, r->slot);
         e->free_slots[e->n_free++] = r->slot;
         r->slot = -1;
     }
@@ -448,7 +579,7 @@ int dsv4_engine_step(dsv4_engine *e, dsv4_err *err) {
     for (dsv4_request *r = e->head; r; r = r->next) running += r->st == RQ_PREFILL || r->st == RQ_DECODE;
     for (dsv4_request *r = e->head; r && e->n_free > 0 && running < e->o.max_num_seqs; r = r->next)
         if (r->st == RQ_WAITING) {
-            r->slot = e->free_slots[--e->n_free];
+            admit_locked(e, r);
             r->st = RQ_PREFILL;
             running++;
         }
@@ -570,6 +701,9 @@ int dsv4_engine_step(dsv4_engine *e, dsv4_err *err) {
         if (n) commit_tokens_locked(e, r, em, n);
     }
     if (!frc && e->has_drafter) drafts_for_next_step_locked(e, segs, nseg);
+    /* after the drafter took its context, so the copy has it too */
+    for (int s = 0; !frc && s < nseg; s++)
+        if (!segs[s].decode && segs[s].logit0 >= 0 && segs[s].r->st == RQ_DECODE) snapshot_locked(e, segs[s].r);
     reap_locked(e);
     live = 0;
     for (dsv4_request *r = e->head; r; r = r->next) live += r->st != RQ_DONE;
@@ -638,6 +772,8 @@ void dsv4_engine_free(dsv4_engine *e) {
         pthread_cond_destroy(&e->cv_out);
     }
     free(e->free_slots);
+    for (int i = 0; e->cache && i < e->run.n_slots; i++) free(e->cache[i].tok);
+    free(e->cache);
     free(e->logits);
     free(e->probs);
     free(e->vscratch);

@@ -38,7 +38,16 @@ typedef struct dsv4_engine_opts {
      * (0 = no drafts). Batch sizes no entry covers use spec_k. */
     int k_schedule[8][3];
     int n_k_schedule;
-
+    /* Automatic prefix caching (vLLM --enable-prefix-caching, spec/SERVING.md
+     * §8.7); needs runner->reusable and runner->resume, ignored without them.
+     * A finished request's slot keeps its state, keyed by its committed
+     * tokens, until the slot is needed (LRU); a new request whose prompt
+     * shares a prefix with a cached history takes that slot and prefills
+     * from the largest position the runner says is exact. When the runner
+     * can copy slots and a slot is free, the state at the end of each
+     * prompt's prefill is also kept (a copy), so the same prompt or a longer
+     * one is a hit even after decoding moved the original slot on. */
+    int enable_prefix_caching;
 } dsv4_engine_opts;
 
 typedef enum dsv4_finish {
@@ -85,6 +94,10 @@ typedef struct dsv4_engine_stats {
     uint64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens;
     uint64_t spec_accepted_per_pos[DSV4_MAX_SPEC_K];
     uint64_t spec_draft_failures; /* drafter errors (logged; those steps decode without drafts) */
+    /* prefix caching, in tokens (vLLM prefix_cache_queries / _hits): prompt
+     * tokens of admitted requests, and the ones whose state was reused */
+    uint64_t prefix_queries, prefix_hits;
+    uint64_t prefix_snapshots;    /* prompt states copied into a free slot */
     int running, waiting;
 } dsv4_engine_stats;
 
@@ -134,6 +147,9 @@ void dsv4_request_cancel(dsv4_request *r);
 void dsv4_request_release(dsv4_request *r);
 /* Number of prompt tokens and generated tokens so far (for usage). */
 void dsv4_request_counts(dsv4_request *r, int *prompt_tokens, int *generated_tokens);
+/* Prompt tokens whose state came from the prefix cache (0 before admission or
+ * on a miss): usage.prompt_tokens_details.cached_tokens (spec/SERVING.md §3.3). */
+int dsv4_request_cached_tokens(dsv4_request *r);
 
 /*
  * dsv4_engine_step — run one scheduling step on the calling thread.

@@ -35,6 +35,11 @@ struct dsv4_model_runner {
     int32_t *feat_tok;     /* [feat_cap] tokens of the last forward */
     float *last_h;         /* [n_slots][hc*d]: H of position mtp_next[slot] */
     int64_t *mtp_next;     /* [n_slots]: next MTP position to run (its H is last_h) */
+    /* Prefix caching (spec/SERVING.md §8.7): the highest target position + 1
+     * each slot's rings were written at, committed or not (rejected
+     * speculative rows included) — what decides which ring rows still hold
+     * which positions. */
+    int64_t *hw;           /* [n_slots] */
 };
 
 void dsv4_model_runner_free(dsv4_model_runner *mr) {
@@ -49,6 +54,7 @@ void dsv4_model_runner_free(dsv4_model_runner *mr) {
     free(mr->feat_tok);
     free(mr->last_h);
     free(mr->mtp_next);
+    free(mr->hw);
     dsv4_state_free(mr->state);
     dsv4_model_free(mr->model);
     if (mr->be) mr->be->free(mr->be);
@@ -76,6 +82,10 @@ int dsv4_model_runner_open(const char *dir, const dsv4_model_runner_opts *o, dsv
         goto fail;
     }
     if ((rc = dsv4_model_create(&mr->cfg, mr->w, mr->be, &mr->model, err))) goto fail;
+    if (!(mr->hw = calloc((size_t)o->n_slots, sizeof(int64_t)))) {
+        rc = dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
+        goto fail;
+    }
     int L = mr->cfg.num_hidden_layers;
     int *ratios = malloc(sizeof(int) * (size_t)L);
     if (!ratios) {
@@ -141,6 +151,9 @@ static int mtp_forward_keep(dsv4_model_runner *mr, const dsv4_batch *b, const in
 static int runner_forward(void *ctx, const dsv4_batch *b, const int32_t *logit_rows, int n_logits, float *logits,
                           dsv4_err *err) {
     dsv4_model_runner *mr = ctx;
+    for (int t = 0; t < b->n_rows; t++) /* rings are written even when the forward fails later */
+        if (b->slot[t] >= 0 && b->slot[t] < mr->state->n_slots && b->pos[t] + 1 > mr->hw[b->slot[t]])
+            mr->hw[b->slot[t]] = b->pos[t] + 1;
     if (mr->mtp) return mtp_forward_keep(mr, b, logit_rows, n_logits, logits, err);
     if (!mr->dspark) return dsv4_forward(mr->model, mr->state, b, logit_rows, n_logits, logits, NULL, err);
     int F = mr->cfg.n_dspark_target_layer_ids * mr->cfg.hidden_size;
@@ -369,12 +382,101 @@ int dsv4_model_runner_drafter(dsv4_model_runner *mr, dsv4_drafter *out) {
 static void runner_release(void *ctx, int slot) {
     dsv4_model_runner *mr = ctx;
     dsv4_err err = {0};
+    mr->hw[slot] = 0;
     if (dsv4_state_reset_slot(mr->state, slot, &err))
         dsv4_log(DSV4_LOG_ERROR, "resetting slot %d: %s", slot, err.msg);
 }
 
+/*
+ * Prefix caching (spec/SERVING.md §8.7, spec/MODEL.md §4.1). Every piece of
+ * per-slot state is position-addressed, so resuming a slot at position R
+ * recomputes and overwrites positions >= R exactly as a cold prefill would —
+ * provided the rows the resumed rows READ below R are still the cached
+ * history's. Those reads, and the ring rows that may have been overwritten
+ * since (a ring of cap rows written up to hw holds positions >= hw - cap):
+ *  - target window ring (cap W + max_spec): a row at p reads p-W+1 .. p-1;
+ *  - compressor token rings (cap m(1+overlap) + max_spec): the window being
+ *    filled at R reads its own earlier slots and, for ratio 4, the previous
+ *    window's (overlap); emitted compressed / indexer rows are addressed by
+ *    window index, never overwritten by later positions, and a window that
+ *    ends at or after R is emitted again before any row reads it;
+ *  - DSpark context rings (cap W + γ): a draft at anchor P' reads context
+ *    P'-W .. P'-1; the old draft block overwrote positions below P-W, so a
+ *    resume is exact when the new prompt reaches the old context length P
+ *    (or P <= W); the context rows themselves depend only on their position's
+ *    target features, so rows >= R are re-ingested from the resumed forward;
+ *  - MTP window ring (cap W + max_spec + 1, written up to mtp_next; the
+ *    streams of row mtp_next are kept in last_h, so R <= mtp_next + 1).
+ * Each condition is "the first position read >= the first position held",
+ * monotone in R, so the answer is the largest upper bound or nothing.
+ */
+static int ring_holds(int64_t need_from, int64_t hw, int64_t cap) {
+    if (need_from < 0) need_from = 0;
+    return hw - cap <= 0 || need_from >= hw - cap;
+}
+
+static int64_t runner_reusable(void *ctx, int slot, int64_t committed, int64_t want, int64_t n_new) {
+    dsv4_model_runner *mr = ctx;
+    const dsv4_state *st = mr->state;
+    int W = mr->cfg.sliding_window;
+    int64_t R = want < committed ? want : committed;
+    if (mr->dspark) {
+        int64_t P = mr->ingested[slot];
+        if (R > P) R = P;
+        if (!(n_new >= P || P <= W)) return 0;
+    }
+    if (mr->mtp) { /* MTP rows < nx are in its ring; row nx waits in last_h for token nx+1 */
+        int64_t nx = mr->mtp_next[slot];
+        const dsv4_win_state *mw = &mr->mtp->st->layers[0].win;
+        if (R > nx + 1) R = nx + 1;
+        if (!ring_holds(R - W + 1, nx + 1, mw->cap)) return 0;
+    }
+    if (R < 1) return 0;
+    int64_t hw = mr->hw[slot];
+    for (int l = 0; l < st->n_layers; l++) {
+        const dsv4_layer_state *ls = &st->layers[l];
+        if (!ring_holds(R - W + 1, hw, ls->win.cap)) return 0;
+        const dsv4_cmp_state *cs[2] = {&ls->cmp, &ls->idx};
+        for (int i = 0; i < 2; i++) {
+            if (!cs[i]->rows.data) continue;
+            int64_t m = cs[i]->ratio, ws = R / m * m;
+            if (!ring_holds(ws - m * cs[i]->overlap, hw, cs[i]->cap)) return 0;
+        }
+    }
+    return R;
+}
+
+static int runner_resume(void *ctx, int slot, int64_t pos, dsv4_err *err) {
+    dsv4_model_runner *mr = ctx;
+    if (slot < 0 || slot >= mr->state->n_slots || pos < 1)
+        return dsv4_err_set(err, DSV4_EINVAL, "resume slot %d at %lld", slot, (long long)pos);
+    if (mr->dspark) mr->ingested[slot] = pos;
+    /* MTP: rows from pos on are re-run; at pos = mtp_next + 1 the row at
+     * mtp_next runs from last_h with the new prompt's token pos */
+    if (mr->mtp && mr->mtp_next[slot] > pos) mr->mtp_next[slot] = pos;
+    return DSV4_OK;
+}
+
+static int runner_copy_slot(void *ctx, int src, int dst, dsv4_err *err) {
+    dsv4_model_runner *mr = ctx;
+    int rc = dsv4_state_copy_slot(mr->state, src, dst, mr->hw[src], err);
+    if (!rc && mr->dspark) {
+        rc = dsv4_dspark_copy_slot(mr->dspark, src, dst, err);
+        mr->ingested[dst] = mr->ingested[src];
+    }
+    if (!rc && mr->mtp) {
+        size_t HD = (size_t)mr->cfg.hc_mult * (size_t)mr->cfg.hidden_size;
+        rc = dsv4_state_copy_slot(mr->mtp->st, src, dst, mr->mtp_next[src] + 1, err);
+        memcpy(mr->last_h + (size_t)dst * HD, mr->last_h + (size_t)src * HD, sizeof(float) * HD);
+        mr->mtp_next[dst] = mr->mtp_next[src];
+    }
+    mr->hw[dst] = mr->hw[src];
+    return rc;
+}
+
 dsv4_runner dsv4_model_runner_iface(dsv4_model_runner *mr) {
-    dsv4_runner r = {mr, mr->cfg.vocab_size, mr->state->n_slots, runner_forward, runner_release};
+    dsv4_runner r = {mr, mr->cfg.vocab_size, mr->state->n_slots, runner_forward, runner_release,
+                     runner_reusable, runner_resume, runner_copy_slot};
     return r;
 }
 

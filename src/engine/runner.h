@@ -31,6 +31,24 @@ typedef struct dsv4_runner {
                    dsv4_err *err);
     /* A slot's request finished or was cancelled: its state may be dropped. */
     void (*release)(void *ctx, int slot);
+    /*
+     * Prefix caching (spec/SERVING.md §8.7). Optional: NULL = no caching.
+     * The three cover the state of the drafter this runner hands out too.
+     *
+     * reusable — slot holds the state of a history whose positions
+     * < committed are final and whose first `want` tokens equal a new
+     * prompt of n_new tokens (want <= n_new - 1). Returns the largest
+     * position R <= want from which that prompt can be prefilled in this
+     * slot with results identical to a cold prefill (state of positions < R
+     * kept as is, positions >= R recomputed), or 0 when there is none.
+     */
+    int64_t (*reusable)(void *ctx, int slot, int64_t committed, int64_t want, int64_t n_new);
+    /* resume — the slot's next request prefills from pos (a value reusable
+     * returned): reset any "next position" bookkeeping to pos. */
+    int (*resume)(void *ctx, int slot, int64_t pos, dsv4_err *err);
+    /* copy_slot — optional: make slot dst's state an exact copy of src's
+     * (afterwards reusable answers the same for both). */
+    int (*copy_slot)(void *ctx, int src, int dst, dsv4_err *err);
 } dsv4_runner;
 
 typedef struct dsv4_drafter {

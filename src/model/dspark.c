@@ -212,6 +212,23 @@ int dsv4_dspark_reset_slot(dsv4_dspark *d, int slot, dsv4_err *err) {
     return rc;
 }
 
+int dsv4_dspark_copy_slot(dsv4_dspark *d, int src, int dst, dsv4_err *err) {
+    if (src < 0 || src >= d->n_slots || dst < 0 || dst >= d->n_slots || src == dst)
+        return dsv4_err_set(err, DSV4_EINVAL, "dspark: copy slot %d -> %d (slots [0,%d))", src, dst, d->n_slots);
+    int rc = DSV4_OK;
+    for (int s = 0; s < d->n_stages && !rc; s++) {
+        int64_t cap = d->ring[s].cap;
+        dsv4_buf from = row_view(&d->ring[s].rows, (int64_t)src * cap, cap);
+        dsv4_buf to = row_view(&d->ring[s].rows, (int64_t)dst * cap, cap);
+        void *tmp = malloc((size_t)from.rows * (size_t)from.cols * dsv4_dtype_size(from.dtype));
+        if (!tmp) return dsv4_err_set(err, DSV4_ENOMEM, "dspark: out of memory");
+        rc = d->be->buf_read(d->be, &from, tmp, err);
+        if (!rc) rc = d->be->buf_write(d->be, &to, tmp, err);
+        free(tmp);
+    }
+    return rc;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Context path (§2.3)                                                       */
 /* ------------------------------------------------------------------------ */

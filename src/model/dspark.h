@@ -70,6 +70,9 @@ void dsv4_dspark_free(dsv4_dspark *d);
 /* Forget a slot's context (new request in the slot): zeroes its ring rows.
  * Errors: slot out of range. */
 int dsv4_dspark_reset_slot(dsv4_dspark *d, int slot, dsv4_err *err);
+/* Copy slot src's context rings over slot dst's (prefix caching, spec/SERVING.md
+ * §8.7). Errors: a slot out of range or src == dst; backend failures. */
+int dsv4_dspark_copy_slot(dsv4_dspark *d, int src, int dst, dsv4_err *err);
 
 /*
  * dsv4_dspark_context — context path (DSPARK.md §2.3) for the committed rows of

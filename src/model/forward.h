@@ -89,6 +89,16 @@ void dsv4_state_free(dsv4_state *st);
 /* Forget a slot's history (new request in the slot). Rows are position-
  * addressed, so this only has to make stale rows unreachable — it zeroes them. */
 int dsv4_state_reset_slot(dsv4_state *st, int slot, dsv4_err *err);
+/*
+ * dsv4_state_copy_slot — make slot dst hold the same state as slot src for
+ * positions < n_pos (prefix caching, spec/SERVING.md §8.7): every ring row
+ * (window rows, compressor token rings) and the emitted compressed / indexer
+ * rows w < ceil(n_pos / ratio). Goes through the backend's buf_read /
+ * buf_write on row views (a host bounce), so it works on any backend.
+ * Errors: DSV4_EINVAL for a slot out of range or src == dst, n_pos outside
+ * [0, max_len]; allocation and backend failures.
+ */
+int dsv4_state_copy_slot(dsv4_state *st, int src, int dst, int64_t n_pos, dsv4_err *err);
 
 /*
  * dsv4_block_forward — one decoder block (spec/MODEL.md §3.0, §3.2-3.5) in

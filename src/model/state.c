@@ -108,3 +108,43 @@ int dsv4_state_reset_slot(dsv4_state *st, int slot, dsv4_err *err) {
     }
     return rc;
 }
+
+/* Copy rows [src_first, +n) of a buffer over rows [dst_first, +n) (host bounce). */
+static int copy_rows(dsv4_backend *be, dsv4_buf *b, int64_t src_first, int64_t dst_first, int64_t n, dsv4_err *err) {
+    if (!b->data || n <= 0) return DSV4_OK;
+    size_t rb = (size_t)b->cols * dsv4_dtype_size(b->dtype);
+    void *tmp = malloc((size_t)n * rb);
+    if (!tmp) return dsv4_err_set(err, DSV4_ENOMEM, "state: out of memory copying a slot");
+    dsv4_buf s = *b, d = *b;
+    s.data = (char *)b->data + (size_t)src_first * rb;
+    d.data = (char *)b->data + (size_t)dst_first * rb;
+    s.rows = d.rows = n;
+    int rc = be->buf_read(be, &s, tmp, err);
+    if (!rc) rc = be->buf_write(be, &d, tmp, err);
+    free(tmp);
+    return rc;
+}
+
+int dsv4_state_copy_slot(dsv4_state *st, int src, int dst, int64_t n_pos, dsv4_err *err) {
+    if (src < 0 || src >= st->n_slots || dst < 0 || dst >= st->n_slots || src == dst)
+        return dsv4_err_set(err, DSV4_EINVAL, "state: copy slot %d -> %d (slots [0,%d))", src, dst, st->n_slots);
+    if (n_pos < 0 || n_pos > st->max_len)
+        return dsv4_err_set(err, DSV4_EINVAL, "state: copy of %lld positions (max %d)", (long long)n_pos,
+                            st->max_len);
+    int rc = DSV4_OK;
+    for (int l = 0; l < st->n_layers && !rc; l++) {
+        dsv4_layer_state *ls = &st->layers[l];
+        int64_t c = ls->win.cap;
+        rc = copy_rows(st->be, &ls->win.rows, (int64_t)src * c, (int64_t)dst * c, c, err);
+        dsv4_cmp_state *cs[2] = {&ls->cmp, &ls->idx};
+        for (int i = 0; i < 2 && !rc; i++) {
+            if (!cs[i]->rows.data) continue;
+            int64_t k = cs[i]->cap, m = cs[i]->max_rows, w = (n_pos + cs[i]->ratio - 1) / cs[i]->ratio;
+            if (w > m) w = m;
+            rc = copy_rows(st->be, &cs[i]->kv, (int64_t)src * k, (int64_t)dst * k, k, err);
+            if (!rc) rc = copy_rows(st->be, &cs[i]->score, (int64_t)src * k, (int64_t)dst * k, k, err);
+            if (!rc) rc = copy_rows(st->be, &cs[i]->rows, (int64_t)src * m, (int64_t)dst * m, w, err);
+        }
+    }
+    return rc;
+}

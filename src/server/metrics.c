@@ -155,6 +155,12 @@ char *dsv4_metrics_render(dsv4_metrics *m, const dsv4_engine_stats *st) {
     put_scalar(&b, M, "counter", "vllm:generation_tokens_total", "Generated tokens (accepted, incl. bonus).",
                (double)st->generation_tokens);
     put_scalar(&b, M, "counter", "vllm:num_preemptions_total", "Preemptions.", 0);
+    put_scalar(&b, M, "counter", "vllm:prefix_cache_queries_total",
+               "Prefix cache queries, in prompt tokens of admitted requests.", (double)st->prefix_queries);
+    put_scalar(&b, M, "counter", "vllm:prefix_cache_hits_total", "Prefix cache hits, in prompt tokens reused.",
+               (double)st->prefix_hits);
+    put_scalar(&b, M, "counter", "vllm:prompt_tokens_cached_total",
+               "Prompt tokens whose state came from the prefix cache.", (double)st->prefix_hits);
     put(&b, "# HELP vllm:request_success_total Finished requests by finish reason.\n"
             "# TYPE vllm:request_success_total counter\n");
     for (int i = 0; i < FIN_N; i++)

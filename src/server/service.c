@@ -78,7 +78,11 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
     /* CPU backend: per-slot state is sized for max_model_len, so default to a
      * length that fits comfortably in memory; the user may raise it. */
     s->max_model_len = o->max_model_len > 0 ? o->max_model_len : 8192;
-    dsv4_model_runner_opts mo = {o->max_num_seqs, (int)s->max_model_len, o->spec_k, DSV4_NUMERICS_REFERENCE};
+    /* prefix caching: a few slots beyond max_num_seqs keep the state of recent
+     * prompts while their requests decode on (SERVING.md §8.7) */
+    int cache_slots = !o->enable_prefix_caching ? 0 : o->max_num_seqs < 8 ? o->max_num_seqs : 8;
+    dsv4_model_runner_opts mo = {o->max_num_seqs + cache_slots, (int)s->max_model_len, o->spec_k,
+                                 DSV4_NUMERICS_REFERENCE};
     if ((rc = dsv4_model_runner_open(o->model_dir, &mo, &s->mr, err))) goto fail;
     const dsv4_config *cfg = dsv4_model_runner_config(s->mr);
     if (s->max_model_len > cfg->max_position_embeddings) {
@@ -103,7 +107,7 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
         goto fail;
     }
     dsv4_engine_opts eo = {o->max_num_seqs, o->max_num_batched_tokens, s->max_model_len, o->spec_k, s->eos_id,
-                           {{0}}, o->n_k_schedule};
+                           {{0}}, o->n_k_schedule, o->enable_prefix_caching};
     memcpy(eo.k_schedule, o->k_schedule, sizeof eo.k_schedule);
     if ((rc = dsv4_engine_create(&eo, &run, has_drafter ? &dr : NULL, &s->engine, err))) {
         dsv4_err_prefix(err, "--speculative-config: ");
@@ -117,10 +121,11 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
     }
     dsv4_log(DSV4_LOG_INFO,
              "model %s: %s, %d layers, vocab %d, profile %s; CPU backend; max_model_len %lld, "
-             "max_num_seqs %d (state for %d x %lld tokens); speculation %s k=%d",
+             "max_num_seqs %d (state for %d x %lld tokens); speculation %s k=%d; prefix caching %s",
              o->model_dir, dsv4_config_kind_name(cfg), cfg->num_hidden_layers, cfg->vocab_size,
-             dsv4_profile_name(profile), (long long)s->max_model_len, o->max_num_seqs, o->max_num_seqs,
-             (long long)s->max_model_len, o->spec_k ? "dspark" : "off", o->spec_k);
+             dsv4_profile_name(profile), (long long)s->max_model_len, o->max_num_seqs, o->max_num_seqs + cache_slots,
+             (long long)s->max_model_len, o->spec_k ? "dspark" : "off", o->spec_k,
+             o->enable_prefix_caching ? "on" : "off");
     if ((rc = warm_up(s, err))) goto fail;
     *out = s;
     return DSV4_OK;

@@ -37,6 +37,7 @@ typedef struct dsv4_service_opts {
     const char *default_reasoning_effort;  /* low | high | max */
     int stop_in_reasoning;       /* --stop-in-reasoning active */
     const char *default_chat_template_kwargs; /* JSON object text or NULL */
+    int enable_prefix_caching;   /* --enable-prefix-caching (spec/SERVING.md §8.7) */
 } dsv4_service_opts;
 
 /*

@@ -226,8 +226,16 @@ static cJSON *usage_json(job *j) {
     cJSON_AddNumberToObject(u, "prompt_tokens", j->n_prompt);
     cJSON_AddNumberToObject(u, "completion_tokens", comp);
     cJSON_AddNumberToObject(u, "total_tokens", j->n_prompt + comp);
+    /* prompt tokens served from the prefix cache (SERVING.md §8.7); the prompt
+     * is counted once, so the best of the choices' requests */
+    int cached = 0;
+    for (int i = 0; i < j->n; i++)
+        if (j->c[i].req) {
+            int x = dsv4_request_cached_tokens(j->c[i].req);
+            if (x > cached) cached = x;
+        }
     cJSON *pd = cJSON_AddObjectToObject(u, "prompt_tokens_details");
-    cJSON_AddNumberToObject(pd, "cached_tokens", 0);
+    cJSON_AddNumberToObject(pd, "cached_tokens", cached);
     if (j->chat) {
         cJSON *cd = cJSON_AddObjectToObject(u, "completion_tokens_details");
         cJSON_AddNumberToObject(cd, "reasoning_tokens", reas);

@@ -53,7 +53,7 @@ int main(void) {
         for (int j = 0; j < lens[i]; j++) prompts[i][j] = 2 + (int32_t)((i * 131 + j * 17 + j * j) % (cfg->vocab_size - 2));
 
     /* single-stream reference, one request at a time, generous budget */
-    dsv4_engine_opts eo = {4, 256, 512, 0, 1, {{0}}, 0};
+    dsv4_engine_opts eo = {4, 256, 512, 0, 1, {{0}}, 0, 0};
     dsv4_engine *e;
     CHECK_EQ_INT(dsv4_engine_create(&eo, &run, NULL, &e, &err), 0);
     for (int i = 0; i < N; i++) CHECK_EQ_INT(generate(e, prompts[i], lens[i], maxt[i], single[i]), maxt[i]);
@@ -63,7 +63,7 @@ int main(void) {
     dsv4_engine_free(e);
 
     /* all four at once, 9-token budget: prefill chunks of 9 mixed with decode rows */
-    dsv4_engine_opts eo2 = {4, 9, 512, 0, 1, {{0}}, 0};
+    dsv4_engine_opts eo2 = {4, 9, 512, 0, 1, {{0}}, 0, 0};
     CHECK_EQ_INT(dsv4_engine_create(&eo2, &run, NULL, &e, &err), 0);
     dsv4_request *r[N];
     for (int i = 0; i < N; i++) {
@@ -99,7 +99,7 @@ int main(void) {
         dsv4_drafter dr;
         int has = dsv4_model_runner_drafter(mr, &dr);
         CHECK_EQ_INT(has, k > 0);
-        dsv4_engine_opts eo3 = {4, 9, 512, k, 1, {{0}}, 0};
+        dsv4_engine_opts eo3 = {4, 9, 512, k, 1, {{0}}, 0, 0};
         CHECK_EQ_INT(dsv4_engine_create(&eo3, &run, has ? &dr : NULL, &e, &err), 0);
         static int32_t spec_out[2][N][MAXT];
         for (int i = 0; i < N; i++) CHECK_EQ_INT(generate(e, prompts[i], lens[i], maxt[i], spec_out[k > 0][i]), maxt[i]);
@@ -141,7 +141,7 @@ int main(void) {
         dsv4_drafter dr;
         CHECK_EQ_INT(dsv4_model_runner_drafter(mr, &dr), 1);
         CHECK_EQ_INT(dr.max_k, 1);
-        dsv4_engine_opts eo4 = {4, 9, 512, 1, 1, {{0}}, 0};
+        dsv4_engine_opts eo4 = {4, 9, 512, 1, 1, {{0}}, 0, 0};
         CHECK_EQ_INT(dsv4_engine_create(&eo4, &run, &dr, &e, &err), 0);
         for (int i = 0; i < N; i++) {
             CHECK_EQ_INT(generate(e, prompts[i], lens[i], maxt[i], out), maxt[i]);
