@@ -21,8 +21,8 @@ import pytest
 MODEL = "deepseek-v4-flash-dspark"
 N_CLIENTS = 64      # concurrent streams per round (= --max-num-seqs, the CPU backend's cap)
 N_PROMPTS = 8       # distinct prompts (PROMPTS); client i sends prompt i % N_PROMPTS
-MAX_TOKENS = 5      # per load request
-ROUNDS = 3          # load rounds: the first sets the memory high-water mark, the others must stay under it
+MAX_TOKENS = 8      # per load request
+ROUNDS = 4          # load rounds: the first sets the memory high-water mark, the others must stay under it
 TIMEOUT_S = 300     # per request, generous: a 64-row step is seconds on a loaded CPU
 MIB = 1 << 20
 # RSS slack over the first round's high-water mark. The server's memory after
@@ -32,7 +32,7 @@ MIB = 1 << 20
 # free lists). None of this grows with the number of requests served, so a
 # later round must end under round 1's peak; the 16 MiB margin absorbs page
 # granularity and arena fragmentation. A leak of the per-request job
-# (parser, token and SSE buffers: several KB) over the 128 later requests
+# (parser, token and SSE buffers: several KB) over the 192 later requests
 # would not be seen by this bound alone; the exact usage and text checks
 # and the abort metrics below cover the lifetime of each request instead.
 RSS_SLACK = 16 * MIB
