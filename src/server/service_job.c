@@ -45,6 +45,7 @@ typedef struct choice {
     int n_fed;               /* tokens kept by the parser (engine thread, under j->mu) */
     double t_first, t_last;
     int ended;               /* engine finished and the parser was closed */
+    int recorded;            /* its metrics were recorded */
     dsv4_finish efinish;
     int sent_final;
     /* logprobs (HTTP thread only) */
@@ -177,6 +178,8 @@ static int pump(choice *c, int timeout_ms, int *got) {
     return 1;
 }
 
+static void record_metrics(choice *c, const dsv4_outparse_result *res);
+
 static void job_free(job *j) {
     if (!j) return;
     for (int i = 0; i < j->n; i++) {
@@ -184,9 +187,16 @@ static void job_free(job *j) {
         if (c->req) {
             /* the engine must be done with the hook before c goes away */
             dsv4_request_cancel(c->req);
-            dsv4_finish f = DSV4_FINISH_NONE;
-            int32_t buf[256];
-            while (f == DSV4_FINISH_NONE) dsv4_request_poll(c->req, buf, 256, &f, 1000);
+            while (!pump(c, 1000, NULL)) {}
+            /* A stream whose client hung up (MHD closed the connection before
+             * the end) never emitted this choice's end: count it here, as
+             * "abort" unless the engine had finished it first, so /metrics
+             * shows every request finished (SERVING.md §3.9). */
+            if (!c->recorded) {
+                pthread_mutex_lock(&j->mu);
+                record_metrics(c, dsv4_outparse_get_result(c->op));
+                pthread_mutex_unlock(&j->mu);
+            }
             dsv4_request_release(c->req);
         }
         for (int k = 0; k < c->nq; k++) {
@@ -206,6 +216,7 @@ static void job_free(job *j) {
 
 static void record_metrics(choice *c, const dsv4_outparse_result *res) {
     job *j = c->j;
+    c->recorded = 1;
     double t = now_s();
     dsv4_metrics_observe_request(j->s->metrics, c->t_first ? c->t_first - j->t0 : -1, t - j->t0, 0, j->n_prompt,
                                  res->completion_tokens, j->max_tokens,
