@@ -28,38 +28,9 @@
 #include "model/forward.h"
 #include "model/safetensors.h"
 #include "test.h"
+#include "test_models.h"
 
 static char models[512], fixdir[600];
-
-static void find_models(void) {
-    struct stat st;
-    char p[700];
-    snprintf(models, sizeof models, "%s/models", DSV4_SOURCE_DIR);
-    snprintf(p, sizeof p, "%s/tiny-dspark/manifest.json", models);
-    if (stat(p, &st) == 0) return;
-    snprintf(models, sizeof models, "/tmp/dsv4_test_dspark_%d", (int)getpid());
-    char cmd[1400];
-    snprintf(cmd, sizeof cmd, "python3 %s/tools/gen_checkpoints.py --out %s --only tiny-dspark >/dev/null",
-             DSV4_SOURCE_DIR, models);
-    if (system(cmd) != 0) fprintf(stderr, "generating the tiny checkpoint failed: %s\n", cmd);
-}
-
-static char *read_file(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)sz + 1);
-    if (b && fread(b, 1, (size_t)sz, f) != (size_t)sz) {
-        free(b);
-        b = NULL;
-    }
-    if (b) b[sz] = 0;
-    fclose(f);
-    if (n) *n = (size_t)sz;
-    return b;
-}
 
 /* An array entry {file, shape} of the fixture → malloc'd floats (count checked). */
 static float *load_array(const cJSON *entry, size_t *count) {
@@ -69,7 +40,7 @@ static float *load_array(const cJSON *entry, size_t *count) {
     char path[900];
     snprintf(path, sizeof path, "%s/%s", fixdir, cJSON_GetObjectItem(entry, "file")->valuestring);
     size_t n = 0;
-    float *a = (float *)read_file(path, &n);
+    float *a = (float *)tm_read_file(path, &n);
     CHECK_MSG(a && n == want * 4, "%s: %zu bytes, expected %zu", path, n, want * 4);
     if (count) *count = want;
     return a;
@@ -373,11 +344,14 @@ static void test_errors(void) {
 }
 
 int main(void) {
-    find_models();
+    {
+        static const char *const need[] = {"tiny-dspark"};
+        tm_find_models(models, sizeof models, need, (int)(sizeof need / sizeof need[0]));
+    }
     snprintf(fixdir, sizeof fixdir, "%s/tests/fixtures/ref/dspark", DSV4_SOURCE_DIR);
     char path[700];
     snprintf(path, sizeof path, "%s/index.json", fixdir);
-    char *js = read_file(path, NULL);
+    char *js = tm_read_file(path, NULL);
     cJSON *idx = js ? cJSON_Parse(js) : NULL;
     CHECK_MSG(idx != NULL, "cannot read %s", path);
     if (idx) {

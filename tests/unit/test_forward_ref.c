@@ -22,42 +22,11 @@
 #include "model/forward.h"
 #include "model/safetensors.h"
 #include "test.h"
+#include "test_models.h"
 
 #define TOL 1e-3
 
 static char models[512];
-
-static void find_models(void) {
-    struct stat st;
-    char p[700];
-    snprintf(models, sizeof models, "%s/models", DSV4_SOURCE_DIR);
-    snprintf(p, sizeof p, "%s/tiny-flash/manifest.json", models);
-    int have = stat(p, &st) == 0;
-    snprintf(p, sizeof p, "%s/tiny-dspark/manifest.json", models);
-    if (have && stat(p, &st) == 0) return;
-    snprintf(models, sizeof models, "/tmp/dsv4_test_fwd_%d", (int)getpid());
-    char cmd[1400];
-    snprintf(cmd, sizeof cmd, "python3 %s/tools/gen_checkpoints.py --out %s --only tiny-flash --only tiny-dspark >/dev/null",
-             DSV4_SOURCE_DIR, models);
-    if (system(cmd) != 0) fprintf(stderr, "generating tiny checkpoints failed: %s\n", cmd);
-}
-
-static char *read_file(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)sz + 1);
-    if (b && fread(b, 1, (size_t)sz, f) != (size_t)sz) {
-        free(b);
-        b = NULL;
-    }
-    if (b) b[sz] = 0;
-    fclose(f);
-    if (n) *n = (size_t)sz;
-    return b;
-}
 
 typedef struct model_run {
     dsv4_config cfg;
@@ -147,7 +116,7 @@ static int load_case(const cJSON *c, const char *dir, int V, ref_case *rc) {
     snprintf(path, sizeof path, "%s/%s", dir,
              cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetObjectItem(c, "arrays"), "logits"), "file")->valuestring);
     size_t n = 0;
-    rc->logits = (float *)read_file(path, &n);
+    rc->logits = (float *)tm_read_file(path, &n);
     CHECK_MSG(rc->logits && n == (size_t)rc->n_pos * V * 4, "%s: %zu bytes", path, n);
     return rc->logits ? 0 : -1;
 }
@@ -186,7 +155,7 @@ static void run_model(const char *name, const char *const *only) {
     char dir[700], path[800];
     snprintf(dir, sizeof dir, "%s/tests/fixtures/ref/%s", DSV4_SOURCE_DIR, name);
     snprintf(path, sizeof path, "%s/index.json", dir);
-    char *js = read_file(path, NULL);
+    char *js = tm_read_file(path, NULL);
     cJSON *idx = js ? cJSON_Parse(js) : NULL;
     CHECK_MSG(idx != NULL, "cannot read %s", path);
     static ref_case cases[16];
@@ -291,7 +260,7 @@ static void run_official(void) {
     char dir[700], path[800];
     snprintf(dir, sizeof dir, "%s/tests/fixtures/ref/official/%s", DSV4_SOURCE_DIR, name);
     snprintf(path, sizeof path, "%s/index.json", dir);
-    char *js = read_file(path, NULL);
+    char *js = tm_read_file(path, NULL);
     cJSON *idx = js ? cJSON_Parse(js) : NULL;
     CHECK_MSG(idx != NULL, "cannot read %s", path);
     static ref_case rc;
@@ -358,7 +327,7 @@ static void run_layer_streams(const char *name, const char *case_name) {
     char dir[700], path[800];
     snprintf(dir, sizeof dir, "%s/tests/fixtures/ref/%s", DSV4_SOURCE_DIR, name);
     snprintf(path, sizeof path, "%s/index.json", dir);
-    char *js = read_file(path, NULL);
+    char *js = tm_read_file(path, NULL);
     cJSON *idx = js ? cJSON_Parse(js) : NULL, *c = NULL;
     if (idx)
         cJSON_ArrayForEach(c, cJSON_GetObjectItem(idx, "cases")) if (!strcmp(cJSON_GetObjectItem(c, "name")->valuestring, case_name)) break;
@@ -369,7 +338,7 @@ static void run_layer_streams(const char *name, const char *case_name) {
     if (ls && !load_case(c, dir, r.cfg.vocab_size, &rc)) {
         snprintf(path, sizeof path, "%s/%s", dir, cJSON_GetObjectItem(ls, "file")->valuestring);
         size_t nb = 0;
-        float *want = (float *)read_file(path, &nb);
+        float *want = (float *)tm_read_file(path, &nb);
         CHECK(want && nb == (size_t)L * rc.n_pos * w * 4);
         float *X = malloc(sizeof(float) * rc.n_ids * w);
         int32_t *rows = malloc(sizeof(int32_t) * rc.n_ids);
@@ -467,7 +436,7 @@ static void run_selections(const char *name, const char *case_name) {
     char dir[700], path[800];
     snprintf(dir, sizeof dir, "%s/tests/fixtures/ref/%s", DSV4_SOURCE_DIR, name);
     snprintf(path, sizeof path, "%s/index.json", dir);
-    char *js = read_file(path, NULL);
+    char *js = tm_read_file(path, NULL);
     cJSON *idx = js ? cJSON_Parse(js) : NULL, *c = NULL;
     if (idx)
         cJSON_ArrayForEach(c, cJSON_GetObjectItem(idx, "cases")) if (!strcmp(cJSON_GetObjectItem(c, "name")->valuestring, case_name)) break;
@@ -484,9 +453,9 @@ static void run_selections(const char *name, const char *case_name) {
         forward_segs(&r, 1, &slot, &p0, &n, &ids, out);
         size_t nb = 0;
         snprintf(path, sizeof path, "%s/%s", dir, cJSON_GetObjectItem(ex, "file")->valuestring);
-        int32_t *rex = (int32_t *)read_file(path, &nb);
+        int32_t *rex = (int32_t *)tm_read_file(path, &nb);
         snprintf(path, sizeof path, "%s/%s", dir, cJSON_GetObjectItem(it, "file")->valuestring);
-        int32_t *rit = (int32_t *)read_file(path, &nb);
+        int32_t *rit = (int32_t *)tm_read_file(path, &nb);
         int k = r.cfg.num_experts_per_tok, tk = r.cfg.index_topk, bad_e = 0, bad_i = 0;
         CHECK_EQ_INT(rec.n_route, r.cfg.num_hidden_layers);
         CHECK_EQ_INT(rec.n_sel, 2);
@@ -514,7 +483,10 @@ static void run_selections(const char *name, const char *case_name) {
 }
 
 int main(void) {
-    find_models();
+    {
+        static const char *const need[] = {"tiny-flash", "tiny-dspark"};
+        tm_find_models(models, sizeof models, need, (int)(sizeof need / sizeof need[0]));
+    }
 #ifdef __SANITIZE_ADDRESS__
     /* Under ASan+UBSan (10x slower) memory safety is the point: one short prefill, the
      * decode case (ring reads across steps) and the shared batch cover every code path. */

@@ -24,28 +24,9 @@
 #include "model/safetensors.h"
 #include "model/weights.h"
 #include "test.h"
+#include "test_models.h"
 
 static char models[512];
-
-static void find_models(void) {
-    struct stat st;
-    snprintf(models, sizeof models, "%s/models", DSV4_SOURCE_DIR);
-    char p[700];
-    int have = 1;
-    const char *names[] = {"tiny-flash", "tiny-dspark", "tiny-flash-bf16", "tiny-dspark-bf16"};
-    for (int i = 0; i < 4; i++) {
-        snprintf(p, sizeof p, "%s/%s/manifest.json", models, names[i]);
-        if (stat(p, &st) != 0) have = 0;
-    }
-    if (have) return;
-    snprintf(models, sizeof models, "/tmp/dsv4_test_weights_%d", (int)getpid());
-    char cmd[1400];
-    snprintf(cmd, sizeof cmd,
-             "python3 %s/tools/gen_checkpoints.py --out %s --only tiny-flash --only tiny-dspark "
-             "--only tiny-flash-bf16 --only tiny-dspark-bf16 >/dev/null",
-             DSV4_SOURCE_DIR, models);
-    if (system(cmd) != 0) fprintf(stderr, "generating tiny checkpoints failed: %s\n", cmd);
-}
 
 typedef struct loaded {
     dsv4_config cfg;
@@ -329,7 +310,10 @@ static void test_dequant_matches_bf16(const char *q, const char *bf) {
 }
 
 int main(void) {
-    find_models();
+    {
+        static const char *const need[] = {"tiny-flash", "tiny-dspark", "tiny-flash-bf16", "tiny-dspark-bf16"};
+        tm_find_models(models, sizeof models, need, (int)(sizeof need / sizeof need[0]));
+    }
     test_cover("tiny-flash");
     test_cover("tiny-dspark");
     test_cover("tiny-flash-bf16");

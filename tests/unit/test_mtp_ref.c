@@ -19,38 +19,9 @@
 #include "model/mtp.h"
 #include "model/safetensors.h"
 #include "test.h"
+#include "test_models.h"
 
 static char models[512];
-
-static void find_models(void) {
-    struct stat st;
-    char p[700];
-    snprintf(models, sizeof models, "%s/models", DSV4_SOURCE_DIR);
-    snprintf(p, sizeof p, "%s/tiny-flash/manifest.json", models);
-    if (stat(p, &st) == 0) return;
-    snprintf(models, sizeof models, "/tmp/dsv4_test_mtp_%d", (int)getpid());
-    char cmd[1400];
-    snprintf(cmd, sizeof cmd, "python3 %s/tools/gen_checkpoints.py --out %s --only tiny-flash >/dev/null",
-             DSV4_SOURCE_DIR, models);
-    if (system(cmd) != 0) fprintf(stderr, "generating the tiny checkpoint failed: %s\n", cmd);
-}
-
-static char *read_file(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)sz + 1);
-    if (b && fread(b, 1, (size_t)sz, f) != (size_t)sz) {
-        free(b);
-        b = NULL;
-    }
-    if (b) b[sz] = 0;
-    fclose(f);
-    if (n) *n = (size_t)sz;
-    return b;
-}
 
 static float *load_array(const char *dir, const cJSON *entry) {
     const cJSON *it;
@@ -59,7 +30,7 @@ static float *load_array(const char *dir, const cJSON *entry) {
     char path[900];
     snprintf(path, sizeof path, "%s/%s", dir, cJSON_GetObjectItem(entry, "file")->valuestring);
     size_t n = 0;
-    float *a = (float *)read_file(path, &n);
+    float *a = (float *)tm_read_file(path, &n);
     CHECK_MSG(a && n == want * 4, "%s: %zu bytes, expected %zu", path, n, want * 4);
     return a;
 }
@@ -69,7 +40,7 @@ static const cJSON *arr(const cJSON *o, const char *k) { return cJSON_GetObjectI
 static cJSON *load_index(const char *dir, char **js) {
     char path[800];
     snprintf(path, sizeof path, "%s/index.json", dir);
-    *js = read_file(path, NULL);
+    *js = tm_read_file(path, NULL);
     cJSON *idx = *js ? cJSON_Parse(*js) : NULL;
     CHECK_MSG(idx != NULL, "cannot read %s", path);
     return idx;
@@ -258,7 +229,10 @@ static void against_transformers_fixture(void) {
 }
 
 int main(void) {
-    find_models();
+    {
+        static const char *const need[] = {"tiny-flash"};
+        tm_find_models(models, sizeof models, need, (int)(sizeof need / sizeof need[0]));
+    }
     against_ref_mtp("hf", DSV4_NUMERICS_HF);
     against_ref_mtp("ref", DSV4_NUMERICS_REFERENCE);
     against_transformers_fixture();
