@@ -8,37 +8,11 @@
  * round-trip of the KV nope dims, Hadamard + FP4 on indexer queries); the
  * ops themselves apply W8A8 and the compressor-row QAT (backend.h).
  */
+#include "model/scratch.h"
 #include "model/forward.h"
 
 #include <math.h>
 #include <string.h>
-
-#define MAX_SCRATCH 32
-
-/* Scratch buffers of one call, all freed together. */
-typedef struct scratch {
-    dsv4_backend *be;
-    int n;
-    dsv4_buf bufs[MAX_SCRATCH];
-} scratch;
-
-static dsv4_buf *sc_alloc(scratch *s, dsv4_dtype dt, int64_t rows, int64_t cols, int *rc, dsv4_err *err) {
-    if (*rc) return NULL;
-    if (s->n == MAX_SCRATCH) {
-        *rc = dsv4_err_set(err, DSV4_EINTERNAL, "block: scratch exhausted");
-        return NULL;
-    }
-    dsv4_buf *b = &s->bufs[s->n];
-    *rc = s->be->buf_alloc(s->be, dt, rows, cols, b, err);
-    if (*rc) return NULL;
-    s->n++;
-    return b;
-}
-
-static void sc_free(scratch *s) {
-    for (int i = 0; i < s->n; i++) s->be->buf_free(s->be, &s->bufs[i]);
-    s->n = 0;
-}
 
 /* Attention sub-layer: x [T][d] (normed) → a [T][d]. §3.4. */
 static int attention_block(const dsv4_config *cfg, const dsv4_block_dev *blk, dsv4_layer_state *ls,

@@ -16,6 +16,7 @@
  * host; the confidence head (§2.6) is split into its hidden and Markov parts
  * so no concatenation op is needed: w·[h; e] = w_h·h + w_e·e.
  */
+#include "model/scratch.h"
 #include "model/dspark.h"
 
 #include <stdlib.h>
@@ -24,46 +25,6 @@
 /* ------------------------------------------------------------------------ */
 /* Small helpers: uploads, scratch buffers, internal batches                 */
 /* ------------------------------------------------------------------------ */
-
-static int up_view(dsv4_backend *be, dsv4_tview *v, dsv4_err *err) {
-    if (v->dtype == DSV4_DT_INVALID || !v->data) return DSV4_OK;
-    dsv4_tview dev;
-    int rc = be->upload(be, v, &dev, err);
-    if (rc) return dsv4_err_prefix(err, "uploading %s: ", v->name ? v->name : "tensor");
-    *v = dev;
-    return DSV4_OK;
-}
-
-static int up_linear(dsv4_backend *be, dsv4_linear *l, dsv4_err *err) {
-    int rc = up_view(be, &l->w, err);
-    return rc ? rc : up_view(be, &l->scale, err);
-}
-
-#define MAX_SCRATCH 48
-
-typedef struct scratch {
-    dsv4_backend *be;
-    int n;
-    dsv4_buf bufs[MAX_SCRATCH];
-} scratch;
-
-static dsv4_buf *sc_alloc(scratch *s, dsv4_dtype dt, int64_t rows, int64_t cols, int *rc, dsv4_err *err) {
-    if (*rc) return NULL;
-    if (s->n == MAX_SCRATCH) {
-        *rc = dsv4_err_set(err, DSV4_EINTERNAL, "dspark: scratch exhausted");
-        return NULL;
-    }
-    dsv4_buf *b = &s->bufs[s->n];
-    *rc = s->be->buf_alloc(s->be, dt, rows, cols, b, err);
-    if (*rc) return NULL;
-    s->n++;
-    return b;
-}
-
-static void sc_free(scratch *s) {
-    for (int i = 0; i < s->n; i++) s->be->buf_free(s->be, &s->bufs[i]);
-    s->n = 0;
-}
 
 /* Rows [first, first+n) of a buffer as a buffer (backend pointer arithmetic in bytes, as state.c). */
 static dsv4_buf row_view(const dsv4_buf *b, int64_t first, int64_t n) {
@@ -157,15 +118,15 @@ int dsv4_dspark_create(const dsv4_config *cfg, const dsv4_weights *w, const dsv4
     if (!rc && (conf.out != 1 || conf.in != dm + rank || conf.scale.dtype != DSV4_DT_INVALID))
         rc = dsv4_err_set(err, DSV4_EINVAL, "dspark: confidence_head.proj is [%lld, %lld], expected unquantised [1, %lld]",
                           (long long)conf.out, (long long)conf.in, (long long)(dm + rank));
-    if (!rc) rc = up_linear(be, &d->main_proj, err);
-    if (!rc) rc = up_view(be, &d->main_norm, err);
-    if (!rc) rc = up_view(be, &d->norm, err);
-    if (!rc) rc = up_view(be, &d->hc_head.fn, err);
-    if (!rc) rc = up_view(be, &d->hc_head.base, err);
-    if (!rc) rc = up_view(be, &d->hc_head.scale, err);
-    if (!rc) rc = up_view(be, &d->markov_w1, err);
-    if (!rc) rc = up_linear(be, &d->markov_w2, err);
-    if (!rc) rc = up_linear(be, &conf, err);
+    if (!rc) rc = dsv4_upload_linear(be, &d->main_proj, err);
+    if (!rc) rc = dsv4_upload_view(be, &d->main_norm, err);
+    if (!rc) rc = dsv4_upload_view(be, &d->norm, err);
+    if (!rc) rc = dsv4_upload_view(be, &d->hc_head.fn, err);
+    if (!rc) rc = dsv4_upload_view(be, &d->hc_head.base, err);
+    if (!rc) rc = dsv4_upload_view(be, &d->hc_head.scale, err);
+    if (!rc) rc = dsv4_upload_view(be, &d->markov_w1, err);
+    if (!rc) rc = dsv4_upload_linear(be, &d->markov_w2, err);
+    if (!rc) rc = dsv4_upload_linear(be, &conf, err);
     if (!rc) {
         /* One row, so the [1, d] and [1, rank] column ranges are contiguous sub-views. */
         size_t es = dsv4_dtype_size(conf.w.dtype);

@@ -55,6 +55,16 @@ int dsv4_model_create(const dsv4_config *cfg, const dsv4_weights *w, dsv4_backen
                       dsv4_model **out, dsv4_err *err);
 void dsv4_model_free(dsv4_model *m);
 
+/*
+ * dsv4_upload_view / dsv4_upload_linear — make a stored weight resident on be,
+ * in place: *v / *l then point into backend memory. A linear goes through the
+ * backend's upload_linear hook when it has one (a GPU backend repacks FP4
+ * there), else weight and scale are uploaded as views. Absent views
+ * (DSV4_DT_INVALID) are left alone. Errors name the tensor.
+ */
+int dsv4_upload_view(dsv4_backend *be, dsv4_tview *v, dsv4_err *err);
+int dsv4_upload_linear(dsv4_backend *be, dsv4_linear *l, dsv4_err *err);
+
 /* Upload one block (target layer, MTP block or DSpark stage) into *out.
  * Free with dsv4_block_dev_free. */
 int dsv4_block_dev_init(const dsv4_config *cfg, const dsv4_block_w *w, dsv4_backend *be,

@@ -13,20 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int up_view(dsv4_backend *be, dsv4_tview *v, dsv4_err *err) {
-    if (v->dtype == DSV4_DT_INVALID || !v->data) return DSV4_OK;
-    dsv4_tview dev;
-    int rc = be->upload(be, v, &dev, err);
-    if (rc) return dsv4_err_prefix(err, "uploading %s: ", v->name ? v->name : "tensor");
-    *v = dev;
-    return DSV4_OK;
-}
-
-static int up_linear(dsv4_backend *be, dsv4_linear *l, dsv4_err *err) {
-    int rc = up_view(be, &l->w, err);
-    return rc ? rc : up_view(be, &l->scale, err);
-}
-
 int dsv4_mtp_create(const dsv4_config *cfg, const dsv4_weights *w, const dsv4_model *target, int n_slots,
                     int max_len, int max_spec, dsv4_mtp **out, dsv4_err *err) {
     *out = NULL;
@@ -49,14 +35,14 @@ int dsv4_mtp_create(const dsv4_config *cfg, const dsv4_weights *w, const dsv4_mo
     m->hc_head = mw->hc_head;
     dsv4_backend *be = m->be;
     int rc = dsv4_block_dev_init(cfg, &mw->block, be, &m->block, err);
-    if (!rc) rc = up_linear(be, &m->e_proj, err);
-    if (!rc) rc = up_linear(be, &m->h_proj, err);
-    if (!rc) rc = up_view(be, &m->enorm, err);
-    if (!rc) rc = up_view(be, &m->hnorm, err);
-    if (!rc) rc = up_view(be, &m->norm, err);
-    if (!rc) rc = up_view(be, &m->hc_head.fn, err);
-    if (!rc) rc = up_view(be, &m->hc_head.base, err);
-    if (!rc) rc = up_view(be, &m->hc_head.scale, err);
+    if (!rc) rc = dsv4_upload_linear(be, &m->e_proj, err);
+    if (!rc) rc = dsv4_upload_linear(be, &m->h_proj, err);
+    if (!rc) rc = dsv4_upload_view(be, &m->enorm, err);
+    if (!rc) rc = dsv4_upload_view(be, &m->hnorm, err);
+    if (!rc) rc = dsv4_upload_view(be, &m->norm, err);
+    if (!rc) rc = dsv4_upload_view(be, &m->hc_head.fn, err);
+    if (!rc) rc = dsv4_upload_view(be, &m->hc_head.base, err);
+    if (!rc) rc = dsv4_upload_view(be, &m->hc_head.scale, err);
     int ratio0 = 0;
     if (!rc) rc = dsv4_state_create(be, cfg, &ratio0, 1, n_slots, max_len, max_spec, &m->st, err);
     if (rc) {
