@@ -6,6 +6,11 @@
 
 #include "server/service_internal.h"
 
+int dsv4_service_is_token_id(const cJSON *it, int vocab) {
+    return cJSON_IsNumber(it) && it->valuedouble >= 0 && it->valuedouble < vocab &&
+           it->valuedouble == floor(it->valuedouble);
+}
+
 /* A numeric field: absent -> keep *v; wrong type or out of [lo, hi] -> 400. */
 static int num_field(const cJSON *req, const char *name, double lo, double hi, double *v, dsv4_reply *out) {
     const cJSON *j = cJSON_GetObjectItemCaseSensitive(req, name);
@@ -156,8 +161,7 @@ int dsv4_req_params_parse(dsv4_service *s, const cJSON *req, int chat, dsv4_req_
             return 1;
         }
         cJSON_ArrayForEach(it, sti) {
-            if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble >= s->vocab ||
-                p->n_stop_ids >= DSV4_MAX_STOP_IDS) {
+            if (!dsv4_service_is_token_id(it, s->vocab) || p->n_stop_ids >= DSV4_MAX_STOP_IDS) {
                 dsv4_reply_error(out, 400, "stop_token_ids", "`stop_token_ids` must hold at most %d ids in [0, %d)",
                                  DSV4_MAX_STOP_IDS, s->vocab);
                 return 1;

@@ -92,3 +92,20 @@ def test_cli_errors(tmp_path):
     r = subprocess.run([DSV4, "serve", str(tmp_path), "--port", str(free_port())], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode != 0 and str(tmp_path) in r.stderr
+
+
+def test_token_ids_must_be_integers(default_server):
+    """1.5 is not a token id: refused with 400 (vLLM's list[int]), never truncated to 1."""
+    s = default_server
+    cases = [("/v1/completions", {"prompt": [1.5], "max_tokens": 1}, "prompt"),
+             ("/v1/completions", {"prompt": [19923, 0.5], "max_tokens": 1}, "prompt"),
+             ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
+                                       "stop_token_ids": [1.5]}, "stop_token_ids"),
+             ("/detokenize", {"tokens": [19923, 1.5]}, "tokens")]
+    for path, body, param in cases:
+        status, r = request(s.base, "POST", path, body)
+        assert status == 400, (path, body, r)
+        assert r["error"]["param"] == param
+    # integral numbers written as floats are still ids
+    status, r = request(s.base, "POST", "/detokenize", {"tokens": [19923.0]})
+    assert status == 200 and r["prompt"] == "Hello"
