@@ -604,8 +604,16 @@ void dsv4_service_run_job(dsv4_service *s, int chat, const int32_t *ids, int n_i
         out->stream = (dsv4_stream_src){j, stream_read, stream_close};
         return;
     }
+    /* §3.5: a client that hangs up is aborted within a poll period, as a
+     * stream's is; job_free cancels every choice and counts it as "abort". */
     for (int i = 0; i < n; i++)
-        while (!pump(&j->c[i], -1, NULL)) {}
+        while (!pump(&j->c[i], out->client_gone ? 250 : -1, NULL))
+            if (out->client_gone && out->client_gone(out->gone_ctx)) {
+                dsv4_log(DSV4_LOG_INFO, "%s: client disconnected; request aborted", j->id);
+                job_free(j);
+                dsv4_reply_error(out, 400, NULL, "client disconnected");
+                return;
+            }
     final_body(j, out);
     job_free(j);
 }
