@@ -448,7 +448,7 @@ static void drain_queue_locked(choice *c) {
         free(x->text);
         free(x->name);
     }
-    memmove(c->q, c->q + i, sizeof *c->q * (size_t)(c->nq - i));
+    if (i < c->nq) memmove(c->q, c->q + i, sizeof *c->q * (size_t)(c->nq - i)); /* q may be NULL when empty */
     c->nq -= i;
 }
 
