@@ -5,7 +5,10 @@
  * keeps long-lived SSE streams from blocking other clients.
  */
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -61,6 +64,19 @@ static enum MHD_Result send_reply(struct MHD_Connection *c, dsv4_reply *r) {
     return ret;
 }
 
+/* The client of this connection has closed it (EOF or a socket error). Runs on
+ * the connection's own thread while MHD is not reading it, so peeking is safe;
+ * pipelined bytes of a next request do not count as a hang-up. */
+static int client_gone(void *ctx) {
+    int fd = (int)(intptr_t)ctx;
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, 0) <= 0) return 0;
+    if (p.revents & (POLLERR | POLLNVAL)) return 1;
+    char b;
+    ssize_t k = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload, size_t *upload_size,
                                   void **con_cls) {
@@ -90,8 +106,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     dsv4_reply r;
+    memset(&r, 0, sizeof r);
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (ci) {
+        r.client_gone = client_gone;
+        r.gone_ctx = (void *)(intptr_t)ci->connect_fd;
+    }
     if (st->too_large) {
-        memset(&r, 0, sizeof r);
         dsv4_reply_error(&r, 413, NULL, "request body exceeds the limit of %zu bytes", srv->max_body);
     } else {
         const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");

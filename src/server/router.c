@@ -283,7 +283,11 @@ static route_id match_route(const char *path, const char **id, const char **want
 
 void dsv4_router_handle(dsv4_router *rt, const char *method, const char *path, const char *auth,
                         const char *body, size_t len, dsv4_reply *out) {
+    int (*gone)(void *) = out->client_gone;
+    void *gone_ctx = out->gone_ctx;
     memset(out, 0, sizeof *out);
+    out->client_gone = gone;
+    out->gone_ctx = gone_ctx;
     const char *id, *want;
     route_id r = match_route(path, &id, &want);
     if (r == R_NONE) {

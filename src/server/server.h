@@ -61,6 +61,11 @@ typedef struct dsv4_reply {
     char *body;
     size_t len;
     dsv4_stream_src stream;
+    /* Set by the HTTP layer before dsv4_router_handle (which keeps them):
+     * client_gone(gone_ctx) is nonzero once the client has hung up, so a
+     * non-streaming request can be aborted (SERVING.md §3.5). NULL = unknown. */
+    int (*client_gone)(void *gone_ctx);
+    void *gone_ctx;
 } dsv4_reply;
 
 void dsv4_reply_free(dsv4_reply *r);

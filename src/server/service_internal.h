@@ -29,6 +29,14 @@ struct dsv4_service {
     int64_t max_model_len;
 };
 
+/*
+ * A token id given in a request (`prompt` ids, `stop_token_ids`, /detokenize
+ * `tokens`): nonzero when it is a JSON number that is an integer in
+ * [0, vocab). 1.5 is refused rather than truncated to 1, as vLLM's
+ * `list[int]` validation does (SERVING.md §3.6).
+ */
+int dsv4_service_is_token_id(const cJSON *it, int vocab);
+
 /* Everything taken from one request body before it is submitted. */
 typedef struct dsv4_req_params {
     int stream, include_usage, include_reasoning;

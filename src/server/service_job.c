@@ -401,8 +401,16 @@ static cJSON *chunk_with(choice *c, cJSON **delta_out, cJSON **choice_out) {
 /* Turn c's queued deltas into SSE chunks (j->mu held). */
 static void drain_queue_locked(choice *c) {
     job *j = c->j;
-    for (int i = 0; i < c->nq; i++) {
+    int i;
+    for (i = 0; i < c->nq; i++) {
         qdelta *x = &c->q[i];
+        /* The engine hook queues a delta as soon as its tokens are decoded, but
+         * their logprob records arrive only when this thread polls them. A delta
+         * whose records are not here yet waits (with those after it) for the
+         * next poll, so its chunk carries exactly its own tokens' logprobs; with
+         * n > 1 the other choices are polled after the first one wakes, and
+         * sending early made their logprobs lag one chunk behind their text. */
+        if (j->logprobs && !c->ended && x->lp_to > c->n_lp) break;
         cJSON *d, *ch, *o = chunk_with(c, &d, &ch);
         switch (x->kind) {
         case DSV4_DELTA_REASONING:
@@ -433,14 +441,15 @@ static void drain_queue_locked(choice *c) {
         }
         }
         if (o) {
-            /* the tokens this delta covers; records not polled yet go with a later chunk */
+            /* the tokens this delta covers (all polled: see the top of the loop) */
             if (j->logprobs) cJSON_ReplaceItemInObject(ch, "logprobs", logprobs_upto(c, x->lp_to));
             emit_json(j, o);
         }
         free(x->text);
         free(x->name);
     }
-    c->nq = 0;
+    if (i < c->nq) memmove(c->q, c->q + i, sizeof *c->q * (size_t)(c->nq - i)); /* q may be NULL when empty */
+    c->nq -= i;
 }
 
 /* c has ended: its last deltas and its final chunk (j->mu held). Returns 1 on an engine failure. */
@@ -595,8 +604,16 @@ void dsv4_service_run_job(dsv4_service *s, int chat, const int32_t *ids, int n_i
         out->stream = (dsv4_stream_src){j, stream_read, stream_close};
         return;
     }
+    /* §3.5: a client that hangs up is aborted within a poll period, as a
+     * stream's is; job_free cancels every choice and counts it as "abort". */
     for (int i = 0; i < n; i++)
-        while (!pump(&j->c[i], -1, NULL)) {}
+        while (!pump(&j->c[i], out->client_gone ? 250 : -1, NULL))
+            if (out->client_gone && out->client_gone(out->gone_ctx)) {
+                dsv4_log(DSV4_LOG_INFO, "%s: client disconnected; request aborted", j->id);
+                job_free(j);
+                dsv4_reply_error(out, 400, NULL, "client disconnected");
+                return;
+            }
     final_body(j, out);
     job_free(j);
 }

@@ -6,6 +6,11 @@
 
 #include "server/service_internal.h"
 
+int dsv4_service_is_token_id(const cJSON *it, int vocab) {
+    return cJSON_IsNumber(it) && it->valuedouble >= 0 && it->valuedouble < vocab &&
+           it->valuedouble == floor(it->valuedouble);
+}
+
 /* A numeric field: absent -> keep *v; wrong type or out of [lo, hi] -> 400. */
 static int num_field(const cJSON *req, const char *name, double lo, double hi, double *v, dsv4_reply *out) {
     const cJSON *j = cJSON_GetObjectItemCaseSensitive(req, name);
@@ -156,8 +161,7 @@ int dsv4_req_params_parse(dsv4_service *s, const cJSON *req, int chat, dsv4_req_
             return 1;
         }
         cJSON_ArrayForEach(it, sti) {
-            if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble >= s->vocab ||
-                p->n_stop_ids >= DSV4_MAX_STOP_IDS) {
+            if (!dsv4_service_is_token_id(it, s->vocab) || p->n_stop_ids >= DSV4_MAX_STOP_IDS) {
                 dsv4_reply_error(out, 400, "stop_token_ids", "`stop_token_ids` must hold at most %d ids in [0, %d)",
                                  DSV4_MAX_STOP_IDS, s->vocab);
                 return 1;
@@ -230,12 +234,29 @@ int dsv4_req_params_parse(dsv4_service *s, const cJSON *req, int chat, dsv4_req_
     if (chat) {
         const cJSON *tc = cJSON_GetObjectItemCaseSensitive(req, "tool_choice");
         if ((cJSON_IsString(tc) && !strcmp(tc->valuestring, "required")) || cJSON_IsObject(tc)) {
-            dsv4_reply_error(out, 400, "tool_choice",
-                             "tool_choice required is not supported (this build has no constrained decoding)");
+            dsv4_reply_error(out, 400, "tool_choice", "tool_choice %s is not supported (this build has no constrained decoding)",
+                             cJSON_IsObject(tc) ? "naming a function" : "required");
+            return 1;
+        }
+        /* §3.3: tool_choice is "auto", "none", "required" or an object; any
+         * other value (a typo such as "any") is refused, not read as auto. */
+        if (tc && !cJSON_IsNull(tc) &&
+            !(cJSON_IsString(tc) && (!strcmp(tc->valuestring, "auto") || !strcmp(tc->valuestring, "none")))) {
+            dsv4_reply_error(out, 400, "tool_choice", "`tool_choice` must be \"auto\", \"none\", \"required\" or "
+                                                      "{\"type\":\"function\",\"function\":{\"name\":...}}");
             return 1;
         }
         const cJSON *rf = cJSON_GetObjectItemCaseSensitive(req, "response_format");
         const cJSON *rft = cJSON_GetObjectItemCaseSensitive(rf, "type");
+        /* §3.3: the types are text, json_object and json_schema; an unknown
+         * or missing type is refused rather than served as plain text. */
+        if (cJSON_IsObject(rf) &&
+            !(cJSON_IsString(rft) && (!strcmp(rft->valuestring, "text") || !strcmp(rft->valuestring, "json_object") ||
+                                      !strcmp(rft->valuestring, "json_schema")))) {
+            dsv4_reply_error(out, 400, "response_format",
+                             "`response_format.type` must be \"text\", \"json_object\" or \"json_schema\"");
+            return 1;
+        }
         if (cJSON_IsString(rft) && !strcmp(rft->valuestring, "json_schema")) {
             dsv4_reply_error(out, 400, "response_format",
                              "response_format json_schema is not supported yet (no constrained decoding)");

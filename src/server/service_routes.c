@@ -97,7 +97,7 @@ static int completion_prompt(dsv4_service *s, const cJSON *req, dsv4_tokvec *ids
         const cJSON *it;
         int first = 1;
         cJSON_ArrayForEach(it, pr) {
-            if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble >= s->vocab) {
+            if (!dsv4_service_is_token_id(it, s->vocab)) {
                 dsv4_reply_error(out, 400, "prompt",
                                  cJSON_IsArray(it) || cJSON_IsString(it)
                                      ? "batched prompts (several prompts in one request) are not supported yet"
@@ -185,7 +185,7 @@ static void handle_detokenize(dsv4_service *s, const cJSON *req, dsv4_reply *out
     }
     dsv4_tokvec ids = {0};
     cJSON_ArrayForEach(it, toks) {
-        if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble >= dsv4_tokenizer_vocab_size(s->tok)) {
+        if (!dsv4_service_is_token_id(it, dsv4_tokenizer_vocab_size(s->tok))) {
             dsv4_reply_error(out, 400, "tokens", "`tokens` must be integers in [0, %d)",
                              dsv4_tokenizer_vocab_size(s->tok));
             dsv4_tokvec_free(&ids);

@@ -128,6 +128,25 @@ def test_bad_requests(default_server):
         assert field in (r["error"]["param"] or "") + r["error"]["message"], (extra, r)
 
 
+def test_tool_choice_and_response_format_values(default_server):
+    """Values these fields cannot take are refused (400 naming the field), not
+    served as if absent; the accepted ones still answer."""
+    b = default_server.base
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    for extra, field in [({"tool_choice": "sometimes", "tools": tools}, "tool_choice"),
+                         ({"tool_choice": 3}, "tool_choice"),
+                         ({"response_format": {"type": "xml"}}, "response_format"),
+                         ({"response_format": {}}, "response_format")]:
+        status, r = chat(b, max_tokens=1, **extra)
+        assert status == 400 and r["error"]["param"] == field, (extra, r)
+    status, r = chat(b, max_tokens=1, tools=tools, tool_choice={"type": "function", "function": {"name": "f"}})
+    assert status == 400 and "naming a function" in r["error"]["message"], r
+    for extra in ({"tool_choice": "auto", "tools": tools}, {"tool_choice": "none", "tools": tools},
+                  {"tool_choice": None}, {"response_format": {"type": "text"}}):
+        status, r = chat(b, max_tokens=1, **extra)
+        assert status == 200, (extra, r)
+
+
 def test_context_overflow_message(default_server):
     status, r = post(default_server.base, "/v1/chat/completions",
                      {"messages": [{"role": "user", "content": "word " * 600}], "max_tokens": 4})

@@ -92,3 +92,69 @@ def test_cli_errors(tmp_path):
     r = subprocess.run([DSV4, "serve", str(tmp_path), "--port", str(free_port())], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode != 0 and str(tmp_path) in r.stderr
+
+
+def test_token_ids_must_be_integers(default_server):
+    """1.5 is not a token id: refused with 400 (vLLM's list[int]), never truncated to 1."""
+    s = default_server
+    cases = [("/v1/completions", {"prompt": [1.5], "max_tokens": 1}, "prompt"),
+             ("/v1/completions", {"prompt": [19923, 0.5], "max_tokens": 1}, "prompt"),
+             ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
+                                       "stop_token_ids": [1.5]}, "stop_token_ids"),
+             ("/detokenize", {"tokens": [19923, 1.5]}, "tokens")]
+    for path, body, param in cases:
+        status, r = request(s.base, "POST", path, body)
+        assert status == 400, (path, body, r)
+        assert r["error"]["param"] == param
+    # integral numbers written as floats are still ids
+    status, r = request(s.base, "POST", "/detokenize", {"tokens": [19923.0]})
+    assert status == 200 and r["prompt"] == "Hello"
+
+
+def _metrics(base):
+    """/metrics as {(name, labels): value}."""
+    with urllib.request.urlopen(base + "/metrics", timeout=60) as r:
+        text = r.read().decode()
+    out = {}
+    for ln in text.splitlines():
+        if ln and not ln.startswith("#"):
+            key, _, val = ln.rpartition(" ")
+            name, _, lab = key.partition("{")
+            out[(name, lab)] = float(val)
+    return out
+
+
+def _metric(m, name, label=""):
+    """Sum of the samples of `name` whose labels contain `label`."""
+    return sum(v for (n, lab), v in m.items() if n == name and label in lab)
+
+
+def test_non_streaming_client_hang_up_aborts(default_server):
+    """A non-streaming client that closes its socket while waiting: the request is
+    cancelled (counted as finished with reason "abort" and generating far fewer than
+    its max_tokens), not run to the end for nobody (SERVING.md §3.5)."""
+    import socket
+    import time
+    s = default_server
+    m0 = _metrics(s.base)
+    body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 400,
+                       "temperature": 0, "ignore_eos": True}).encode()
+    sock = socket.create_connection(("127.0.0.1", s.port))
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    time.sleep(1.0)
+    sock.close()
+    deadline = time.time() + 120  # a guard against hanging, not a speed bound
+    while time.time() < deadline:
+        m1 = _metrics(s.base)
+        if _metric(m1, "vllm:num_requests_running") == 0 and _metric(m1, "vllm:num_requests_waiting") == 0:
+            break
+        time.sleep(0.2)
+    abort = 'finished_reason="abort"'
+    assert _metric(m1, "vllm:request_success_total", abort) - _metric(m0, "vllm:request_success_total", abort) == 1
+    gen = _metric(m1, "vllm:generation_tokens_total") - _metric(m0, "vllm:generation_tokens_total")
+    assert gen < 200, gen
+    # the server still answers
+    status, r = request(s.base, "POST", "/v1/chat/completions",
+                        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+    assert status == 200

@@ -231,3 +231,29 @@ def test_logprobs_under_speculation(default_server):
         assert drafts and float(drafts[0].split()[-1]) > 0  # verify steps happened
     finally:
         spec.stop()
+
+
+def stream_chunks(events):
+    """Per choice index: the (content, logprob tokens) of each chunk, in order."""
+    out = {}
+    for e in events:
+        for ch in e["choices"]:
+            lp = ch["logprobs"]
+            out.setdefault(ch["index"], []).append(
+                (ch["delta"].get("content"), [x["token"] for x in (lp["content"] if lp else [])]))
+    return out
+
+
+def test_n_streaming_logprobs_travel_with_their_text(default_server):
+    """With n > 1, every choice's chunks carry the logprobs of the tokens whose text
+    they carry, exactly as a single greedy stream does (no chunk's logprobs lag
+    behind into the next chunk)."""
+    b = default_server.base
+    body = {"messages": MSG, "temperature": 0, "max_tokens": 6, "logprobs": True, "top_logprobs": 1,
+            "stream": True}
+    one = stream_chunks(sse(b, "/v1/chat/completions", body))[0]
+    assert sum(len(t) for _, t in one) == 6
+    many = stream_chunks(sse(b, "/v1/chat/completions", dict(body, n=3)))
+    assert sorted(many) == [0, 1, 2]
+    for i in range(3):
+        assert many[i] == one, i
