@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -109,6 +110,13 @@ int dsv4_cmd_serve(int argc, char **argv) {
     if (parse_spec(a.speculative_config, &spec, spec_method, sizeof spec_method, &err)) {
         fprintf(stderr, "dsv4 serve: %s\n", err.msg);
         return 2;
+    }
+    /* One descriptor per client connection: lift the soft limit (often 1024) to the
+     * hard limit so a burst of clients cannot exhaust it (SERVING.md §3.1). */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0) dsv4_log(DSV4_LOG_WARN, "could not raise the open-file limit");
     }
     a.http.model_root = dir;
     dsv4_router *rt = dsv4_router_create(&a.http);

@@ -27,6 +27,8 @@ static const struct { const char *name; int has_value; const char *why; } ignore
     {"--enforce-eager", 0, "nothing is compiled at request time"},
     {"--max-log-len", 1, "requests are not logged by default"},
     {"--tokenizer", 1, "the checkpoint's tokenizer.json is used"},
+    {"--seed", 1, "sampling is seeded per request (the `seed` field); unseeded requests get fresh seeds"},
+    {"--quantization", 1, "the number formats are read from the checkpoint's config and tensors"},
 };
 
 static int parse_int(const char *flag, const char *v, long lo, long hi, int *out, dsv4_err *err) {
@@ -78,8 +80,9 @@ static void usage(void) {
            "  --port N                      port (default 8888)\n"
            "  --api-key KEY [KEY...]        require Bearer keys (also --api-key-file, $DSV4_API_KEYS)\n"
            "  --served-model-name NAME...   model names (default deepseek-v4-flash-dspark)\n"
-           "  --max-model-len N             context length in tokens (default 1048576)\n"
-           "  --max-num-seqs N              concurrent sequences (default 256)\n"
+           "  --max-model-len N             context length in tokens (CPU backend default 8192; the model\n"
+           "                                allows up to max_position_embeddings, 1048576 for V4-Flash)\n"
+           "  --max-num-seqs N              concurrent sequences (default 256; the CPU backend caps it at 64)\n"
            "  --max-num-batched-tokens N    tokens per engine step (default 8192)\n"
            "  --gpu-memory-utilization F    fraction of GPU memory to use (default 0.9)\n"
            "  --kv-cache-dtype T            auto | bf16 | fp8_ds_mla\n"

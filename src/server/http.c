@@ -146,11 +146,15 @@ int dsv4_server_start(dsv4_router *rt, const dsv4_server_opts *opts, dsv4_server
     if (!srv) return dsv4_err_set(err, DSV4_ENOMEM, "out of memory starting the HTTP server");
     srv->rt = rt;
     srv->max_body = opts->max_body_bytes;
-    srv->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+    /* poll(), not select(): select stops at FD_SETSIZE (1024) descriptors and a
+     * flood of half-open connections would lock every client out; the
+     * connection limit keeps one client from taking all threads. */
+    srv->d = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL |
                                   MHD_USE_ERROR_LOG,
                               (uint16_t)opts->port, NULL, NULL, on_request, srv, MHD_OPTION_SOCK_ADDR,
                               (struct sockaddr *)&addr, MHD_OPTION_NOTIFY_COMPLETED, on_done, NULL,
-                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600, MHD_OPTION_END);
+                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600, MHD_OPTION_CONNECTION_LIMIT,
+                              (unsigned)4096, MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)1024, MHD_OPTION_END);
     if (!srv->d) {
         free(srv);
         return dsv4_err_set(err, DSV4_EIO, "cannot listen on %s:%d (port in use or not permitted)", opts->host,

@@ -158,3 +158,26 @@ def test_non_streaming_client_hang_up_aborts(default_server):
     status, r = request(s.base, "POST", "/v1/chat/completions",
                         {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
     assert status == 200
+
+
+def test_half_open_connection_flood_does_not_lock_out_clients(default_server):
+    """~1000 clients that send half a request and wait must not lock others out
+    (select() stopped at FD_SETSIZE=1024 and the soft fd limit was 1024)."""
+    import resource
+    import socket
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2200:
+        pytest.skip(f"open-file hard limit {hard} too low for this test")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (2200, hard))
+    socks = []
+    try:
+        for _ in range(1000):
+            s = socket.create_connection(("127.0.0.1", default_server.port))
+            s.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+            socks.append(s)
+        assert request(default_server.base, "GET", "/v1/models")[0] == 200
+    finally:
+        for s in socks:
+            s.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert request(default_server.base, "GET", "/health")[0] == 200
