@@ -212,6 +212,16 @@ static cJSON *parse_request(dsv4_router *rt, const char *body, size_t len, dsv4_
         dsv4_reply_error(out, 400, NULL, "invalid JSON in request body at %s", where);
         return NULL;
     }
+    size_t rest = end ? (size_t)(end - body) : len;
+    while (rest < len && (body[rest] == ' ' || body[rest] == '\t' || body[rest] == '\n' || body[rest] == '\r'))
+        rest++;
+    if (rest < len) { /* `{...} xyz`: refuse rather than silently ignore what follows */
+        char where[96];
+        json_where(body, rest, where, sizeof where);
+        cJSON_Delete(req);
+        dsv4_reply_error(out, 400, NULL, "unexpected data after the JSON object at %s", where);
+        return NULL;
+    }
     if (!cJSON_IsObject(req)) {
         cJSON_Delete(req);
         dsv4_reply_error(out, 400, NULL, "request body must be a JSON object");

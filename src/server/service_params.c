@@ -122,6 +122,11 @@ int dsv4_req_params_parse(dsv4_service *s, const cJSON *req, int chat, dsv4_req_
     ll = 0;
     if (int_field(req, "min_tokens", 0, 1e9, &ll, out)) return 1;
     p->gen.min_tokens = (int)ll;
+    if (p->max_tokens_given && p->gen.min_tokens > p->gen.max_tokens) {
+        dsv4_reply_error(out, 400, "min_tokens", "`min_tokens` (%d) must not exceed `max_tokens` (%d)",
+                         p->gen.min_tokens, p->gen.max_tokens);
+        return 1;
+    }
     if (bool_field(req, "ignore_eos", &p->gen.ignore_eos, out)) return 1;
     if (bool_field(req, "include_stop_str_in_output", &p->include_stop_str, out)) return 1;
 

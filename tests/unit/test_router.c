@@ -90,6 +90,12 @@ int main(void) {
     check_error(j, 400, "BadRequestError", "invalid JSON");
     CHECK_CONTAINS(R.body, "line 1, column");
     cJSON_Delete(j);
+    j = call(rt, "POST", "/v1/chat/completions", A, "{\"messages\": []} xyz");
+    check_error(j, 400, "BadRequestError", "unexpected data after the JSON object");
+    cJSON_Delete(j);
+    j = call(rt, "POST", "/v1/chat/completions", A, "{\"model\":\"alias\"} \r\n");
+    CHECK(R.status != 400); /* trailing whitespace is fine */
+    cJSON_Delete(j);
     j = call(rt, "POST", "/v1/chat/completions", A, "");
     check_error(j, 400, "BadRequestError", "empty");
     cJSON_Delete(j);
