@@ -20,19 +20,6 @@
 #include "test_models.h"
 #include "text/tokenizer.h"
 
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) { free(b); b = NULL; }
-    fclose(f);
-    if (b) { b[n] = 0; *len = (size_t)n; }
-    return b;
-}
-
 
 static unsigned char *unhex(const char *h, size_t *n) {
     size_t l = strlen(h) / 2;
@@ -74,7 +61,7 @@ static int ids_match(const dsv4_tokvec *v, const cJSON *arr, const char *name, c
 
 static void test_goldens(dsv4_tokenizer *tok) {
     size_t len;
-    char *buf = slurp(DSV4_SOURCE_DIR "/tests/fixtures/tokenizer/goldens.jsonl", &len);
+    char *buf = tm_read_file(DSV4_SOURCE_DIR "/tests/fixtures/tokenizer/goldens.jsonl", &len);
     CHECK_MSG(buf != NULL, "tests/fixtures/tokenizer/goldens.jsonl missing");
     if (!buf) return;
     int cases = 0, bad_special = 0, bad_plain = 0, bad_rt = 0, invalid_utf8 = 0;

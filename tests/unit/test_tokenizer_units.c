@@ -22,19 +22,6 @@
 #include "test_models.h"
 #include "text/tokenizer_internal.h"
 
-static char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) { free(b); b = NULL; }
-    fclose(f);
-    if (b) { b[n] = 0; if (len) *len = (size_t)n; }
-    return b;
-}
-
 static size_t enc8(uint32_t c, char *o) {
     if (c < 0x80) { o[0] = (char)c; return 1; }
     if (c < 0x800) { o[0] = (char)(0xC0 | (c >> 6)); o[1] = (char)(0x80 | (c & 63)); return 2; }
@@ -65,7 +52,7 @@ static pcre2_code *compile_variant(const char *onig, int ext) {
 }
 
 static void test_unicode_classes(void) {
-    char *fx = slurp(DSV4_SOURCE_DIR "/tests/fixtures/tokenizer/unicode_classes.txt", NULL);
+    char *fx = tm_read_file(DSV4_SOURCE_DIR "/tests/fixtures/tokenizer/unicode_classes.txt", NULL);
     CHECK_MSG(fx != NULL, "unicode_classes.txt missing");
     if (!fx) return;
     uint8_t *ref = malloc(0x110000);
@@ -310,9 +297,9 @@ static void apply_variant(cJSON *root, const char *variant) {
  * String patterns): edit the real file, compare with tokenizers' ids. */
 static void test_variants(const char *path) {
     size_t len;
-    char *orig = slurp(path, &len);
+    char *orig = tm_read_file(path, &len);
     CHECK_MSG(orig != NULL, "cannot read %s", path);
-    char *fx = slurp(DSV4_SOURCE_DIR "/tests/fixtures/tokenizer/variants.jsonl", NULL);
+    char *fx = tm_read_file(DSV4_SOURCE_DIR "/tests/fixtures/tokenizer/variants.jsonl", NULL);
     CHECK(fx != NULL);
     if (!orig || !fx) { free(orig); free(fx); return; }
     char cur[64] = "";
