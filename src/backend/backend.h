@@ -154,8 +154,27 @@ typedef struct dsv4_cmp_state {
     int64_t max_rows; /* emitted rows per slot = max_model_len / ratio */
     dsv4_buf kv;      /* F32 [n_slots*cap][cw] */
     dsv4_buf score;   /* F32 [n_slots*cap][cw] */
-    dsv4_buf rows;    /* [n_slots*max_rows][out_dim] */
+    dsv4_buf rows;    /* [n_slots*max_rows][out_dim], or [n_pages*page_rows][out_dim] when paged */
+    /*
+     * Paging of the emitted rows (the engine's state pool, issue 5; vLLM's
+     * block size is 256 tokens, so a page holds page_rows = 256/ratio rows).
+     * block_table (backend memory, I32 [n_slots][max_pages]) maps page
+     * w / page_rows of a slot to a page id; -1 = not mapped (an op must not
+     * read or write it). block_table == NULL: unpaged, row = slot*max_rows + w.
+     * Ops address emitted rows ONLY through DSV4_CMP_ROW so both layouts work.
+     */
+    int page_rows;
+    int max_pages;
+    const int32_t *block_table;
 } dsv4_cmp_state;
+
+/* Row index in cs->rows of emitted row w of `slot` (host and device code). */
+#define DSV4_CMP_ROW(cs, slot, w)                                                              \
+    ((cs)->block_table                                                                         \
+         ? (int64_t)(cs)->block_table[(int64_t)(slot) * (cs)->max_pages + (w) / (cs)->page_rows] * \
+                   (cs)->page_rows +                                                           \
+               (w) % (cs)->page_rows                                                           \
+         : (int64_t)(slot) * (cs)->max_rows + (w))
 
 /* What to do to an emitted compressed row after norm + RoPE (reference numerics only). */
 typedef enum dsv4_qat {
