@@ -142,7 +142,8 @@ int dsv4_model_runner_open_ex(const char *dir, const dsv4_model_runner_opts *o, 
             goto fail;
         }
     }
-    if (mr->dummy) {
+    if (mr->dummy) { /* fills may be asynchronous (CUDA): time them to completion */
+        if ((rc = mr->be->sync(mr->be, err))) goto fail;
         uint64_t nt, nb;
         dsv4_dummy_stats(mr->dummy, &nt, &nb);
         dsv4_log(DSV4_LOG_INFO, "dummy weights: %llu tensors, %.2f GB in backend memory, %.1f s (%s backend)",

@@ -39,9 +39,11 @@ static void fill_range(const dsv4_fill *how, dsv4_dtype dt, void *p, int64_t n, 
     case DSV4_FILL_UNIFORM:
         if (dt == DSV4_DT_F32) {
             float *f = p;
+#pragma omp parallel for if (n > DSV4_CPU_PAR_MIN)
             for (int64_t i = 0; i < n; i++) f[i] = dsv4_fill_uniform(how, (uint64_t)i);
         } else {
             uint16_t *h = p;
+#pragma omp parallel for if (n > DSV4_CPU_PAR_MIN)
             for (int64_t i = 0; i < n; i++) h[i] = dsv4_fill_bf16(dsv4_fill_uniform(how, (uint64_t)i));
         }
         return;
@@ -56,6 +58,7 @@ static void fill_range(const dsv4_fill *how, dsv4_dtype dt, void *p, int64_t n, 
         return;
     default: {
         uint8_t *b = p;
+#pragma omp parallel for if (n > DSV4_CPU_PAR_MIN)
         for (int64_t i = 0; i < n; i++) b[i] = dsv4_fill_byte(how, (uint64_t)i);
         return;
     }
