@@ -18,6 +18,7 @@
  */
 #include "model/scratch.h"
 #include "model/dspark.h"
+#include "engine/sampler.h" /* dsv4_sample_from: the one inverse-CDF draw */
 
 #include <math.h>
 #include <stdlib.h>
@@ -375,20 +376,10 @@ int32_t dsv4_draft_pick(const float *z, int64_t V, float temperature, double u, 
     for (int64_t v = 1; v < V; v++)
         if (z[v] > z[best]) best = v;
     if (!(temperature > 0)) return (int32_t)best;
-    /* softmax(z/T) with the max subtracted; double sum for a stable CDF */
-    double sum = 0;
-    for (int64_t v = 0; v < V; v++) {
-        q[v] = expf((z[v] - z[best]) / temperature);
-        sum += q[v];
-    }
-    double target = u * sum, acc = 0;
-    int64_t pick = -1;
-    for (int64_t v = 0; v < V; v++) {
-        acc += q[v];
-        if (pick < 0 && acc > target && q[v] > 0) pick = v;
-        q[v] = (float)(q[v] / sum);
-    }
-    return (int32_t)(pick < 0 ? best : pick); /* u*sum beyond the rounded total: the last mass is the max's */
+    double sum = 0; /* softmax(z/T), max subtracted */
+    for (int64_t v = 0; v < V; v++) sum += (q[v] = expf((z[v] - z[best]) / temperature));
+    for (int64_t v = 0; v < V; v++) q[v] = (float)(q[v] / sum);
+    return dsv4_sample_from(q, (int)V, u);
 }
 
 int dsv4_dspark_draft(dsv4_dspark *d, int n, const int32_t *slot, const int32_t *anchor, const int32_t *pos,
