@@ -380,7 +380,8 @@ static int mtp_commit(void *ctx, int n, const int32_t *slot, const int64_t *len,
 }
 
 /* One draft per request: the MTP row at P-1 pairs H_{P-1} with the anchor and
- * predicts position P+1 (greedy; verification treats q as one-hot). */
+ * predicts position P+1 (argmax, verification treating q as one-hot; or sampled
+ * with q when the runner drafts probabilistically). */
 static int mtp_propose(void *ctx, int n, const int32_t *slot, const int32_t *anchor, const int64_t *apos, int k,
                        const float *temperature, const uint64_t *seed, int32_t *drafts, float *const *q, int *q_valid,
                        dsv4_err *err) {
@@ -399,11 +400,13 @@ static int mtp_propose(void *ctx, int n, const int32_t *slot, const int32_t *anc
         int32_t tok = anchor[i], pos = (int32_t)(apos[i] - 1), sl = s, sidx = 0, cu[2] = {0, 1};
         dsv4_batch b = {1, 1, &tok, &pos, &sl, &sidx, cu, &sl, &pos};
         rc = dsv4_mtp_forward(mr->mtp, &b, mr->last_h + (size_t)s * HD, lg, NULL, err);
-        int32_t best = 0;
-        for (size_t v = 1; v < V && !rc; v++)
-            if (lg[v] > lg[best]) best = (int32_t)v;
-        drafts[(size_t)i * k] = best;
-        q_valid[i] = 0;
+        if (rc) break;
+        /* sampled drafting as for DSpark: draw from softmax(z/T), q to the verifier */
+        int sampled = mr->draft_sampled && temperature && q && q[i] && temperature[i] > 0;
+        double u = sampled ? dsv4_rng_u01(seed ? seed[i] : 0, apos[i] + 1, DSV4_RNG_DRAFT) : 0.0;
+        drafts[(size_t)i * k] = dsv4_draft_pick(lg, (int64_t)V, sampled ? temperature[i] : 0.0f, u,
+                                                sampled ? q[i] : NULL);
+        q_valid[i] = sampled;
     }
     free(lg);
     return rc;

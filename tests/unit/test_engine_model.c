@@ -136,14 +136,15 @@ int main(void) {
      * at temperature > 0 the drafter hands q to the verifier; a request is
      * reproducible from its seed (same tokens twice, alone and batched with
      * another), and drafts are made and verified without failures. */
-    {
-        dsv4_model_runner_opts so = {.n_slots = 4, .max_len = 512, .max_spec = 3,
+    for (int mi = 0; mi < 2; mi++) { /* DSpark k = 3, MTP k = 1 */
+        int ks = mi ? 1 : 3;
+        dsv4_model_runner_opts so = {.n_slots = 4, .max_len = 512, .max_spec = ks,
                                      .numerics = DSV4_NUMERICS_REFERENCE, .draft_sampled = 1};
-        CHECK_EQ_INT(dsv4_model_runner_open("models/tiny-dspark", &so, &mr, &err), 0);
+        CHECK_EQ_INT(dsv4_model_runner_open(mi ? "models/tiny-flash" : "models/tiny-dspark", &so, &mr, &err), 0);
         dsv4_drafter dr;
         if (mr && dsv4_model_runner_drafter(mr, &dr)) {
             run = dsv4_model_runner_iface(mr);
-            dsv4_engine_opts eo4 = {4, 9, 512, 3, 1, {{0}}, 0, 0};
+            dsv4_engine_opts eo4 = {4, 9, 512, ks, 1, {{0}}, 0, 0};
             CHECK_EQ_INT(dsv4_engine_create(&eo4, &run, &dr, &e, &err), 0);
             int32_t got[3][MAXT];
             for (int pass = 0; pass < 3; pass++) {
@@ -169,9 +170,11 @@ int main(void) {
             CHECK_MSG(!memcmp(got[0], got[2], sizeof(int32_t) * 16), "sampled drafting: a neighbour changed tokens");
             dsv4_engine_get_stats(e, &st);
             CHECK_EQ_INT(st.spec_draft_failures, 0);
-            CHECK(st.spec_drafts > 0 && st.spec_draft_tokens == 3 * st.spec_drafts);
+            CHECK(st.spec_drafts > 0 && st.spec_draft_tokens == (uint64_t)ks * st.spec_drafts);
             dsv4_engine_free(e);
             e = NULL;
+        } else {
+            CHECK_MSG(0, "model %d has no drafter", mi);
         }
         dsv4_model_runner_free(mr);
         mr = NULL;
