@@ -37,6 +37,7 @@ typedef struct dsv4_conf_shape {
      *            a slot's last row unmapped); the reference stays unpaged.
      */
     int seg_rows, pos0, ratio, paged;
+    int attn_only;     /* run only the attention-state ops (compress, indexer, attention, win_store) */
 } dsv4_conf_shape;
 
 /* The tiny shapes of spec/MODEL.md §5.2 (rows 24). */

@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(IDX_THREADS) k_idx_scores(const float *qi, con
     extern __shared__ float sm[];
     const int qld = dk + 1;                 /* padded: lanes read different heads conflict-free */
     float *qs = sm;                          /* [H][dk+1] */
-    float *kt = qs + H * qld;                /* [dk][IDX_TILE] transposed key tile */
+    float *kt = qs + ((H * qld + 3) & ~3);   /* [dk][IDX_TILE] transposed key tile (16-byte aligned) */
     float *dots = kt + dk * IDX_TILE;        /* [IDX_TILE][H] relu'd dots */
     float *gw = dots + IDX_TILE * H;         /* [H] g_scale*g */
     const int tl = blockIdx.y, t = t0 + tl;
@@ -233,7 +233,6 @@ int cu_be_indexer_select(dsv4_backend *be, const dsv4_buf *qi, const dsv4_buf *g
     if (rc) return rc;
     if (!T) return DSV4_OK;
     int64_t max_vis = idx->block_table ? (int64_t)idx->max_pages * idx->page_rows : idx->max_rows;
-    if (idx->block_table && idx->max_rows > 0 && idx->max_rows < max_vis) max_vis = idx->max_rows;
     int64_t maxn = 0;
     for (int t = 0; t < T; t++) {
         if (b->slot[t] < 0 || b->slot[t] >= idx->n_slots || b->pos[t] < 0)
@@ -257,7 +256,7 @@ int cu_be_indexer_select(dsv4_backend *be, const dsv4_buf *qi, const dsv4_buf *g
         if ((rc = cu_workspace(ctx, (size_t)chunk * ld * sizeof(float), &p, err))) return rc;
         scores = (float *)p;
     }
-    const size_t smem = ((size_t)H * (dk + 1) + (size_t)dk * IDX_TILE + (size_t)IDX_TILE * H + H) * sizeof(float);
+    const size_t smem = ((((size_t)H * (dk + 1) + 3) & ~(size_t)3) + (size_t)dk * IDX_TILE + (size_t)IDX_TILE * H + H) * sizeof(float);
     CU_TRY(cudaFuncSetAttribute(k_idx_scores, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), err,
            "indexer_select (shared memory)");
     const int64_t per_block = IDX_TILE * IDX_TILES;
