@@ -208,8 +208,8 @@ static int call_compress(dsv4_backend *be, void *p) {
     return be->compress(be, &a->cm, &a->K, &a->Z, &a->ape, &a->nw, 1e-6f, &a->rope, DSV4_QAT_FP8_NOPE, a->b, a->e);
 }
 
-/* R requests of k rows (k = 1 decode, 6 verify) ending at position ctx-1; state all zeros except
- * random queries/keys of the batch (timing does not depend on values; top-k sees ties). */
+/* R requests of k rows (k = 1 decode, 6 verify) ending near position ctx-1; random queries, index keys
+ * and batch rows, the rest of the state zeros (attention timing does not depend on values). */
 static int perf_attn(int ctx, int R, int k) {
     dsv4_err e = {0};
     dsv4_backend *be = dsv4_backend_cuda_create(DSV4_NUMERICS_REFERENCE, 0, &e);
@@ -263,6 +263,11 @@ static int perf_attn(int ctx, int R, int k) {
     CK(be->buf_alloc(be, DSV4_DT_I32, T, 512, &a.sel, &e));
     CK(be->buf_alloc(be, DSV4_DT_F32, T, 2 * HD, &a.K, &e));
     CK(be->buf_alloc(be, DSV4_DT_F32, T, 2 * HD, &a.Z, &e));
+    /* random index keys: the top-k then sees a realistic spread of scores (zeros would all tie) */
+    float *hk = malloc((size_t)R * mr4 * DK * 4);
+    for (size_t i = 0; hk && i < (size_t)R * mr4 * DK; i++) hk[i] = (float)((int)rb() - 128) / 128.0f;
+    CK(!hk || be->buf_write(be, &irows, hk, &e));
+    free(hk);
     float *hq = malloc((size_t)T * H * HD * 4), *hs = malloc(8 * HD * 4);
     for (size_t i = 0; i < (size_t)T * H * HD; i++) hq[i] = (float)((int)rb() - 128) / 128.0f;
     for (int i = 0; i < 8 * HD; i++) hs[i] = 0.01f * (float)(i % 7);
@@ -365,6 +370,11 @@ int main(int argc, char **argv) {
         err += perf_attn(65536, 32, 1) != 0;
         err += perf_attn(65536, 8, 6) != 0;
         err += perf_attn(8192, 1, 1) != 0;
+        printf("(the same with the attention pv kernel built for 1 block / SM: DSV4_CUDA_ATT_PV_MINB=1)\n");
+        setenv("DSV4_CUDA_ATT_PV_MINB", "1", 1);
+        err += perf_attn(65536, 32, 1) != 0;
+        err += perf_attn(65536, 8, 6) != 0;
+        unsetenv("DSV4_CUDA_ATT_PV_MINB");
         dsv4_conf_shape_flash(&s, rows[0]);
         f = run("flash, timed", &s, DSV4_NUMERICS_REFERENCE, tol, 1);
         err += f < 0;

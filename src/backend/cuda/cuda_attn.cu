@@ -16,8 +16,8 @@
  * final max and denominator, so an online (flash) softmax cannot be used
  * as is. Instead:
  *  1. scores: grid (candidate chunk, head group, row); a block holds the
- *     q of 16 heads, finds its 32 candidates' key rows, each warp loads 4
- *     keys at once and reduces the 16 heads' dots: scores ·hd^-½ into
+ *     q of 16 heads, finds its 64 candidates' key rows, each warp loads 4
+ *     keys at once (twice) and reduces the 16 heads' dots: scores ·hd^-½ into
  *     S[row][head][candidate] (−inf where there is no key).
  *  2. pv: grid (128-dim slice x split, group of 16 heads, row); the block
  *     derives max and denominator (sink included) of its heads from S, then
@@ -34,10 +34,11 @@
 #include "backend/cuda/cuda_be_internal.cuh"
 
 #include <math.h>
+#include <stdlib.h>
 
 #define ATT_THREADS 256
 #define ATT_QHEADS 16        /* heads per score block */
-#define ATT_CHUNK 32         /* candidates per score block: 8 warps x 4 */
+#define ATT_CHUNK 64         /* candidates per score block: 8 warps x 2 x 4 */
 #define ATT_PHEADS 16        /* heads per pv block */
 #define ATT_PCHUNK 128       /* candidates whose pointers / probabilities a pv block stages at once */
 #define ATT_TARGET_BLOCKS 264 /* pv blocks wanted (2 per SM): split rows' candidates below that */
@@ -104,37 +105,40 @@ __global__ void __launch_bounds__(ATT_THREADS) k_att_scores(att_args a) {
             ((const float4 *)(a.q + ((int64_t)t * a.H + hg0 + i / (NV * 32)) * a.hd))[i % (NV * 32)];
     __syncthreads();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    constexpr int C = ATT_CHUNK / 8;
-    float4 k[C][NV];
-#pragma unroll
-    for (int c = 0; c < C; c++) {
-        const float *key = kp[warp * C + c];
-#pragma unroll
-        for (int v = 0; v < NV; v++) k[c][v] = key ? ((const float4 *)key)[v * 32 + lane] : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
+    constexpr int C = 4; /* keys per warp in flight */
     float *S = a.S + ((int64_t)tl * a.H + hg0) * a.ld;
-    for (int h = 0; h < nh; h++) {
-        float s[C];
+    for (int jb = warp * C; jb < ATT_CHUNK; jb += 8 * C) {
+        float4 k[C][NV];
 #pragma unroll
         for (int c = 0; c < C; c++) {
-            s[c] = 0.f;
+            const float *key = kp[jb + c];
 #pragma unroll
-            for (int v = 0; v < NV; v++) {
-                const float4 qv = qs[h][v * 32 + lane];
-                s[c] += qv.x * k[c][v].x + qv.y * k[c][v].y + qv.z * k[c][v].z + qv.w * k[c][v].w;
-            }
+            for (int v = 0; v < NV; v++)
+                k[c][v] = key ? ((const float4 *)key)[v * 32 + lane] : make_float4(0.f, 0.f, 0.f, 0.f);
         }
+        for (int h = 0; h < nh; h++) {
+            float s[C];
 #pragma unroll
-        for (int o = 16; o; o >>= 1)
+            for (int c = 0; c < C; c++) {
+                s[c] = 0.f;
 #pragma unroll
-            for (int c = 0; c < C; c++) s[c] += __shfl_xor_sync(0xffffffffu, s[c], o);
-        if (lane < C) {
-            const int64_t j = j0 + warp * C + lane;
-            float sv = s[0];
+                for (int v = 0; v < NV; v++) {
+                    const float4 qv = qs[h][v * 32 + lane];
+                    s[c] += qv.x * k[c][v].x + qv.y * k[c][v].y + qv.z * k[c][v].z + qv.w * k[c][v].w;
+                }
+            }
 #pragma unroll
-            for (int c = 1; c < C; c++)
-                if (lane == c) sv = s[c];
-            if (j < a.ld) S[(int64_t)h * a.ld + j] = kp[warp * C + lane] ? sv * a.scale : -INFINITY;
+            for (int o = 16; o; o >>= 1)
+#pragma unroll
+                for (int c = 0; c < C; c++) s[c] += __shfl_xor_sync(0xffffffffu, s[c], o);
+            if (lane < C) {
+                const int64_t j = j0 + jb + lane;
+                float sv = s[0];
+#pragma unroll
+                for (int c = 1; c < C; c++)
+                    if (lane == c) sv = s[c];
+                if (j < a.ld) S[(int64_t)h * a.ld + j] = kp[jb + lane] ? sv * a.scale : -INFINITY;
+            }
         }
     }
 }
@@ -147,7 +151,8 @@ __global__ void __launch_bounds__(ATT_THREADS) k_att_scores(att_args a) {
  * each warp streams its candidates' slices, 4 loads in flight.
  * out: o itself (one split) or the split's partial buffer.
  */
-__global__ void __launch_bounds__(ATT_THREADS) k_att_pv(att_args a, const void *sinks, int sinks_bf16, int ref,
+template <int MINB>
+__global__ void __launch_bounds__(ATT_THREADS, MINB) k_att_pv(att_args a, const void *sinks, int sinks_bf16, int ref,
                                                         int nsplit, float *part) {
     __shared__ float mx_s[ATT_PHEADS], den_s[ATT_PHEADS];
     __shared__ float ps[ATT_PHEADS][ATT_PCHUNK];
@@ -327,6 +332,10 @@ int cu_be_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, con
     a.S = (float *)ws_p;
     float *part = nsplit > 1 ? (float *)((char *)ws_p + s_bytes) : NULL;
     const int ref = be->numerics == DSV4_NUMERICS_REFERENCE, sbf = sinks->dtype == DSV4_DT_BF16;
+    /* pv compiled for 2 blocks / SM (128 registers, a few spills) or 1 (172 registers, no spills);
+     * DSV4_CUDA_ATT_PV_MINB=1 picks the latter (for measuring, bench/results) */
+    const char *minb = getenv("DSV4_CUDA_ATT_PV_MINB");
+    const int pv_one_block = minb && minb[0] == '1';
     for (int64_t t0 = 0; t0 < T; t0 += chunk) {
         const unsigned n = (unsigned)(T - t0 < chunk ? T - t0 : chunk);
         a.t0 = (int)t0;
@@ -336,7 +345,8 @@ int cu_be_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, con
         else k_att_scores<4><<<g1, ATT_THREADS, 0, ctx->stream>>>(a);
         CU_LAUNCHED(err, "attention (scores)");
         dim3 g2((unsigned)(hd / 128 * nsplit), (unsigned)((n_heads + ATT_PHEADS - 1) / ATT_PHEADS), n);
-        k_att_pv<<<g2, ATT_THREADS, 0, ctx->stream>>>(a, sinks->data, sbf, ref, nsplit, part);
+        if (pv_one_block) k_att_pv<1><<<g2, ATT_THREADS, 0, ctx->stream>>>(a, sinks->data, sbf, ref, nsplit, part);
+        else k_att_pv<2><<<g2, ATT_THREADS, 0, ctx->stream>>>(a, sinks->data, sbf, ref, nsplit, part);
         CU_LAUNCHED(err, "attention (pv)");
         if (nsplit > 1) {
             const int64_t n4 = (int64_t)n * n_heads * hd / 4;
