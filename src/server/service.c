@@ -82,7 +82,8 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
      * prompts while their requests decode on (SERVING.md §8.7) */
     int cache_slots = !o->enable_prefix_caching ? 0 : o->max_num_seqs < 8 ? o->max_num_seqs : 8;
     dsv4_model_runner_opts mo = {o->max_num_seqs + cache_slots, (int)s->max_model_len, o->spec_k,
-                                 DSV4_NUMERICS_REFERENCE};
+                                 DSV4_NUMERICS_REFERENCE, o->block_size, o->num_gpu_blocks_override,
+                                 o->kv_cache_memory_bytes};
     if ((rc = dsv4_model_runner_open(o->model_dir, &mo, &s->mr, err))) goto fail;
     const dsv4_config *cfg = dsv4_model_runner_config(s->mr);
     if (s->max_model_len > cfg->max_position_embeddings) {
@@ -119,6 +120,7 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
         rc = dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
         goto fail;
     }
+    dsv4_metrics_set_cache_config(s->metrics, o->kv_cache_dtype ? o->kv_cache_dtype : "auto", o->enable_prefix_caching);
     dsv4_log(DSV4_LOG_INFO,
              "model %s: %s, %d layers, vocab %d, profile %s; CPU backend; max_model_len %lld, "
              "max_num_seqs %d (state for %d x %lld tokens); speculation %s k=%d; prefix caching %s",

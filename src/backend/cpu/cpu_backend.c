@@ -20,6 +20,18 @@ int dsv4_cpu_check_f32(const dsv4_buf *b, int64_t rows, int64_t cols, const char
     return DSV4_OK;
 }
 
+int dsv4_cpu_check_cmp_rows(const dsv4_cmp_state *cs, int64_t cols, const char *what, dsv4_err *err) {
+    if (!cs->block_table) return dsv4_cpu_check_f32(&cs->rows, (int64_t)cs->n_slots * cs->max_rows, cols, what, err);
+    if (cs->page_rows <= 0 || cs->max_pages <= 0 || (int64_t)cs->max_pages * cs->page_rows < cs->max_rows)
+        return dsv4_err_set(err, DSV4_EINVAL, "cpu: %s: bad paging (page_rows %d, max_pages %d, max_rows %lld)", what,
+                            cs->page_rows, cs->max_pages, (long long)cs->max_rows);
+    int rc = dsv4_cpu_check_f32(&cs->rows, -1, cols, what, err);
+    if (!rc && cs->rows.rows % cs->page_rows)
+        rc = dsv4_err_set(err, DSV4_EINVAL, "cpu: %s: %lld rows is not a whole number of pages of %d", what,
+                          (long long)cs->rows.rows, cs->page_rows);
+    return rc;
+}
+
 int dsv4_cpu_check_i32(const dsv4_buf *b, int64_t rows, int64_t cols, const char *what, dsv4_err *err) {
     if (!b || !b->data || b->dtype != DSV4_DT_I32)
         return dsv4_err_set(err, DSV4_EINVAL, "cpu: %s: expected an I32 buffer", what);

@@ -30,6 +30,21 @@ int dsv4_cpu_check_i32(const dsv4_buf *b, int64_t rows, int64_t cols, const char
 int dsv4_cpu_check_vec(const dsv4_tview *v, int64_t n, const char *what, dsv4_err *err);
 
 /*
+ * Emitted compressed rows (backend.h dsv4_cmp_state): check the store holds
+ * F32 rows of width `cols` for its layout (unpaged: n_slots*max_rows rows;
+ * paged: whole pages of page_rows, block table present), and address row w of
+ * a slot ONLY through DSV4_CMP_ROW. cmp_row returns NULL for a row on an
+ * unmapped page (block table entry -1), which an op must neither read nor write.
+ */
+int dsv4_cpu_check_cmp_rows(const dsv4_cmp_state *cs, int64_t cols, const char *what, dsv4_err *err);
+static inline float *dsv4_cpu_cmp_row(const dsv4_cmp_state *cs, int slot, int64_t w) {
+    if (w < 0 || w >= cs->max_rows) return NULL;
+    int64_t r = DSV4_CMP_ROW(cs, slot, w);
+    if (r < 0 || r >= cs->rows.rows) return NULL;
+    return (float *)cs->rows.data + r * cs->rows.cols;
+}
+
+/*
  * y[T][out] = x[T][in] · Wᵀ on plain float arrays, decoding the stored
  * weight one output row at a time. act_quant: quantise each x row to FP8 in
  * blocks of 128 first (W8A8, reference numerics for FP8/FP4 weights).
