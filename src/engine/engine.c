@@ -704,9 +704,11 @@ int dsv4_engine_step(dsv4_engine *e, dsv4_err *err) {
     for (dsv4_request *r = e->head; r; r = r->next) running += r->st == RQ_PREFILL || r->st == RQ_DECODE;
     for (dsv4_request *r = e->head; r && e->n_free > 0 && running < e->o.max_num_seqs; r = r->next)
         if (r->st == RQ_WAITING) {
-            if (e->paged) { /* room for its first chunk, else it (and the younger ones) wait */
-                int64_t first = r->n_prefill < e->o.max_num_batched_tokens ? r->n_prefill : e->o.max_num_batched_tokens;
-                if ((first + e->run.page_tokens - 1) / e->run.page_tokens > pages_available(e)) break;
+            if (e->paged) { /* room for its whole prefill and first token now, else it (and the
+                             * younger ones) wait: admitting it only to preempt it mid-prefill
+                             * would waste the prefill */
+                int64_t need = (r->n_prefill + 1 + e->run.page_tokens - 1) / e->run.page_tokens;
+                if (need > pages_available(e)) break;
             }
             admit_locked(e, r);
             r->st = RQ_PREFILL;
@@ -750,8 +752,8 @@ replan:
         dsv4_request *victim = NULL;
         for (dsv4_request *q = e->head; q; q = q->next)
             if (q->st == RQ_PREFILL || q->st == RQ_DECODE) victim = q;
-        dsv4_log(DSV4_LOG_WARN, "KV cache pool full: preempting a request of %d tokens (recomputed later)",
-                 victim->n_tok);
+        dsv4_log(DSV4_LOG_WARN, "KV cache pool full: preempting a request of %d tokens, %d generated (recomputed later)",
+                 victim->n_tok, victim->n_tok - victim->n_prompt);
         preempt_locked(e, victim);
         goto replan;
     }
