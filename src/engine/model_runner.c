@@ -96,7 +96,12 @@ int dsv4_model_runner_open(const char *dir, const dsv4_model_runner_opts *o, dsv
     }
     for (int l = 0; l < L; l++) ratios[l] = dsv4_config_layer_ratio(&mr->cfg, l);
     int bs = o->block_size > 0 ? o->block_size : 256;
-    int64_t pb = dsv4_state_page_bytes(&mr->cfg, ratios, L, bs), np = 0;
+    if (o->kv_dtype < 0 || o->kv_dtype >= DSV4_KV_COUNT) {
+        free(ratios);
+        rc = dsv4_err_set(err, DSV4_EINVAL, "model runner: kv dtype %d", o->kv_dtype);
+        goto fail;
+    }
+    int64_t pb = dsv4_state_page_bytes(&mr->cfg, ratios, L, bs, (dsv4_kv_dtype)o->kv_dtype), np = 0;
     if (o->n_pages >= 0) {
         int64_t per_slot = (o->max_len + bs - 1) / bs;
         np = o->n_pages > 0 ? o->n_pages
@@ -113,7 +118,7 @@ int dsv4_model_runner_open(const char *dir, const dsv4_model_runner_opts *o, dsv
     }
     mr->page_bytes = pb;
     rc = dsv4_state_create_paged(mr->be, &mr->cfg, ratios, L, o->n_slots, o->max_len, o->max_spec, bs, (int)np,
-                                 &mr->state, err);
+                                 (dsv4_kv_dtype)o->kv_dtype, &mr->state, err);
     free(ratios);
     if (rc) goto fail;
     if (o->max_spec > 0 && mr->cfg.draft_kind == DSV4_DRAFT_DSPARK) {

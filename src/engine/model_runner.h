@@ -28,6 +28,8 @@ typedef struct dsv4_model_runner_opts {
     int block_size;
     int n_pages;
     int64_t kv_cache_bytes;
+    int kv_dtype;           /* dsv4_kv_dtype (src/model/kvcodec.h): storage of window and
+                             * compressed rows; 0 = F32 (--kv-cache-dtype auto) */
 } dsv4_model_runner_opts;
 
 /*

@@ -19,6 +19,7 @@
 #define DSV4_MODEL_FORWARD_H
 
 #include "backend/backend.h"
+#include "model/kvcodec.h"
 #include "model/config.h"
 #include "model/weights.h"
 
@@ -109,17 +110,19 @@ int dsv4_state_create(dsv4_backend *be, const dsv4_config *cfg, const int *ratio
  * a page id (dsv4_state_set_pages); everything starts unmapped. Window and
  * compressor token rings stay per slot. page_tokens must be a positive
  * multiple of every compress ratio in `ratios` (DSV4_EINVAL otherwise);
- * n_pages >= 1.
+ * n_pages >= 1. kv_dtype: how window rows and main compressed rows are
+ * stored (src/model/kvcodec.h; index keys stay F32). n_pages = 0: unpaged.
  */
 int dsv4_state_create_paged(dsv4_backend *be, const dsv4_config *cfg, const int *ratios, int n_layers, int n_slots,
-                            int max_len, int max_spec, int page_tokens, int n_pages, dsv4_state **out,
-                            dsv4_err *err);
+                            int max_len, int max_spec, int page_tokens, int n_pages, dsv4_kv_dtype kv_dtype,
+                            dsv4_state **out, dsv4_err *err);
 /*
  * dsv4_state_page_bytes — bytes one page of page_tokens positions takes in a
- * paged state over these layers (F32 rows: main head_dim + indexer
- * index_head_dim for ratio-4 layers), for sizing the pool from a memory budget.
+ * paged state over these layers (main rows in kv_dtype's record + f32
+ * indexer rows for ratio-4 layers), for sizing the pool from a memory budget.
  */
-int64_t dsv4_state_page_bytes(const dsv4_config *cfg, const int *ratios, int n_layers, int page_tokens);
+int64_t dsv4_state_page_bytes(const dsv4_config *cfg, const int *ratios, int n_layers, int page_tokens,
+                              dsv4_kv_dtype kv_dtype);
 /*
  * dsv4_state_set_pages — map pages [0, n) of `slot` to ids[0..n) (each in
  * [0, n_pages), or -1) and unmap the rest; written to the backend's block

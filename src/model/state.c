@@ -8,14 +8,27 @@
  * docs/BACKEND.md and src/backend/backend.h.
  */
 #include "model/forward.h"
+#include "model/kvcodec.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 /* Paged (st->n_pages > 0): the emitted rows are n_pages pages of
  * page_tokens/ratio rows, addressed through the state's one block table. */
+/* A KV row store of n rows of `dim` in the state's --kv-cache-dtype (kvcodec.h):
+ * F32/BF16 [n][dim], or U8 [n][record bytes] for fp8_ds_mla. */
+static int alloc_kv_rows(dsv4_backend *be, dsv4_kv_dtype t, int64_t n, int dim, int rope_dim, dsv4_buf *out,
+                         dsv4_err *err) {
+    if (t == DSV4_KV_F32) return be->buf_alloc(be, DSV4_DT_F32, n, dim, out, err);
+    if (t == DSV4_KV_BF16) return be->buf_alloc(be, DSV4_DT_BF16, n, dim, out, err);
+    int64_t w = dsv4_kvcodec_row_bytes(t, dim, rope_dim);
+    if (w < 0) return dsv4_err_set(err, DSV4_EINVAL, "state: no %s record for rows of %d with %d rope dims",
+                                   dsv4_kv_dtype_name(t), dim, rope_dim);
+    return be->buf_alloc(be, DSV4_DT_U8, n, w, out, err);
+}
+
 static int alloc_cmp(dsv4_backend *be, const dsv4_state *st, dsv4_cmp_state *cs, int ratio, int out_dim,
-                     int n_slots, int max_len, int max_spec, dsv4_err *err) {
+                     int n_slots, int max_len, int max_spec, dsv4_kv_dtype kt, int rope_dim, dsv4_err *err) {
     cs->ratio = ratio;
     cs->overlap = ratio == 4;
     cs->out_dim = out_dim;
@@ -32,15 +45,16 @@ static int alloc_cmp(dsv4_backend *be, const dsv4_state *st, dsv4_cmp_state *cs,
     }
     int rc = be->buf_alloc(be, DSV4_DT_F32, (int64_t)n_slots * cs->cap, cw, &cs->kv, err);
     if (!rc) rc = be->buf_alloc(be, DSV4_DT_F32, (int64_t)n_slots * cs->cap, cw, &cs->score, err);
-    if (!rc) rc = be->buf_alloc(be, DSV4_DT_F32, n_rows, out_dim, &cs->rows, err);
+    if (!rc) rc = alloc_kv_rows(be, kt, n_rows, out_dim, rope_dim, &cs->rows, err);
     return rc;
 }
 
-int64_t dsv4_state_page_bytes(const dsv4_config *cfg, const int *ratios, int n_layers, int page_tokens) {
-    int64_t b = 0;
+int64_t dsv4_state_page_bytes(const dsv4_config *cfg, const int *ratios, int n_layers, int page_tokens,
+                              dsv4_kv_dtype kv_dtype) {
+    int64_t b = 0, row = dsv4_kvcodec_row_bytes(kv_dtype, cfg->head_dim, cfg->qk_rope_head_dim);
     for (int l = 0; l < n_layers; l++) {
         if (ratios[l] <= 0) continue;
-        b += (int64_t)(page_tokens / ratios[l]) * cfg->head_dim * (int64_t)sizeof(float);
+        b += (int64_t)(page_tokens / ratios[l]) * row;
         if (ratios[l] == 4) b += (int64_t)(page_tokens / 4) * cfg->index_head_dim * (int64_t)sizeof(float);
     }
     return b;
@@ -48,12 +62,13 @@ int64_t dsv4_state_page_bytes(const dsv4_config *cfg, const int *ratios, int n_l
 
 int dsv4_state_create(dsv4_backend *be, const dsv4_config *cfg, const int *ratios, int n_layers,
                       int n_slots, int max_len, int max_spec, dsv4_state **out, dsv4_err *err) {
-    return dsv4_state_create_paged(be, cfg, ratios, n_layers, n_slots, max_len, max_spec, 0, 0, out, err);
+    return dsv4_state_create_paged(be, cfg, ratios, n_layers, n_slots, max_len, max_spec, 0, 0, DSV4_KV_F32, out,
+                                   err);
 }
 
 int dsv4_state_create_paged(dsv4_backend *be, const dsv4_config *cfg, const int *ratios, int n_layers, int n_slots,
-                            int max_len, int max_spec, int page_tokens, int n_pages, dsv4_state **out,
-                            dsv4_err *err) {
+                            int max_len, int max_spec, int page_tokens, int n_pages, dsv4_kv_dtype kv_dtype,
+                            dsv4_state **out, dsv4_err *err) {
     *out = NULL;
     if (n_slots <= 0 || max_len <= 0 || max_spec < 0 || n_layers < 0 || n_pages < 0)
         return dsv4_err_set(err, DSV4_EINVAL, "state: n_slots %d, max_len %d, max_spec %d, n_pages %d", n_slots,
@@ -89,11 +104,14 @@ int dsv4_state_create_paged(dsv4_backend *be, const dsv4_config *cfg, const int 
         ls->win.window = cfg->sliding_window;
         ls->win.cap = cfg->sliding_window + max_spec;
         ls->win.n_slots = n_slots;
-        rc = be->buf_alloc(be, DSV4_DT_F32, (int64_t)n_slots * ls->win.cap, cfg->head_dim, &ls->win.rows, err);
+        rc = alloc_kv_rows(be, kv_dtype, (int64_t)n_slots * ls->win.cap, cfg->head_dim, cfg->qk_rope_head_dim,
+                           &ls->win.rows, err);
         if (!rc && ls->ratio > 0)
-            rc = alloc_cmp(be, st, &ls->cmp, ls->ratio, cfg->head_dim, n_slots, max_len, max_spec, err);
+            rc = alloc_cmp(be, st, &ls->cmp, ls->ratio, cfg->head_dim, n_slots, max_len, max_spec, kv_dtype,
+                           cfg->qk_rope_head_dim, err);
         if (!rc && ls->ratio == 4)
-            rc = alloc_cmp(be, st, &ls->idx, 4, cfg->index_head_dim, n_slots, max_len, max_spec, err);
+            rc = alloc_cmp(be, st, &ls->idx, 4, cfg->index_head_dim, n_slots, max_len, max_spec, DSV4_KV_F32, 0,
+                           err); /* index keys: f32 (FP4-valued after Hadamard; no record defined) */
         if (rc) dsv4_err_prefix(err, "state layer %d: ", l);
     }
     if (rc) {

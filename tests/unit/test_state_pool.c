@@ -11,12 +11,15 @@
  *     Run with prefix caching on, so cached histories' pages are evicted too.
  *  3. A request that cannot fit even alone is refused at submit.
  *  4. The pool shows in the stats and the Prometheus text.
+ *  5. (1b) with fp8_ds_mla storage, batched runs with preemptions equal
+ *     solo runs on per-slot state.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/engine.h"
 #include "engine/model_runner.h"
+#include "model/kvcodec.h"
 #include "server/metrics.h"
 #include "test.h"
 #include "test_models.h"
@@ -34,8 +37,8 @@ static void params(dsv4_gen_params *gp) {
     gp->ignore_eos = 1;
 }
 
-static dsv4_model_runner *open_runner(const char *dir, int n_pages) {
-    dsv4_model_runner_opts mo = {4, 512, 0, DSV4_NUMERICS_REFERENCE, 128, n_pages, 0};
+static dsv4_model_runner *open_runner_kv(const char *dir, int n_pages, dsv4_kv_dtype kv) {
+    dsv4_model_runner_opts mo = {4, 512, 0, DSV4_NUMERICS_REFERENCE, 128, n_pages, 0, (int)kv};
     dsv4_model_runner *mr = NULL;
     dsv4_err err = {0};
     if (dsv4_model_runner_open(dir, &mo, &mr, &err)) {
@@ -44,6 +47,8 @@ static dsv4_model_runner *open_runner(const char *dir, int n_pages) {
     }
     return mr;
 }
+
+static dsv4_model_runner *open_runner(const char *dir, int n_pages) { return open_runner_kv(dir, n_pages, DSV4_KV_F32); }
 
 /* Submit all, step to the end, reading each request's tokens after every step. */
 static void run_batch(dsv4_engine *e, int32_t prompts[N][256], int32_t out[N][MAXT], int *got) {
@@ -123,6 +128,57 @@ int main(void) {
         CHECK_EQ_INT(st.kv_pages_used, 0);
         CHECK_EQ_INT((int)st.preemptions, 0);
         CHECK(st.kv_page_bytes > 0);
+        dsv4_engine_free(e);
+    }
+    dsv4_model_runner_free(mr);
+
+    /* 1b. fp8_ds_mla storage of window and compressed rows (kvcodec.h). The
+     * nope dims were already FP8 round-tripped with the same block scales
+     * (test_kvcodec), but the record keeps the rope dims in BF16 while this
+     * fp32 reference keeps them in fp32, so tokens may differ from f32
+     * storage (printed, not asserted). Asserted: with coded storage too, solo
+     * runs on per-slot state equal batched runs through a 3-page pool with
+     * preemptions (in-batch rows are read in stored precision, so chunk
+     * boundaries do not matter). */
+    int32_t solo8[N][MAXT];
+    mr = open_runner_kv(dir, -1, DSV4_KV_FP8_DS_MLA);
+    CHECK(mr != NULL);
+    if (!mr) return TEST_REPORT();
+    run = dsv4_model_runner_iface(mr);
+    CHECK_EQ_INT(dsv4_engine_create(&eo, &run, NULL, &e, &err), 0);
+    int same = 0;
+    for (int i = 0; i < N && e; i++) {
+        dsv4_request *r;
+        dsv4_gen_params gp;
+        params(&gp);
+        CHECK_EQ_INT(dsv4_engine_submit(e, prompts[i], lens[i], &gp, &r, &err), 0);
+        while (dsv4_engine_step(e, &err) > 0) {}
+        dsv4_finish f;
+        CHECK_EQ_INT(dsv4_request_poll(r, solo8[i], MAXT, &f, 0), NGEN);
+        dsv4_request_release(r);
+        int k = 0;
+        while (k < NGEN && solo8[i][k] == solo[i][k]) k++;
+        same += k;
+    }
+    fprintf(stderr, "fp8_ds_mla vs f32 storage: %d of %d greedy tokens agree before the first difference\n", same,
+            N * NGEN);
+    dsv4_engine_free(e);
+    dsv4_model_runner_free(mr);
+    mr = open_runner_kv(dir, 3, DSV4_KV_FP8_DS_MLA);
+    CHECK(mr != NULL);
+    if (!mr) return TEST_REPORT();
+    run = dsv4_model_runner_iface(mr);
+    CHECK(run.page_bytes > 0);
+    dsv4_engine_opts e8 = {3, 64, 512, 0, 1, {{0}}, 0, 1};
+    CHECK_EQ_INT(dsv4_engine_create(&e8, &run, NULL, &e, &err), 0);
+    if (e) {
+        run_batch(e, prompts, out, got);
+        for (int i = 0; i < N; i++)
+            CHECK_MSG(got[i] == NGEN && !memcmp(out[i], solo8[i], sizeof(int32_t) * NGEN),
+                      "fp8_ds_mla request %d through the pool != its solo run", i);
+        dsv4_engine_stats st;
+        dsv4_engine_get_stats(e, &st);
+        CHECK(st.preemptions > 0);
         dsv4_engine_free(e);
     }
     dsv4_model_runner_free(mr);

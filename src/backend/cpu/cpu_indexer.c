@@ -34,6 +34,8 @@ int dsv4_cpu_indexer_select(dsv4_backend *be, const dsv4_buf *qi, const dsv4_buf
     rc = dsv4_cpu_check_f32(qi, T, H * dk, "indexer q", err);
     if (!rc) rc = dsv4_cpu_check_i32(sel, T, topk, "indexer sel", err);
     if (!rc) rc = dsv4_cpu_check_cmp_rows(idx, dk, "index keys", err);
+    if (!rc && idx->rows.dtype != DSV4_DT_F32) /* index keys are always stored as f32 */
+        rc = dsv4_err_set(err, DSV4_EINVAL, "cpu: index keys: dtype %s, expected F32", dsv4_dtype_name(idx->rows.dtype));
     if (rc) return rc;
     int fail = 0, unmapped = 0;
 #pragma omp parallel for schedule(dynamic) if ((int64_t)T * H * dk * idx->max_rows > DSV4_CPU_PAR_MIN)
@@ -54,7 +56,8 @@ int dsv4_cpu_indexer_select(dsv4_backend *be, const dsv4_buf *qi, const dsv4_buf
         }
         const float *q = (const float *)qi->data + (int64_t)t * H * dk, *gw = (const float *)g->data + (int64_t)t * H;
         for (int64_t w = 0; w < nvis; w++) {
-            const float *key = dsv4_cpu_cmp_row(idx, b->slot[t], w); /* via the block table */
+            int64_t ri = dsv4_cpu_cmp_index(idx, b->slot[t], w); /* via the block table */
+            const float *key = ri < 0 ? NULL : (const float *)idx->rows.data + ri * dk;
             float total = 0;
             if (!key) {
 #pragma omp atomic write
