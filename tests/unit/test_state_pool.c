@@ -11,6 +11,7 @@
  *     Run with prefix caching on, so cached histories' pages are evicted too.
  *  3. A request that cannot fit even alone is refused at submit.
  *  4. The pool shows in the stats and the Prometheus text.
+ *  6. The same under DSpark speculation (tiny-dspark, k = 3).
  *  5. (1b) with fp8_ds_mla storage, batched runs with preemptions equal
  *     solo runs on per-slot state.
  */
@@ -37,8 +38,8 @@ static void params(dsv4_gen_params *gp) {
     gp->ignore_eos = 1;
 }
 
-static dsv4_model_runner *open_runner_kv(const char *dir, int n_pages, dsv4_kv_dtype kv) {
-    dsv4_model_runner_opts mo = {4, 512, 0, DSV4_NUMERICS_REFERENCE, 128, n_pages, 0, (int)kv};
+static dsv4_model_runner *open_runner_spec(const char *dir, int n_pages, dsv4_kv_dtype kv, int k) {
+    dsv4_model_runner_opts mo = {4, 512, k, DSV4_NUMERICS_REFERENCE, 128, n_pages, 0, (int)kv};
     dsv4_model_runner *mr = NULL;
     dsv4_err err = {0};
     if (dsv4_model_runner_open(dir, &mo, &mr, &err)) {
@@ -48,6 +49,9 @@ static dsv4_model_runner *open_runner_kv(const char *dir, int n_pages, dsv4_kv_d
     return mr;
 }
 
+static dsv4_model_runner *open_runner_kv(const char *dir, int n_pages, dsv4_kv_dtype kv) {
+    return open_runner_spec(dir, n_pages, kv, 0);
+}
 static dsv4_model_runner *open_runner(const char *dir, int n_pages) { return open_runner_kv(dir, n_pages, DSV4_KV_F32); }
 
 /* Submit all, step to the end, reading each request's tokens after every step. */
@@ -75,7 +79,7 @@ static void run_batch(dsv4_engine *e, int32_t prompts[N][256], int32_t out[N][MA
 static char models[512];
 
 int main(void) {
-    static const char *const need[] = {"tiny-flash"};
+    static const char *const need[] = {"tiny-flash", "tiny-dspark"};
     tm_find_models(models, sizeof models, need, (int)(sizeof need / sizeof need[0]));
     char dir[700];
     snprintf(dir, sizeof dir, "%s/tiny-flash", models);
@@ -238,6 +242,50 @@ int main(void) {
             }
             dsv4_metrics_free(m);
         }
+        dsv4_engine_free(e);
+    }
+    dsv4_model_runner_free(mr);
+
+    /* 6. DSpark speculation (k = 3, tiny-dspark) through a 3-page pool: a
+     * preempted request's drafter state is dropped and rebuilt by the
+     * re-prefill; outputs equal solo runs without speculation (greedy
+     * speculation is lossless) and the drafter never fails. */
+    snprintf(dir, sizeof dir, "%s/tiny-dspark", models);
+    mr = open_runner(dir, -1);
+    CHECK(mr != NULL);
+    if (!mr) return TEST_REPORT();
+    run = dsv4_model_runner_iface(mr);
+    CHECK_EQ_INT(dsv4_engine_create(&eo, &run, NULL, &e, &err), 0);
+    for (int i = 0; i < N && e; i++) {
+        dsv4_request *r;
+        dsv4_gen_params gp;
+        params(&gp);
+        CHECK_EQ_INT(dsv4_engine_submit(e, prompts[i], lens[i], &gp, &r, &err), 0);
+        while (dsv4_engine_step(e, &err) > 0) {}
+        dsv4_finish f;
+        CHECK_EQ_INT(dsv4_request_poll(r, solo[i], MAXT, &f, 0), NGEN);
+        dsv4_request_release(r);
+    }
+    dsv4_engine_free(e);
+    dsv4_model_runner_free(mr);
+    mr = open_runner_spec(dir, 3, DSV4_KV_F32, 3);
+    CHECK(mr != NULL);
+    if (!mr) return TEST_REPORT();
+    run = dsv4_model_runner_iface(mr);
+    dsv4_drafter dr;
+    CHECK_EQ_INT(dsv4_model_runner_drafter(mr, &dr), 1);
+    dsv4_engine_opts ek = {3, 64, 512, 3, 1, {{0}}, 0, 1};
+    CHECK_EQ_INT(dsv4_engine_create(&ek, &run, &dr, &e, &err), 0);
+    if (e) {
+        run_batch(e, prompts, out, got);
+        for (int i = 0; i < N; i++)
+            CHECK_MSG(got[i] == NGEN && !memcmp(out[i], solo[i], sizeof(int32_t) * NGEN),
+                      "dspark request %d through the pool != its solo run", i);
+        dsv4_engine_stats st;
+        dsv4_engine_get_stats(e, &st);
+        CHECK(st.preemptions > 0);
+        CHECK(st.spec_drafts > 0);
+        CHECK_EQ_INT((int)st.spec_draft_failures, 0);
         dsv4_engine_free(e);
     }
     dsv4_model_runner_free(mr);
