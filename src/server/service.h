@@ -38,6 +38,12 @@ typedef struct dsv4_service_opts {
     int stop_in_reasoning;       /* --stop-in-reasoning active */
     const char *default_chat_template_kwargs; /* JSON object text or NULL */
     int enable_prefix_caching;   /* --enable-prefix-caching (spec/SERVING.md §8.7) */
+    /* state pool (issue 5): --block-size (0 = 256), --num-gpu-blocks-override,
+     * --kv-cache-memory-bytes (0 = unset), --kv-cache-dtype (NULL = auto) */
+    int block_size;
+    int num_gpu_blocks_override;
+    int64_t kv_cache_memory_bytes;
+    const char *kv_cache_dtype;
 } dsv4_service_opts;
 
 /*
