@@ -93,8 +93,8 @@ __global__ void __launch_bounds__(CMP_THREADS) k_cmp_emit(dsv4_cmp_state cs, con
     if ((p + 1) % m) return;
     const int slot = slots[t];
     const int64_t w = p / m, p0 = p0s[t];
-    if (cs.block_table && cs.block_table[(int64_t)slot * cs.max_pages + w / cs.page_rows] < 0) return;
-    const int64_t dst = DSV4_CMP_ROW(&cs, slot, w);
+    const int64_t dst = cu_cmp_index(cs, slot, w);
+    if (dst < 0) return; /* unmapped page: nothing may be written */
     const int64_t cw = (int64_t)D * (cs.overlap ? 2 : 1);
     /* 1. per-channel softmax pooling over the window's slots (§3.4.5 "Pooling"), slots in the
      * reference's order; up to CMP_CACHE slots (ratio 4) are loaded at once into registers
@@ -235,10 +235,9 @@ int cu_be_compress(dsv4_backend *be, dsv4_cmp_state *cs, const dsv4_buf *K, cons
                           b->pos[t], t);
         if ((b->pos[t] + 1) % m == 0) {
             int64_t w = b->pos[t] / m;
-            if ((!cs->block_table && w >= cs->max_rows) ||
-                (cs->block_table && w / cs->page_rows >= cs->max_pages))
+            if (w >= cs->max_rows || (cs->block_table && w / cs->page_rows >= cs->max_pages))
                 return cu_err(err, DSV4_ERANGE, "compress: position %d beyond the state's %lld rows", b->pos[t],
-                              (long long)(cs->block_table ? (int64_t)cs->max_pages * cs->page_rows : cs->max_rows));
+                              (long long)cs->max_rows);
         }
     }
     if (!b->n_rows) return DSV4_OK;
