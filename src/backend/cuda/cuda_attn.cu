@@ -1,0 +1,356 @@
+/*
+ * cuda_attn.cu — sink attention over the raw window + compressed rows
+ * (`attention`, spec/MODEL.md §3.4.7, §3.8) for the CUDA op table; the CPU
+ * reference is src/backend/cpu/cpu_attn.c.
+ *
+ * Candidates of a query row t (slot s, position p, segment start p0): the
+ * raw window positions max(0, p−W+1)..p (positions >= p0 are this batch's
+ * kv rows, older ones the slot's ring), then the compressed rows — the
+ * selection's (−1 and rows not yet visible are skipped) or every visible
+ * row w < (p+1)/ratio — addressed through DSV4_CMP_ROW (an unmapped page is
+ * never read). Candidate j of a row is found arithmetically, so no list is
+ * built.
+ *
+ * Why two kernels and a score scratch: reference numerics round each
+ * probability to bf16 before the PV product, and a probability needs the
+ * final max and denominator, so an online (flash) softmax cannot be used
+ * as is. Instead:
+ *  1. scores: grid (candidate chunk, head group, row); a block holds the
+ *     q of 16 heads, finds its 64 candidates' key rows, each warp loads 4
+ *     keys at once (twice) and reduces the 16 heads' dots: scores ·hd^-½ into
+ *     S[row][head][candidate] (−inf where there is no key).
+ *  2. pv: grid (128-dim slice x split, group of 16 heads, row); the block
+ *     derives max and denominator (sink included) of its heads from S, then
+ *     stages pointers and probabilities (bf16-rounded in reference
+ *     numerics) of 128 candidates at a time and streams their 128-dim
+ *     slices, 4 loads in flight per warp; warps reduced in shared memory.
+ *     When rows x slices x head groups would leave SMs idle (decode), the
+ *     candidates are split over blocks: the probabilities are already
+ *     normalised, so the partial outputs just add (3rd kernel).
+ * Each key is read from HBM once per row and from L2 by the other head
+ * groups. Rows are
+ * processed in chunks so S stays within ATT_SCRATCH bytes.
+ */
+#include "backend/cuda/cuda_be_internal.cuh"
+
+#include <math.h>
+#include <stdlib.h>
+
+#define ATT_THREADS 256
+#define ATT_QHEADS 16        /* heads per score block */
+#define ATT_CHUNK 64         /* candidates per score block: 8 warps x 2 x 4 */
+#define ATT_PHEADS 16        /* heads per pv block */
+#define ATT_PCHUNK 128       /* candidates whose pointers / probabilities a pv block stages at once */
+#define ATT_TARGET_BLOCKS 264 /* pv blocks wanted (2 per SM): split rows' candidates below that */
+#define ATT_SCRATCH ((size_t)256 << 20)
+
+/* Everything a kernel needs to find the keys of a row (passed by value). */
+typedef struct att_args {
+    const float *q, *kv, *ring;
+    float *o;
+    const int32_t *sel;
+    int sel_cols;        /* 0: no selection (every visible compressed row) */
+    int has_cmp;
+    dsv4_cmp_state cs;   /* valid when has_cmp */
+    int H, hd, window, cap;
+    float scale;
+    const int32_t *pos, *slot, *p0;
+    int t0;
+    float *S;            /* [rows of the chunk][H][ld] */
+    int64_t ld;
+} att_args;
+
+/* Key row of candidate j of row t, or NULL when there is none. */
+__device__ __forceinline__ const float *cand_key(const att_args &a, int t, int64_t j) {
+    const int64_t p = a.pos[t], p0 = a.p0[t];
+    const int slot = a.slot[t];
+    const int64_t lo = p - a.window + 1 < 0 ? 0 : p - a.window + 1, nwin = p - lo + 1;
+    if (j < nwin) {
+        const int64_t pp = lo + j;
+        return pp >= p0 ? a.kv + (t - (p - pp)) * (int64_t)a.hd
+                        : a.ring + ((int64_t)slot * a.cap + pp % a.cap) * (int64_t)a.hd;
+    }
+    if (!a.has_cmp) return NULL;
+    const int64_t jj = j - nwin, nvis = (p + 1) / a.cs.ratio;
+    int64_t w;
+    if (a.sel_cols) {
+        if (jj >= a.sel_cols) return NULL;
+        w = a.sel[(int64_t)t * a.sel_cols + jj];
+        if (w < 0 || w >= nvis) return NULL;
+    } else {
+        w = jj;
+        if (w >= nvis) return NULL;
+    }
+    const int64_t r = cu_cmp_index(a.cs, slot, w);
+    return r < 0 ? NULL : (const float *)a.cs.rows.data + r * a.hd;
+}
+
+/* Scores of ATT_CHUNK candidates x ATT_QHEADS heads of one row. NV = hd/128.
+ * The candidates' key pointers are found first (one thread each), then every
+ * warp loads its 4 keys at once (loads in flight together), then the dots. */
+template <int NV>
+__global__ void __launch_bounds__(ATT_THREADS) k_att_scores(att_args a) {
+    __shared__ float4 qs[ATT_QHEADS][NV * 32];
+    __shared__ const float *kp[ATT_CHUNK];
+    const int tl = blockIdx.z, t = a.t0 + tl, hg0 = blockIdx.y * ATT_QHEADS;
+    const int nh = a.H - hg0 < ATT_QHEADS ? a.H - hg0 : ATT_QHEADS;
+    const int64_t j0 = (int64_t)blockIdx.x * ATT_CHUNK;
+    if (j0 >= a.ld) return;
+    if (threadIdx.x < ATT_CHUNK) kp[threadIdx.x] = j0 + threadIdx.x < a.ld ? cand_key(a, t, j0 + threadIdx.x) : NULL;
+    for (int i = threadIdx.x; i < nh * NV * 32; i += blockDim.x)
+        qs[i / (NV * 32)][i % (NV * 32)] =
+            ((const float4 *)(a.q + ((int64_t)t * a.H + hg0 + i / (NV * 32)) * a.hd))[i % (NV * 32)];
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    constexpr int C = 4; /* keys per warp in flight */
+    float *S = a.S + ((int64_t)tl * a.H + hg0) * a.ld;
+    for (int jb = warp * C; jb < ATT_CHUNK; jb += 8 * C) {
+        float4 k[C][NV];
+#pragma unroll
+        for (int c = 0; c < C; c++) {
+            const float *key = kp[jb + c];
+#pragma unroll
+            for (int v = 0; v < NV; v++)
+                k[c][v] = key ? ((const float4 *)key)[v * 32 + lane] : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        for (int h = 0; h < nh; h++) {
+            float s[C];
+#pragma unroll
+            for (int c = 0; c < C; c++) {
+                s[c] = 0.f;
+#pragma unroll
+                for (int v = 0; v < NV; v++) {
+                    const float4 qv = qs[h][v * 32 + lane];
+                    s[c] += qv.x * k[c][v].x + qv.y * k[c][v].y + qv.z * k[c][v].z + qv.w * k[c][v].w;
+                }
+            }
+#pragma unroll
+            for (int o = 16; o; o >>= 1)
+#pragma unroll
+                for (int c = 0; c < C; c++) s[c] += __shfl_xor_sync(0xffffffffu, s[c], o);
+            if (lane < C) {
+                const int64_t j = j0 + jb + lane;
+                float sv = s[0];
+#pragma unroll
+                for (int c = 1; c < C; c++)
+                    if (lane == c) sv = s[c];
+                if (j < a.ld) S[(int64_t)h * a.ld + j] = kp[jb + lane] ? sv * a.scale : -INFINITY;
+            }
+        }
+    }
+}
+
+/*
+ * Softmax (with the sink) and p·v for ATT_PHEADS heads x one 128-dim slice
+ * of one row, over candidates [c0, c1) (split-K: the probabilities are
+ * already normalised, so partial sums of a row simply add). Candidates go in
+ * chunks of ATT_PCHUNK: pointers and probabilities first (all threads), then
+ * each warp streams its candidates' slices, 4 loads in flight.
+ * out: o itself (one split) or the split's partial buffer.
+ */
+template <int MINB>
+__global__ void __launch_bounds__(ATT_THREADS, MINB) k_att_pv(att_args a, const void *sinks, int sinks_bf16, int ref,
+                                                        int nsplit, float *part) {
+    __shared__ float mx_s[ATT_PHEADS], den_s[ATT_PHEADS];
+    __shared__ float ps[ATT_PHEADS][ATT_PCHUNK];
+    __shared__ const float *kp[ATT_PCHUNK];
+    __shared__ float4 red[ATT_THREADS / 32][ATT_PHEADS / 2][32];
+    const int tl = blockIdx.z, t = a.t0 + tl, hg0 = blockIdx.y * ATT_PHEADS;
+    const int slice = blockIdx.x % (a.hd / 128), split = blockIdx.x / (a.hd / 128);
+    const int nh = a.H - hg0 < ATT_PHEADS ? a.H - hg0 : ATT_PHEADS;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    const float *S = a.S + ((int64_t)tl * a.H + hg0) * a.ld;
+    const int64_t per = (a.ld + nsplit - 1) / nsplit, c0 = split * per, c1 = c0 + per < a.ld ? c0 + per : a.ld;
+    /* statistics over every candidate of the row */
+    for (int h = warp; h < nh; h += nwarps) {
+        const float sink = cu_ldf(sinks, sinks_bf16, hg0 + h);
+        float m = sink;
+        for (int64_t j = lane; j < a.ld; j += 32) m = fmaxf(m, S[(int64_t)h * a.ld + j]);
+        for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        float d = 0.f;
+        for (int64_t j = lane; j < a.ld; j += 32) d += expf(S[(int64_t)h * a.ld + j] - m);
+        for (int o = 16; o; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+        if (lane == 0) {
+            mx_s[h] = m;
+            den_s[h] = d + expf(sink - m);
+        }
+    }
+    float4 acc[ATT_PHEADS];
+#pragma unroll
+    for (int h = 0; h < ATT_PHEADS; h++) acc[h] = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int64_t cb = c0; cb < c1; cb += ATT_PCHUNK) {
+        const int n = (int)(c1 - cb < ATT_PCHUNK ? c1 - cb : ATT_PCHUNK);
+        __syncthreads(); /* statistics ready; previous chunk consumed */
+        for (int i = threadIdx.x; i < ATT_PCHUNK; i += blockDim.x) kp[i] = i < n ? cand_key(a, t, cb + i) : NULL;
+        for (int i = threadIdx.x; i < ATT_PHEADS * ATT_PCHUNK; i += blockDim.x) {
+            const int h = i / ATT_PCHUNK, j = i % ATT_PCHUNK;
+            float p = 0.f;
+            if (h < nh && j < n) {
+                p = expf(S[(int64_t)h * a.ld + cb + j] - mx_s[h]) / den_s[h];
+                if (ref) p = round_bf16(p); /* official: bf16 probabilities into PV */
+            }
+            ps[h][j] = p;
+        }
+        __syncthreads();
+        for (int j = warp * 4; j < n; j += nwarps * 4) {
+            float4 v[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const float *key = j + u < n ? kp[j + u] : NULL;
+                v[u] = key ? ((const float4 *)(key + slice * 128))[lane] : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                if (j + u >= n) break;
+#pragma unroll
+                for (int h = 0; h < ATT_PHEADS; h++) {
+                    const float p = ps[h][j + u];
+                    acc[h].x += p * v[u].x;
+                    acc[h].y += p * v[u].y;
+                    acc[h].z += p * v[u].z;
+                    acc[h].w += p * v[u].w;
+                }
+            }
+        }
+    }
+    float *out = nsplit > 1 ? part + (int64_t)split * gridDim.z * a.H * a.hd : a.o + (int64_t)a.t0 * a.H * a.hd;
+    for (int half = 0; half < 2; half++) {
+        __syncthreads();
+#pragma unroll
+        for (int h = 0; h < ATT_PHEADS / 2; h++) red[warp][h][lane] = acc[half * (ATT_PHEADS / 2) + h];
+        __syncthreads();
+        for (int i = threadIdx.x; i < (ATT_PHEADS / 2) * 32; i += blockDim.x) {
+            const int h = i / 32, l = i % 32, hh = half * (ATT_PHEADS / 2) + h;
+            if (hh >= nh) continue;
+            float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+            for (int w = 0; w < nwarps; w++) {
+                const float4 r = red[w][h][l];
+                s.x += r.x;
+                s.y += r.y;
+                s.z += r.z;
+                s.w += r.w;
+            }
+            ((float4 *)(out + ((int64_t)tl * a.H + hg0 + hh) * a.hd + slice * 128))[l] = s;
+        }
+    }
+}
+
+/* o[t0 + i] = Σ_split part[split][i], float4 at a time. */
+__global__ void k_att_reduce(const float4 *part, int nsplit, int64_t n4, float4 *o) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n4) return;
+    float4 s = part[i];
+    for (int k = 1; k < nsplit; k++) {
+        const float4 r = part[(int64_t)k * n4 + i];
+        s.x += r.x;
+        s.y += r.y;
+        s.z += r.z;
+        s.w += r.w;
+    }
+    o[i] = s;
+}
+
+int cu_be_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, const dsv4_win_state *ws,
+                    const dsv4_cmp_state *cs, const dsv4_buf *sel, const dsv4_tview *sinks, int n_heads,
+                    const dsv4_batch *b, dsv4_buf *o, dsv4_err *err) {
+    if (!b) return cu_err(err, DSV4_EINVAL, "cuda: attention: no batch");
+    const int T = b->n_rows;
+    int rc = cu_be_check(kv, DSV4_DT_F32, T, -1, "attention kv", err);
+    if (rc) return rc;
+    const int64_t hd = kv->cols;
+    if (n_heads <= 0) return cu_err(err, DSV4_EINVAL, "cuda: attention: %d heads", n_heads);
+    rc = cu_be_check(q, DSV4_DT_F32, T, hd * n_heads, "attention q", err);
+    if (!rc) rc = cu_be_check(o, DSV4_DT_F32, T, hd * n_heads, "attention o", err);
+    if (!rc && (!ws || ws->cap < ws->window || ws->window <= 0))
+        rc = cu_err(err, DSV4_EINVAL, "cuda: attention: window state: cap must be >= window > 0");
+    if (!rc && ws->rows.dtype != DSV4_DT_F32)
+        rc = cu_err(err, DSV4_EUNSUPPORTED, "cuda: attention: window ring dtype %d (only F32 rings implemented)",
+                    (int)ws->rows.dtype);
+    if (!rc) rc = cu_be_check(&ws->rows, DSV4_DT_F32, (int64_t)ws->n_slots * ws->cap, hd, "window rows", err);
+    if (!rc) rc = cu_be_check_vec(sinks, n_heads, "attn_sink", err);
+    if (!rc && cs && cs->ratio <= 0) rc = cu_err(err, DSV4_EINVAL, "cuda: attention: compressed state ratio %d", cs->ratio);
+    if (!rc && cs) rc = cu_be_check_cmp_rows(cs, hd, "compressed rows", err);
+    if (!rc && sel) rc = cu_be_check(sel, DSV4_DT_I32, T, -1, "attention sel", err);
+    if (!rc && hd != 128 && hd != 256 && hd != 512)
+        rc = cu_err(err, DSV4_EUNSUPPORTED, "cuda: attention: head_dim %lld (128, 256 or 512 implemented)",
+                    (long long)hd);
+    if (rc) return rc;
+    if (!T) return DSV4_OK;
+    /* the widest candidate list of the batch */
+    int64_t maxc = 0;
+    for (int t = 0; t < T; t++) {
+        if (b->slot[t] < 0 || b->slot[t] >= ws->n_slots || (cs && b->slot[t] >= cs->n_slots) || b->pos[t] < 0)
+            return cu_err(err, DSV4_EINVAL, "attention: slot %d / position %d of row %d out of range", b->slot[t],
+                          b->pos[t], t);
+        int64_t p = b->pos[t], n = p + 1 < ws->window ? p + 1 : ws->window;
+        if (cs) {
+            int64_t nvis = (p + 1) / cs->ratio;
+            if (nvis > cs->max_rows) nvis = cs->max_rows;
+            n += sel ? sel->cols : nvis;
+        }
+        if (n > maxc) maxc = n;
+    }
+    const int32_t *tok, *pos, *slot, *p0, *r0, *r1;
+    if ((rc = cu_be_batch(be, b, &tok, &pos, &slot, err)) || (rc = cu_be_batch_seg(be, b, &p0, &r0, &r1, err)))
+        return rc;
+    dsv4_cuda_ctx *ctx = cube(be)->ctx;
+    att_args a;
+    memset(&a, 0, sizeof a);
+    a.q = (const float *)q->data;
+    a.kv = (const float *)kv->data;
+    a.ring = (const float *)ws->rows.data;
+    a.o = (float *)o->data;
+    a.sel = sel ? (const int32_t *)sel->data : NULL;
+    a.sel_cols = sel ? (int)sel->cols : 0;
+    a.has_cmp = cs != NULL;
+    if (cs) a.cs = *cs;
+    a.H = n_heads;
+    a.hd = (int)hd;
+    a.window = ws->window;
+    a.cap = ws->cap;
+    a.scale = 1.0f / sqrtf((float)hd);
+    a.pos = pos;
+    a.slot = slot;
+    a.p0 = p0;
+    a.ld = maxc;
+    int64_t chunk = (int64_t)(ATT_SCRATCH / ((size_t)n_heads * maxc * sizeof(float)));
+    if (chunk < 1) chunk = 1;
+    if (chunk > T) chunk = T;
+    if (chunk > 65535) chunk = 65535; /* grid dimension */
+    /* split-K over candidates when the grid would be small (decode): partial outputs, then a sum */
+    const int64_t pv_blocks = (hd / 128) * ((n_heads + ATT_PHEADS - 1) / ATT_PHEADS) * chunk;
+    int nsplit = (int)((ATT_TARGET_BLOCKS + pv_blocks - 1) / pv_blocks);
+    if (nsplit > (maxc + 2 * ATT_PCHUNK - 1) / (2 * ATT_PCHUNK)) nsplit = (int)((maxc + 2 * ATT_PCHUNK - 1) / (2 * ATT_PCHUNK));
+    if (nsplit < 1) nsplit = 1;
+    const size_t s_bytes = cu_align((size_t)chunk * n_heads * maxc * sizeof(float));
+    const size_t p_bytes = nsplit > 1 ? (size_t)nsplit * chunk * n_heads * hd * sizeof(float) : 0;
+    void *ws_p = NULL;
+    if ((rc = cu_workspace(ctx, s_bytes + p_bytes, &ws_p, err))) return rc;
+    a.S = (float *)ws_p;
+    float *part = nsplit > 1 ? (float *)((char *)ws_p + s_bytes) : NULL;
+    const int ref = be->numerics == DSV4_NUMERICS_REFERENCE, sbf = sinks->dtype == DSV4_DT_BF16;
+    /* pv compiled for 2 blocks / SM (128 registers, a few spills) or 1 (172 registers, no spills);
+     * DSV4_CUDA_ATT_PV_MINB=1 picks the latter (for measuring, bench/results) */
+    const char *minb = getenv("DSV4_CUDA_ATT_PV_MINB");
+    const int pv_one_block = minb && minb[0] == '1';
+    for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+        const unsigned n = (unsigned)(T - t0 < chunk ? T - t0 : chunk);
+        a.t0 = (int)t0;
+        dim3 g1((unsigned)((maxc + ATT_CHUNK - 1) / ATT_CHUNK), (unsigned)((n_heads + ATT_QHEADS - 1) / ATT_QHEADS), n);
+        if (hd == 128) k_att_scores<1><<<g1, ATT_THREADS, 0, ctx->stream>>>(a);
+        else if (hd == 256) k_att_scores<2><<<g1, ATT_THREADS, 0, ctx->stream>>>(a);
+        else k_att_scores<4><<<g1, ATT_THREADS, 0, ctx->stream>>>(a);
+        CU_LAUNCHED(err, "attention (scores)");
+        dim3 g2((unsigned)(hd / 128 * nsplit), (unsigned)((n_heads + ATT_PHEADS - 1) / ATT_PHEADS), n);
+        if (pv_one_block) k_att_pv<1><<<g2, ATT_THREADS, 0, ctx->stream>>>(a, sinks->data, sbf, ref, nsplit, part);
+        else k_att_pv<2><<<g2, ATT_THREADS, 0, ctx->stream>>>(a, sinks->data, sbf, ref, nsplit, part);
+        CU_LAUNCHED(err, "attention (pv)");
+        if (nsplit > 1) {
+            const int64_t n4 = (int64_t)n * n_heads * hd / 4;
+            k_att_reduce<<<(unsigned)((n4 + 255) / 256), 256, 0, ctx->stream>>>(
+                (const float4 *)part, nsplit, n4, (float4 *)(a.o + t0 * n_heads * hd));
+            CU_LAUNCHED(err, "attention (split sum)");
+        }
+    }
+    return DSV4_OK;
+}
