@@ -749,6 +749,10 @@ replan:
         dsv4_request *r = segs[s].r;
         int64_t end = segs[s].decode ? r->n_tok - 1 + segs[s].nrows : r->n_computed + segs[s].nrows;
         if (!pages_ensure(e, r->slot, end)) continue;
+        if (segs[s].decode && segs[s].k > 0 && !pages_ensure(e, r->slot, r->n_tok)) {
+            r->n_drafts = 0; /* only the drafts lacked room: decode without them rather than preempt */
+            goto replan;
+        }
         dsv4_request *victim = NULL;
         for (dsv4_request *q = e->head; q; q = q->next)
             if (q->st == RQ_PREFILL || q->st == RQ_DECODE) victim = q;

@@ -118,7 +118,7 @@ int64_t dsv4_kvcodec_row_bytes(dsv4_kv_dtype t, int dim, int rope_dim) {
 
 int dsv4_kvcodec_rope_dim(dsv4_kv_dtype t, int dim, int64_t width) {
     if (t != DSV4_KV_FP8_DS_MLA) return dsv4_kvcodec_row_bytes(t, dim, 0) == width ? 0 : -1;
-    for (int r = 0; r <= dim; r += 2) /* the width grows with rope_dim: one match at most */
+    for (int r = 0; r <= dim; r += 2) /* smallest match (unique while the nope part has <= 8 blocks, dim <= 512 + rope) */
         if (dsv4_kvcodec_row_bytes(t, dim, r) == width) return r;
     return -1;
 }

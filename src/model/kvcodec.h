@@ -30,6 +30,10 @@
 
 #include "dsv4/common.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum dsv4_kv_dtype {
     DSV4_KV_F32 = 0,
     DSV4_KV_BF16,
@@ -48,15 +52,16 @@ const char *dsv4_kv_dtype_name(dsv4_kv_dtype t); /* "f32", "bf16", "fp8_ds_mla" 
 /*
  * dsv4_kvcodec_row_bytes — bytes of one stored row of `dim` values with the
  * last rope_dim RoPE'd (rope_dim only matters to FP8_DS_MLA), or -1 when the
- * geometry is invalid (dim <= 0, rope_dim outside [0, dim], or an FP8 nope
- * part that is not a multiple of 64 ... except a shorter last block, which is
- * allowed for toy shapes).
+ * geometry is invalid (dim <= 0, rope_dim outside [0, dim]). An FP8 nope
+ * part that is not a multiple of 64 ends in a shorter block (toy shapes).
  */
 int64_t dsv4_kvcodec_row_bytes(dsv4_kv_dtype t, int dim, int rope_dim);
 
 /*
  * dsv4_kvcodec_rope_dim — the rope_dim that makes row_bytes(t, dim, rope) ==
  * width (how a backend recovers the split from a buffer's row width), or -1.
+ * For FP8_DS_MLA the smallest even rope_dim that matches (the only one while
+ * the nope part has at most 8 blocks of 64, as for every DeepSeek-V4 row).
  * For F32/BF16 the width does not depend on rope_dim: returns 0 when width
  * matches.
  */
@@ -67,4 +72,7 @@ int dsv4_kvcodec_rope_dim(dsv4_kv_dtype t, int dim, int64_t width);
 void dsv4_kvcodec_encode(dsv4_kv_dtype t, int dim, int rope_dim, const float *x, uint8_t *rec);
 void dsv4_kvcodec_decode(dsv4_kv_dtype t, int dim, int rope_dim, const uint8_t *rec, float *x);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -149,10 +149,11 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
     dsv4_metrics_set_cache_config(s->metrics, o->kv_cache_dtype ? o->kv_cache_dtype : "auto", o->enable_prefix_caching);
     dsv4_log(DSV4_LOG_INFO,
              "model %s: %s, %d layers, vocab %d, profile %s; CPU backend; max_model_len %lld, "
-             "max_num_seqs %d (state for %d x %lld tokens); speculation %s k=%d; prefix caching %s",
+             "max_num_seqs %d (%d request slots; KV pool %d pages of %d, kv dtype %s); speculation %s k=%d; "
+             "prefix caching %s",
              o->model_dir, dsv4_config_kind_name(cfg), cfg->num_hidden_layers, cfg->vocab_size,
              dsv4_profile_name(profile), (long long)s->max_model_len, o->max_num_seqs, o->max_num_seqs + cache_slots,
-             (long long)s->max_model_len, o->spec_k ? "dspark" : "off", o->spec_k,
+             run.n_pages, run.page_tokens, dsv4_kv_dtype_name(kvt), o->spec_k ? "dspark" : "off", o->spec_k,
              o->enable_prefix_caching ? "on" : "off");
     if ((rc = warm_up(s, err))) goto fail;
     *out = s;

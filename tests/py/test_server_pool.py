@@ -87,3 +87,21 @@ def test_pool_smaller_than_one_request_is_refused(server_factory):
         server_factory(DEFAULT_MODEL, *COMMON, "--num-gpu-blocks-override", "1", ready=True)
     assert "KV cache pool needs 2 pages of 128 tokens" in str(e.value)
     assert "--max-model-len to at most 128" in str(e.value)
+
+
+def test_pool_fp8_ds_mla_storage(server_factory):
+    """--kv-cache-dtype fp8_ds_mla stores window and compressed rows as 584-byte-style records
+    (src/model/kvcodec.h): the server serves with it, the pool holds more pages in the same
+    budget than with f32 rows, and cache_config_info names the dtype."""
+    budget = ["--kv-cache-memory-bytes", "2M"]
+    f32 = server_factory(DEFAULT_MODEL, *COMMON, *budget, ready=True)
+    fp8 = server_factory(DEFAULT_MODEL, *COMMON, *budget, "--kv-cache-dtype", "fp8_ds_mla", ready=True)
+    blocks = []
+    for s in (f32, fp8):
+        r = complete(s.base, prompt(0), 8)
+        assert r["usage"]["completion_tokens"] == 8
+        m = metrics_text(s.base)
+        blocks.append(int(value(m, "dsv4:kv_cache_pool_blocks")))
+    assert blocks[1] > blocks[0] > 0
+    assert 'cache_dtype="fp8_ds_mla"' in metrics_text(fp8.base)
+    assert "kv dtype fp8_ds_mla" in log_of(fp8)
