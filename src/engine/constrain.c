@@ -48,7 +48,7 @@ int dsv4_constraint_complete(const dsv4_constraint *c) {
     return c->armed && !c->failed && dsv4_grammar_is_complete(c->g, &c->st);
 }
 
-int dsv4_constraint_logits(void *user, const int32_t *out, int n_out, float *logits, int vocab) {
+void dsv4_constraint_logits(void *user, const int32_t *out, int n_out, float *logits, int vocab) {
     dsv4_constraint *c = user;
     for (; c->consumed < n_out; c->consumed++) {
         int32_t t = out[c->consumed];
@@ -58,7 +58,7 @@ int dsv4_constraint_logits(void *user, const int32_t *out, int n_out, float *log
         }
         if (!c->failed && !dsv4_gvocab_accept(c->v, c->g, &c->st, t)) c->failed = 1;
     }
-    if (!c->armed) return 0;
+    if (!c->armed) return;
     int V = dsv4_gvocab_size(c->v);
     if (c->failed) { /* EOS alone */
         int32_t eos = dsv4_gvocab_eos(c->v);
@@ -69,5 +69,4 @@ int dsv4_constraint_logits(void *user, const int32_t *out, int n_out, float *log
     }
     for (int i = 0; i < vocab; i++)
         if (i >= V || !((c->mask[i >> 5] >> (i & 31)) & 1)) logits[i] = -INFINITY;
-    return 0;
 }

@@ -33,9 +33,9 @@ void dsv4_constraint_free(dsv4_constraint *c);
  * dsv4_constraint_logits — the engine hook (signature of dsv4_gen_params
  * logits_proc). out [n_out]: every token generated so far (the new ones since
  * the last call are fed to the grammar); logits [vocab] f32, modified in
- * place. Returns 0.
+ * place.
  */
-int dsv4_constraint_logits(void *c, const int32_t *out, int n_out, float *logits, int vocab);
+void dsv4_constraint_logits(void *c, const int32_t *out, int n_out, float *logits, int vocab);
 
 /* 1 once the grammar's output is complete (EOS allowed). */
 int dsv4_constraint_complete(const dsv4_constraint *c);

@@ -85,6 +85,12 @@ int dsv4_grammar_for_tools(const cJSON *tools, const char *only, dsv4_grammar **
 
 void dsv4_grammar_free(dsv4_grammar *g);
 
+/* Whitespace bytes allowed in a row between JSON tokens (default
+ * DSV4_GRAMMAR_MAX_WS; 0 = compact JSON only, vLLM's
+ * structured_outputs.disable_any_whitespace). Clamped to [0, 255]. Call
+ * before any state is initialised. */
+void dsv4_grammar_set_max_ws(dsv4_grammar *g, int max_ws);
+
 /* Start state (before the first byte). */
 void dsv4_grammar_init(const dsv4_grammar *g, dsv4_grammar_state *s);
 

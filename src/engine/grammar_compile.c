@@ -382,6 +382,7 @@ int dsv4_grammar_from_schema(const cJSON *schema, dsv4_grammar **out, dsv4_err *
     dsv4_grammar *g = calloc(1, sizeof *g);
     if (!g) return dsv4_err_set(err, DSV4_ENOMEM, "out of memory compiling a grammar");
     cctx x = {g, err, -1};
+    g->max_ws = DSV4_GRAMMAR_MAX_WS;
     int root;
     if (!schema) { /* json_object: any object */
         cJSON *o = cJSON_CreateObject();
@@ -423,6 +424,7 @@ int dsv4_grammar_for_tools(const cJSON *tools, const char *only, dsv4_grammar **
         return dsv4_err_set(err, DSV4_ENOMEM, "out of memory compiling a grammar");
     }
     cctx x = {g, err, -1};
+    g->max_ws = DSV4_GRAMMAR_MAX_WS;
     g->dsml = 1;
     g->root = -1;
     g->ntools = nt;

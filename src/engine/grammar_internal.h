@@ -29,6 +29,7 @@ struct dsv4_grammar {
     int *lit_len;
     int n_lit, cap_lit;
     int root;           /* JSON mode: root value node */
+    int max_ws;         /* whitespace bytes in a row between JSON tokens */
     /* DSML mode (root < 0) */
     int dsml;
     int ntools;

@@ -30,8 +30,8 @@ static int is_ws(int c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'
 static int has(const uint8_t *set, int c) { return (set[c >> 3] >> (c & 7)) & 1; }
 static uint64_t all_bits(int n) { return n >= 64 ? ~0ull : ((1ull << n) - 1); }
 
-static int ws_ok(dsv4_grammar_state *s) {
-    if (s->ws >= DSV4_GRAMMAR_MAX_WS) return R_REJ;
+static int ws_ok(const dsv4_grammar *g, dsv4_grammar_state *s) {
+    if (s->ws >= g->max_ws) return R_REJ;
     s->ws++;
     return R_OK;
 }
@@ -125,7 +125,7 @@ static int str_byte(uint8_t *sub, int c) {
 
 /* F_VALUE: whitespace, then the first byte picks the frame. */
 static int value_byte(const dsv4_grammar *g, dsv4_grammar_state *s, dsv4_gframe *f, int c) {
-    if (is_ws(c)) return ws_ok(s);
+    if (is_ws(c)) return ws_ok(g, s);
     int n = f->node;
     while (g->nodes[n].kind == GK_ANYOF) {
         const gnode *a = &g->nodes[n];
@@ -159,7 +159,7 @@ static int obj_key_possible(const gnode *nd, uint64_t seen) {
 static int obj_byte(const dsv4_grammar *g, dsv4_grammar_state *s, dsv4_gframe *f, int c) {
     const gnode *nd = &g->nodes[f->node];
     int can_close = (nd->required & ~f->b) == 0;
-    if (is_ws(c)) return ws_ok(s);
+    if (is_ws(c)) return ws_ok(g, s);
     switch (f->phase) {
     case O_FIRST:
     case O_NEXT:
@@ -224,7 +224,7 @@ static int key_byte(const dsv4_grammar *g, dsv4_grammar_state *s, dsv4_gframe *f
 
 static int arr_byte(const dsv4_grammar *g, dsv4_grammar_state *s, dsv4_gframe *f, int c) {
     const gnode *nd = &g->nodes[f->node];
-    if (is_ws(c)) return ws_ok(s);
+    if (is_ws(c)) return ws_ok(g, s);
     if (c == ']' && (f->phase == A_AFTER || nd->min_items == 0) && (int)f->a >= nd->min_items) {
         pop(s, 0);
         return R_OK;
@@ -504,6 +504,10 @@ int dsv4_grammar_is_complete(const dsv4_grammar *g, const dsv4_grammar_state *s)
         break;
     }
     return d == 0;
+}
+
+void dsv4_grammar_set_max_ws(dsv4_grammar *g, int max_ws) {
+    g->max_ws = max_ws < 0 ? 0 : max_ws > 255 ? 255 : max_ws;
 }
 
 int dsv4_grammar_plain_class(const dsv4_grammar *g, const dsv4_grammar_state *s, int *room) {
