@@ -107,12 +107,25 @@ int dsv4_grammar_is_complete(const dsv4_grammar *g, const dsv4_grammar_state *s)
 int dsv4_grammar_is_closed(const dsv4_grammar *g, const dsv4_grammar_state *s);
 
 /*
+ * Symbols: added tokens the grammars must see as one unit. Symbol i is the
+ * byte DSV4_GRAMMAR_SYM(i) (0xFF - i, never part of well-formed UTF-8, so no
+ * ordinary token can spell it); the vocabulary maps extra[i] to it. The DSML
+ * grammar writes ｜DSML｜ as symbol 0, so the marker is always the special
+ * token (128825), as the model was trained, never a byte-by-byte spelling.
+ */
+#define DSV4_GRAMMAR_SYM(i) (0xFF - (i))
+#define DSV4_GRAMMAR_MAX_SYM 8
+#define DSV4_GRAMMAR_SYM_DSML "\xff"
+
+/*
  * The vocabulary side: a byte trie of every token's decoded bytes
  * (dsv4_tokenizer_token_bytes). Added tokens (BOS/EOS, <think>, role
- * markers, ...) are never allowed except those in extra[n_extra] (e.g.
- * ｜DSML｜, 128825, which the DSML grammar spells as bytes) and EOS, which is
- * allowed exactly when the grammar is complete. vocab = the model's logits
- * width (ids >= the tokenizer's size are never allowed).
+ * markers, ...) are never allowed except extra[0..n_extra) (n_extra <=
+ * DSV4_GRAMMAR_MAX_SYM), which stand for the symbol bytes above (extra[0]
+ * must be ｜DSML｜ for the DSML grammar), and EOS, which is allowed exactly
+ * when the grammar is complete. Tokens containing a byte >= 0xF8 are never
+ * allowed (they cannot be part of valid UTF-8 text). vocab = the model's
+ * logits width (ids >= the tokenizer's size are never allowed).
  * Built once per server (immutable afterwards; thread-safe to share).
  */
 typedef struct dsv4_gvocab dsv4_gvocab;

@@ -405,7 +405,7 @@ int dsv4_grammar_from_schema(const cJSON *schema, dsv4_grammar **out, dsv4_err *
     return DSV4_OK;
 }
 
-#define DSML "\xef\xbd\x9c" "DSML" "\xef\xbd\x9c" /* ｜DSML｜ */
+#define DSML DSV4_GRAMMAR_SYM_DSML /* the ｜DSML｜ token (grammar.h, symbols) */
 
 int dsv4_grammar_for_tools(const cJSON *tools, const char *only, dsv4_grammar **out, dsv4_err *err) {
     *out = NULL;

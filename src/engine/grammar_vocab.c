@@ -41,8 +41,21 @@ struct dsv4_gvocab {
     ftrie t[T_COUNT];
     uint32_t *plain[3];   /* [T_NOT_STR], [T_NOT_RAW]: bitmaps of the plain tokens */
     uint16_t *nchars;     /* [vocab] characters of a string-plain token */
+    int32_t sym_id[DSV4_GRAMMAR_MAX_SYM]; /* token of symbol i (grammar.h) */
+    uint8_t sym_byte[DSV4_GRAMMAR_MAX_SYM];
+    int n_sym;
     int max_depth;
 };
+
+/* The bytes a grammar sees for a token: its decoded bytes, or its symbol byte. */
+static const char *tok_bytes(const dsv4_gvocab *v, int32_t id, size_t *len) {
+    for (int i = 0; i < v->n_sym; i++)
+        if (v->sym_id[i] == id) {
+            *len = 1;
+            return (const char *)&v->sym_byte[i];
+        }
+    return dsv4_tokenizer_token_bytes(v->tok, id, len);
+}
 
 /* build-time trie: first-child / next-sibling links */
 typedef struct btrie {
@@ -127,7 +140,7 @@ static int build_trie(const dsv4_gvocab *v, const uint8_t *member, ftrie *ft) {
         ft->tok_next[id] = -1;
         if (!member[id]) continue;
         size_t len = 0;
-        const char *b = dsv4_tokenizer_token_bytes(v->tok, id, &len);
+        const char *b = tok_bytes(v, id, &len);
         int node = 0;
         for (size_t i = 0; i < len; i++) {
             uint8_t c = (uint8_t)b[i];
@@ -203,6 +216,12 @@ int dsv4_gvocab_create(const dsv4_tokenizer *tok, int vocab, int32_t eos_id, con
     v->vocab = vocab;
     v->eos = eos_id;
     v->tok = tok;
+    if (n_extra > DSV4_GRAMMAR_MAX_SYM) n_extra = DSV4_GRAMMAR_MAX_SYM;
+    for (int i = 0; i < n_extra; i++) {
+        v->sym_id[i] = extra[i];
+        v->sym_byte[i] = (uint8_t)DSV4_GRAMMAR_SYM(i);
+    }
+    v->n_sym = n_extra;
     size_t words = (size_t)(vocab + 31) / 32;
     v->allowed_id = calloc((size_t)vocab, 1);
     v->nchars = calloc((size_t)vocab, sizeof(uint16_t));
@@ -214,11 +233,12 @@ int dsv4_gvocab_create(const dsv4_tokenizer *tok, int vocab, int32_t eos_id, con
     for (int32_t id = 0; id < vocab; id++) {
         size_t len = 0;
         const char *b = id < ntok ? dsv4_tokenizer_token_bytes(tok, id, &len) : NULL;
-        int use = b && len > 0;
-        if (use && dsv4_tokenizer_is_added(tok, id)) {
-            use = 0;
-            for (int i = 0; i < n_extra; i++) use |= extra[i] == id;
-        }
+        int use = b && len > 0, sym = 0;
+        for (int i = 0; i < n_extra; i++) sym |= extra[i] == id;
+        if (use && dsv4_tokenizer_is_added(tok, id)) use = sym;
+        for (size_t i = 0; use && !sym && i < len; i++)
+            if ((uint8_t)b[i] >= 0xF8) use = 0; /* would alias a symbol */
+        if (sym) b = tok_bytes(v, id, &len);
         int nch = 0, str_plain = 0, raw_plain = 0;
         if (use && utf8_complete((const uint8_t *)b, len, &nch)) {
             str_plain = raw_plain = 1;
@@ -306,6 +326,6 @@ int dsv4_gvocab_accept(const dsv4_gvocab *v, const dsv4_grammar *g, dsv4_grammar
     if (id == v->eos) return dsv4_grammar_is_complete(g, s);
     if (id < 0 || id >= v->vocab || !v->allowed_id[id]) return 0;
     size_t len = 0;
-    const char *b = dsv4_tokenizer_token_bytes(v->tok, id, &len);
+    const char *b = tok_bytes(v, id, &len);
     return b && dsv4_grammar_bytes(g, s, b, len);
 }

@@ -208,7 +208,8 @@ static const char *k_tools =
     "\"required\":[\"city\"]}}},"
     "{\"type\":\"function\",\"function\":{\"name\":\"now\"}}]";
 
-#define DS "\xef\xbd\x9c" "DSML" "\xef\xbd\x9c"
+#define DS DSV4_GRAMMAR_SYM_DSML /* the grammar's byte for the ｜DSML｜ token */
+#define DS_TEXT "\xef\xbd\x9c" "DSML" "\xef\xbd\x9c"
 
 static void test_dsml(void) {
     cJSON *tools = cJSON_Parse(k_tools);
@@ -338,7 +339,7 @@ static char *walk(const dsv4_tokenizer *tok, const dsv4_gvocab *v, const dsv4_gr
 static void test_walks(void) {
     dsv4_tokenizer *tok = tm_load_tokenizer();
     if (!tok) return;
-    int32_t dsml = dsv4_tokenizer_special_id(tok, DS);
+    int32_t dsml = dsv4_tokenizer_special_id(tok, DS_TEXT);
     int32_t eos = dsv4_tokenizer_special_id(tok, "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>");
     CHECK(dsml > 0 && eos >= 0);
     dsv4_gvocab *v = NULL;
@@ -388,11 +389,23 @@ static void test_walks(void) {
         char *text = walk(tok, v, g, 400, w == 0 ? 40 : 1000);
         if (!text) continue;
         dfin++;
-        CHECK(!strncmp(text, "\n\n<" DS "tool_calls>\n<" DS "invoke name=\"", 28));
-        CHECK(strstr(text, "</" DS "tool_calls>") != NULL);
+        const char *opener = "\n\n<" DS_TEXT "tool_calls>\n<" DS_TEXT "invoke name=\"";
+        CHECK(!strncmp(text, opener, strlen(opener)));
+        CHECK(strstr(text, "</" DS_TEXT "tool_calls>") != NULL);
         free(text);
     }
     CHECK_MSG(dfin >= 2, "only %d of 6 DSML walks finished", dfin);
+    if (g) { /* where the marker goes, the ｜DSML｜ token is the only choice (no byte spelling) */
+        dsv4_grammar_state s;
+        dsv4_grammar_init(g, &s);
+        CHECK(dsv4_grammar_bytes(g, &s, "\n\n<", 3));
+        uint32_t *m = malloc(sizeof(uint32_t) * (size_t)((dsv4_gvocab_size(v) + 31) / 32));
+        void *scratch = malloc(dsv4_gvocab_scratch_bytes(v));
+        CHECK_EQ_INT(dsv4_gvocab_mask(v, g, &s, m, scratch), 1);
+        CHECK(bit(m, dsml));
+        free(m);
+        free(scratch);
+    }
     dsv4_grammar_free(g);
     cJSON_Delete(tools);
 
