@@ -70,8 +70,9 @@ void dsv4_req_params_free(dsv4_req_params *p);
  * The chat fields that constrain the output (SERVING.md §3.3, §4.6):
  * tool_choice ("auto" | "none" | "required" | {"type":"function",
  * "function":{"name":...}}) and response_format ({"type":"text" |
- * "json_object" | "json_schema", "json_schema":{"name","schema","strict"}}).
- * Sets p->grammar for required / named / json_object / json_schema. Errors
+ * "json_object" | "json_schema", "json_schema":{"name","schema","strict"}}),
+ * and vLLM's extra `structured_outputs` {"json": schema,
+ * "disable_any_whitespace": bool}. Sets p->grammar for required / named / json_object / json_schema. Errors
  * (a 400 in *out naming the field and, for schemas, the keyword): unknown
  * values, missing or unknown function names, invalid or unsupported schemas,
  * both a response_format and a required/named tool_choice.
