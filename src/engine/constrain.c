@@ -8,10 +8,10 @@ struct dsv4_constraint {
     const dsv4_gvocab *v;
     const dsv4_grammar *g;
     dsv4_grammar_state st;
-    int armed;        /* reasoning over: the grammar applies */
-    int failed;       /* a token outside the grammar was produced: EOS only */
+    int armed;  /* reasoning over: the grammar applies */
+    int failed; /* a token outside the grammar was produced: EOS only */
     int32_t think_end;
-    int consumed;     /* generated tokens already fed */
+    int consumed; /* generated tokens already fed */
     uint32_t *mask;
     void *scratch;
 };
@@ -62,7 +62,8 @@ void dsv4_constraint_logits(void *user, const int32_t *out, int n_out, float *lo
     int V = dsv4_gvocab_size(c->v);
     if (c->failed) { /* EOS alone */
         int32_t eos = dsv4_gvocab_eos(c->v);
-        for (int i = 0; i < (V + 31) / 32; i++) c->mask[i] = 0;
+        for (int i = 0; i < (V + 31) / 32; i++)
+            c->mask[i] = 0;
         if (eos >= 0 && eos < V) c->mask[eos >> 5] = 1u << (eos & 31);
     } else {
         dsv4_gvocab_mask(c->v, c->g, &c->st, c->mask, c->scratch);

@@ -130,10 +130,10 @@ int dsv4_grammar_is_closed(const dsv4_grammar *g, const dsv4_grammar_state *s);
  */
 typedef struct dsv4_gvocab dsv4_gvocab;
 
-int dsv4_gvocab_create(const dsv4_tokenizer *tok, int vocab, int32_t eos_id, const int32_t *extra, int n_extra,
-                       dsv4_gvocab **out, dsv4_err *err);
+int dsv4_gvocab_create(const dsv4_tokenizer *tok, int vocab, int32_t eos_id, const int32_t *extra,
+                       int n_extra, dsv4_gvocab **out, dsv4_err *err);
 void dsv4_gvocab_free(dsv4_gvocab *v);
-int dsv4_gvocab_size(const dsv4_gvocab *v); /* vocab passed at create */
+int dsv4_gvocab_size(const dsv4_gvocab *v);    /* vocab passed at create */
 int32_t dsv4_gvocab_eos(const dsv4_gvocab *v); /* eos_id passed at create */
 
 /*
@@ -143,8 +143,8 @@ int32_t dsv4_gvocab_eos(const dsv4_gvocab *v); /* eos_id passed at create */
  * never dead-ends). scratch: dsv4_gvocab_scratch_bytes(v) bytes.
  */
 size_t dsv4_gvocab_scratch_bytes(const dsv4_gvocab *v);
-int dsv4_gvocab_mask(const dsv4_gvocab *v, const dsv4_grammar *g, const dsv4_grammar_state *s, uint32_t *allowed,
-                     void *scratch);
+int dsv4_gvocab_mask(const dsv4_gvocab *v, const dsv4_grammar *g, const dsv4_grammar_state *s,
+                     uint32_t *allowed, void *scratch);
 
 /* Advance s by token id's bytes: 1 = accepted, 0 = not allowed (s unchanged).
  * EOS is "accepted" (s unchanged) exactly when s is complete. */

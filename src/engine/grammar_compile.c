@@ -18,10 +18,12 @@
 typedef struct cctx {
     dsv4_grammar *g;
     dsv4_err *err;
-    int any;  /* the generic value node (json_object's values), built lazily */
+    int any; /* the generic value node (json_object's values), built lazily */
 } cctx;
 
-static void set_first(gnode *n, int c) { n->first[c >> 3] |= (uint8_t)(1u << (c & 7)); }
+static void set_first(gnode *n, int c) {
+    n->first[c >> 3] |= (uint8_t)(1u << (c & 7));
+}
 
 static int new_node(cctx *x, int kind) {
     dsv4_grammar *g = x->g;
@@ -79,7 +81,8 @@ static int num_node(cctx *x, int integer) {
     int id = new_node(x, integer ? GK_INT : GK_NUM);
     if (id < 0) return id;
     set_first(&x->g->nodes[id], '-');
-    for (int c = '0'; c <= '9'; c++) set_first(&x->g->nodes[id], c);
+    for (int c = '0'; c <= '9'; c++)
+        set_first(&x->g->nodes[id], c);
     return id;
 }
 
@@ -114,14 +117,18 @@ static int any_node(cctx *x) {
     memcpy(a->kid, kids, sizeof kids);
     a->nkid = 5;
     for (int i = 0; i < 5; i++)
-        for (int b = 0; b < 32; b++) a->first[b] |= x->g->nodes[kids[i]].first[b];
+        for (int b = 0; b < 32; b++)
+            a->first[b] |= x->g->nodes[kids[i]].first[b];
     return any;
 }
 
-static const char *const k_ignored[] = {"title", "description", "default", "examples", "$schema", "$id",
-                                        "$comment", "strict", "deprecated", "readOnly", "writeOnly", NULL};
-static const char *const k_known[] = {"type", "properties", "required", "additionalProperties", "items", "minItems",
-                                      "maxItems", "minLength", "maxLength", "enum", "const", "anyOf", "oneOf", NULL};
+static const char *const k_ignored[] = {"title",      "description", "default",   "examples",
+                                        "$schema",    "$id",         "$comment",  "strict",
+                                        "deprecated", "readOnly",    "writeOnly", NULL};
+static const char *const k_known[] = {"type",      "properties", "required", "additionalProperties",
+                                      "items",     "minItems",   "maxItems", "minLength",
+                                      "maxLength", "enum",       "const",    "anyOf",
+                                      "oneOf",     NULL};
 
 static int in_list(const char *const *l, const char *s) {
     for (; *l; l++)
@@ -134,7 +141,8 @@ static int compile(cctx *x, const cJSON *sc, const char *path, int nest);
 static int nonneg_int(cctx *x, const cJSON *sc, const char *key, const char *path, int *out) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(sc, key);
     if (!v) return 0;
-    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 1e9 || v->valuedouble != (double)(int)v->valuedouble)
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 1e9 ||
+        v->valuedouble != (double)(int)v->valuedouble)
         return dsv4_err_set(x->err, DSV4_EINVAL, "%s: \"%s\" must be a non-negative integer", path, key);
     *out = (int)v->valuedouble;
     return 0;
@@ -146,8 +154,8 @@ static int enum_node(cctx *x, const cJSON *vals, int is_const, const char *path)
     if (!is_const && (!cJSON_IsArray(vals) || n < 1))
         return -dsv4_err_set(x->err, DSV4_EINVAL, "%s: \"enum\" must be a non-empty array", path);
     if (n > GR_MAX_SET)
-        return -dsv4_err_set(x->err, DSV4_EINVAL, "%s: \"enum\" has %d values, at most %d are supported", path, n,
-                             GR_MAX_SET);
+        return -dsv4_err_set(x->err, DSV4_EINVAL, "%s: \"enum\" has %d values, at most %d are supported",
+                             path, n, GR_MAX_SET);
     int id = new_node(x, GK_LIT);
     if (id < 0) return id;
     for (int i = 0; i < n; i++) {
@@ -182,10 +190,11 @@ static int union_node(cctx *x, const int *kids, int n, const char *path, const c
     for (int i = 0; i < n; i++)
         for (int b = 0; b < 32; b++) {
             if (a->first[b] & x->g->nodes[kids[i]].first[b])
-                return -dsv4_err_set(x->err, DSV4_EINVAL,
-                                     "%s: \"%s\" branches %d and an earlier one can start with the same character "
-                                     "(e.g. two objects); only branches of different JSON types are supported",
-                                     path, what, i);
+                return -dsv4_err_set(
+                    x->err, DSV4_EINVAL,
+                    "%s: \"%s\" branches %d and an earlier one can start with the same character "
+                    "(e.g. two objects); only branches of different JSON types are supported",
+                    path, what, i);
             a->first[b] |= x->g->nodes[kids[i]].first[b];
         }
     return id;
@@ -200,7 +209,8 @@ static int object_node(cctx *x, const cJSON *sc, const char *path, int nest) {
         return -dsv4_err_set(x->err, DSV4_EINVAL, "%s: \"properties\" must be an object", path);
     int np = cJSON_GetArraySize(props);
     if (np > GR_MAX_SET)
-        return -dsv4_err_set(x->err, DSV4_EINVAL, "%s: %d properties, at most %d are supported", path, np, GR_MAX_SET);
+        return -dsv4_err_set(x->err, DSV4_EINVAL, "%s: %d properties, at most %d are supported", path, np,
+                             GR_MAX_SET);
     int *kids = np ? malloc(sizeof(int) * (size_t)np) : NULL;
     if (np && !kids) return -dsv4_err_set(x->err, DSV4_ENOMEM, "out of memory compiling a grammar");
     int i = 0;
@@ -210,8 +220,10 @@ static int object_node(cctx *x, const cJSON *sc, const char *path, int nest) {
         for (const char *q = p->string; *q; q++)
             if (*q == '"' || *q == '\\' || (unsigned char)*q < 0x20 || *q == '<') {
                 free(kids);
-                return -dsv4_err_set(x->err, DSV4_EINVAL, "%s: property names with quotes, backslashes, '<' or "
-                                                          "control characters are not supported", sub);
+                return -dsv4_err_set(x->err, DSV4_EINVAL,
+                                     "%s: property names with quotes, backslashes, '<' or "
+                                     "control characters are not supported",
+                                     sub);
             }
         int k = compile(x, p, sub, nest + 1);
         if (k < 0) {
@@ -221,13 +233,15 @@ static int object_node(cctx *x, const cJSON *sc, const char *path, int nest) {
         kids[i++] = k;
     }
     int addl = -1, free_ = 1;
-    if (ap && cJSON_IsFalse(ap)) free_ = 0;
+    if (ap && cJSON_IsFalse(ap))
+        free_ = 0;
     else if (ap && cJSON_IsObject(ap)) {
         snprintf(sub, sizeof sub, "%s.additionalProperties", path);
         addl = compile(x, ap, sub, nest + 1);
     } else if (ap && !cJSON_IsTrue(ap)) {
         free(kids);
-        return -dsv4_err_set(x->err, DSV4_EINVAL, "%s: \"additionalProperties\" must be a boolean or a schema", path);
+        return -dsv4_err_set(x->err, DSV4_EINVAL,
+                             "%s: \"additionalProperties\" must be a boolean or a schema", path);
     }
     if (addl < 0 && free_) addl = any_node(x);
     if (addl < 0 && free_) {
@@ -259,8 +273,9 @@ static int object_node(cctx *x, const cJSON *sc, const char *path, int nest) {
             j++;
         }
         if (found < 0)
-            return -dsv4_err_set(x->err, DSV4_EINVAL, "%s: \"required\" names \"%s\", which is not in \"properties\"",
-                                 path, cJSON_IsString(r) ? r->valuestring : "?");
+            return -dsv4_err_set(x->err, DSV4_EINVAL,
+                                 "%s: \"required\" names \"%s\", which is not in \"properties\"", path,
+                                 cJSON_IsString(r) ? r->valuestring : "?");
         x->g->nodes[id].required |= 1ull << found;
     }
     return id;
@@ -273,9 +288,11 @@ static int typed_node(cctx *x, const cJSON *sc, const char *type, const char *pa
         int id = str_node(x);
         if (id < 0) return id;
         int mn = 0, mx = -1;
-        if (nonneg_int(x, sc, "minLength", path, &mn) || nonneg_int(x, sc, "maxLength", path, &mx)) return -x->err->code;
+        if (nonneg_int(x, sc, "minLength", path, &mn) || nonneg_int(x, sc, "maxLength", path, &mx))
+            return -x->err->code;
         if (mx >= 0 && mn > mx)
-            return -dsv4_err_set(x->err, DSV4_EINVAL, "%s: \"minLength\" is greater than \"maxLength\"", path);
+            return -dsv4_err_set(x->err, DSV4_EINVAL, "%s: \"minLength\" is greater than \"maxLength\"",
+                                 path);
         x->g->nodes[id].min_len = mn;
         x->g->nodes[id].max_len = mx;
         return id;
@@ -290,12 +307,13 @@ static int typed_node(cctx *x, const cJSON *sc, const char *type, const char *pa
         snprintf(sub, sizeof sub, "%s.items", path);
         int items;
         if (it && !cJSON_IsObject(it))
-            return -dsv4_err_set(x->err, DSV4_EINVAL, "%s: \"items\" must be a schema object (tuples are not supported)",
-                                 path);
+            return -dsv4_err_set(x->err, DSV4_EINVAL,
+                                 "%s: \"items\" must be a schema object (tuples are not supported)", path);
         items = it ? compile(x, it, sub, nest + 1) : any_node(x);
         if (items < 0) return items;
         int mn = 0, mx = -1;
-        if (nonneg_int(x, sc, "minItems", path, &mn) || nonneg_int(x, sc, "maxItems", path, &mx)) return -x->err->code;
+        if (nonneg_int(x, sc, "minItems", path, &mn) || nonneg_int(x, sc, "maxItems", path, &mx))
+            return -x->err->code;
         if (mx >= 0 && mn > mx)
             return -dsv4_err_set(x->err, DSV4_EINVAL, "%s: \"minItems\" is greater than \"maxItems\"", path);
         int id = new_node(x, GK_ARR);
@@ -313,15 +331,18 @@ static int typed_node(cctx *x, const cJSON *sc, const char *type, const char *pa
 /* Returns the node id (>= 0) or -code with x->err set. */
 static int compile(cctx *x, const cJSON *sc, const char *path, int nest) {
     if (nest > MAX_NEST)
-        return -dsv4_err_set(x->err, DSV4_EINVAL, "%s: the schema nests deeper than %d levels", path, MAX_NEST);
+        return -dsv4_err_set(x->err, DSV4_EINVAL, "%s: the schema nests deeper than %d levels", path,
+                             MAX_NEST);
     if (cJSON_IsTrue(sc)) return any_node(x);
-    if (!cJSON_IsObject(sc)) return -dsv4_err_set(x->err, DSV4_EINVAL, "%s: a schema must be an object", path);
+    if (!cJSON_IsObject(sc))
+        return -dsv4_err_set(x->err, DSV4_EINVAL, "%s: a schema must be an object", path);
     const cJSON *k;
     cJSON_ArrayForEach(k, sc) {
         if (in_list(k_known, k->string) || in_list(k_ignored, k->string)) continue;
         return -dsv4_err_set(x->err, DSV4_EINVAL, "%s: keyword \"%s\" is not supported", path, k->string);
     }
-    const cJSON *en = cJSON_GetObjectItemCaseSensitive(sc, "enum"), *co = cJSON_GetObjectItemCaseSensitive(sc, "const");
+    const cJSON *en = cJSON_GetObjectItemCaseSensitive(sc, "enum"),
+                *co = cJSON_GetObjectItemCaseSensitive(sc, "const");
     if (co) return enum_node(x, co, 1, path);
     if (en) return enum_node(x, en, 0, path);
     const cJSON *any = cJSON_GetObjectItemCaseSensitive(sc, "anyOf");
@@ -333,9 +354,11 @@ static int compile(cctx *x, const cJSON *sc, const char *path, int nest) {
     if (any) {
         int n = cJSON_GetArraySize(any);
         if (!cJSON_IsArray(any) || n < 1 || n > 8)
-            return -dsv4_err_set(x->err, DSV4_EINVAL, "%s: \"%s\" must be an array of 1 to 8 schemas", path, what);
+            return -dsv4_err_set(x->err, DSV4_EINVAL, "%s: \"%s\" must be an array of 1 to 8 schemas", path,
+                                 what);
         if (cJSON_GetObjectItemCaseSensitive(sc, "type"))
-            return -dsv4_err_set(x->err, DSV4_EINVAL, "%s: \"%s\" next to \"type\" is not supported", path, what);
+            return -dsv4_err_set(x->err, DSV4_EINVAL, "%s: \"%s\" next to \"type\" is not supported", path,
+                                 what);
         int kids[8];
         char sub[512];
         for (int i = 0; i < n; i++) {
@@ -354,12 +377,14 @@ static int compile(cctx *x, const cJSON *sc, const char *path, int nest) {
     if (cJSON_IsString(ty)) return typed_node(x, sc, ty->valuestring, path, nest);
     int n = cJSON_GetArraySize(ty);
     if (!cJSON_IsArray(ty) || n < 1 || n > 7)
-        return -dsv4_err_set(x->err, DSV4_EINVAL, "%s: \"type\" must be a string or an array of type names", path);
+        return -dsv4_err_set(x->err, DSV4_EINVAL, "%s: \"type\" must be a string or an array of type names",
+                             path);
     int kids[7];
     for (int i = 0; i < n; i++) {
         const cJSON *t = cJSON_GetArrayItem(ty, i);
         if (!cJSON_IsString(t))
-            return -dsv4_err_set(x->err, DSV4_EINVAL, "%s: \"type\" must be a string or an array of type names", path);
+            return -dsv4_err_set(x->err, DSV4_EINVAL,
+                                 "%s: \"type\" must be a string or an array of type names", path);
         if ((kids[i] = typed_node(x, sc, t->valuestring, path, nest)) < 0) return kids[i];
     }
     return union_node(x, kids, n, path, "type");
@@ -367,8 +392,10 @@ static int compile(cctx *x, const cJSON *sc, const char *path, int nest) {
 
 void dsv4_grammar_free(dsv4_grammar *g) {
     if (!g) return;
-    for (int i = 0; i < g->n_nodes; i++) free(g->nodes[i].kid);
-    for (int i = 0; i < g->n_lit; i++) free(g->lit[i]);
+    for (int i = 0; i < g->n_nodes; i++)
+        free(g->nodes[i].kid);
+    for (int i = 0; i < g->n_lit; i++)
+        free(g->lit[i]);
     free(g->nodes);
     free(g->lit);
     free(g->lit_len);
@@ -413,7 +440,8 @@ int dsv4_grammar_for_tools(const cJSON *tools, const char *only, dsv4_grammar **
     if (!cJSON_IsArray(tools) || nt < 1)
         return dsv4_err_set(err, DSV4_EINVAL, "tool_choice %s needs a non-empty `tools` array",
                             only ? "naming a function" : "\"required\"");
-    if (nt > GR_MAX_SET) return dsv4_err_set(err, DSV4_EINVAL, "tools: at most %d tools are supported", GR_MAX_SET);
+    if (nt > GR_MAX_SET)
+        return dsv4_err_set(err, DSV4_EINVAL, "tools: at most %d tools are supported", GR_MAX_SET);
     dsv4_grammar *g = calloc(1, sizeof *g);
     if (g) {
         g->tool_obj = malloc(sizeof(int) * (size_t)nt);
@@ -432,7 +460,8 @@ int dsv4_grammar_for_tools(const cJSON *tools, const char *only, dsv4_grammar **
     int rc = 0;
     char path[128], buf[1024];
     static const char *const open[] = {"\n\n<" DSML "tool_calls>\n<" DSML "invoke name=\""};
-    static const char *const body[] = {"<" DSML "parameter name=\"", "</" DSML "invoke>", "\n</" DSML "invoke>"};
+    static const char *const body[] = {"<" DSML "parameter name=\"", "</" DSML "invoke>",
+                                       "\n</" DSML "invoke>"};
     static const char *const flag[] = {"true\">", "false\">"};
     static const char *const pclose[] = {"</" DSML "parameter>\n"};
     static const char *const after[] = {"\n<" DSML "invoke name=\"", "\n</" DSML "tool_calls>"};
@@ -455,14 +484,19 @@ int dsv4_grammar_for_tools(const cJSON *tools, const char *only, dsv4_grammar **
         const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
         if (!cJSON_IsString(nm) || !nm->valuestring[0] || strlen(nm->valuestring) > 256 ||
             strpbrk(nm->valuestring, "\"<\n")) {
-            rc = dsv4_err_set(err, DSV4_EINVAL, "tools[%d].function.name must be a non-empty name without quotes, "
-                                                "'<' or newlines", i);
+            rc = dsv4_err_set(err, DSV4_EINVAL,
+                              "tools[%d].function.name must be a non-empty name without quotes, "
+                              "'<' or newlines",
+                              i);
             break;
         }
         names[i] = nm->valuestring;
         for (int j = 0; j < i; j++)
-            if (!strcmp(names[j], names[i])) rc = dsv4_err_set(err, DSV4_EINVAL, "tools[%d]: the name \"%s\" is "
-                                                                                 "used twice", i, names[i]);
+            if (!strcmp(names[j], names[i]))
+                rc = dsv4_err_set(err, DSV4_EINVAL,
+                                  "tools[%d]: the name \"%s\" is "
+                                  "used twice",
+                                  i, names[i]);
         if (!only || !strcmp(only, names[i])) g->tool_mask |= 1ull << i;
         g->tool_obj[i] = g->tool_pname[i] = -1;
         if (rc || !params || cJSON_IsNull(params)) continue;
@@ -491,14 +525,17 @@ int dsv4_grammar_for_tools(const cJSON *tools, const char *only, dsv4_grammar **
         }
         for (int j = 0; j < o.nlit && !rc; j++) {
             int len = snprintf(buf, sizeof buf, "%s\" string=\"", g->lit[o.lit0 + j]);
-            if (len >= (int)sizeof buf) rc = dsv4_err_set(err, DSV4_EINVAL, "%s: a property name is too long", path);
-            else rc = add_lit(&x, buf, (size_t)len);
+            if (len >= (int)sizeof buf)
+                rc = dsv4_err_set(err, DSV4_EINVAL, "%s: a property name is too long", path);
+            else
+                rc = add_lit(&x, buf, (size_t)len);
         }
         g->nodes[pn].nlit = o.nlit;
         g->tool_pname[i] = pn;
     }
     if (!rc && only && !g->tool_mask)
-        rc = dsv4_err_set(err, DSV4_EINVAL, "tool_choice names the function \"%s\", which is not in `tools`", only);
+        rc = dsv4_err_set(err, DSV4_EINVAL, "tool_choice names the function \"%s\", which is not in `tools`",
+                          only);
     if (!rc) {
         int id = new_node(&x, GK_LIT);
         if (id < 0) rc = -id;

@@ -12,33 +12,33 @@ enum { GK_OBJ = 1, GK_ARR, GK_STR, GK_NUM, GK_INT, GK_LIT, GK_ANYOF };
 
 typedef struct gnode {
     int kind;
-    int free;           /* OBJ: keys outside `properties` allowed */
-    int addl;           /* OBJ: node of those keys' values */
-    int nkid, *kid;     /* OBJ: property value nodes; ANYOF: branches */
-    int lit0, nlit;     /* OBJ: property names; LIT: the literals (pool indices) */
-    uint64_t required;  /* OBJ: bit i = property i is required */
+    int free;                        /* OBJ: keys outside `properties` allowed */
+    int addl;                        /* OBJ: node of those keys' values */
+    int nkid, *kid;                  /* OBJ: property value nodes; ANYOF: branches */
+    int lit0, nlit;                  /* OBJ: property names; LIT: the literals (pool indices) */
+    uint64_t required;               /* OBJ: bit i = property i is required */
     int items, min_items, max_items; /* ARR (max -1 = none) */
     int min_len, max_len;            /* STR (max -1 = none) */
-    uint8_t first[32];  /* bytes a value of this node can start with */
+    uint8_t first[32];               /* bytes a value of this node can start with */
 } gnode;
 
 struct dsv4_grammar {
     gnode *nodes;
     int n_nodes, cap_nodes;
-    char **lit;         /* literal pool */
+    char **lit; /* literal pool */
     int *lit_len;
     int n_lit, cap_lit;
-    int root;           /* JSON mode: root value node */
-    int max_ws;         /* whitespace bytes in a row between JSON tokens */
+    int root;   /* JSON mode: root value node */
+    int max_ws; /* whitespace bytes in a row between JSON tokens */
     /* DSML mode (root < 0) */
     int dsml;
     int ntools;
-    int n_toolname;     /* LIT node: `NAME">\n` per tool */
-    int *tool_obj;      /* [ntools] OBJ node of the parameters (-1: no parameters) */
-    int *tool_pname;    /* [ntools] LIT node: `KEY" string="` per property (-1: none) */
+    int n_toolname;  /* LIT node: `NAME">\n` per tool */
+    int *tool_obj;   /* [ntools] OBJ node of the parameters (-1: no parameters) */
+    int *tool_pname; /* [ntools] LIT node: `KEY" string="` per property (-1: none) */
     int n_open, n_body, n_flag, n_pclose, n_after; /* LIT nodes of the fixed markup */
-    int single;         /* named function: exactly one invoke */
-    uint64_t tool_mask; /* tools allowed */
+    int single;                                    /* named function: exactly one invoke */
+    uint64_t tool_mask;                            /* tools allowed */
 };
 
 /*

@@ -24,11 +24,28 @@ enum { O_FIRST, O_NEXT, O_COLON, O_AFTER };
 /* array phases */
 enum { A_FIRST, A_AFTER };
 /* DSML phases */
-enum { D_START, D_NAME, D_GOT_NAME, D_BODY, D_GOT_BODY, D_GOT_PNAME, D_GOT_FLAG, D_PEND, D_AFTER, D_GOT_AFTER };
+enum {
+    D_START,
+    D_NAME,
+    D_GOT_NAME,
+    D_BODY,
+    D_GOT_BODY,
+    D_GOT_PNAME,
+    D_GOT_FLAG,
+    D_PEND,
+    D_AFTER,
+    D_GOT_AFTER
+};
 
-static int is_ws(int c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
-static int has(const uint8_t *set, int c) { return (set[c >> 3] >> (c & 7)) & 1; }
-static uint64_t all_bits(int n) { return n >= 64 ? ~0ull : ((1ull << n) - 1); }
+static int is_ws(int c) {
+    return c == ' ' || c == '\n' || c == '\t' || c == '\r';
+}
+static int has(const uint8_t *set, int c) {
+    return (set[c >> 3] >> (c & 7)) & 1;
+}
+static uint64_t all_bits(int n) {
+    return n >= 64 ? ~0ull : ((1ull << n) - 1);
+}
 
 static int ws_ok(const dsv4_grammar *g, dsv4_grammar_state *s) {
     if (s->ws >= g->max_ws) return R_REJ;
@@ -63,27 +80,54 @@ static void pop(dsv4_grammar_state *s, int result) {
  */
 enum { U_TAIL1 = 10, U_E0, U_TAIL2, U_ED, U_F0, U_TAIL3, U_F4 };
 static int utf8_lead(uint8_t *sub, int c) {
-    if (c >= 0xC2 && c <= 0xDF) *sub = U_TAIL1;
-    else if (c == 0xE0) *sub = U_E0;
-    else if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF) *sub = U_TAIL2;
-    else if (c == 0xED) *sub = U_ED;
-    else if (c == 0xF0) *sub = U_F0;
-    else if (c >= 0xF1 && c <= 0xF3) *sub = U_TAIL3;
-    else if (c == 0xF4) *sub = U_F4;
-    else return 0;
+    if (c >= 0xC2 && c <= 0xDF)
+        *sub = U_TAIL1;
+    else if (c == 0xE0)
+        *sub = U_E0;
+    else if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF)
+        *sub = U_TAIL2;
+    else if (c == 0xED)
+        *sub = U_ED;
+    else if (c == 0xF0)
+        *sub = U_F0;
+    else if (c >= 0xF1 && c <= 0xF3)
+        *sub = U_TAIL3;
+    else if (c == 0xF4)
+        *sub = U_F4;
+    else
+        return 0;
     return 1;
 }
 static int utf8_cont(uint8_t *sub, int c) {
     int lo = 0x80, hi = 0xBF, next;
     switch (*sub) {
-    case U_TAIL1: next = 0; break;
-    case U_E0: lo = 0xA0; next = U_TAIL1; break;
-    case U_TAIL2: next = U_TAIL1; break;
-    case U_ED: hi = 0x9F; next = U_TAIL1; break;
-    case U_F0: lo = 0x90; next = U_TAIL2; break;
-    case U_TAIL3: next = U_TAIL2; break;
-    case U_F4: hi = 0x8F; next = U_TAIL2; break;
-    default: return 0;
+    case U_TAIL1:
+        next = 0;
+        break;
+    case U_E0:
+        lo = 0xA0;
+        next = U_TAIL1;
+        break;
+    case U_TAIL2:
+        next = U_TAIL1;
+        break;
+    case U_ED:
+        hi = 0x9F;
+        next = U_TAIL1;
+        break;
+    case U_F0:
+        lo = 0x90;
+        next = U_TAIL2;
+        break;
+    case U_TAIL3:
+        next = U_TAIL2;
+        break;
+    case U_F4:
+        hi = 0x8F;
+        next = U_TAIL2;
+        break;
+    default:
+        return 0;
     }
     if (c < lo || c > hi) return 0;
     *sub = (uint8_t)next;
@@ -93,18 +137,29 @@ static int utf8_cont(uint8_t *sub, int c) {
 /* JSON string content. sub: 0 normal, 1 after '\', 2..5 \u hex digits
  * (6 = second digit after a 'd': no surrogates), >= 10 UTF-8 tails. */
 enum { SB_REJ, SB_NEW, SB_CONT, SB_CLOSE };
-static int is_hex(int c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'); }
+static int is_hex(int c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+}
 static int str_byte(uint8_t *sub, int c) {
     switch (*sub) {
     case 0:
         if (c == '"') return SB_CLOSE;
-        if (c == '\\') { *sub = 1; return SB_NEW; }
+        if (c == '\\') {
+            *sub = 1;
+            return SB_NEW;
+        }
         if (c < 0x20) return SB_REJ;
         if (c < 0x80) return SB_NEW;
         return utf8_lead(sub, c) ? SB_NEW : SB_REJ;
     case 1:
-        if (c == 'u') { *sub = 2; return SB_CONT; }
-        if (strchr("\"\\/bfnrt", c) && c) { *sub = 0; return SB_CONT; }
+        if (c == 'u') {
+            *sub = 2;
+            return SB_CONT;
+        }
+        if (strchr("\"\\/bfnrt", c) && c) {
+            *sub = 0;
+            return SB_CONT;
+        }
         return SB_REJ;
     case 2:
         if (!is_hex(c)) return SB_REJ;
@@ -114,7 +169,9 @@ static int str_byte(uint8_t *sub, int c) {
         if (c < '0' || c > '7') return SB_REJ;
         *sub = 4;
         return SB_CONT;
-    case 3: case 4: case 5:
+    case 3:
+    case 4:
+    case 5:
         if (!is_hex(c)) return SB_REJ;
         *sub = *sub == 5 ? 0 : (uint8_t)(*sub + 1);
         return SB_CONT;
@@ -143,12 +200,27 @@ static int value_byte(const dsv4_grammar *g, dsv4_grammar_state *s, dsv4_gframe 
     memset(f, 0, sizeof *f);
     f->node = n;
     switch (nd->kind) {
-    case GK_OBJ: f->kind = F_OBJ; f->phase = O_FIRST; return R_OK;
-    case GK_ARR: f->kind = F_ARR; f->phase = A_FIRST; return R_OK;
-    case GK_STR: f->kind = F_STR; return R_OK;
-    case GK_NUM: case GK_INT: f->kind = F_NUM; return R_AGAIN;
-    case GK_LIT: f->kind = F_LIT; f->b = all_bits(nd->nlit); return R_AGAIN;
-    default: return R_REJ;
+    case GK_OBJ:
+        f->kind = F_OBJ;
+        f->phase = O_FIRST;
+        return R_OK;
+    case GK_ARR:
+        f->kind = F_ARR;
+        f->phase = A_FIRST;
+        return R_OK;
+    case GK_STR:
+        f->kind = F_STR;
+        return R_OK;
+    case GK_NUM:
+    case GK_INT:
+        f->kind = F_NUM;
+        return R_AGAIN;
+    case GK_LIT:
+        f->kind = F_LIT;
+        f->b = all_bits(nd->nlit);
+        return R_AGAIN;
+    default:
+        return R_REJ;
     }
 }
 
@@ -163,7 +235,10 @@ static int obj_byte(const dsv4_grammar *g, dsv4_grammar_state *s, dsv4_gframe *f
     switch (f->phase) {
     case O_FIRST:
     case O_NEXT:
-        if (c == '}' && f->phase == O_FIRST && can_close) { pop(s, 0); return R_OK; }
+        if (c == '}' && f->phase == O_FIRST && can_close) {
+            pop(s, 0);
+            return R_OK;
+        }
         if (c != '"' || !obj_key_possible(nd, f->b)) return R_REJ;
         f->phase = O_COLON;
         {
@@ -182,8 +257,14 @@ static int obj_byte(const dsv4_grammar *g, dsv4_grammar_state *s, dsv4_gframe *f
         return push(s, F_VALUE, child) ? R_OK : R_REJ;
     }
     case O_AFTER:
-        if (c == '}' && can_close) { pop(s, 0); return R_OK; }
-        if (c == ',' && obj_key_possible(nd, f->b)) { f->phase = O_NEXT; return R_OK; }
+        if (c == '}' && can_close) {
+            pop(s, 0);
+            return R_OK;
+        }
+        if (c == ',' && obj_key_possible(nd, f->b)) {
+            f->phase = O_NEXT;
+            return R_OK;
+        }
         return R_REJ;
     }
     return R_REJ;
@@ -261,28 +342,47 @@ static int strv_byte(const dsv4_grammar *g, dsv4_grammar_state *s, dsv4_gframe *
 /* F_NUM phases: 0 start, 1 after '-', 2 leading 0, 3 int digits, 4 after '.',
  * 5 fraction digits, 6 after 'e', 7 after exponent sign, 8 exponent digits.
  * a = bytes so far, d = exponent digits. Terminal: 2, 3, 5, 8. */
-static int num_terminal(int ph) { return ph == 2 || ph == 3 || ph == 5 || ph == 8; }
+static int num_terminal(int ph) {
+    return ph == 2 || ph == 3 || ph == 5 || ph == 8;
+}
 static int num_byte(const dsv4_grammar *g, dsv4_grammar_state *s, dsv4_gframe *f, int c) {
     int integer = g->nodes[f->node].kind == GK_INT, dig = c >= '0' && c <= '9';
     int room = f->a < DSV4_GRAMMAR_MAX_NUM;
     int next = -1;
     switch (f->phase) {
-    case 0: next = c == '-' ? 1 : c == '0' ? 2 : dig ? 3 : -1; break;
-    case 1: next = c == '0' ? 2 : dig ? 3 : -1; break;
+    case 0:
+        next = c == '-' ? 1 : c == '0' ? 2 : dig ? 3 : -1;
+        break;
+    case 1:
+        next = c == '0' ? 2 : dig ? 3 : -1;
+        break;
     case 2:
     case 3:
-        if (dig && f->phase == 3 && room) next = 3;
-        else if (!integer && room && c == '.') next = 4;
-        else if (!integer && room && (c == 'e' || c == 'E')) next = 6;
+        if (dig && f->phase == 3 && room)
+            next = 3;
+        else if (!integer && room && c == '.')
+            next = 4;
+        else if (!integer && room && (c == 'e' || c == 'E'))
+            next = 6;
         break;
-    case 4: next = dig ? 5 : -1; break;
+    case 4:
+        next = dig ? 5 : -1;
+        break;
     case 5:
-        if (dig && room) next = 5;
-        else if (room && (c == 'e' || c == 'E')) next = 6;
+        if (dig && room)
+            next = 5;
+        else if (room && (c == 'e' || c == 'E'))
+            next = 6;
         break;
-    case 6: next = (c == '+' || c == '-') ? 7 : dig ? 8 : -1; break;
-    case 7: next = dig ? 8 : -1; break;
-    case 8: next = dig && f->d < 3 ? 8 : -1; break;
+    case 6:
+        next = (c == '+' || c == '-') ? 7 : dig ? 8 : -1;
+        break;
+    case 7:
+        next = dig ? 8 : -1;
+        break;
+    case 8:
+        next = dig && f->d < 3 ? 8 : -1;
+        break;
     }
     if (next < 0) {
         if (!num_terminal(f->phase)) return R_REJ;
@@ -317,8 +417,10 @@ static int lit_byte(const dsv4_grammar *g, dsv4_grammar_state *s, dsv4_gframe *f
     int longer = 0, exact = -1;
     for (int i = 0; i < nd->nlit; i++)
         if ((nb >> i) & 1) {
-            if (g->lit_len[nd->lit0 + i] > (int)f->a) longer = 1;
-            else exact = i;
+            if (g->lit_len[nd->lit0 + i] > (int)f->a)
+                longer = 1;
+            else
+                exact = i;
         }
     if (!longer) pop(s, exact);
     return R_OK;
@@ -328,7 +430,10 @@ static int lit_byte(const dsv4_grammar *g, dsv4_grammar_state *s, dsv4_gframe *f
  * the parameter closer, so values cannot contain '<'). */
 static int raw_byte(dsv4_grammar_state *s, dsv4_gframe *f, int c) {
     if (f->sub) return utf8_cont(&f->sub, c) ? R_OK : R_REJ;
-    if (c == '<') { pop(s, 0); return R_AGAIN; }
+    if (c == '<') {
+        pop(s, 0);
+        return R_AGAIN;
+    }
     if (c == 0) return R_REJ;
     if (c < 0x80) return R_OK;
     return utf8_lead(&f->sub, c) ? R_OK : R_REJ;
@@ -393,8 +498,10 @@ static int dsml_byte(const dsv4_grammar *g, dsv4_grammar_state *s, dsv4_gframe *
     case D_GOT_FLAG:
         f->phase = D_PEND;
         obj = g->tool_obj[f->d];
-        if (f->c == 0) push(s, F_RAW, -1);
-        else push(s, F_VALUE, g->nodes[obj].kid[f->sub]);
+        if (f->c == 0)
+            push(s, F_RAW, -1);
+        else
+            push(s, F_VALUE, g->nodes[obj].kid[f->sub]);
         return R_AGAIN;
     case D_PEND:
         f->phase = D_BODY;
@@ -415,15 +522,24 @@ static int dsml_byte(const dsv4_grammar *g, dsv4_grammar_state *s, dsv4_gframe *
 static int frame_byte(const dsv4_grammar *g, dsv4_grammar_state *s, int c) {
     dsv4_gframe *f = &s->f[s->depth - 1];
     switch (f->kind) {
-    case F_VALUE: return value_byte(g, s, f, c);
-    case F_OBJ: return obj_byte(g, s, f, c);
-    case F_KEY: return key_byte(g, s, f, c);
-    case F_ARR: return arr_byte(g, s, f, c);
-    case F_STR: return strv_byte(g, s, f, c);
-    case F_NUM: return num_byte(g, s, f, c);
-    case F_LIT: return lit_byte(g, s, f, c);
-    case F_RAW: return raw_byte(s, f, c);
-    case F_DSML: return dsml_byte(g, s, f, c);
+    case F_VALUE:
+        return value_byte(g, s, f, c);
+    case F_OBJ:
+        return obj_byte(g, s, f, c);
+    case F_KEY:
+        return key_byte(g, s, f, c);
+    case F_ARR:
+        return arr_byte(g, s, f, c);
+    case F_STR:
+        return strv_byte(g, s, f, c);
+    case F_NUM:
+        return num_byte(g, s, f, c);
+    case F_LIT:
+        return lit_byte(g, s, f, c);
+    case F_RAW:
+        return raw_byte(s, f, c);
+    case F_DSML:
+        return dsml_byte(g, s, f, c);
     }
     return R_REJ;
 }
@@ -444,8 +560,10 @@ static int step_inplace(const dsv4_grammar *g, dsv4_grammar_state *s, int c) {
 
 void dsv4_grammar_init(const dsv4_grammar *g, dsv4_grammar_state *s) {
     memset(s, 0, sizeof *s);
-    if (g->dsml) push(s, F_DSML, -1);
-    else push(s, F_VALUE, g->root);
+    if (g->dsml)
+        push(s, F_DSML, -1);
+    else
+        push(s, F_VALUE, g->root);
 }
 
 static void state_copy(dsv4_grammar_state *dst, const dsv4_grammar_state *src) {
@@ -472,8 +590,10 @@ int dsv4_grammar_bytes(const dsv4_grammar *g, dsv4_grammar_state *s, const void 
 }
 
 /* For the vocabulary walk: next = s + byte; 1 if accepted. */
-int dsv4_grammar_step_into(const dsv4_grammar *g, const dsv4_grammar_state *s, dsv4_grammar_state *next, int c);
-int dsv4_grammar_step_into(const dsv4_grammar *g, const dsv4_grammar_state *s, dsv4_grammar_state *next, int c) {
+int dsv4_grammar_step_into(const dsv4_grammar *g, const dsv4_grammar_state *s, dsv4_grammar_state *next,
+                           int c);
+int dsv4_grammar_step_into(const dsv4_grammar *g, const dsv4_grammar_state *s, dsv4_grammar_state *next,
+                           int c) {
     state_copy(next, s);
     return step_inplace(g, next, c);
 }

@@ -16,16 +16,17 @@
 
 #include "engine/grammar_internal.h"
 
-int dsv4_grammar_step_into(const dsv4_grammar *g, const dsv4_grammar_state *s, dsv4_grammar_state *next, int c);
+int dsv4_grammar_step_into(const dsv4_grammar *g, const dsv4_grammar_state *s, dsv4_grammar_state *next,
+                           int c);
 
 /* A trie in preorder; node 0 is the root (empty prefix). */
 typedef struct ftrie {
     int n_nodes;
     uint8_t *byte;
     uint16_t *depth;
-    int32_t *end;         /* index after the subtree */
-    int32_t *tok_first;   /* [n_nodes] first token ending here, -1 */
-    int32_t *tok_next;    /* [vocab] next token with the same bytes, -1 */
+    int32_t *end;       /* index after the subtree */
+    int32_t *tok_first; /* [n_nodes] first token ending here, -1 */
+    int32_t *tok_next;  /* [vocab] next token with the same bytes, -1 */
     int max_depth;
 } ftrie;
 
@@ -37,10 +38,10 @@ struct dsv4_gvocab {
     int vocab;
     int32_t eos;
     const dsv4_tokenizer *tok;
-    uint8_t *allowed_id;  /* [vocab] 1 = may be produced by a grammar (in the trie) */
+    uint8_t *allowed_id; /* [vocab] 1 = may be produced by a grammar (in the trie) */
     ftrie t[T_COUNT];
-    uint32_t *plain[3];   /* [T_NOT_STR], [T_NOT_RAW]: bitmaps of the plain tokens */
-    uint16_t *nchars;     /* [vocab] characters of a string-plain token */
+    uint32_t *plain[3];                   /* [T_NOT_STR], [T_NOT_RAW]: bitmaps of the plain tokens */
+    uint16_t *nchars;                     /* [vocab] characters of a string-plain token */
     int32_t sym_id[DSV4_GRAMMAR_MAX_SYM]; /* token of symbol i (grammar.h) */
     uint8_t sym_byte[DSV4_GRAMMAR_MAX_SYM];
     int n_sym;
@@ -105,8 +106,12 @@ void dsv4_gvocab_free(dsv4_gvocab *v) {
     free(v);
 }
 
-int dsv4_gvocab_size(const dsv4_gvocab *v) { return v->vocab; }
-int32_t dsv4_gvocab_eos(const dsv4_gvocab *v) { return v->eos; }
+int dsv4_gvocab_size(const dsv4_gvocab *v) {
+    return v->vocab;
+}
+int32_t dsv4_gvocab_eos(const dsv4_gvocab *v) {
+    return v->eos;
+}
 
 /* Plain classes of a token's bytes: complete, well-formed UTF-8 without
  * '"', '\\' or bytes < 0x20 (string-plain), or without '<' or NUL
@@ -116,7 +121,11 @@ static int utf8_complete(const uint8_t *b, size_t n, int *nch) {
     int chars = 0;
     while (i < n) {
         uint8_t c = b[i];
-        size_t len = c < 0x80 ? 1 : c >= 0xC2 && c <= 0xDF ? 2 : c >= 0xE0 && c <= 0xEF ? 3 : c >= 0xF0 && c <= 0xF4 ? 4 : 0;
+        size_t len = c < 0x80                 ? 1
+                     : c >= 0xC2 && c <= 0xDF ? 2
+                     : c >= 0xE0 && c <= 0xEF ? 3
+                     : c >= 0xF0 && c <= 0xF4 ? 4
+                                              : 0;
         if (!len || i + len > n) return 0;
         for (size_t k = 1; k < len; k++)
             if ((b[i + k] & 0xC0) != 0x80) return 0;
@@ -153,8 +162,10 @@ static int build_trie(const dsv4_gvocab *v, const uint8_t *member, ftrie *ft) {
                 int nn = bt_new(&t, c);
                 if (nn < 0) goto oom;
                 t.sib[nn] = ch;
-                if (prev < 0) t.child[node] = nn;
-                else t.sib[prev] = nn;
+                if (prev < 0)
+                    t.child[node] = nn;
+                else
+                    t.sib[prev] = nn;
                 ch = nn;
             }
             node = ch;
@@ -191,9 +202,11 @@ static int build_trie(const dsv4_gvocab *v, const uint8_t *member, ftrie *ft) {
         stack[sp++] = -(e + 1);
         /* children pushed in reverse so the smallest byte is visited first */
         int nc = 0;
-        for (int c = t.child[e]; c >= 0; c = t.sib[c]) nc++;
+        for (int c = t.child[e]; c >= 0; c = t.sib[c])
+            nc++;
         int i = 0;
-        for (int c = t.child[e]; c >= 0; c = t.sib[c]) stack[sp + nc - 1 - i++] = c;
+        for (int c = t.child[e]; c >= 0; c = t.sib[c])
+            stack[sp + nc - 1 - i++] = c;
         sp += nc;
     }
     free(pos);
@@ -207,8 +220,8 @@ oom:
     return -1;
 }
 
-int dsv4_gvocab_create(const dsv4_tokenizer *tok, int vocab, int32_t eos_id, const int32_t *extra, int n_extra,
-                       dsv4_gvocab **out, dsv4_err *err) {
+int dsv4_gvocab_create(const dsv4_tokenizer *tok, int vocab, int32_t eos_id, const int32_t *extra,
+                       int n_extra, dsv4_gvocab **out, dsv4_err *err) {
     *out = NULL;
     dsv4_gvocab *v = calloc(1, sizeof *v);
     uint8_t *member = NULL;
@@ -234,7 +247,8 @@ int dsv4_gvocab_create(const dsv4_tokenizer *tok, int vocab, int32_t eos_id, con
         size_t len = 0;
         const char *b = id < ntok ? dsv4_tokenizer_token_bytes(tok, id, &len) : NULL;
         int use = b && len > 0, sym = 0;
-        for (int i = 0; i < n_extra; i++) sym |= extra[i] == id;
+        for (int i = 0; i < n_extra; i++)
+            sym |= extra[i] == id;
         if (use && dsv4_tokenizer_is_added(tok, id)) use = sym;
         for (size_t i = 0; use && !sym && i < len; i++)
             if ((uint8_t)b[i] >= 0xF8) use = 0; /* would alias a symbol */
@@ -293,8 +307,8 @@ static int walk(const ftrie *ft, const dsv4_grammar *g, const dsv4_grammar_state
     return count;
 }
 
-int dsv4_gvocab_mask(const dsv4_gvocab *v, const dsv4_grammar *g, const dsv4_grammar_state *s, uint32_t *allowed,
-                     void *scratch) {
+int dsv4_gvocab_mask(const dsv4_gvocab *v, const dsv4_grammar *g, const dsv4_grammar_state *s,
+                     uint32_t *allowed, void *scratch) {
     size_t words = (size_t)(v->vocab + 31) / 32;
     memset(allowed, 0, sizeof(uint32_t) * words);
     int count = 0;

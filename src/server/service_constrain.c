@@ -17,17 +17,17 @@ static int tool_choice_grammar(const cJSON *req, const cJSON *tc, dsv4_req_param
         const cJSON *fn = cJSON_GetObjectItemCaseSensitive(tc, "function");
         const cJSON *nm = cJSON_GetObjectItemCaseSensitive(fn, "name");
         if (!cJSON_IsString(ty) || strcmp(ty->valuestring, "function") || !cJSON_IsString(nm)) {
-            dsv4_reply_error(out, 400, "tool_choice",
-                             "`tool_choice` object must be {\"type\":\"function\",\"function\":{\"name\":...}}");
+            dsv4_reply_error(
+                out, 400, "tool_choice",
+                "`tool_choice` object must be {\"type\":\"function\",\"function\":{\"name\":...}}");
             return 1;
         }
         only = nm->valuestring;
     }
     dsv4_err err = {0};
     if (dsv4_grammar_for_tools(cJSON_GetObjectItemCaseSensitive(req, "tools"), only, &p->grammar, &err)) {
-        dsv4_reply_error(out, err.code == DSV4_EINVAL ? 400 : 500, only && strstr(err.msg, "tool_choice") ? "tool_choice"
-                                                                                                      : "tools",
-                         "%s", err.msg);
+        dsv4_reply_error(out, err.code == DSV4_EINVAL ? 400 : 500,
+                         only && strstr(err.msg, "tool_choice") ? "tool_choice" : "tools", "%s", err.msg);
         return 1;
     }
     return 0;
@@ -46,13 +46,16 @@ static int structured_outputs(const cJSON *req, const cJSON **json, int *compact
     }
     cJSON_ArrayForEach(k, so) {
         if (cJSON_IsNull(k)) continue;
-        if (!strcmp(k->string, "disable_any_whitespace") && cJSON_IsBool(k)) *compact = cJSON_IsTrue(k);
-        else if (!strcmp(k->string, "json") && cJSON_IsObject(k)) *json = k;
+        if (!strcmp(k->string, "disable_any_whitespace") && cJSON_IsBool(k))
+            *compact = cJSON_IsTrue(k);
+        else if (!strcmp(k->string, "json") && cJSON_IsObject(k))
+            *json = k;
         else {
-            dsv4_reply_error(out, 400, "structured_outputs",
-                             "`structured_outputs.%s` is not supported (supported: \"json\" as a schema object, "
-                             "\"disable_any_whitespace\" as a boolean)",
-                             k->string);
+            dsv4_reply_error(
+                out, 400, "structured_outputs",
+                "`structured_outputs.%s` is not supported (supported: \"json\" as a schema object, "
+                "\"disable_any_whitespace\" as a boolean)",
+                k->string);
             return 1;
         }
     }
@@ -75,11 +78,15 @@ static int constraint_grammar(const cJSON *req, const cJSON *so_json, dsv4_req_p
     /* §3.3: "auto", "none", "required" or an object; any other value (a typo
      * such as "any") is refused, not read as auto */
     if (tc && !cJSON_IsNull(tc)) {
-        if (cJSON_IsString(tc) && !strcmp(tc->valuestring, "required")) tc_constrains = 1;
-        else if (cJSON_IsObject(tc)) tc_constrains = 1;
-        else if (!(cJSON_IsString(tc) && (!strcmp(tc->valuestring, "auto") || !strcmp(tc->valuestring, "none")))) {
-            dsv4_reply_error(out, 400, "tool_choice", "`tool_choice` must be \"auto\", \"none\", \"required\" or "
-                                                      "{\"type\":\"function\",\"function\":{\"name\":...}}");
+        if (cJSON_IsString(tc) && !strcmp(tc->valuestring, "required"))
+            tc_constrains = 1;
+        else if (cJSON_IsObject(tc))
+            tc_constrains = 1;
+        else if (!(cJSON_IsString(tc) &&
+                   (!strcmp(tc->valuestring, "auto") || !strcmp(tc->valuestring, "none")))) {
+            dsv4_reply_error(out, 400, "tool_choice",
+                             "`tool_choice` must be \"auto\", \"none\", \"required\" or "
+                             "{\"type\":\"function\",\"function\":{\"name\":...}}");
             return 1;
         }
     }
@@ -95,7 +102,8 @@ static int constraint_grammar(const cJSON *req, const cJSON *so_json, dsv4_req_p
     }
     int rf_constrains = cJSON_IsString(rft) && strcmp(rft->valuestring, "text") != 0;
     if (so_json && (rf_constrains || tc_constrains)) {
-        dsv4_reply_error(out, 400, "structured_outputs", "`structured_outputs.json` cannot be combined with %s",
+        dsv4_reply_error(out, 400, "structured_outputs",
+                         "`structured_outputs.json` cannot be combined with %s",
                          rf_constrains ? "`response_format`" : "`tool_choice` required or named");
         return 1;
     }
@@ -109,9 +117,10 @@ static int constraint_grammar(const cJSON *req, const cJSON *so_json, dsv4_req_p
         return 0;
     }
     if (tc_constrains && rf_constrains) {
-        dsv4_reply_error(out, 400, "response_format",
-                         "`response_format` %s cannot be combined with `tool_choice` %s: the output is a tool call",
-                         rft->valuestring, cJSON_IsObject(tc) ? "naming a function" : "\"required\"");
+        dsv4_reply_error(
+            out, 400, "response_format",
+            "`response_format` %s cannot be combined with `tool_choice` %s: the output is a tool call",
+            rft->valuestring, cJSON_IsObject(tc) ? "naming a function" : "\"required\"");
         return 1;
     }
     if (tc_constrains) return tool_choice_grammar(req, tc, p, out);
@@ -120,13 +129,15 @@ static int constraint_grammar(const cJSON *req, const cJSON *so_json, dsv4_req_p
     if (!strcmp(rft->valuestring, "json_schema")) {
         const cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
         if (!cJSON_IsObject(js)) {
-            dsv4_reply_error(out, 400, "response_format",
-                             "`response_format.json_schema` must be an object {\"name\", \"schema\", \"strict\"}");
+            dsv4_reply_error(
+                out, 400, "response_format",
+                "`response_format.json_schema` must be an object {\"name\", \"schema\", \"strict\"}");
             return 1;
         }
         const cJSON *st = cJSON_GetObjectItemCaseSensitive(js, "strict");
         if (st && !cJSON_IsNull(st) && !cJSON_IsBool(st)) {
-            dsv4_reply_error(out, 400, "response_format", "`response_format.json_schema.strict` must be a boolean");
+            dsv4_reply_error(out, 400, "response_format",
+                             "`response_format.json_schema.strict` must be a boolean");
             return 1;
         }
         /* strict true or false: the schema is enforced either way (as vLLM does) */

@@ -61,23 +61,23 @@ static void test_json_object(void) {
     ACCEPT(g, "{\"a\":[1,-2.5e+3,0.25,\"x\\u00e9\\n\\\"\",true,false,null,{\"b\":{}}],\"c\":[]}");
     ACCEPT(g, "{ \"a\" : 1 ,\n  \"b\": \"caf\xc3\xa9 \xf0\x9f\x98\x80\"}");
     ACCEPT(g, "{\"a\\u0041\":0}");
-    REJECT(g, "[]");          /* json_object: the root is an object */
+    REJECT(g, "[]"); /* json_object: the root is an object */
     REJECT(g, "\"x\"");
     REJECT(g, "{\"a\":}");
-    REJECT(g, "{\"a\":01}");  /* no leading zeros */
+    REJECT(g, "{\"a\":01}"); /* no leading zeros */
     REJECT(g, "{\"a\":1.}");
     REJECT(g, "{\"a\":.5}");
     REJECT(g, "{\"a\":\"\\x\"}");
-    REJECT(g, "{\"a\":\"\\ud800\"}"); /* no surrogates through \u */
-    REJECT(g, "{\"a\":\"\x01\"}");     /* raw control character */
-    REJECT(g, "{\"a\":\"\xc0\x80\"}"); /* overlong UTF-8 */
+    REJECT(g, "{\"a\":\"\\ud800\"}");      /* no surrogates through \u */
+    REJECT(g, "{\"a\":\"\x01\"}");         /* raw control character */
+    REJECT(g, "{\"a\":\"\xc0\x80\"}");     /* overlong UTF-8 */
     REJECT(g, "{\"a\":\"\xed\xa0\x80\"}"); /* UTF-8 surrogate */
-    REJECT(g, "{\"a\":\"\xe2\x82\"}");   /* truncated UTF-8 */
+    REJECT(g, "{\"a\":\"\xe2\x82\"}");     /* truncated UTF-8 */
     REJECT(g, "{\"a\":1,}");
-    REJECT(g, "{} ");          /* nothing after the value */
+    REJECT(g, "{} "); /* nothing after the value */
     REJECT(g, "{}{}");
     REJECT(g, "{\"a\":tru}");
-    REJECT(g, "{\"a\":1");     /* incomplete */
+    REJECT(g, "{\"a\":1"); /* incomplete */
     CHECK(prefix_ok(g, "{\"a\":1"));
     /* whitespace runs are bounded */
     char buf[64];
@@ -91,7 +91,8 @@ static void test_json_object(void) {
     /* nesting is bounded, and at the bound a value can still be closed */
     char deep[256] = "";
     strcat(deep, "{\"a\":");
-    for (int i = 0; i < 40; i++) strcat(deep, "[");
+    for (int i = 0; i < 40; i++)
+        strcat(deep, "[");
     CHECK(!prefix_ok(g, deep));
     dsv4_grammar_free(g);
 }
@@ -104,14 +105,14 @@ static void test_schema_object(void) {
     if (!g) return;
     ACCEPT(g, "{\"name\":\"Ann\",\"age\":31}");
     ACCEPT(g, "{\"age\":-4,\"name\":\"\",\"tags\":[\"a\",\"b\"]}");
-    REJECT(g, "{\"name\":\"Ann\"}");                     /* age required */
-    REJECT(g, "{\"name\":\"Ann\",\"age\":3.5}");         /* integer */
-    REJECT(g, "{\"name\":\"Ann\",\"age\":3,\"x\":1}");   /* additionalProperties false */
+    REJECT(g, "{\"name\":\"Ann\"}");                          /* age required */
+    REJECT(g, "{\"name\":\"Ann\",\"age\":3.5}");              /* integer */
+    REJECT(g, "{\"name\":\"Ann\",\"age\":3,\"x\":1}");        /* additionalProperties false */
     REJECT(g, "{\"name\":\"Ann\",\"name\":\"B\",\"age\":3}"); /* duplicate */
     REJECT(g, "{\"name\":1,\"age\":3}");
-    REJECT(g, "{\"name\":\"a\",\"age\":3,\"tags\":[]}");  /* minItems */
+    REJECT(g, "{\"name\":\"a\",\"age\":3,\"tags\":[]}");                  /* minItems */
     REJECT(g, "{\"name\":\"a\",\"age\":3,\"tags\":[\"a\",\"b\",\"c\"]}"); /* maxItems */
-    REJECT(g, "{\"n\\u0061me\":\"a\",\"age\":3}");       /* escaped declared key */
+    REJECT(g, "{\"n\\u0061me\":\"a\",\"age\":3}");                        /* escaped declared key */
     /* early rejection: a key prefix no property has */
     CHECK(!prefix_ok(g, "{\"x"));
     CHECK(prefix_ok(g, "{\"na"));
@@ -147,8 +148,9 @@ static void test_schema_scalars(void) {
     REJECT(g, "\"re\"");
     dsv4_grammar_free(g);
 
-    g = schema_grammar("{\"type\":\"object\",\"properties\":{\"k\":{\"const\":\"v\"},\"e\":{\"enum\":[1,12]}},"
-                       "\"required\":[\"k\",\"e\"]}");
+    g = schema_grammar(
+        "{\"type\":\"object\",\"properties\":{\"k\":{\"const\":\"v\"},\"e\":{\"enum\":[1,12]}},"
+        "\"required\":[\"k\",\"e\"]}");
     if (!g) return;
     ACCEPT(g, "{\"k\":\"v\",\"e\":12}");
     ACCEPT(g, "{\"k\":\"v\",\"e\":1}");
@@ -161,14 +163,15 @@ static void test_schema_scalars(void) {
     ACCEPT(g, "null");
     ACCEPT(g, "\"ab\"");
     ACCEPT(g, "\"a\\nb\"");
-    ACCEPT(g, "\"\xc3\xa9\xc3\xa9\"");  /* characters, not bytes */
+    ACCEPT(g, "\"\xc3\xa9\xc3\xa9\""); /* characters, not bytes */
     REJECT(g, "\"a\"");
     REJECT(g, "\"abcd\"");
     REJECT(g, "1");
     dsv4_grammar_free(g);
 
-    g = schema_grammar("{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"array\",\"items\":{\"type\":\"boolean\"}},"
-                       "{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"null\"}},\"required\":[\"x\"]}]}");
+    g = schema_grammar(
+        "{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"array\",\"items\":{\"type\":\"boolean\"}},"
+        "{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"null\"}},\"required\":[\"x\"]}]}");
     if (!g) return;
     ACCEPT(g, "-7");
     ACCEPT(g, "[true,false]");
@@ -189,8 +192,9 @@ static void test_schema_scalars(void) {
 
 static void test_schema_errors(void) {
     CHECK_CONTAINS(schema_error("{\"type\":\"integer\",\"minimum\":0}"), "\"minimum\" is not supported");
-    CHECK_CONTAINS(schema_error("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"x\"}}}"),
-                   "schema.properties.a: keyword \"pattern\"");
+    CHECK_CONTAINS(
+        schema_error("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"x\"}}}"),
+        "schema.properties.a: keyword \"pattern\"");
     CHECK_CONTAINS(schema_error("{\"$ref\":\"#/x\"}"), "\"$ref\"");
     CHECK_CONTAINS(schema_error("{\"type\":\"strange\"}"), "unknown type");
     CHECK_CONTAINS(schema_error("{\"anyOf\":[{\"type\":\"object\"},{\"type\":\"object\"}]}"), "anyOf");
@@ -204,12 +208,16 @@ static void test_schema_errors(void) {
 
 static const char *k_tools =
     "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\","
-    "\"properties\":{\"city\":{\"type\":\"string\"},\"days\":{\"type\":\"integer\"},\"unit\":{\"enum\":[\"c\",\"f\"]}},"
+    "\"properties\":{\"city\":{\"type\":\"string\"},\"days\":{\"type\":\"integer\"},\"unit\":{\"enum\":["
+    "\"c\",\"f\"]}},"
     "\"required\":[\"city\"]}}},"
     "{\"type\":\"function\",\"function\":{\"name\":\"now\"}}]";
 
 #define DS DSV4_GRAMMAR_SYM_DSML /* the grammar's byte for the ｜DSML｜ token */
-#define DS_TEXT "\xef\xbd\x9c" "DSML" "\xef\xbd\x9c"
+#define DS_TEXT                                                                                              \
+    "\xef\xbd\x9c"                                                                                           \
+    "DSML"                                                                                                   \
+    "\xef\xbd\x9c"
 
 static void test_dsml(void) {
     cJSON *tools = cJSON_Parse(k_tools);
@@ -220,21 +228,24 @@ static void test_dsml(void) {
         cJSON_Delete(tools);
         return;
     }
-    const char *one = "\n\n<" DS "tool_calls>\n<" DS "invoke name=\"get_weather\">\n<" DS
-                      "parameter name=\"city\" string=\"true\">Paris</" DS "parameter>\n<" DS
-                      "parameter name=\"days\" string=\"false\">3</" DS "parameter>\n</" DS "invoke>\n</" DS
-                      "tool_calls>";
+    const char *one =
+        "\n\n<" DS "tool_calls>\n<" DS "invoke name=\"get_weather\">\n<" DS
+        "parameter name=\"city\" string=\"true\">Paris</" DS "parameter>\n<" DS
+        "parameter name=\"days\" string=\"false\">3</" DS "parameter>\n</" DS "invoke>\n</" DS "tool_calls>";
     ACCEPT(g, one);
-    const char *two = "\n\n<" DS "tool_calls>\n<" DS "invoke name=\"now\">\n\n</" DS "invoke>\n<" DS
-                      "invoke name=\"get_weather\">\n<" DS "parameter name=\"unit\" string=\"false\">\"f\"</" DS
-                      "parameter>\n<" DS "parameter name=\"city\" string=\"false\">\"Rome\"</" DS "parameter>\n</" DS
-                      "invoke>\n</" DS "tool_calls>";
+    const char *two =
+        "\n\n<" DS "tool_calls>\n<" DS "invoke name=\"now\">\n\n</" DS "invoke>\n<" DS
+        "invoke name=\"get_weather\">\n<" DS "parameter name=\"unit\" string=\"false\">\"f\"</" DS
+        "parameter>\n<" DS "parameter name=\"city\" string=\"false\">\"Rome\"</" DS "parameter>\n</" DS
+        "invoke>\n</" DS "tool_calls>";
     ACCEPT(g, two);
     /* city is required */
-    REJECT(g, "\n\n<" DS "tool_calls>\n<" DS "invoke name=\"get_weather\">\n\n</" DS "invoke>\n</" DS "tool_calls>");
+    REJECT(g, "\n\n<" DS "tool_calls>\n<" DS "invoke name=\"get_weather\">\n\n</" DS "invoke>\n</" DS
+              "tool_calls>");
     /* unknown tool, unknown parameter, bad JSON value, raw value for a non-string */
     CHECK(!prefix_ok(g, "\n\n<" DS "tool_calls>\n<" DS "invoke name=\"get_w\""));
-    CHECK(!prefix_ok(g, "\n\n<" DS "tool_calls>\n<" DS "invoke name=\"get_weather\">\n<" DS "parameter name=\"x\""));
+    CHECK(!prefix_ok(g, "\n\n<" DS "tool_calls>\n<" DS "invoke name=\"get_weather\">\n<" DS
+                        "parameter name=\"x\""));
     CHECK(!prefix_ok(g, "\n\n<" DS "tool_calls>\n<" DS "invoke name=\"get_weather\">\n<" DS
                         "parameter name=\"days\" string=\"false\">3.5"));
     CHECK(!prefix_ok(g, "\n\n<" DS "tool_calls>\n<" DS "invoke name=\"get_weather\">\n<" DS
@@ -245,7 +256,8 @@ static void test_dsml(void) {
     /* named: that tool, exactly once */
     CHECK_MSG(dsv4_grammar_for_tools(tools, "now", &g, &err) == 0, "%s", err.msg);
     if (g) {
-        ACCEPT(g, "\n\n<" DS "tool_calls>\n<" DS "invoke name=\"now\">\n\n</" DS "invoke>\n</" DS "tool_calls>");
+        ACCEPT(g,
+               "\n\n<" DS "tool_calls>\n<" DS "invoke name=\"now\">\n\n</" DS "invoke>\n</" DS "tool_calls>");
         REJECT(g, one);
         REJECT(g, "\n\n<" DS "tool_calls>\n<" DS "invoke name=\"now\">\n\n</" DS "invoke>\n<" DS
                   "invoke name=\"now\">\n\n</" DS "invoke>\n</" DS "tool_calls>");
@@ -266,7 +278,9 @@ static uint32_t rnd(void) {
     return (uint32_t)(rng >> 11);
 }
 
-static int bit(const uint32_t *m, int i) { return (m[i >> 5] >> (i & 31)) & 1; }
+static int bit(const uint32_t *m, int i) {
+    return (m[i >> 5] >> (i & 31)) & 1;
+}
 
 /*
  * Walk: at each step take the mask, check it is non-empty and agrees with
@@ -274,7 +288,8 @@ static int bit(const uint32_t *m, int i) { return (m[i >> 5] >> (i & 31)) & 1; }
  * "closing" one (EOS, } ] " digits) so walks finish, else uniform among the
  * allowed. Returns the text when the walk ended with EOS (malloc'd), or NULL.
  */
-static char *walk(const dsv4_tokenizer *tok, const dsv4_gvocab *v, const dsv4_grammar *g, int steps, int full_every) {
+static char *walk(const dsv4_tokenizer *tok, const dsv4_gvocab *v, const dsv4_grammar *g, int steps,
+                  int full_every) {
     int V = dsv4_gvocab_size(v);
     uint32_t *m = malloc(sizeof(uint32_t) * (size_t)((V + 31) / 32));
     void *scratch = malloc(dsv4_gvocab_scratch_bytes(v));
@@ -340,11 +355,13 @@ static void test_walks(void) {
     dsv4_tokenizer *tok = tm_load_tokenizer();
     if (!tok) return;
     int32_t dsml = dsv4_tokenizer_special_id(tok, DS_TEXT);
-    int32_t eos = dsv4_tokenizer_special_id(tok, "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>");
+    int32_t eos = dsv4_tokenizer_special_id(tok, "<\xef\xbd\x9c"
+                                                 "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>");
     CHECK(dsml > 0 && eos >= 0);
     dsv4_gvocab *v = NULL;
     dsv4_err err = {0};
-    CHECK_MSG(dsv4_gvocab_create(tok, dsv4_tokenizer_vocab_size(tok), eos, &dsml, 1, &v, &err) == 0, "%s", err.msg);
+    CHECK_MSG(dsv4_gvocab_create(tok, dsv4_tokenizer_vocab_size(tok), eos, &dsml, 1, &v, &err) == 0, "%s",
+              err.msg);
     if (!v) {
         dsv4_tokenizer_free(tok);
         return;
@@ -421,7 +438,8 @@ static void test_walks(void) {
         CHECK(lg[100] == 0.0f && lg[eos] == 0.0f); /* reasoning: free */
         dsv4_constraint_logits(c, hist, 2, lg, V);
         CHECK(lg[hist[2]] == 0.0f && lg[100] < -1e30f && lg[eos] < -1e30f);
-        for (int i = 0; i < V; i++) lg[i] = 0;
+        for (int i = 0; i < V; i++)
+            lg[i] = 0;
         dsv4_constraint_logits(c, hist, 3, lg, V);
         int32_t close = dsv4_tokenizer_token_to_id(tok, "}");
         CHECK(lg[close] == 0.0f && lg[hist[2]] < -1e30f);
