@@ -19,7 +19,19 @@ typedef struct dsv4_model_runner_opts {
     int max_spec;           /* speculative rows per request per step that may be rejected (k), 0 = none;
                              * > 0 on a DSpark checkpoint also loads the drafter */
     dsv4_numerics numerics; /* DSV4_NUMERICS_REFERENCE for serving */
+    int draft_sampled;      /* 1: DSpark drafts are sampled from softmax(z/T) for requests with
+                             * temperature > 0 (vLLM draft_sample_method "probabilistic",
+                             * spec/DSPARK.md §4.3); 0: argmax drafts ("greedy") */
 } dsv4_model_runner_opts;
+
+/* Where the weights come from: vLLM's --load-format and --hf-overrides. */
+typedef struct dsv4_load_opts {
+    int dummy;                /* --load-format dummy: config.json only, random weights made in
+                               * backend memory (src/model/dummy.h); no safetensors file is read */
+    const char *hf_overrides; /* --hf-overrides: JSON object merged over config.json, or NULL
+                               * (dsv4_config_load_ex) */
+    uint64_t seed;            /* dummy weights' seed */
+} dsv4_load_opts;
 
 /*
  * dsv4_model_runner_open — open the checkpoint directory dir on the CPU
@@ -28,6 +40,16 @@ typedef struct dsv4_model_runner_opts {
  */
 int dsv4_model_runner_open(const char *dir, const dsv4_model_runner_opts *o, dsv4_model_runner **out,
                            dsv4_err *err);
+/*
+ * dsv4_model_runner_open_ex — the same with load options (lo NULL = a real
+ * checkpoint, no overrides). With lo->dummy, dir needs only config.json;
+ * once the model (and drafter) are resident it logs "dummy weights: N
+ * tensors, X GB in backend memory, Y s". Errors additionally: the
+ * --hf-overrides refusals of dsv4_config_load_ex; with dummy weights, a
+ * backend without fill_dummy (DSV4_EUNSUPPORTED).
+ */
+int dsv4_model_runner_open_ex(const char *dir, const dsv4_model_runner_opts *o, const dsv4_load_opts *lo,
+                              dsv4_model_runner **out, dsv4_err *err);
 void dsv4_model_runner_free(dsv4_model_runner *mr);
 
 /* The engine interface over this model (valid while mr lives). */
