@@ -33,7 +33,8 @@ static int tool_choice_grammar(const cJSON *req, const cJSON *tc, dsv4_req_param
     return 0;
 }
 
-static int constraint_grammar(const cJSON *req, const cJSON *so_json, dsv4_req_params *p, dsv4_reply *out);
+static int constraint_grammar(const cJSON *req, int chat, const cJSON *so_json, dsv4_req_params *p,
+                              dsv4_reply *out);
 
 /* vLLM's extra field structured_outputs: {"json": schema, "disable_any_whitespace": bool}
  * (the other vLLM keys, regex/choice/grammar/..., are refused by name). */
@@ -62,18 +63,21 @@ static int structured_outputs(const cJSON *req, const cJSON **json, int *compact
     return 0;
 }
 
-int dsv4_req_constraint_parse(dsv4_service *s, const cJSON *req, dsv4_req_params *p, dsv4_reply *out) {
+int dsv4_req_constraint_parse(dsv4_service *s, const cJSON *req, int chat, dsv4_req_params *p,
+                              dsv4_reply *out) {
     (void)s;
     const cJSON *so_json = NULL;
     int compact = 0;
     if (structured_outputs(req, &so_json, &compact, out)) return 1;
-    int rc = constraint_grammar(req, so_json, p, out);
+    int rc = constraint_grammar(req, chat, so_json, p, out);
     if (!rc && p->grammar && compact) dsv4_grammar_set_max_ws(p->grammar, 0);
     return rc;
 }
 
-static int constraint_grammar(const cJSON *req, const cJSON *so_json, dsv4_req_params *p, dsv4_reply *out) {
-    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(req, "tool_choice");
+static int constraint_grammar(const cJSON *req, int chat, const cJSON *so_json, dsv4_req_params *p,
+                              dsv4_reply *out) {
+    /* tools exist on chat only; /v1/completions takes response_format and structured_outputs */
+    const cJSON *tc = chat ? cJSON_GetObjectItemCaseSensitive(req, "tool_choice") : NULL;
     int tc_constrains = 0;
     /* §3.3: "auto", "none", "required" or an object; any other value (a typo
      * such as "any") is refused, not read as auto */

@@ -77,7 +77,7 @@ void dsv4_req_params_free(dsv4_req_params *p);
  * values, missing or unknown function names, invalid or unsupported schemas,
  * both a response_format and a required/named tool_choice.
  */
-int dsv4_req_constraint_parse(dsv4_service *s, const cJSON *req, dsv4_req_params *p, dsv4_reply *out);
+int dsv4_req_constraint_parse(dsv4_service *s, const cJSON *req, int chat, dsv4_req_params *p, dsv4_reply *out);
 
 /*
  * Submit prompt ids with params and a parser configured by pc, then answer:

@@ -237,12 +237,11 @@ int dsv4_req_params_parse(dsv4_service *s, const cJSON *req, int chat, dsv4_req_
     p->gen.logprobs = p->logprobs;
     p->gen.top_logprobs = p->top_logprobs;
 
+    /* response_format, structured_outputs, chat tool_choice required or named:
+     * grammar-constrained decoding (service_constrain.c, SERVING.md §3.3, §4.6) */
+    if (dsv4_req_constraint_parse(s, req, chat, p, out)) return 1;
     /* Known fields this build cannot honour: refuse rather than ignore (§3.3). */
-    if (chat) {
-        /* response_format / tool_choice required or named: grammar-constrained
-         * decoding (service_constrain.c, SERVING.md §3.3, §4.6) */
-        if (dsv4_req_constraint_parse(s, req, p, out)) return 1;
-    } else {
+    if (!chat) {
         if (bool_field(req, "echo", &p->echo, out)) return 1;
         if (p->echo && p->logprobs) {
             dsv4_reply_error(out, 400, "echo", "`echo` with `logprobs` (prompt log-probabilities) is not supported yet");

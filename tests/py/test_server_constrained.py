@@ -195,3 +195,19 @@ def test_tool_choice_none_and_text_unconstrained(default_server):
     assert status == 200 and r["choices"][0]["message"]["tool_calls"] == []
     status, r2 = post(b, {"messages": MSG, "max_tokens": 6, "temperature": 0, "response_format": {"type": "text"}})
     assert status == 200 and r2["choices"][0]["finish_reason"] == "length"
+
+
+def test_completions_json_schema(default_server):
+    # /v1/completions takes response_format and structured_outputs too (no tools there)
+    def one(seed):
+        body = {"prompt": "A person as JSON:", "temperature": 1.0, "seed": seed, "max_tokens": 80,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMA}},
+                "structured_outputs": COMPACT}
+        req = urllib.request.Request(default_server.base + "/v1/completions", data=json.dumps(body).encode(),
+                                     method="POST", headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return json.loads(r.read())["choices"][0]
+    with cf.ThreadPoolExecutor(2) as ex:
+        for ch in ex.map(one, (50, 51)):
+            assert ch["finish_reason"] == "stop", ch
+            jsonschema.validate(json.loads(ch["text"]), SCHEMA)
