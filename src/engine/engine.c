@@ -69,6 +69,7 @@ struct dsv4_engine {
     size_t logits_cap;
     float *probs;         /* [(k+1)][vocab] */
     float *vscratch;      /* [vocab] */
+    float *mlogits;       /* [vocab] masked copy of a row (constrained requests) */
     void *sscratch;
 };
 
@@ -131,8 +132,9 @@ int dsv4_engine_create(const dsv4_engine_opts *opts, const dsv4_runner *runner, 
     e->caching = opts->enable_prefix_caching && runner->reusable && runner->resume;
     e->probs = malloc(sizeof(float) * V * (size_t)(opts->spec_k + 1));
     e->vscratch = malloc(sizeof(float) * V);
+    e->mlogits = malloc(sizeof(float) * V);
     e->sscratch = malloc(dsv4_sampling_scratch_bytes(runner->vocab));
-    if (!e->free_slots || !e->cache || !e->probs || !e->vscratch || !e->sscratch) {
+    if (!e->free_slots || !e->cache || !e->probs || !e->vscratch || !e->mlogits || !e->sscratch) {
         dsv4_engine_free(e);
         return dsv4_err_set(err, DSV4_ENOMEM, "out of memory creating the engine");
     }
@@ -589,6 +591,15 @@ typedef struct seg {
     int k;             /* drafts verified in this segment */
 } seg;
 
+/* The row a request samples from: the raw logits, or a copy masked by the
+ * request's logits processor (constrained decoding, engine.h). */
+static const float *sample_row(dsv4_engine *e, dsv4_request *r, const float *lg) {
+    if (!r->p.logits_proc) return lg;
+    memcpy(e->mlogits, lg, sizeof(float) * (size_t)e->run.vocab);
+    r->p.logits_proc(r->p.proc_user, r->tok + r->n_prompt, r->n_tok - r->n_prompt, e->mlogits, e->run.vocab);
+    return e->mlogits;
+}
+
 /* Sample or verify one decode segment; returns the number of emitted tokens. */
 static int decode_segment(dsv4_engine *e, seg *s, int32_t *em) {
     dsv4_request *r = s->r;
@@ -601,8 +612,9 @@ static int decode_segment(dsv4_engine *e, seg *s, int32_t *em) {
     memcpy(r->tok + r->n_tok, s->r->drafts, sizeof(int32_t) * (size_t)k);
     int32_t am[DSV4_MAX_SPEC_K + 1];
     for (int j = 0; j <= k; j++)
-        am[j] = dsv4_sampling_probs(sp, lg + (size_t)j * V, V, r->tok, r->n_prompt, r->tok + r->n_prompt,
-                                    r->n_tok - r->n_prompt + j, e->probs + (size_t)j * V, e->sscratch);
+        am[j] = dsv4_sampling_probs(sp, k == 0 ? sample_row(e, r, lg) : lg + (size_t)j * V, V, r->tok, r->n_prompt,
+                                    r->tok + r->n_prompt, r->n_tok - r->n_prompt + j, e->probs + (size_t)j * V,
+                                    e->sscratch);
     if (k == 0) {
         em[0] = sp->temperature == 0 ? am[0]
                                      : dsv4_sample_from(e->probs, V, dsv4_rng_u01(sp->seed, P + 1, DSV4_RNG_SAMPLE));
@@ -662,7 +674,9 @@ static void drafts_for_next_step_locked(dsv4_engine *e, seg *segs, int nseg) {
     n = 0;
     for (int s = 0; s < nseg; s++) {
         dsv4_request *r = segs[s].r;
-        if (!r->p.use_spec || r->st != RQ_DECODE || r->cancel || r->n_tok - 1 + k >= e->o.max_model_len) continue;
+        if (!r->p.use_spec || r->p.logits_proc || r->st != RQ_DECODE || r->cancel ||
+            r->n_tok - 1 + k >= e->o.max_model_len)
+            continue; /* constrained requests decode one exact row per step (engine.h) */
         who[n] = r;
         slot[n] = r->slot;
         anchor[n] = r->tok[r->n_tok - 1];
@@ -840,8 +854,8 @@ replan:
             if (sg->logit0 >= 0) {
                 const dsv4_sampling *sp = &r->p.sampling;
                 const float *lg = e->logits + (size_t)sg->logit0 * (size_t)e->run.vocab;
-                int32_t am = dsv4_sampling_probs(sp, lg, e->run.vocab, r->tok, r->n_prompt, NULL, 0, e->probs,
-                                                 e->sscratch);
+                int32_t am = dsv4_sampling_probs(sp, sample_row(e, r, lg), e->run.vocab, r->tok, r->n_prompt, NULL, 0,
+                                                 e->probs, e->sscratch);
                 em[0] = sp->temperature == 0
                             ? am
                             : dsv4_sample_from(e->probs, e->run.vocab,
@@ -939,6 +953,7 @@ void dsv4_engine_free(dsv4_engine *e) {
     free(e->logits);
     free(e->probs);
     free(e->vscratch);
+    free(e->mlogits);
     free(e->sscratch);
     free(e);
 }

@@ -81,6 +81,15 @@ typedef struct dsv4_gen_params {
     int top_logprobs;        /* 0..DSV4_MAX_TOP_LOGPROBS alternatives per token (needs logprobs) */
     dsv4_on_tokens_fn on_tokens;
     void *user;
+    /* Constrained decoding (spec/SERVING.md §4.6, src/engine/constrain.h):
+     * when set, called on the engine thread before each of this request's
+     * tokens is sampled, with every token generated so far (out [n_out]) and
+     * a copy of the raw logits row [vocab] to mask in place (-inf = not
+     * allowed). Logprobs stay those of the raw row (§7.2). A request with a
+     * logits_proc never speculates (k = 0): drafts would need the mask at
+     * every draft position, and one row per step is simple and exact. */
+    void (*logits_proc)(void *proc_user, const int32_t *out, int n_out, float *logits, int vocab);
+    void *proc_user;
 } dsv4_gen_params;
 
 void dsv4_gen_params_default(dsv4_gen_params *p);

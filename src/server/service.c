@@ -106,6 +106,10 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
     s->vocab = cfg->vocab_size;
     if (dsv4_tokenizer_vocab_size(s->tok) < s->vocab)
         dsv4_log(DSV4_LOG_WARN, "tokenizer has %d ids, the model %d", dsv4_tokenizer_vocab_size(s->tok), s->vocab);
+    /* constrained decoding: the vocabulary's byte trie, built once (SERVING.md §4.6) */
+    s->think_end = dsv4_tokenizer_special_id(s->tok, DSV4_TOK_END_THINK);
+    int32_t dsml = dsv4_tokenizer_special_id(s->tok, DSV4_TOK_DSML);
+    if ((rc = dsv4_gvocab_create(s->tok, s->vocab, s->eos_id, &dsml, dsml >= 0, &s->gvocab, err))) goto fail;
     dsv4_runner run = dsv4_model_runner_iface(s->mr);
     if (run.page_tokens > 0 && (int64_t)run.n_pages * run.page_tokens < s->max_model_len) {
         /* vLLM refuses to start when one max_model_len request cannot fit the KV cache */
@@ -169,6 +173,7 @@ void dsv4_service_free(dsv4_service *s) {
     if (!s) return;
     dsv4_engine_free(s->engine);
     dsv4_model_runner_free(s->mr);
+    dsv4_gvocab_free(s->gvocab);
     dsv4_tokenizer_free(s->tok);
     dsv4_metrics_free(s->metrics);
     cJSON_Delete(s->default_kwargs);

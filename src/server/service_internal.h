@@ -5,6 +5,7 @@
 #include <cjson/cJSON.h>
 
 #include "engine/engine.h"
+#include "engine/grammar.h"
 #include "engine/model_runner.h"
 #include "server/service.h"
 #include "text/detok.h"
@@ -27,6 +28,8 @@ struct dsv4_service {
     int32_t eos_id;
     int vocab;
     int64_t max_model_len;
+    dsv4_gvocab *gvocab;   /* token trie for constrained decoding (engine/grammar.h) */
+    int32_t think_end;     /* </think>: the constraint arms after it */
 };
 
 /*
@@ -52,6 +55,7 @@ typedef struct dsv4_req_params {
     int logprobs, top_logprobs;  /* chat logprobs/top_logprobs; completions logprobs=N -> 1, N */
     int32_t *bias_ids;           /* logit_bias, owned */
     float *bias_vals;
+    dsv4_grammar *grammar;       /* response_format / tool_choice constraint, owned (NULL = none) */
 } dsv4_req_params;
 
 /*
@@ -61,6 +65,19 @@ typedef struct dsv4_req_params {
  */
 int dsv4_req_params_parse(dsv4_service *s, const cJSON *req, int chat, dsv4_req_params *p, dsv4_reply *out);
 void dsv4_req_params_free(dsv4_req_params *p);
+
+/*
+ * The chat fields that constrain the output (SERVING.md §3.3, §4.6):
+ * tool_choice ("auto" | "none" | "required" | {"type":"function",
+ * "function":{"name":...}}) and response_format ({"type":"text" |
+ * "json_object" | "json_schema", "json_schema":{"name","schema","strict"}}),
+ * and vLLM's extra `structured_outputs` {"json": schema,
+ * "disable_any_whitespace": bool}. Sets p->grammar for required / named / json_object / json_schema. Errors
+ * (a 400 in *out naming the field and, for schemas, the keyword): unknown
+ * values, missing or unknown function names, invalid or unsupported schemas,
+ * both a response_format and a required/named tool_choice.
+ */
+int dsv4_req_constraint_parse(dsv4_service *s, const cJSON *req, int chat, dsv4_req_params *p, dsv4_reply *out);
 
 /*
  * Submit prompt ids with params and a parser configured by pc, then answer:

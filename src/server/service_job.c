@@ -21,6 +21,7 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "engine/constrain.h"
 #include "server/service_internal.h"
 
 typedef struct qdelta {
@@ -39,6 +40,7 @@ typedef struct choice {
     struct job *j;
     int index;
     dsv4_request *req;
+    dsv4_constraint *con;    /* constrained decoding state (engine thread), or NULL */
     dsv4_outparse *op;       /* guarded by j->mu (engine thread vs HTTP thread) */
     qdelta *q;               /* guarded by j->mu */
     int nq, capq;
@@ -70,6 +72,7 @@ typedef struct job {
     size_t out_len, out_cap, out_off;
     int sent_role, sent_done;
     char *echo_text;
+    dsv4_grammar *grammar;   /* the choices' constraint grammar, owned, or NULL */
 } job;
 
 static double now_s(void) {
@@ -205,8 +208,10 @@ static void job_free(job *j) {
         }
         free(c->q);
         free(c->lp);
+        dsv4_constraint_free(c->con); /* the engine is done with it: the request ended above */
         dsv4_outparse_free(c->op);
     }
+    dsv4_grammar_free(j->grammar);
     free(j->c);
     pthread_mutex_destroy(&j->mu);
     free(j->out);
@@ -574,6 +579,8 @@ void dsv4_service_run_job(dsv4_service *s, int chat, const int32_t *ids, int n_i
     random_hex(j->id + strlen(j->id), 32);
     if (p->echo && prompt_text) j->echo_text = strdup(prompt_text);
     j->max_tokens = p->gen.max_tokens;
+    j->grammar = p->grammar; /* the job outlives p when streaming */
+    p->grammar = NULL;
     uint64_t seed = p->gen.sampling.seed;
     dsv4_err err = {0};
     for (int i = 0; i < n; i++) {
@@ -590,6 +597,15 @@ void dsv4_service_run_job(dsv4_service *s, int chat, const int32_t *ids, int n_i
         }
         p->gen.on_tokens = on_tokens;
         p->gen.user = c;
+        if (j->grammar) {
+            if (dsv4_constraint_create(s->gvocab, j->grammar, pc->thinking, s->think_end, &c->con, &err)) {
+                dsv4_reply_error(out, 500, NULL, "%s", err.msg);
+                job_free(j);
+                return;
+            }
+            p->gen.logits_proc = dsv4_constraint_logits;
+            p->gen.proc_user = c->con;
+        }
         p->gen.sampling.seed = seed + (uint64_t)i; /* choice i: seed + i (§3.3 `n`) */
         if (dsv4_engine_submit(s->engine, ids, n_ids, &p->gen, &c->req, &err)) {
             if (err.code == DSV4_ERANGE) dsv4_reply_error(out, 400, chat ? "messages" : "prompt", "%s", err.msg);

@@ -46,6 +46,8 @@ static int bool_field(const cJSON *req, const char *name, int *v, dsv4_reply *ou
 }
 
 void dsv4_req_params_free(dsv4_req_params *p) {
+    dsv4_grammar_free(p->grammar);
+    p->grammar = NULL;
     free(p->bias_ids);
     free(p->bias_vals);
     p->bias_ids = NULL;
@@ -235,39 +237,11 @@ int dsv4_req_params_parse(dsv4_service *s, const cJSON *req, int chat, dsv4_req_
     p->gen.logprobs = p->logprobs;
     p->gen.top_logprobs = p->top_logprobs;
 
+    /* response_format, structured_outputs, chat tool_choice required or named:
+     * grammar-constrained decoding (service_constrain.c, SERVING.md §3.3, §4.6) */
+    if (dsv4_req_constraint_parse(s, req, chat, p, out)) return 1;
     /* Known fields this build cannot honour: refuse rather than ignore (§3.3). */
-    if (chat) {
-        const cJSON *tc = cJSON_GetObjectItemCaseSensitive(req, "tool_choice");
-        if ((cJSON_IsString(tc) && !strcmp(tc->valuestring, "required")) || cJSON_IsObject(tc)) {
-            dsv4_reply_error(out, 400, "tool_choice", "tool_choice %s is not supported (this build has no constrained decoding)",
-                             cJSON_IsObject(tc) ? "naming a function" : "required");
-            return 1;
-        }
-        /* §3.3: tool_choice is "auto", "none", "required" or an object; any
-         * other value (a typo such as "any") is refused, not read as auto. */
-        if (tc && !cJSON_IsNull(tc) &&
-            !(cJSON_IsString(tc) && (!strcmp(tc->valuestring, "auto") || !strcmp(tc->valuestring, "none")))) {
-            dsv4_reply_error(out, 400, "tool_choice", "`tool_choice` must be \"auto\", \"none\", \"required\" or "
-                                                      "{\"type\":\"function\",\"function\":{\"name\":...}}");
-            return 1;
-        }
-        const cJSON *rf = cJSON_GetObjectItemCaseSensitive(req, "response_format");
-        const cJSON *rft = cJSON_GetObjectItemCaseSensitive(rf, "type");
-        /* §3.3: the types are text, json_object and json_schema; an unknown
-         * or missing type is refused rather than served as plain text. */
-        if (cJSON_IsObject(rf) &&
-            !(cJSON_IsString(rft) && (!strcmp(rft->valuestring, "text") || !strcmp(rft->valuestring, "json_object") ||
-                                      !strcmp(rft->valuestring, "json_schema")))) {
-            dsv4_reply_error(out, 400, "response_format",
-                             "`response_format.type` must be \"text\", \"json_object\" or \"json_schema\"");
-            return 1;
-        }
-        if (cJSON_IsString(rft) && !strcmp(rft->valuestring, "json_schema")) {
-            dsv4_reply_error(out, 400, "response_format",
-                             "response_format json_schema is not supported yet (no constrained decoding)");
-            return 1;
-        }
-    } else {
+    if (!chat) {
         if (bool_field(req, "echo", &p->echo, out)) return 1;
         if (p->echo && p->logprobs) {
             dsv4_reply_error(out, 400, "echo", "`echo` with `logprobs` (prompt log-probabilities) is not supported yet");

@@ -139,9 +139,12 @@ def test_tool_choice_and_response_format_values(default_server):
                          ({"response_format": {}}, "response_format")]:
         status, r = chat(b, max_tokens=1, **extra)
         assert status == 400 and r["error"]["param"] == field, (extra, r)
-    status, r = chat(b, max_tokens=1, tools=tools, tool_choice={"type": "function", "function": {"name": "f"}})
-    assert status == 400 and "naming a function" in r["error"]["message"], r
+    status, r = chat(b, max_tokens=1, tools=tools, tool_choice={"type": "function", "function": {"name": "g"}})
+    assert status == 400 and r["error"]["param"] == "tool_choice" and '"g"' in r["error"]["message"], r
+    # required / named are enforced by constrained decoding (test_server_constrained.py)
     for extra in ({"tool_choice": "auto", "tools": tools}, {"tool_choice": "none", "tools": tools},
+                  {"tool_choice": "required", "tools": tools},
+                  {"tool_choice": {"type": "function", "function": {"name": "f"}}, "tools": tools},
                   {"tool_choice": None}, {"response_format": {"type": "text"}}):
         status, r = chat(b, max_tokens=1, **extra)
         assert status == 200, (extra, r)

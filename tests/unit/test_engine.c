@@ -387,6 +387,73 @@ static void test_hook(int k) {
     dsv4_engine_free(e);
 }
 
+/* A logits processor (constrained decoding, engine.h): sees every generated
+ * token before each sample, its mask decides every token (first one
+ * included), the raw logprobs are untouched, and the request never drafts. */
+typedef struct lproc {
+    int calls, bad_history;
+    int32_t seen[256];
+} lproc;
+
+static void only_mod7(void *u, const int32_t *out, int n_out, float *logits, int vocab) {
+    lproc *l = u;
+    /* the history only grows: what was seen before is still the prefix */
+    if (n_out != l->calls || (n_out > 1 && memcmp(out, l->seen, sizeof(int32_t) * (size_t)(n_out - 1))))
+        l->bad_history++;
+    if (n_out > 0 && n_out <= 256) memcpy(l->seen, out, sizeof(int32_t) * (size_t)n_out);
+    for (int i = 0; i < vocab; i++)
+        if (i % 7 != 3) logits[i] = -INFINITY;
+    l->calls++;
+}
+
+static void test_logits_proc(int k) {
+    int32_t p[10], out[4096];
+    prompt_of(11, 10, p);
+    dsv4_engine *e = make(2, 16, k, 1 << 20, -1);
+    lproc l = {0};
+    dsv4_gen_params gp;
+    dsv4_gen_params_default(&gp);
+    gp.sampling.temperature = 0.8f;
+    gp.sampling.seed = 99;
+    gp.max_tokens = 40;
+    gp.logprobs = 1;
+    gp.logits_proc = only_mod7;
+    gp.proc_user = &l;
+    dsv4_request *r;
+    dsv4_err err = {0};
+    CHECK(dsv4_engine_submit(e, p, 10, &gp, &r, &err) == 0);
+    run_idle(e);
+    dsv4_finish f;
+    int n = drain(r, out, &f);
+    CHECK_EQ_INT(n, 40);
+    CHECK_EQ_INT(l.bad_history, 0);
+    CHECK(!memcmp(l.seen, out, sizeof(int32_t) * 39)); /* the last call saw the first 39 */
+    int pt, gt;
+    dsv4_request_counts(r, &pt, &gt);
+    CHECK_EQ_INT(gt, 40);
+    CHECK_EQ_INT(l.calls, 40);
+    dsv4_token_logprob lp[40];
+    CHECK_EQ_INT(dsv4_request_logprobs(r, 0, 40, lp), 40);
+    float raw[VOCAB], ls[VOCAB];
+    int32_t hist[64];
+    memcpy(hist, p, sizeof p);
+    int ok = 1, lp_ok = 1;
+    for (int i = 0; i < 40; i++) {
+        ok &= lp[i].token % 7 == 3;
+        toy_logits(hist, 10 + i, raw);
+        dsv4_log_softmax(raw, VOCAB, ls);
+        lp_ok &= fabsf(ls[lp[i].token] - lp[i].logprob) < 1e-4f;
+        hist[10 + i] = lp[i].token;
+    }
+    CHECK_MSG(ok, "a token outside the processor's mask was sampled");
+    CHECK_MSG(lp_ok, "logprobs are not those of the raw logits");
+    dsv4_engine_stats st;
+    dsv4_engine_get_stats(e, &st);
+    CHECK_EQ_INT(st.spec_drafts, 0);
+    dsv4_request_release(r);
+    dsv4_engine_free(e);
+}
+
 /* A victim request's output is unchanged while others arrive, get cancelled and finish around it;
  * cancelled slots are freed and reused. */
 static void test_churn_and_cancel(void) {
@@ -832,6 +899,8 @@ int main(void) {
     test_stops(4);
     test_hook(0);
     test_hook(5);
+    test_logits_proc(0);
+    test_logits_proc(4);
     test_churn_and_cancel();
     test_no_starvation();
     test_errors();
