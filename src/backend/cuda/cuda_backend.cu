@@ -13,9 +13,11 @@
  * allocation; the op table hands over per-expert linears. The first
  * moe_experts call for a set assembles it (device-to-device copies of the
  * repacked bytes, the same layout dsv4_cuda_experts_upload makes) and keeps
- * it, keyed by the w1 array, until the backend is freed. This doubles the
- * expert memory; uploading a layer's experts straight into one allocation
- * (an upload_experts op) is the fix once the forward runs on the GPU.
+ * it, keyed by the w1 array, until the backend is freed; the per-expert
+ * copies are then freed and their records point into the set, so experts
+ * cost their size once after the first forward (peak: + one layer's
+ * experts). Uploading a layer's experts straight into one allocation (an
+ * upload_experts op) would remove that peak too.
  */
 #include "backend/cuda/cuda_be_internal.cuh"
 
@@ -30,6 +32,7 @@ typedef struct cu_lin {
     dsv4_cuda_weight cw;  /* FP8 / FP4 / BF16 */
     float *f32;           /* F32 weights: device copy [out][in] */
     int64_t out, in;
+    int borrowed;         /* cw points into an expert-major set (cu_moe): not ours to free */
     struct cu_lin *next;
 } cu_lin;
 
@@ -86,7 +89,7 @@ static void cu_be_free(dsv4_backend *be) {
         free(cb->views);
         for (cu_lin *l = cb->lins, *n; l; l = n) {
             n = l->next;
-            dsv4_cuda_weight_free(cb->ctx, &l->cw);
+            if (!l->borrowed) dsv4_cuda_weight_free(cb->ctx, &l->cw);
             dsv4_cuda_free(cb->ctx, l->f32);
             free(l);
         }
@@ -520,6 +523,29 @@ static int moe_set(cu_be *cb, const dsv4_linear *w1, const dsv4_linear *w3, cons
         return rc;
     }
     x->bytes = 3 * (wb + sb) * n_exp;
+    /* The per-expert copies are now redundant: free them and point each
+     * expert's record into the set, so the experts cost their size once (a
+     * plain `linear` on one expert still works). Peak = all weights + one
+     * layer's experts, during the first forward. */
+    cudaError_t se = cudaStreamSynchronize(cb->ctx->stream);
+    if (se != cudaSuccess) {
+        dsv4_cuda_experts_free(cb->ctx, x);
+        free(m);
+        return cu_err(err, DSV4_EBACKEND, "cuda: moe_experts: copy: %s", cudaGetErrorString(se));
+    }
+    for (int e = 0; e < n_exp; e++) {
+        const dsv4_linear *ws[3] = {&w1[e], &w3[e], &w2[e]};
+        for (int j = 0; j < 3; j++) {
+            cu_lin *l = (cu_lin *)ws[j]->w.data; /* our own record (lin_of checked it above) */
+            if (l->borrowed) continue;
+            dsv4_cuda_weight cw = l->cw;
+            dsv4_cuda_free(cb->ctx, cw.w);
+            dsv4_cuda_free(cb->ctx, cw.scale);
+            l->cw.w = (uint8_t *)*bufs[j] + e * wb;
+            l->cw.scale = (uint8_t *)*bufs[3 + j] + e * sb;
+            l->borrowed = 1;
+        }
+    }
     m->next = cb->moes;
     cb->moes = m;
     *out = x;
