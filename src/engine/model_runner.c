@@ -9,6 +9,7 @@
 #include "model/forward.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
+#include "parallel/tp_shard.h"
 
 struct dsv4_model_runner {
     dsv4_config cfg;
@@ -16,6 +17,7 @@ struct dsv4_model_runner {
     dsv4_weights *w;
     dsv4_backend *be;
     dsv4_model *model;
+    dsv4_tp_shard *shard;  /* tensor parallel: this rank's slice of w (model runs on it), else NULL */
     dsv4_state *state;
     /* DSpark drafter (spec/DSPARK.md §2), when the checkpoint has stages and
      * speculation was asked for. The last forward's context features stay
@@ -57,6 +59,7 @@ void dsv4_model_runner_free(dsv4_model_runner *mr) {
     free(mr->hw);
     dsv4_state_free(mr->state);
     dsv4_model_free(mr->model);
+    dsv4_tp_shard_free(mr->shard);
     if (mr->be) mr->be->free(mr->be);
     dsv4_weights_free(mr->w);
     dsv4_ckpt_free(mr->ckpt);
@@ -65,6 +68,11 @@ void dsv4_model_runner_free(dsv4_model_runner *mr) {
 
 int dsv4_model_runner_open(const char *dir, const dsv4_model_runner_opts *o, dsv4_model_runner **out,
                            dsv4_err *err) {
+    return dsv4_model_runner_open_tp(dir, o, 0, 1, NULL, out, err);
+}
+
+int dsv4_model_runner_open_tp(const char *dir, const dsv4_model_runner_opts *o, int tp_rank, int tp_size,
+                              struct dsv4_comm *comm, dsv4_model_runner **out, dsv4_err *err) {
     *out = NULL;
     if (o->n_slots < 1 || o->max_len < 2 || o->max_spec < 0)
         return dsv4_err_set(err, DSV4_EINVAL, "model runner: bad sizes (slots %d, max_len %d, max_spec %d)",
@@ -81,7 +89,12 @@ int dsv4_model_runner_open(const char *dir, const dsv4_model_runner_opts *o, dsv
         rc = err ? err->code : DSV4_EBACKEND;
         goto fail;
     }
-    if ((rc = dsv4_model_create(&mr->cfg, mr->w, mr->be, &mr->model, err))) goto fail;
+    if (tp_size > 1 && (rc = dsv4_tp_shard_create(&mr->cfg, mr->w, tp_rank, tp_size, &mr->shard, err)))
+        goto fail;
+    if ((rc = dsv4_model_create(mr->shard ? &mr->shard->cfg : &mr->cfg, mr->shard ? &mr->shard->w : mr->w, mr->be,
+                                &mr->model, err)))
+        goto fail;
+    for (int l = 0; l < mr->model->n_layers; l++) mr->model->layers[l].comm = comm;
     if (!(mr->hw = calloc((size_t)o->n_slots, sizeof(int64_t)))) {
         rc = dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
         goto fail;
@@ -96,13 +109,14 @@ int dsv4_model_runner_open(const char *dir, const dsv4_model_runner_opts *o, dsv
     rc = dsv4_state_create(mr->be, &mr->cfg, ratios, L, o->n_slots, o->max_len, o->max_spec, &mr->state, err);
     free(ratios);
     if (rc) goto fail;
-    if (o->max_spec > 0 && mr->cfg.draft_kind == DSV4_DRAFT_DSPARK) {
+    int drafts = o->max_spec > 0 && tp_rank == 0; /* TP: the drafter runs replicated on rank 0 only */
+    if (drafts && mr->cfg.draft_kind == DSV4_DRAFT_DSPARK) {
         if ((rc = dsv4_dspark_create(&mr->cfg, mr->w, mr->model, o->n_slots, &mr->dspark, err))) goto fail;
         if (!(mr->ingested = calloc((size_t)o->n_slots, sizeof(int64_t)))) {
             rc = dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
             goto fail;
         }
-    } else if (o->max_spec > 0 && mr->cfg.draft_kind == DSV4_DRAFT_MTP) {
+    } else if (drafts && mr->cfg.draft_kind == DSV4_DRAFT_MTP) {
         if ((rc = dsv4_mtp_create(&mr->cfg, mr->w, mr->model, o->n_slots, o->max_len, o->max_spec + 1, &mr->mtp,
                                   err)))
             goto fail;

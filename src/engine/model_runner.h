@@ -12,6 +12,7 @@
 #include "model/config.h"
 
 typedef struct dsv4_model_runner dsv4_model_runner;
+struct dsv4_comm; /* src/parallel/comm.h */
 
 typedef struct dsv4_model_runner_opts {
     int n_slots;            /* concurrent requests (state is allocated per slot) */
@@ -28,6 +29,16 @@ typedef struct dsv4_model_runner_opts {
  */
 int dsv4_model_runner_open(const char *dir, const dsv4_model_runner_opts *o, dsv4_model_runner **out,
                            dsv4_err *err);
+/*
+ * dsv4_model_runner_open_tp — the same for one tensor-parallel rank (the TP
+ * runner, src/parallel/tp_runner.h, opens one per rank): the target model is
+ * rank tp_rank's slice of tp_size (src/parallel/tp_shard.h), its blocks
+ * all-reduce through comm, and only rank 0 loads the drafter (replicated,
+ * not sharded). tp_size 1 with comm NULL is dsv4_model_runner_open.
+ * Errors: as open, plus dsv4_tp_check's refusal of a size that does not divide the model.
+ */
+int dsv4_model_runner_open_tp(const char *dir, const dsv4_model_runner_opts *o, int tp_rank, int tp_size,
+                              struct dsv4_comm *comm, dsv4_model_runner **out, dsv4_err *err);
 void dsv4_model_runner_free(dsv4_model_runner *mr);
 
 /* The engine interface over this model (valid while mr lives). */
@@ -41,7 +52,7 @@ dsv4_runner dsv4_model_runner_iface(dsv4_model_runner *mr);
  */
 int dsv4_model_runner_drafter(dsv4_model_runner *mr, dsv4_drafter *out);
 
-/* The parsed config (kind, vocab, eos, draft stages). */
+/* The parsed config (kind, vocab, eos, draft stages) — the whole model's, also under TP. */
 const dsv4_config *dsv4_model_runner_config(const dsv4_model_runner *mr);
 
 #endif

@@ -31,6 +31,8 @@ typedef struct dsv4_block_dev {
     dsv4_block_w w;          /* every view uploaded (data in backend memory) */
     dsv4_linear *w1, *w3, *w2; /* [n_experts] routed expert linears, for moe_experts */
     dsv4_rope rope;          /* θ=rope_theta (ratio 0) or compress θ + YaRN (ratio > 0) */
+    struct dsv4_comm *comm;  /* tensor parallel (src/parallel/comm.h): the block holds one rank's
+                                slice and all-reduces its attention and FFN outputs; NULL = whole */
 } dsv4_block_dev;
 
 /* The target model on a backend. Borrows cfg, the weights and the backend
