@@ -165,7 +165,7 @@ int dsv4_cmd_run(int argc, char **argv) {
     if (!rc && ids.n == 0) rc = dsv4_err_set(&err, DSV4_EINVAL, "run: the prompt has no tokens");
     int max_len = (int)ids.n + o.max_tokens + o.spec_k + 2;
     if (!rc) {
-        dsv4_model_runner_opts mo = {1, max_len, o.spec_k, o.numerics};
+        dsv4_model_runner_opts mo = {.n_slots = 1, .max_len = max_len, .max_spec = o.spec_k, .numerics = o.numerics};
         rc = dsv4_model_runner_open(o.dir, &mo, &mr, &err);
     }
     dsv4_drafter dr;

@@ -29,6 +29,7 @@ static void on_signal(int sig) { g_stop = 1; }
 static int parse_spec(const char *json, dsv4_service_opts *so, char *method, size_t mlen, dsv4_err *err) {
     so->spec_k = 0;
     so->n_k_schedule = 0;
+    so->draft_sampled = 0;
     if (!json) return 0;
     cJSON *j = cJSON_Parse(json);
     int rc = 0;
@@ -46,7 +47,9 @@ static int parse_spec(const char *json, dsv4_service_opts *so, char *method, siz
             so->spec_k = (int)it->valuedouble;
         } else if (!strcmp(k, "draft_sample_method") && cJSON_IsString(it) &&
                    (!strcmp(it->valuestring, "greedy") || !strcmp(it->valuestring, "probabilistic"))) {
-            /* drafts are argmax either way today; verification stays lossless (DSPARK.md §4.3) */
+            /* probabilistic: DSpark drafts sampled from softmax(z/T) for T > 0 requests, q handed
+             * to the verifier; greedy: argmax drafts. Lossless either way (DSPARK.md §4.3). */
+            so->draft_sampled = !strcmp(it->valuestring, "probabilistic");
         } else if (!strcmp(k, "num_speculative_tokens_per_batch_size") && cJSON_IsArray(it) &&
                    cJSON_GetArraySize(it) <= 8) {
             const cJSON *e;
@@ -150,6 +153,7 @@ int dsv4_cmd_serve(int argc, char **argv) {
     so.default_chat_template_kwargs = a.default_chat_template_kwargs;
     so.spec_method = spec_method;
     so.enable_prefix_caching = a.enable_prefix_caching;
+    so.draft_sampled = spec.draft_sampled;
     so.spec_k = spec.spec_k;
     so.n_k_schedule = spec.n_k_schedule;
     memcpy(so.k_schedule, spec.k_schedule, sizeof so.k_schedule);

@@ -20,6 +20,9 @@ typedef struct dsv4_model_runner_opts {
     int max_spec;           /* speculative rows per request per step that may be rejected (k), 0 = none;
                              * > 0 on a DSpark checkpoint also loads the drafter */
     dsv4_numerics numerics; /* DSV4_NUMERICS_REFERENCE for serving */
+    int draft_sampled;      /* 1: DSpark drafts are sampled from softmax(z/T) for requests with
+                             * temperature > 0 (vLLM draft_sample_method "probabilistic",
+                             * spec/DSPARK.md §4.3); 0: argmax drafts ("greedy") */
 } dsv4_model_runner_opts;
 
 /*

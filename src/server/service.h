@@ -38,6 +38,7 @@ typedef struct dsv4_service_opts {
     int stop_in_reasoning;       /* --stop-in-reasoning active */
     const char *default_chat_template_kwargs; /* JSON object text or NULL */
     int enable_prefix_caching;   /* --enable-prefix-caching (spec/SERVING.md §8.7) */
+    int draft_sampled;           /* --speculative-config draft_sample_method "probabilistic" */
 } dsv4_service_opts;
 
 /*
