@@ -155,7 +155,7 @@ typedef struct {
 } opened;
 
 static int open_runner(const char *dir, int tp, int k, dsv4_numerics num, opened *o) {
-    dsv4_model_runner_opts mo = {4, 256, k, num};
+    dsv4_model_runner_opts mo = {.n_slots = 4, .max_len = 256, .max_spec = k, .numerics = num};
     dsv4_err err = {0};
     memset(o, 0, sizeof *o);
     int rc;
@@ -166,7 +166,7 @@ static int open_runner(const char *dir, int tp, int k, dsv4_numerics num, opened
             o->has_dr = dsv4_model_runner_drafter(o->mr, &o->dr);
         }
     } else {
-        dsv4_tp_runner_opts to = {tp, NULL, 1};
+        dsv4_tp_runner_opts to = {.tp_size = tp, .check_ranks = 1};
         rc = dsv4_tp_runner_open(dir, &mo, &to, &o->tp, &err);
         if (!rc) {
             o->run = dsv4_tp_runner_iface(o->tp);
@@ -252,7 +252,7 @@ static void gen_all(const char *dir, int tp, int k, int32_t out[3][MAXT]) {
         return;
     }
     CHECK_EQ_INT(o.has_dr, k > 0);
-    dsv4_engine_opts eo = {4, 16, 256, k, 1, {{0}}, 0, 0};
+    dsv4_engine_opts eo = {.max_num_seqs = 4, .max_num_batched_tokens = 16, .max_model_len = 256, .spec_k = k, .eos_id = 1};
     dsv4_engine *e = NULL;
     dsv4_err err = {0};
     CHECK_EQ_INT(dsv4_engine_create(&eo, &o.run, o.has_dr ? &o.dr : NULL, &e, &err), 0);
@@ -285,8 +285,8 @@ int main(void) {
     test_check();
     /* TP = 4 does not divide the tiny models (o_groups 2): refused before loading */
     {
-        dsv4_model_runner_opts mo = {2, 64, 0, DSV4_NUMERICS_REFERENCE};
-        dsv4_tp_runner_opts to = {4, NULL, 1};
+        dsv4_model_runner_opts mo = {.n_slots = 2, .max_len = 64, .numerics = DSV4_NUMERICS_REFERENCE};
+        dsv4_tp_runner_opts to = {.tp_size = 4, .check_ranks = 1};
         dsv4_tp_runner *t = NULL;
         dsv4_err err = {0};
         CHECK_EQ_INT(dsv4_tp_runner_open("models/tiny-flash", &mo, &to, &t, &err), DSV4_EINVAL);
