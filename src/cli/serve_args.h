@@ -20,6 +20,7 @@ typedef struct dsv4_serve_args {
     double gpu_memory_utilization;    /* --gpu-memory-utilization, default 0.9 */
     const char *kv_cache_dtype;       /* --kv-cache-dtype: auto | bf16 | fp8_ds_mla */
     int tensor_parallel_size;         /* --tensor-parallel-size / -tp, default 1 */
+    const char *device;               /* --device: auto | cpu | cuda (default auto) */
     const char *speculative_config;   /* --speculative-config JSON (validated by the engine) */
     const char *load_format;          /* --load-format: auto | dummy */
     int enable_prefix_caching;        /* default on; --no-enable-prefix-caching turns it off */

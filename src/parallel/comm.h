@@ -78,8 +78,9 @@ void dsv4_comm_local_recover(dsv4_comm *c);
 
 /*
  * NCCL (src/parallel/comm_nccl.c). libnccl.so.2 is loaded with dlopen at run
- * time, never linked: first $DSV4_NCCL_LIB (a path), then $NCCL_LIBRARY, then
- * the loader's default search ("libnccl.so.2"). The pip wheel nvidia-nccl-cu13
+ * time, never linked, from the first of these that is set: $DSV4_NCCL_LIB (a
+ * path), $NCCL_LIBRARY, else the loader's default search ("libnccl.so.2"); an
+ * explicit path that does not load is an error, not a fall-through. The pip wheel nvidia-nccl-cu13
  * puts it in site-packages/nvidia/nccl/lib: point DSV4_NCCL_LIB there.
  *
  * dsv4_nccl_unique_id — ncclGetUniqueId into id (128 bytes), on rank 0 only;

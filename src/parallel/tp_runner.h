@@ -48,7 +48,7 @@ int dsv4_tp_runner_open(const char *dir, const dsv4_model_runner_opts *o, const 
 /* Stop the workers and free every rank. NULL-safe. */
 void dsv4_tp_runner_free(dsv4_tp_runner *t);
 
-/* The engine interface (valid while t lives). Calls must come from the thread that opened t. */
+/* The engine interface (valid while t lives). Calls must not overlap (the engine makes one at a time). */
 dsv4_runner dsv4_tp_runner_iface(dsv4_tp_runner *t);
 /* Rank 0's drafter (see banner); returns 0 when the checkpoint has none or max_spec was 0. */
 int dsv4_tp_runner_drafter(dsv4_tp_runner *t, dsv4_drafter *out);

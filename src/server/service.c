@@ -9,6 +9,7 @@
 
 #include "engine/engine.h"
 #include "engine/model_runner.h"
+#include "parallel/tp_runner.h"
 #include "server/service_internal.h"
 #include "text/tokenizer.h"
 
@@ -86,8 +87,13 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
                                  .max_spec = o->spec_k,
                                  .numerics = DSV4_NUMERICS_REFERENCE,
                                  .draft_sampled = o->draft_sampled};
-    if ((rc = dsv4_model_runner_open(o->model_dir, &mo, &s->mr, err))) goto fail;
-    const dsv4_config *cfg = dsv4_model_runner_config(s->mr);
+    if (o->tensor_parallel_size > 1) { /* ranks as threads of this process (src/parallel/tp_runner.h) */
+        dsv4_tp_runner_opts to = {.tp_size = o->tensor_parallel_size};
+        if ((rc = dsv4_tp_runner_open(o->model_dir, &mo, &to, &s->tp, err))) goto fail;
+    } else if ((rc = dsv4_model_runner_open(o->model_dir, &mo, &s->mr, err))) {
+        goto fail;
+    }
+    const dsv4_config *cfg = s->tp ? dsv4_tp_runner_config(s->tp) : dsv4_model_runner_config(s->mr);
     if (s->max_model_len > cfg->max_position_embeddings) {
         rc = dsv4_err_set(err, DSV4_EINVAL, "--max-model-len %lld exceeds the model's max_position_embeddings %lld",
                           (long long)s->max_model_len, (long long)cfg->max_position_embeddings);
@@ -96,9 +102,10 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
     s->vocab = cfg->vocab_size;
     if (dsv4_tokenizer_vocab_size(s->tok) < s->vocab)
         dsv4_log(DSV4_LOG_WARN, "tokenizer has %d ids, the model %d", dsv4_tokenizer_vocab_size(s->tok), s->vocab);
-    dsv4_runner run = dsv4_model_runner_iface(s->mr);
+    dsv4_runner run = s->tp ? dsv4_tp_runner_iface(s->tp) : dsv4_model_runner_iface(s->mr);
     dsv4_drafter dr;
-    int has_drafter = o->spec_k > 0 && dsv4_model_runner_drafter(s->mr, &dr);
+    int has_drafter =
+        o->spec_k > 0 && (s->tp ? dsv4_tp_runner_drafter(s->tp, &dr) : dsv4_model_runner_drafter(s->mr, &dr));
     dsv4_draft_kind want = want_mtp ? DSV4_DRAFT_MTP : DSV4_DRAFT_DSPARK;
     if (o->spec_k > 0 && (!has_drafter || cfg->draft_kind != want)) {
         rc = dsv4_err_set(err, DSV4_EINVAL,
@@ -123,10 +130,11 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
         goto fail;
     }
     dsv4_log(DSV4_LOG_INFO,
-             "model %s: %s, %d layers, vocab %d, profile %s; CPU backend; max_model_len %lld, "
+             "model %s: %s, %d layers, vocab %d, profile %s; CPU backend, tensor parallel %d; max_model_len %lld, "
              "max_num_seqs %d (state for %d x %lld tokens); speculation %s k=%d; prefix caching %s",
              o->model_dir, dsv4_config_kind_name(cfg), cfg->num_hidden_layers, cfg->vocab_size,
-             dsv4_profile_name(profile), (long long)s->max_model_len, o->max_num_seqs, o->max_num_seqs + cache_slots,
+             dsv4_profile_name(profile), o->tensor_parallel_size > 1 ? o->tensor_parallel_size : 1,
+             (long long)s->max_model_len, o->max_num_seqs, o->max_num_seqs + cache_slots,
              (long long)s->max_model_len, o->spec_k ? "dspark" : "off", o->spec_k,
              o->enable_prefix_caching ? "on" : "off");
     if ((rc = warm_up(s, err))) goto fail;
@@ -143,6 +151,7 @@ void dsv4_service_free(dsv4_service *s) {
     if (!s) return;
     dsv4_engine_free(s->engine);
     dsv4_model_runner_free(s->mr);
+    dsv4_tp_runner_free(s->tp);
     dsv4_tokenizer_free(s->tok);
     dsv4_metrics_free(s->metrics);
     cJSON_Delete(s->default_kwargs);

@@ -39,6 +39,7 @@ typedef struct dsv4_service_opts {
     const char *default_chat_template_kwargs; /* JSON object text or NULL */
     int enable_prefix_caching;   /* --enable-prefix-caching (spec/SERVING.md §8.7) */
     int draft_sampled;           /* --speculative-config draft_sample_method "probabilistic" */
+    int tensor_parallel_size;    /* --tensor-parallel-size; > 1: ranks as threads (src/parallel/tp_runner.h) */
 } dsv4_service_opts;
 
 /*

@@ -280,7 +280,22 @@ static void compare_tokens(const char *dir, int k) {
         CHECK_MSG(!memcmp(a[i], b[i], sizeof a[i]), "%s k=%d prompt %d: TP=2 greedy tokens != TP=1", dir, k, i);
 }
 
+/* NCCL is loaded at run time: a missing library is a clear error, not a link failure. */
+static void test_nccl_missing(void) {
+    setenv("DSV4_NCCL_LIB", "/nonexistent/libnccl.so.2", 1);
+    uint8_t id[DSV4_NCCL_ID_BYTES];
+    dsv4_err err = {0};
+    CHECK_EQ_INT(dsv4_nccl_unique_id(id, &err), DSV4_EUNSUPPORTED);
+    CHECK_CONTAINS(err.msg, "/nonexistent/libnccl.so.2");
+    CHECK_CONTAINS(err.msg, "DSV4_NCCL_LIB");
+    dsv4_comm *c = NULL;
+    CHECK_EQ_INT(dsv4_comm_nccl_create(0, 2, id, &c, &err), DSV4_EUNSUPPORTED);
+    CHECK(c == NULL);
+    unsetenv("DSV4_NCCL_LIB");
+}
+
 int main(void) {
+    test_nccl_missing();
     test_local_comm();
     test_check();
     /* TP = 4 does not divide the tiny models (o_groups 2): refused before loading */
