@@ -125,7 +125,7 @@ static void send_reply(int fd, int status, const char *msg, const uint8_t *id, d
     uint8_t rep[REPLY_BYTES];
     memset(rep, 0, sizeof rep);
     put32(rep, (uint32_t)status);
-    snprintf((char *)rep + 4, 256, "%s", msg ? msg : "");
+    snprintf((char *)rep + 4, 256, "%.255s", msg ? msg : "");
     if (id) memcpy(rep + 4 + 256, id, DSV4_RDV_ID_BYTES);
     (void)io_all(fd, rep, sizeof rep, 1, deadline);
 }
