@@ -294,10 +294,76 @@ static void test_nccl_missing(void) {
     unsetenv("DSV4_NCCL_LIB");
 }
 
+/* A communicator that fails rank 1's n-th all-reduce without entering the
+ * collective: the runner must abort the peers (no hang), report rank 1's
+ * error, and work again once the group is recovered. */
+typedef struct {
+    dsv4_comm c;
+    dsv4_comm *in;
+    int fail_at, count;
+} flaky;
+static int fl_reduce(dsv4_comm *c, dsv4_backend *be, dsv4_buf *b, dsv4_err *err) {
+    flaky *f = (flaky *)c;
+    if (c->rank == 1 && ++f->count == f->fail_at) return dsv4_err_set(err, DSV4_EBACKEND, "injected failure");
+    return f->in->all_reduce_sum(f->in, be, b, err);
+}
+static int fl_gather(dsv4_comm *c, dsv4_backend *be, const dsv4_buf *i, dsv4_buf *o, dsv4_err *err) {
+    return ((flaky *)c)->in->all_gather(((flaky *)c)->in, be, i, o, err);
+}
+static int fl_bcast(dsv4_comm *c, void *h, size_t n, int root, dsv4_err *err) {
+    return ((flaky *)c)->in->broadcast(((flaky *)c)->in, h, n, root, err);
+}
+static int fl_barrier(dsv4_comm *c, dsv4_err *err) { return ((flaky *)c)->in->barrier(((flaky *)c)->in, err); }
+static void fl_abort(dsv4_comm *c) { ((flaky *)c)->in->abort(((flaky *)c)->in); }
+static void fl_free(dsv4_comm *c) {
+    ((flaky *)c)->in->free(((flaky *)c)->in);
+    free(c);
+}
+
+static void test_rank_failure(void) {
+    dsv4_comm *in[2], *wrap[2];
+    dsv4_err err = {0};
+    CHECK_EQ_INT(dsv4_comm_local_create(2, in, &err), 0);
+    dsv4_comm *inner0 = in[0];
+    for (int r = 0; r < 2; r++) {
+        flaky *f = calloc(1, sizeof *f);
+        f->c = (dsv4_comm){"flaky", r, 2, f, fl_reduce, fl_gather, fl_bcast, fl_barrier, fl_abort, fl_free};
+        f->in = in[r];
+        f->fail_at = 3; /* layer 1's attention all-reduce */
+        wrap[r] = &f->c;
+    }
+    dsv4_model_runner_opts mo = {.n_slots = 2, .max_len = 64, .numerics = DSV4_NUMERICS_REFERENCE};
+    dsv4_tp_runner_opts to = {.tp_size = 2, .comms = wrap, .check_ranks = 1};
+    dsv4_tp_runner *t = NULL;
+    CHECK_EQ_INT(dsv4_tp_runner_open("models/tiny-flash", &mo, &to, &t, &err), 0);
+    if (!t) return;
+    dsv4_runner run = dsv4_tp_runner_iface(t);
+    int32_t tok[3] = {5, 6, 7}, pos[3] = {0, 1, 2}, slot[3] = {0, 0, 0}, sidx[3] = {0}, cu[2] = {0, 3}, ss = 0, p0 = 0;
+    int32_t rows[1] = {2};
+    dsv4_batch b = {3, 1, tok, pos, slot, sidx, cu, &ss, &p0};
+    float *lg1 = malloc(sizeof(float) * (size_t)run.vocab), *lg2 = malloc(sizeof(float) * (size_t)run.vocab);
+    CHECK_EQ_INT(run.forward(run.ctx, &b, rows, 1, lg1, &err), DSV4_EBACKEND);
+    CHECK_CONTAINS(err.msg, "rank 1: ");
+    CHECK_CONTAINS(err.msg, "injected failure");
+    dsv4_comm_local_recover(inner0); /* the runner recovers only communicators it made */
+    CHECK_EQ_INT(run.forward(run.ctx, &b, rows, 1, lg1, &err), 0);
+    /* a bad batch fails on every rank before any collective, names the row, and leaves the runner usable */
+    pos[2] = 1000;
+    CHECK(run.forward(run.ctx, &b, rows, 1, lg2, &err) != 0);
+    CHECK_CONTAINS(err.msg, "position 1000");
+    pos[2] = 2;
+    CHECK_EQ_INT(run.forward(run.ctx, &b, rows, 1, lg2, &err), 0);
+    CHECK(!memcmp(lg1, lg2, sizeof(float) * (size_t)run.vocab));
+    free(lg1);
+    free(lg2);
+    dsv4_tp_runner_free(t);
+}
+
 int main(void) {
     test_nccl_missing();
     test_local_comm();
     test_check();
+    test_rank_failure();
     /* TP = 4 does not divide the tiny models (o_groups 2): refused before loading */
     {
         dsv4_model_runner_opts mo = {.n_slots = 2, .max_len = 64, .numerics = DSV4_NUMERICS_REFERENCE};
