@@ -19,6 +19,7 @@ struct dsv4_model_runner {
     dsv4_backend *be;
     dsv4_model *model;
     dsv4_tp_shard *shard;  /* tensor parallel: this rank's slice of w (model runs on it), else NULL */
+    dsv4_model draft_target; /* tensor parallel: the model with the whole-vocabulary head, for the drafter */
     dsv4_state *state;
     /* DSpark drafter (spec/DSPARK.md §2), when the checkpoint has stages and
      * speculation was asked for. The last forward's context features stay
@@ -98,6 +99,16 @@ int dsv4_model_runner_open_tp(const char *dir, const dsv4_model_runner_opts *o, 
                                 &mr->model, err)))
         goto fail;
     for (int l = 0; l < mr->model->n_layers; l++) mr->model->layers[l].comm = comm;
+    dsv4_model *draft_target = mr->model; /* the drafters read the target's embedding and whole LM head */
+    if (mr->shard && mr->shard->head_split) {
+        mr->model->head_comm = comm;
+        mr->draft_target = *mr->model;
+        mr->draft_target.head = mr->w->head;
+        mr->draft_target.head_comm = NULL;
+        if (tp_rank == 0 && o->max_spec > 0 && (rc = dsv4_upload_linear(mr->be, &mr->draft_target.head, err)))
+            goto fail;
+        draft_target = &mr->draft_target;
+    }
     if (!(mr->hw = calloc((size_t)o->n_slots, sizeof(int64_t)))) {
         rc = dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
         goto fail;
@@ -114,13 +125,13 @@ int dsv4_model_runner_open_tp(const char *dir, const dsv4_model_runner_opts *o, 
     if (rc) goto fail;
     int drafts = o->max_spec > 0 && tp_rank == 0; /* TP: the drafter runs replicated on rank 0 only */
     if (drafts && mr->cfg.draft_kind == DSV4_DRAFT_DSPARK) {
-        if ((rc = dsv4_dspark_create(&mr->cfg, mr->w, mr->model, o->n_slots, &mr->dspark, err))) goto fail;
+        if ((rc = dsv4_dspark_create(&mr->cfg, mr->w, draft_target, o->n_slots, &mr->dspark, err))) goto fail;
         if (!(mr->ingested = calloc((size_t)o->n_slots, sizeof(int64_t)))) {
             rc = dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
             goto fail;
         }
     } else if (drafts && mr->cfg.draft_kind == DSV4_DRAFT_MTP) {
-        if ((rc = dsv4_mtp_create(&mr->cfg, mr->w, mr->model, o->n_slots, o->max_len, o->max_spec + 1, &mr->mtp,
+        if ((rc = dsv4_mtp_create(&mr->cfg, mr->w, draft_target, o->n_slots, o->max_len, o->max_spec + 1, &mr->mtp,
                                   err)))
             goto fail;
         size_t HD = (size_t)mr->cfg.hc_mult * (size_t)mr->cfg.hidden_size;

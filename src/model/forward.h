@@ -45,6 +45,8 @@ typedef struct dsv4_model {
     dsv4_hc_w hc_head;
     int n_layers;
     dsv4_block_dev *layers;  /* [n_layers] */
+    struct dsv4_comm *head_comm; /* tensor parallel, vocabulary-parallel head: `head` holds this rank's
+                                    rows and the logits are all-gathered (src/parallel/tp_shard.c); NULL = whole */
 } dsv4_model;
 
 /*

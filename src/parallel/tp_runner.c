@@ -75,8 +75,7 @@ static void run_job(dsv4_tp_runner *t, tp_rank *r, float *logits0) {
     case JOB_FORWARD: {
         int nl = t->job.n_logits;
         float *lg = logits0;
-        if (r->rank > 0) {
-            if (!t->check) nl = 0;
+        if (r->rank > 0) { /* every rank runs the head: its vocabulary block is all-gathered */
             size_t need = (size_t)nl * (size_t)r->it.vocab;
             if (need > r->logits_cap) {
                 float *p = realloc(r->logits, need * sizeof(float));

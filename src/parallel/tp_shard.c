@@ -8,12 +8,16 @@
  *    G/N groups' rows (a view) and wo_b the matching G/N·o_lora_rank input
  *    columns (a copy: columns are not contiguous). wo_b therefore produces a
  *    PARTIAL [T][d] sum: all-reduce #1.
+ *  - LM head: vocabulary rows (a view) when N divides the vocabulary; the
+ *    ranks' logit blocks are all-gathered (one collective per forward, of
+ *    [rows needing logits][V]). Replicated otherwise.
  *  - replicated: wq_a/q_norm (the q latent feeds every head and the indexer),
  *    the single KV head (wkv, kv_norm), both compressors, the whole lightning
  *    indexer (its 64 heads score ONE shared top-k; splitting them would need
  *    an all-reduce of the scores before top-k — a third collective — to save
  *    0.5 GB/step of BF16 reads: not worth it at batch 1), the router, the
- *    hyper-connection mixers, norms, embedding and LM head, and the drafter.
+ *    hyper-connection mixers, norms, embedding, and the drafter (which keeps a
+ *    whole-vocabulary view of the head on rank 0).
  *  - shared expert: intermediate dim. w1/w3 rows (views), w2 columns (copies).
  *  - routed experts: ALSO the intermediate dim (every rank holds a 1/N slice
  *    of all 256 experts), not expert-parallel. Why: at batch 1 a token picks
@@ -278,6 +282,15 @@ int dsv4_tp_shard_create(const dsv4_config *cfg, const dsv4_weights *w, int rank
         return rc;
     }
     s->w.layers = s->layers;
+    /* vocabulary-parallel LM head when the vocabulary divides (129280 = 2^7 * 1010) */
+    if (w->head.out % size == 0 && w->head.w.dtype != DSV4_DT_INVALID) {
+        int64_t Vl = w->head.out / size;
+        if ((rc = slice_rows(&s->w.head, rank * Vl, Vl, err))) {
+            dsv4_tp_shard_free(s);
+            return dsv4_err_prefix(err, "LM head: ");
+        }
+        s->head_split = 1;
+    }
     *out = s;
     return 0;
 }

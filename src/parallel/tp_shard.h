@@ -22,7 +22,8 @@ extern "C" {
 typedef struct dsv4_tp_shard {
     int rank, size;
     dsv4_config cfg;   /* local: heads and output groups divided by size */
-    dsv4_weights w;    /* target tensors sliced; embed/head/norm/hc_head and drafts shared */
+    dsv4_weights w;    /* target tensors sliced; embed/norm/hc_head and drafts shared */
+    int head_split;    /* w.head holds vocabulary rows [rank*V/size, +V/size): logits need an all_gather */
     /* private */
     dsv4_block_w *layers;
     dsv4_expert_w *experts;  /* all layers' expert slices, one allocation */

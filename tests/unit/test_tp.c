@@ -26,6 +26,8 @@
 #include "engine/engine.h"
 #include "engine/model_runner.h"
 #include "model/config.h"
+#include "model/safetensors.h"
+#include "model/weights.h"
 #include "parallel/comm.h"
 #include "parallel/tp_runner.h"
 #include "parallel/tp_shard.h"
@@ -142,6 +144,59 @@ static void test_check(void) {
     cfg.o_groups = 6;
     CHECK_EQ_INT(dsv4_tp_check(&cfg, 2, &err), DSV4_EINVAL);
     CHECK_CONTAINS(err.msg, "128x128");
+}
+
+/* ---------- the slices: views where rows are split, copies where columns are ---------- */
+
+static void test_shard_shapes(void) {
+    dsv4_config cfg;
+    dsv4_ckpt *ck = NULL;
+    dsv4_weights *w = NULL;
+    dsv4_tp_shard *s = NULL;
+    dsv4_err err = {0};
+    int rc = dsv4_ckpt_open("models/tiny-flash", &ck, &err);
+    if (!rc) rc = dsv4_config_load("models/tiny-flash", &cfg, &err);
+    if (!rc) rc = dsv4_config_set_drafts(&cfg, ck, &err);
+    if (!rc) rc = dsv4_weights_bind(&cfg, ck, &w, &err);
+    if (!rc) rc = dsv4_tp_shard_create(&cfg, w, 1, 2, &s, &err);
+    CHECK_MSG(rc == 0, "%s", err.msg);
+    if (!rc) {
+        const dsv4_block_w *a = &w->layers[2], *b = &s->w.layers[2]; /* a ratio-128 layer */
+        CHECK_EQ_INT(s->cfg.num_attention_heads, 2);
+        CHECK_EQ_INT(s->cfg.o_groups, 1);
+        /* wq_b: heads 2..3 = rows 256..511, a view 256 rows into the checkpoint's bytes */
+        CHECK_EQ_INT(b->attn.wq_b.out, 256);
+        CHECK((const uint8_t *)b->attn.wq_b.w.data == (const uint8_t *)a->attn.wq_b.w.data + 256 * a->attn.wq_b.in);
+        CHECK_EQ_INT(b->attn.wq_b.scale.shape[0], 2);
+        /* wo_a: group 1 = rows 64..127, inside scale block 0; wo_b: columns 64..127, a copy */
+        CHECK_EQ_INT(b->attn.wo_a.out, 64);
+        CHECK_EQ_INT(b->attn.wo_a.scale.shape[0], 1);
+        CHECK_EQ_INT(b->attn.wo_b.in, 64);
+        CHECK_EQ_INT(b->attn.wo_b.w.shape[1], 64);
+        CHECK(b->attn.wo_b.w.data != a->attn.wo_b.w.data);
+        CHECK(!memcmp(b->attn.wo_b.w.data, (const uint8_t *)a->attn.wo_b.w.data + 64, 64));
+        CHECK_EQ_INT(b->attn.sink.shape[0], 2);
+        /* replicated: the KV head, the compressor */
+        CHECK(b->attn.wkv.w.data == a->attn.wkv.w.data && b->attn.wkv.out == a->attn.wkv.out);
+        CHECK(b->attn.compressor.wkv.w.data == a->attn.compressor.wkv.w.data);
+        /* shared expert and every routed expert: half the intermediate width */
+        CHECK_EQ_INT(b->ffn.shared.w1.out, 64);
+        CHECK_EQ_INT(b->ffn.shared.w2.in, 64);
+        CHECK_EQ_INT(b->ffn.experts[7].w1.out, 64);
+        CHECK_EQ_INT(b->ffn.experts[7].w3.out, 64);
+        CHECK_EQ_INT(b->ffn.experts[7].w2.in, 64);
+        CHECK_EQ_INT(b->ffn.experts[7].w2.scale.shape[1], 2); /* FP4: 64 / 32 */
+        /* the source weights are untouched */
+        CHECK_EQ_INT(a->attn.wq_b.out, 512);
+        CHECK_EQ_INT(a->ffn.experts[7].w2.in, 128);
+        /* vocabulary-parallel head: rows 256..511 */
+        CHECK_EQ_INT(s->head_split, 1);
+        CHECK_EQ_INT(s->w.head.out, 256);
+        CHECK_EQ_INT(w->head.out, 512);
+    }
+    dsv4_tp_shard_free(s);
+    dsv4_weights_free(w);
+    dsv4_ckpt_free(ck);
 }
 
 /* ---------- TP = 2 vs TP = 1 ---------- */
@@ -364,6 +419,7 @@ int main(void) {
     test_local_comm();
     test_check();
     test_rank_failure();
+    test_shard_shapes();
     /* TP = 4 does not divide the tiny models (o_groups 2): refused before loading */
     {
         dsv4_model_runner_opts mo = {.n_slots = 2, .max_len = 64, .numerics = DSV4_NUMERICS_REFERENCE};
