@@ -162,24 +162,18 @@ static int check_logits(dsv4_tp_runner *t, int n_logits, const float *logits, ds
     return 0;
 }
 
-/*
- * The checks dsv4_forward makes before its first op, made once here: a batch
- * every rank would refuse must not reach the ranks, because a failing rank
- * aborts the communicator (and an aborted NCCL communicator stays dead).
- */
-static int check_batch(const dsv4_tp_runner *t, const dsv4_batch *b, const int32_t *rows, int n_logits,
-                       dsv4_err *err) {
+int dsv4_tp_check_batch(int n_slots, int max_len, int vocab, const dsv4_batch *b, const int32_t *rows, int n_logits,
+                        dsv4_err *err) {
     if (b->n_rows <= 0) return dsv4_err_set(err, DSV4_EINVAL, "forward: empty batch");
     for (int r = 0; r < b->n_rows; r++) {
-        if (b->slot[r] < 0 || b->slot[r] >= t->mo.n_slots)
-            return dsv4_err_set(err, DSV4_EINVAL, "forward: row %d: slot %d out of [0,%d)", r, b->slot[r],
-                                t->mo.n_slots);
-        if (b->pos[r] < 0 || b->pos[r] >= t->mo.max_len)
+        if (b->slot[r] < 0 || b->slot[r] >= n_slots)
+            return dsv4_err_set(err, DSV4_EINVAL, "forward: row %d: slot %d out of [0,%d)", r, b->slot[r], n_slots);
+        if (b->pos[r] < 0 || b->pos[r] >= max_len)
             return dsv4_err_set(err, DSV4_ERANGE, "forward: row %d: position %d beyond max length %d", r, b->pos[r],
-                                t->mo.max_len);
-        if (b->token[r] < 0 || b->token[r] >= t->it0.vocab)
+                                max_len);
+        if (b->token[r] < 0 || b->token[r] >= vocab)
             return dsv4_err_set(err, DSV4_EINVAL, "forward: row %d: token %d outside the vocabulary [0,%d)", r,
-                                b->token[r], t->it0.vocab);
+                                b->token[r], vocab);
     }
     for (int i = 0; i < n_logits; i++)
         if (rows[i] < 0 || rows[i] >= b->n_rows)
@@ -190,7 +184,7 @@ static int check_batch(const dsv4_tp_runner *t, const dsv4_batch *b, const int32
 static int tp_forward(void *ctx, const dsv4_batch *b, const int32_t *rows, int n_logits, float *logits,
                       dsv4_err *err) {
     dsv4_tp_runner *t = ctx;
-    int rc = check_batch(t, b, rows, n_logits, err);
+    int rc = dsv4_tp_check_batch(t->mo.n_slots, t->mo.max_len, t->it0.vocab, b, rows, n_logits, err);
     if (rc) return rc;
     t->job.op = JOB_FORWARD;
     t->job.b = b;

@@ -54,6 +54,16 @@ int dsv4_tp_runner_drafter(dsv4_tp_runner *t, dsv4_drafter *out);
 /* The whole model's config. */
 const dsv4_config *dsv4_tp_runner_config(const dsv4_tp_runner *t);
 
+/*
+ * dsv4_tp_check_batch — the checks dsv4_forward makes before its first op
+ * (slot in [0,n_slots), position in [0,max_len), token in [0,vocab), logit
+ * rows in [0,T)), made once on rank 0 before a batch reaches the ranks: a
+ * failing rank aborts the communicator, and an aborted NCCL one stays dead.
+ * Errors: DSV4_EINVAL / DSV4_ERANGE naming the row.
+ */
+int dsv4_tp_check_batch(int n_slots, int max_len, int vocab, const dsv4_batch *b, const int32_t *rows, int n_logits,
+                        dsv4_err *err);
+
 #ifdef __cplusplus
 }
 #endif

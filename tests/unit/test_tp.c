@@ -4,7 +4,10 @@
  * against TP = 1 on models/tiny-flash and models/tiny-dspark — logits within
  * a stated tolerance, greedy tokens identical over a generation with
  * speculation on and off, and every rank's logits bit-identical to rank 0's
- * at every step (the runner's check_ranks).
+ * at every step (the runner's check_ranks); a rank failing inside a
+ * collective aborts its peers instead of hanging; and the multi-node step
+ * plans (tp_plan.h), where rank 1 learns every call only through the
+ * communicator, give the same tokens.
  *
  * Tolerances. In HF numerics (no W8A8 emulation) a TP rank computes exactly
  * the same products as TP = 1; only the order of the fp32 sums changes (the
@@ -29,6 +32,7 @@
 #include "model/safetensors.h"
 #include "model/weights.h"
 #include "parallel/comm.h"
+#include "parallel/tp_plan.h"
 #include "parallel/tp_runner.h"
 #include "parallel/tp_shard.h"
 #include "test.h"
@@ -300,17 +304,12 @@ static int generate(dsv4_engine *e, const int32_t *p, int n, int max_tokens, int
 }
 
 /* Greedy tokens of 2 prompts (one request after the other, the second reusing a slot) under TP = tp. */
-static void gen_all(const char *dir, int tp, int k, int32_t out[3][MAXT]) {
-    opened o;
-    if (open_runner(dir, tp, k, DSV4_NUMERICS_REFERENCE, &o)) {
-        CHECK(0);
-        return;
-    }
-    CHECK_EQ_INT(o.has_dr, k > 0);
+static void gen_run(dsv4_runner *run, const dsv4_drafter *dr, int k, int32_t out[3][MAXT]) {
     dsv4_engine_opts eo = {.max_num_seqs = 4, .max_num_batched_tokens = 16, .max_model_len = 256, .spec_k = k, .eos_id = 1};
     dsv4_engine *e = NULL;
     dsv4_err err = {0};
-    CHECK_EQ_INT(dsv4_engine_create(&eo, &o.run, o.has_dr ? &o.dr : NULL, &e, &err), 0);
+    CHECK_EQ_INT(dsv4_engine_create(&eo, run, dr, &e, &err), 0);
+    if (!e) return;
     int lens[3] = {7, 30, 18};
     for (int i = 0; i < 2; i++) {
         int32_t p[64];
@@ -322,7 +321,82 @@ static void gen_all(const char *dir, int tp, int k, int32_t out[3][MAXT]) {
     CHECK_EQ_INT(st.spec_draft_failures, 0);
     if (k > 0) CHECK(st.spec_drafts > 0);
     dsv4_engine_free(e);
+}
+
+static void gen_all(const char *dir, int tp, int k, int32_t out[3][MAXT]) {
+    opened o;
+    if (open_runner(dir, tp, k, DSV4_NUMERICS_REFERENCE, &o)) {
+        CHECK(0);
+        return;
+    }
+    CHECK_EQ_INT(o.has_dr, k > 0);
+    gen_run(&o.run, o.has_dr ? &o.dr : NULL, k, out);
     close_runner(&o);
+}
+
+/* ---------- step plans: rank 1 sees only what the communicator carries ---------- */
+
+typedef struct {
+    dsv4_comm *c;
+    const char *dir;
+    int k, rc;
+    char msg[DSV4_ERR_MSG_MAX];
+} follower;
+
+static void *follow_thread(void *arg) {
+    follower *f = arg;
+    dsv4_model_runner_opts mo = {.n_slots = 4, .max_len = 256, .max_spec = f->k, .numerics = DSV4_NUMERICS_REFERENCE};
+    dsv4_model_runner *mr = NULL;
+    dsv4_err err = {0};
+    f->rc = dsv4_model_runner_open_tp(f->dir, &mo, 1, 2, f->c, &mr, &err);
+    if (!f->rc) {
+        dsv4_runner run = dsv4_model_runner_iface(mr);
+        f->rc = dsv4_plan_follow(f->c, &run, &err);
+    }
+    snprintf(f->msg, sizeof f->msg, "%s", err.msg);
+    dsv4_model_runner_free(mr);
+    return NULL;
+}
+
+static void test_step_plans(const char *dir, int k) {
+    static int32_t want[3][MAXT], got[3][MAXT];
+    memset(got, 0, sizeof got);
+    gen_all(dir, 1, k, want);
+    dsv4_comm *c[2];
+    dsv4_err err = {0};
+    CHECK_EQ_INT(dsv4_comm_local_create(2, c, &err), 0);
+    follower f = {c[1], dir, k, -1, ""};
+    pthread_t th;
+    pthread_create(&th, NULL, follow_thread, &f);
+    dsv4_model_runner_opts mo = {.n_slots = 4, .max_len = 256, .max_spec = k, .numerics = DSV4_NUMERICS_REFERENCE};
+    dsv4_model_runner *mr = NULL;
+    int rc = dsv4_model_runner_open_tp(dir, &mo, 0, 2, c[0], &mr, &err);
+    CHECK_MSG(rc == 0, "%s", err.msg);
+    dsv4_plan_leader *l = NULL;
+    if (!rc) {
+        dsv4_runner inner = dsv4_model_runner_iface(mr), run;
+        dsv4_drafter dr;
+        int has = dsv4_model_runner_drafter(mr, &dr);
+        CHECK_EQ_INT(has, k > 0);
+        CHECK_EQ_INT(dsv4_plan_leader_create(c[0], &inner, 256, &l, &run, &err), 0);
+        gen_run(&run, has ? &dr : NULL, k, got);
+        /* a bad batch is refused before it is broadcast: the follower keeps following */
+        int32_t tok = 3, pos = 256, sl = 0, si = 0, cu[2] = {0, 1}, r0 = 0;
+        dsv4_batch bad = {1, 1, &tok, &pos, &sl, &si, cu, &sl, &pos};
+        float lg[1];
+        CHECK_EQ_INT(run.forward(run.ctx, &bad, &r0, 0, lg, &err), DSV4_ERANGE);
+        CHECK_CONTAINS(err.msg, "position 256 beyond max length 256");
+    }
+    dsv4_plan_leader_free(l); /* sends the quit plan */
+    if (rc) c[0]->abort(c[0]);
+    pthread_join(th, NULL);
+    CHECK_MSG(f.rc == 0, "follower: %s", f.msg);
+    for (int i = 0; i < 2; i++)
+        CHECK_MSG(!memcmp(got[i], want[i], sizeof got[i]), "%s k=%d prompt %d: step-plan TP=2 tokens != TP=1", dir, k,
+                  i);
+    dsv4_model_runner_free(mr);
+    c[0]->free(c[0]);
+    c[1]->free(c[1]);
 }
 
 static void compare_tokens(const char *dir, int k) {
@@ -437,5 +511,6 @@ int main(void) {
     compare_tokens("models/tiny-flash", 1); /* MTP drafter on rank 0 */
     compare_tokens("models/tiny-dspark", 0);
     compare_tokens("models/tiny-dspark", 3); /* DSpark drafter on rank 0 */
+    test_step_plans("models/tiny-dspark", 3);
     return TEST_REPORT();
 }
