@@ -44,7 +44,8 @@
 typedef struct {
     dsv4_comm *c;
     dsv4_backend *be;
-    int rc_reduce, rc_gather, rc_bcast, rc_abort;
+    int rc_reduce, rc_gather, rc_bcast, rc_abort, rc_bf16;
+    uint16_t bf16[4];
     float red[5], gat[2 * 3];
     char bc[8];
 } crank;
@@ -61,6 +62,19 @@ static void *comm_thread(void *arg) {
     be->buf_write(be, &b, v, &err);
     k->rc_reduce = k->c->all_reduce_sum(k->c, be, &b, &err);
     be->buf_read(be, &b, k->red, &err);
+    be->buf_free(be, &b);
+    /* BF16: summed in fp32, rounded once (small integers: exact) */
+    uint16_t hb[4];
+    for (int i = 0; i < 4; i++) {
+        float f = (float)((r + 1) * (i + 1));
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        hb[i] = (uint16_t)(u >> 16);
+    }
+    be->buf_alloc(be, DSV4_DT_BF16, 1, 4, &b, &err);
+    be->buf_write(be, &b, hb, &err);
+    k->rc_bf16 = k->c->all_reduce_sum(k->c, be, &b, &err);
+    be->buf_read(be, &b, k->bf16, &err);
     be->buf_free(be, &b);
     be->buf_alloc(be, DSV4_DT_F32, 2, 1, &b, &err);
     be->buf_alloc(be, DSV4_DT_F32, 2, 3, &o, &err);
@@ -104,6 +118,13 @@ static void test_local_comm(void) {
             float p0 = 1 * (j + 1) * 0.1f, p1 = 2 * (j + 1) * 0.1f, p2 = 3 * (j + 1) * 0.1f;
             float want = (p0 + p1) + p2;
             CHECK(!memcmp(&k[i].red[j], &want, sizeof want));
+        }
+        CHECK_EQ_INT(k[i].rc_bf16, 0);
+        for (int j = 0; j < 4; j++) {
+            uint32_t u = (uint32_t)k[i].bf16[j] << 16;
+            float f;
+            memcpy(&f, &u, 4);
+            CHECK(f == (float)(6 * (j + 1))); /* (1 + 2 + 3)(j+1) */
         }
         CHECK_EQ_INT(k[i].rc_gather, 0);
         float want_g[6] = {0, 1, 2, 10, 11, 12};
