@@ -379,10 +379,9 @@ static void *follow_thread(void *arg) {
     return NULL;
 }
 
-static void test_step_plans(const char *dir, int k) {
-    static int32_t want[3][MAXT], got[3][MAXT];
+static void test_step_plans(const char *dir, int k, int32_t want[3][MAXT]) {
+    static int32_t got[3][MAXT];
     memset(got, 0, sizeof got);
-    gen_all(dir, 1, k, want);
     dsv4_comm *c[2];
     dsv4_err err = {0};
     CHECK_EQ_INT(dsv4_comm_local_create(2, c, &err), 0);
@@ -420,9 +419,10 @@ static void test_step_plans(const char *dir, int k) {
     c[1]->free(c[1]);
 }
 
-static void compare_tokens(const char *dir, int k) {
-    static int32_t a[3][MAXT], b[3][MAXT];
-    memset(a, 0, sizeof a);
+/* TP = 2 greedy tokens equal TP = 1's; a gets TP = 1's. */
+static void compare_tokens(const char *dir, int k, int32_t a[3][MAXT]) {
+    static int32_t b[3][MAXT];
+    memset(a, 0, sizeof(int32_t) * 3 * MAXT);
     memset(b, 0, sizeof b);
     gen_all(dir, 1, k, a);
     gen_all(dir, 2, k, b);
@@ -528,10 +528,10 @@ int main(void) {
     compare_logits("models/tiny-flash", DSV4_NUMERICS_HF, 1e-4, 1e-5);
     compare_logits("models/tiny-dspark", DSV4_NUMERICS_HF, 1e-4, 1e-5);
     compare_logits("models/tiny-flash", DSV4_NUMERICS_REFERENCE, 2e-3, 1e-5);
-    compare_tokens("models/tiny-flash", 0);
-    compare_tokens("models/tiny-flash", 1); /* MTP drafter on rank 0 */
-    compare_tokens("models/tiny-dspark", 0);
-    compare_tokens("models/tiny-dspark", 3); /* DSpark drafter on rank 0 */
-    test_step_plans("models/tiny-dspark", 3);
+    static int32_t tp1[3][MAXT];
+    compare_tokens("models/tiny-flash", 0, tp1);
+    compare_tokens("models/tiny-flash", 1, tp1); /* MTP drafter on rank 0 */
+    compare_tokens("models/tiny-dspark", 3, tp1); /* DSpark drafter on rank 0 */
+    test_step_plans("models/tiny-dspark", 3, tp1);
     return TEST_REPORT();
 }
