@@ -256,14 +256,18 @@ void dsv4_tp_runner_free(dsv4_tp_runner *t) {
 int dsv4_tp_runner_open(const char *dir, const dsv4_model_runner_opts *o, const dsv4_tp_runner_opts *tp,
                         dsv4_tp_runner **out, dsv4_err *err) {
     *out = NULL;
-    int n = tp->tp_size;
-    if (n < 1 || n > 64) return dsv4_err_set(err, DSV4_EINVAL, "--tensor-parallel-size %d outside [1,64]", n);
+    int n = tp->tp_size, rc = 0;
     dsv4_config cfg;
-    int rc = dsv4_config_load(dir, &cfg, err);
-    if (!rc) rc = dsv4_tp_check(&cfg, n, err);
-    if (rc) return dsv4_err_prefix(err, "%s: ", dir);
-    dsv4_tp_runner *t = calloc(1, sizeof *t);
-    if (!t) return dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
+    dsv4_tp_runner *t = NULL;
+    if (n < 1 || n > 64) rc = dsv4_err_set(err, DSV4_EINVAL, "--tensor-parallel-size %d outside [1,64]", n);
+    if (!rc && !(rc = dsv4_config_load(dir, &cfg, err))) rc = dsv4_tp_check(&cfg, n, err);
+    if (rc && n >= 1 && n <= 64) dsv4_err_prefix(err, "%s: ", dir);
+    if (!rc && !(t = calloc(1, sizeof *t))) rc = dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
+    if (rc) { /* the caller's communicators are ours whatever happens */
+        for (int i = 0; tp->comms && i < n && i < 64; i++)
+            if (tp->comms[i]) tp->comms[i]->free(tp->comms[i]);
+        return rc;
+    }
     pthread_mutex_init(&t->mu, NULL);
     pthread_cond_init(&t->cv_job, NULL);
     pthread_cond_init(&t->cv_done, NULL);
@@ -274,6 +278,8 @@ int dsv4_tp_runner_open(const char *dir, const dsv4_model_runner_opts *o, const 
     t->ranks = calloc((size_t)n, sizeof *t->ranks);
     t->comms = calloc((size_t)n, sizeof *t->comms);
     if (!t->ranks || !t->comms) {
+        for (int i = 0; tp->comms && i < n; i++)
+            if (tp->comms[i]) tp->comms[i]->free(tp->comms[i]);
         dsv4_tp_runner_free(t);
         return dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
     }

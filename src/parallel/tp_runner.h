@@ -28,7 +28,8 @@ typedef struct dsv4_tp_runner dsv4_tp_runner;
 
 typedef struct dsv4_tp_runner_opts {
     int tp_size;            /* ranks, >= 1 */
-    dsv4_comm **comms;      /* [tp_size] one handle per rank, taken over by the runner; NULL = local */
+    dsv4_comm **comms;      /* [tp_size] one handle per rank, taken over by the runner (freed by it even
+                               when open fails); NULL = local communicator made here */
     /* Debug/test knob: each step fails (DSV4_EINTERNAL, naming rank, row and
      * token) unless every rank's logits are bit-identical to rank 0's. */
     int check_ranks;
