@@ -6,9 +6,12 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUTD=${OUT:-/tmp/nccl-out}
 mkdir -p "$OUTD"
-CUDA=${CUDA_HOME:-/usr/local/cuda}
+CUDA=${CUDA_HOME:-$(dirname "$(dirname "$(command -v nvcc)")")}
+export NCCL_NVLS_ENABLE=0
+{ nvidia-smi --query-gpu=name,driver_version --format=csv; nvidia-smi topo -m; } 2>&1 | tee "$OUTD/env.txt"
 gcc -std=c11 -O2 -D_GNU_SOURCE -Wall -Iinclude -Isrc -I"$CUDA/include" tests/gpu/nccl_tp_check.c \
-    src/parallel/comm_nccl.c src/util/err.c -L"$CUDA/lib64" -lcudart -lpthread -ldl -o /tmp/nccl_tp_check || exit 1
+    src/parallel/comm_nccl.c src/util/err.c -L"$CUDA/lib64" -Wl,-rpath,"$CUDA/lib64" -lcudart -lpthread -ldl \
+    -o /tmp/nccl_tp_check || exit 1
 if [ -z "${DSV4_NCCL_LIB:-}" ]; then
   d=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)
   [ -n "$d" ] && export DSV4_NCCL_LIB="$d/lib/libnccl.so.2"
