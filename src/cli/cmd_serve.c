@@ -87,10 +87,6 @@ int dsv4_cmd_serve(int argc, char **argv) {
         return 2;
     }
     if (a.help_shown) return 0;
-    if (strcmp(a.load_format, "dummy") == 0) {
-        fprintf(stderr, "dsv4 serve: --load-format dummy needs the CUDA backend, which is not in this build yet\n");
-        return 1;
-    }
     if (strcmp(a.device, "cuda") == 0) {
         fprintf(stderr, "dsv4 serve: --device cuda: this build has no CUDA backend (use --device cpu)\n");
         return 1;
@@ -98,7 +94,7 @@ int dsv4_cmd_serve(int argc, char **argv) {
     /* Tensor parallelism in one process: ranks are threads with their own CPU
      * backend, joined by the local communicator (src/parallel/tp_runner.h).
      * Several nodes need GPUs: NCCL over the rendezvous of src/parallel/rendezvous.h
-     * plus a worker mode that follows node 0's step plans (not built yet). */
+     * plus followers of node 0's step plans (src/parallel/tp_plan.h), not wired here yet. */
     if (a.nnodes != 1) {
         fprintf(stderr, "dsv4 serve: --nnodes %d: multi-node serving needs the CUDA backend with NCCL, which is not "
                         "in this build yet (one node: --tensor-parallel-size N runs N ranks in this process)\n",
@@ -152,6 +148,9 @@ int dsv4_cmd_serve(int argc, char **argv) {
     dsv4_service_opts so;
     memset(&so, 0, sizeof so);
     so.model_dir = dir;
+    so.load_dummy = strcmp(a.load_format, "dummy") == 0;
+    so.hf_overrides = a.hf_overrides;
+    dsv4_cli_text_dirs(dir, so.load_dummy, &so.tokenizer_dir, &so.encoding_dir);
     so.model_name = a.http.served_names[0];
     so.max_num_seqs = a.max_num_seqs > 64 ? 64 : a.max_num_seqs; /* CPU backend: state per slot */
     so.max_num_batched_tokens = a.max_num_batched_tokens;

@@ -88,7 +88,9 @@ static void usage(void) {
            "  --kv-cache-dtype T            auto | bf16 | fp8_ds_mla\n"
            "  --tensor-parallel-size N      GPUs per model (-tp)\n"
            "  --speculative-config JSON     e.g. '{\"method\":\"dspark\",\"num_speculative_tokens\":5}'\n"
-           "  --load-format F               auto | dummy (random weights, real shapes)\n"
+           "  --load-format F               auto | dummy (random weights, real shapes: MODEL_DIR needs\n"
+           "                                only config.json; no tokenizer.json -> the default's)\n"
+           "  --hf-overrides JSON           merged over config.json, e.g. '{\"num_hidden_layers\": 8}'\n"
            "  --device D                    auto | cpu | cuda (default auto: this build has the CPU backend)\n"
            "  --[no-]enable-prefix-caching  automatic prefix caching (default on)\n"
            "  --default-chat-template-kwargs JSON   e.g. '{\"thinking\":false}'\n"
@@ -221,6 +223,7 @@ int dsv4_serve_args_parse(int argc, char **argv, dsv4_serve_args *a, dsv4_err *e
                 return dsv4_err_set(err, DSV4_EINVAL, "%s: '%s' is not one of auto, safetensors, dummy", flag, val);
             a->load_format = val;
         }
+        else if (!strcmp(flag, "--hf-overrides")) { NEED_VALUE(); a->hf_overrides = val; }
         else if (!strcmp(flag, "--device")) {
             NEED_VALUE();
             if (strcmp(val, "auto") && strcmp(val, "cpu") && strcmp(val, "cuda"))

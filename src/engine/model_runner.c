@@ -2,10 +2,12 @@
 #include <stdlib.h>
 
 #include <string.h>
+#include <time.h>
 
 #include "engine/model_runner.h"
 #include "engine/sampler.h"
 #include "model/dspark.h"
+#include "model/dummy.h"
 #include "model/mtp.h"
 #include "model/forward.h"
 #include "model/safetensors.h"
@@ -15,6 +17,7 @@
 struct dsv4_model_runner {
     dsv4_config cfg;
     dsv4_ckpt *ckpt;
+    dsv4_dummy *dummy;     /* --load-format dummy: the weights' source (ckpt is NULL) */
     dsv4_weights *w;
     dsv4_backend *be;
     dsv4_model *model;
@@ -66,17 +69,49 @@ void dsv4_model_runner_free(dsv4_model_runner *mr) {
     if (mr->be) mr->be->free(mr->be);
     dsv4_weights_free(mr->w);
     dsv4_ckpt_free(mr->ckpt);
+    dsv4_dummy_free(mr->dummy);
     free(mr);
+}
+
+/* Config (with overrides), checkpoint or dummy source, draft stages, bound weights. */
+static int open_weights(dsv4_model_runner *mr, const char *dir, const dsv4_load_opts *lo, dsv4_err *err) {
+    const char *ov = lo ? lo->hf_overrides : NULL;
+    int rc = dsv4_config_load_ex(dir, ov, &mr->cfg, err);
+    if (rc) return rc;
+    if (lo && lo->dummy) {
+        if ((rc = dsv4_dummy_create(&mr->cfg, lo->seed, &mr->dummy, err))) return rc;
+        return dsv4_weights_bind(&mr->cfg, dsv4_dummy_ckpt(mr->dummy), &mr->w, err);
+    }
+    if ((rc = dsv4_ckpt_open(dir, &mr->ckpt, err)) || (rc = dsv4_config_set_drafts(&mr->cfg, mr->ckpt, err)))
+        return rc;
+    return dsv4_weights_bind(&mr->cfg, mr->ckpt, &mr->w, err);
+}
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
 int dsv4_model_runner_open(const char *dir, const dsv4_model_runner_opts *o, dsv4_model_runner **out,
                            dsv4_err *err) {
-    return dsv4_model_runner_open_tp(dir, o, 0, 1, NULL, out, err);
+    return dsv4_model_runner_open_ex(dir, o, NULL, out, err);
 }
 
-int dsv4_model_runner_open_tp(const char *dir, const dsv4_model_runner_opts *o, int tp_rank, int tp_size,
-                              struct dsv4_comm *comm, dsv4_model_runner **out, dsv4_err *err) {
+int dsv4_model_runner_open_ex(const char *dir, const dsv4_model_runner_opts *o, const dsv4_load_opts *lo,
+                              dsv4_model_runner **out, dsv4_err *err) {
+    return dsv4_model_runner_open_tp(dir, o, lo, 0, 1, NULL, out, err);
+}
+
+int dsv4_model_runner_open_tp(const char *dir, const dsv4_model_runner_opts *o, const dsv4_load_opts *lo,
+                              int tp_rank, int tp_size, struct dsv4_comm *comm, dsv4_model_runner **out,
+                              dsv4_err *err) {
     *out = NULL;
+    if (tp_size > 1 && lo && lo->dummy)
+        return dsv4_err_set(err, DSV4_EUNSUPPORTED,
+                            "--load-format dummy with --tensor-parallel-size %d is not supported yet (dummy views "
+                            "carry no bytes to slice)",
+                            tp_size);
     if (o->n_slots < 1 || o->max_len < 2 || o->max_spec < 0)
         return dsv4_err_set(err, DSV4_EINVAL, "model runner: bad sizes (slots %d, max_len %d, max_spec %d)",
                             o->n_slots, o->max_len, o->max_spec);
@@ -84,11 +119,10 @@ int dsv4_model_runner_open_tp(const char *dir, const dsv4_model_runner_opts *o, 
     if (!mr) return dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
     mr->draft_sampled = o->draft_sampled;
     int rc;
-    if ((rc = dsv4_ckpt_open(dir, &mr->ckpt, err)) || (rc = dsv4_config_load(dir, &mr->cfg, err)) ||
-        (rc = dsv4_config_set_drafts(&mr->cfg, mr->ckpt, err)) ||
-        (rc = dsv4_weights_bind(&mr->cfg, mr->ckpt, &mr->w, err)))
-        goto fail;
+    double t0 = now_s();
+    if ((rc = open_weights(mr, dir, lo, err))) goto fail;
     mr->be = dsv4_backend_cpu_create(o->numerics, err);
+    if (mr->be && mr->dummy) mr->be = dsv4_dummy_backend(mr->dummy, mr->be, err);
     if (!mr->be) {
         rc = err ? err->code : DSV4_EBACKEND;
         goto fail;
@@ -141,6 +175,13 @@ int dsv4_model_runner_open_tp(const char *dir, const dsv4_model_runner_opts *o, 
             rc = dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
             goto fail;
         }
+    }
+    if (mr->dummy) { /* fills may be asynchronous (CUDA): time them to completion */
+        if ((rc = mr->be->sync(mr->be, err))) goto fail;
+        uint64_t nt, nb;
+        dsv4_dummy_stats(mr->dummy, &nt, &nb);
+        dsv4_log(DSV4_LOG_INFO, "dummy weights: %llu tensors, %.2f GB in backend memory, %.1f s (%s backend)",
+                 (unsigned long long)nt, (double)nb * 1e-9, now_s() - t0, mr->be->name);
     }
     *out = mr;
     return DSV4_OK;

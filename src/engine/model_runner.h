@@ -25,6 +25,15 @@ typedef struct dsv4_model_runner_opts {
                              * spec/DSPARK.md §4.3); 0: argmax drafts ("greedy") */
 } dsv4_model_runner_opts;
 
+/* Where the weights come from: vLLM's --load-format and --hf-overrides. */
+typedef struct dsv4_load_opts {
+    int dummy;                /* --load-format dummy: config.json only, random weights made in
+                               * backend memory (src/model/dummy.h); no safetensors file is read */
+    const char *hf_overrides; /* --hf-overrides: JSON object merged over config.json, or NULL
+                               * (dsv4_config_load_ex) */
+    uint64_t seed;            /* dummy weights' seed */
+} dsv4_load_opts;
+
 /*
  * dsv4_model_runner_open — open the checkpoint directory dir on the CPU
  * backend. Errors are the loader's (file/tensor named: missing shard,
@@ -33,15 +42,28 @@ typedef struct dsv4_model_runner_opts {
 int dsv4_model_runner_open(const char *dir, const dsv4_model_runner_opts *o, dsv4_model_runner **out,
                            dsv4_err *err);
 /*
- * dsv4_model_runner_open_tp — the same for one tensor-parallel rank (the TP
+ * dsv4_model_runner_open_ex — the same with load options (lo NULL = a real
+ * checkpoint, no overrides). With lo->dummy, dir needs only config.json;
+ * once the model (and drafter) are resident it logs "dummy weights: N
+ * tensors, X GB in backend memory, Y s". Errors additionally: the
+ * --hf-overrides refusals of dsv4_config_load_ex; with dummy weights, a
+ * backend without fill_dummy (DSV4_EUNSUPPORTED).
+ */
+int dsv4_model_runner_open_ex(const char *dir, const dsv4_model_runner_opts *o, const dsv4_load_opts *lo,
+                              dsv4_model_runner **out, dsv4_err *err);
+/*
+ * dsv4_model_runner_open_tp — open_ex for one tensor-parallel rank (the TP
  * runner, src/parallel/tp_runner.h, opens one per rank): the target model is
  * rank tp_rank's slice of tp_size (src/parallel/tp_shard.h), its blocks
- * all-reduce through comm, and only rank 0 loads the drafter (replicated,
- * not sharded). tp_size 1 with comm NULL is dsv4_model_runner_open.
- * Errors: as open, plus dsv4_tp_check's refusal of a size that does not divide the model.
+ * all-reduce and its LM head all-gathers through comm, and only rank 0 loads
+ * the drafter (replicated, not sharded). tp_size 1 with comm NULL is open_ex.
+ * Errors: as open_ex; dsv4_tp_check's refusal of a size that does not divide
+ * the model; dummy weights with tp_size > 1 (DSV4_EUNSUPPORTED: their views
+ * carry no bytes to slice).
  */
-int dsv4_model_runner_open_tp(const char *dir, const dsv4_model_runner_opts *o, int tp_rank, int tp_size,
-                              struct dsv4_comm *comm, dsv4_model_runner **out, dsv4_err *err);
+int dsv4_model_runner_open_tp(const char *dir, const dsv4_model_runner_opts *o, const dsv4_load_opts *lo,
+                              int tp_rank, int tp_size, struct dsv4_comm *comm, dsv4_model_runner **out,
+                              dsv4_err *err);
 void dsv4_model_runner_free(dsv4_model_runner *mr);
 
 /* The engine interface over this model (valid while mr lives). */

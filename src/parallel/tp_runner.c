@@ -39,6 +39,8 @@ struct dsv4_tp_runner {
     tp_rank *ranks;
     const char *dir;
     dsv4_model_runner_opts mo;
+    dsv4_load_opts lo;
+    int has_lo;
     dsv4_runner it0;
     /* the job board */
     pthread_mutex_t mu;
@@ -68,7 +70,8 @@ static void run_job(dsv4_tp_runner *t, tp_rank *r, float *logits0) {
     r->rc = 0;
     switch (t->job.op) {
     case JOB_OPEN: {
-        r->rc = dsv4_model_runner_open_tp(t->dir, &t->mo, r->rank, t->n, t->comms[r->rank], &r->mr, &r->err);
+        r->rc = dsv4_model_runner_open_tp(t->dir, &t->mo, t->has_lo ? &t->lo : NULL, r->rank, t->n, t->comms[r->rank],
+                                          &r->mr, &r->err);
         if (!r->rc) r->it = dsv4_model_runner_iface(r->mr);
         break;
     }
@@ -253,14 +256,14 @@ void dsv4_tp_runner_free(dsv4_tp_runner *t) {
     free(t);
 }
 
-int dsv4_tp_runner_open(const char *dir, const dsv4_model_runner_opts *o, const dsv4_tp_runner_opts *tp,
-                        dsv4_tp_runner **out, dsv4_err *err) {
+int dsv4_tp_runner_open(const char *dir, const dsv4_model_runner_opts *o, const dsv4_load_opts *lo,
+                        const dsv4_tp_runner_opts *tp, dsv4_tp_runner **out, dsv4_err *err) {
     *out = NULL;
     int n = tp->tp_size, rc = 0;
     dsv4_config cfg;
     dsv4_tp_runner *t = NULL;
     if (n < 1 || n > 64) rc = dsv4_err_set(err, DSV4_EINVAL, "--tensor-parallel-size %d outside [1,64]", n);
-    if (!rc && !(rc = dsv4_config_load(dir, &cfg, err))) rc = dsv4_tp_check(&cfg, n, err);
+    if (!rc && !(rc = dsv4_config_load_ex(dir, lo ? lo->hf_overrides : NULL, &cfg, err))) rc = dsv4_tp_check(&cfg, n, err);
     if (rc && n >= 1 && n <= 64) dsv4_err_prefix(err, "%s: ", dir);
     if (!rc && !(t = calloc(1, sizeof *t))) rc = dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
     if (rc) { /* the caller's communicators are ours whatever happens */
@@ -275,6 +278,10 @@ int dsv4_tp_runner_open(const char *dir, const dsv4_model_runner_opts *o, const 
     t->check = tp->check_ranks;
     t->dir = dir;
     t->mo = *o;
+    if (lo) {
+        t->lo = *lo;
+        t->has_lo = 1;
+    }
     t->ranks = calloc((size_t)n, sizeof *t->ranks);
     t->comms = calloc((size_t)n, sizeof *t->comms);
     if (!t->ranks || !t->comms) {

@@ -38,13 +38,14 @@ typedef struct dsv4_tp_runner_opts {
 /*
  * dsv4_tp_runner_open — open checkpoint dir once per rank (in parallel, one
  * thread each) with the model runner options o (n_slots, max_len, max_spec,
- * numerics) through dsv4_model_runner_open_tp. Checks dsv4_tp_check
+ * numerics) and load options lo (NULL = a real checkpoint; --hf-overrides
+ * apply; dummy weights are refused) through dsv4_model_runner_open_tp. Checks dsv4_tp_check
  * first so a TP size that does not divide the model is refused before any
  * loading. Errors: the first failing rank's error prefixed "rank R: ";
  * DSV4_EINVAL bad tp_size; DSV4_ENOMEM / thread creation failures.
  */
-int dsv4_tp_runner_open(const char *dir, const dsv4_model_runner_opts *o, const dsv4_tp_runner_opts *tp,
-                        dsv4_tp_runner **out, dsv4_err *err);
+int dsv4_tp_runner_open(const char *dir, const dsv4_model_runner_opts *o, const dsv4_load_opts *lo,
+                        const dsv4_tp_runner_opts *tp, dsv4_tp_runner **out, dsv4_err *err);
 /* Stop the workers and free every rank. NULL-safe. */
 void dsv4_tp_runner_free(dsv4_tp_runner *t);
 

@@ -43,7 +43,9 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
     s->stop_in_reasoning = o->stop_in_reasoning;
     int rc;
     dsv4_effort_profile profile;
-    if ((rc = dsv4_encoder_detect_profile(o->model_dir, o->profile_override, &profile, err))) goto fail;
+    const char *tok_dir = o->tokenizer_dir ? o->tokenizer_dir : o->model_dir;
+    const char *enc_dir = o->encoding_dir ? o->encoding_dir : o->model_dir;
+    if ((rc = dsv4_encoder_detect_profile(enc_dir, o->profile_override, &profile, err))) goto fail;
     dsv4_encoder_config_init(&s->enc, profile);
     if (o->default_thinking && (rc = dsv4_effort_parse(o->default_thinking, 1, &s->enc.thinking.default_thinking, err)))
         goto fail_flag;
@@ -59,7 +61,7 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
         }
     }
     char path[4096];
-    snprintf(path, sizeof path, "%s/tokenizer.json", o->model_dir);
+    snprintf(path, sizeof path, "%s/tokenizer.json", tok_dir);
     if ((rc = dsv4_tokenizer_load(path, &s->tok, err))) goto fail;
     s->eos_id = dsv4_tokenizer_special_id(s->tok, DSV4_TOK_EOS);
     if (s->eos_id < 0) {
@@ -87,10 +89,11 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
                                  .max_spec = o->spec_k,
                                  .numerics = DSV4_NUMERICS_REFERENCE,
                                  .draft_sampled = o->draft_sampled};
+    dsv4_load_opts lo = {.dummy = o->load_dummy, .hf_overrides = o->hf_overrides};
     if (o->tensor_parallel_size > 1) { /* ranks as threads of this process (src/parallel/tp_runner.h) */
         dsv4_tp_runner_opts to = {.tp_size = o->tensor_parallel_size};
-        if ((rc = dsv4_tp_runner_open(o->model_dir, &mo, &to, &s->tp, err))) goto fail;
-    } else if ((rc = dsv4_model_runner_open(o->model_dir, &mo, &s->mr, err))) {
+        if ((rc = dsv4_tp_runner_open(o->model_dir, &mo, &lo, &to, &s->tp, err))) goto fail;
+    } else if ((rc = dsv4_model_runner_open_ex(o->model_dir, &mo, &lo, &s->mr, err))) {
         goto fail;
     }
     const dsv4_config *cfg = s->tp ? dsv4_tp_runner_config(s->tp) : dsv4_model_runner_config(s->mr);

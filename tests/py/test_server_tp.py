@@ -59,3 +59,10 @@ def test_multi_node_is_refused_with_the_reason():
     r = run_serve("--device", "cuda")
     assert r.returncode != 0
     assert "no CUDA backend" in r.stderr
+
+
+def test_dummy_weights_with_tp_are_refused():
+    # dummy views carry no bytes to slice (src/engine/model_runner.h)
+    r = run_serve("--load-format", "dummy", "-tp", "2", "--max-model-len", "256")
+    assert r.returncode != 0
+    assert "--load-format dummy with --tensor-parallel-size 2 is not supported yet" in r.stderr

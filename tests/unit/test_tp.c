@@ -247,7 +247,7 @@ static int open_runner(const char *dir, int tp, int k, dsv4_numerics num, opened
         }
     } else {
         dsv4_tp_runner_opts to = {.tp_size = tp, .check_ranks = 1};
-        rc = dsv4_tp_runner_open(dir, &mo, &to, &o->tp, &err);
+        rc = dsv4_tp_runner_open(dir, &mo, NULL, &to, &o->tp, &err);
         if (!rc) {
             o->run = dsv4_tp_runner_iface(o->tp);
             o->has_dr = dsv4_tp_runner_drafter(o->tp, &o->dr);
@@ -369,7 +369,7 @@ static void *follow_thread(void *arg) {
     dsv4_model_runner_opts mo = {.n_slots = 4, .max_len = 256, .max_spec = f->k, .numerics = DSV4_NUMERICS_REFERENCE};
     dsv4_model_runner *mr = NULL;
     dsv4_err err = {0};
-    f->rc = dsv4_model_runner_open_tp(f->dir, &mo, 1, 2, f->c, &mr, &err);
+    f->rc = dsv4_model_runner_open_tp(f->dir, &mo, NULL, 1, 2, f->c, &mr, &err);
     if (!f->rc) {
         dsv4_runner run = dsv4_model_runner_iface(mr);
         f->rc = dsv4_plan_follow(f->c, &run, &err);
@@ -390,7 +390,7 @@ static void test_step_plans(const char *dir, int k, int32_t want[3][MAXT]) {
     pthread_create(&th, NULL, follow_thread, &f);
     dsv4_model_runner_opts mo = {.n_slots = 4, .max_len = 256, .max_spec = k, .numerics = DSV4_NUMERICS_REFERENCE};
     dsv4_model_runner *mr = NULL;
-    int rc = dsv4_model_runner_open_tp(dir, &mo, 0, 2, c[0], &mr, &err);
+    int rc = dsv4_model_runner_open_tp(dir, &mo, NULL, 0, 2, c[0], &mr, &err);
     CHECK_MSG(rc == 0, "%s", err.msg);
     dsv4_plan_leader *l = NULL;
     if (!rc) {
@@ -485,7 +485,7 @@ static void test_rank_failure(void) {
     dsv4_model_runner_opts mo = {.n_slots = 2, .max_len = 64, .numerics = DSV4_NUMERICS_REFERENCE};
     dsv4_tp_runner_opts to = {.tp_size = 2, .comms = wrap, .check_ranks = 1};
     dsv4_tp_runner *t = NULL;
-    CHECK_EQ_INT(dsv4_tp_runner_open("models/tiny-flash", &mo, &to, &t, &err), 0);
+    CHECK_EQ_INT(dsv4_tp_runner_open("models/tiny-flash", &mo, NULL, &to, &t, &err), 0);
     if (!t) return;
     dsv4_runner run = dsv4_tp_runner_iface(t);
     int32_t tok[3] = {5, 6, 7}, pos[3] = {0, 1, 2}, slot[3] = {0, 0, 0}, sidx[3] = {0}, cu[2] = {0, 3}, ss = 0, p0 = 0;
@@ -521,14 +521,14 @@ int main(void) {
         dsv4_tp_runner_opts to = {.tp_size = 4, .check_ranks = 1};
         dsv4_tp_runner *t = NULL;
         dsv4_err err = {0};
-        CHECK_EQ_INT(dsv4_tp_runner_open("models/tiny-flash", &mo, &to, &t, &err), DSV4_EINVAL);
+        CHECK_EQ_INT(dsv4_tp_runner_open("models/tiny-flash", &mo, NULL, &to, &t, &err), DSV4_EINVAL);
         CHECK_CONTAINS(err.msg, "o_groups");
         CHECK(t == NULL);
         /* given communicators are the runner's even when open fails (ASan sees a leak otherwise) */
         dsv4_comm *cc[2];
         CHECK_EQ_INT(dsv4_comm_local_create(2, cc, &err), 0);
         dsv4_tp_runner_opts to2 = {.tp_size = 2, .comms = cc};
-        CHECK(dsv4_tp_runner_open("models/no-such-model", &mo, &to2, &t, &err) != 0);
+        CHECK(dsv4_tp_runner_open("models/no-such-model", &mo, NULL, &to2, &t, &err) != 0);
         CHECK_CONTAINS(err.msg, "models/no-such-model");
     }
     compare_logits("models/tiny-flash", DSV4_NUMERICS_HF, 1e-4, 1e-5);
