@@ -87,8 +87,18 @@ int dsv4_cmd_serve(int argc, char **argv) {
         return 2;
     }
     if (a.help_shown) return 0;
-    if (a.tensor_parallel_size != 1 || a.nnodes != 1) {
-        fprintf(stderr, "dsv4 serve: tensor parallelism needs the CUDA backend, which is not in this build yet\n");
+    if (strcmp(a.device, "cuda") == 0) {
+        fprintf(stderr, "dsv4 serve: --device cuda: this build has no CUDA backend (use --device cpu)\n");
+        return 1;
+    }
+    /* Tensor parallelism in one process: ranks are threads with their own CPU
+     * backend, joined by the local communicator (src/parallel/tp_runner.h).
+     * Several nodes need GPUs: NCCL over the rendezvous of src/parallel/rendezvous.h
+     * plus followers of node 0's step plans (src/parallel/tp_plan.h), not wired here yet. */
+    if (a.nnodes != 1) {
+        fprintf(stderr, "dsv4 serve: --nnodes %d: multi-node serving needs the CUDA backend with NCCL, which is not "
+                        "in this build yet (one node: --tensor-parallel-size N runs N ranks in this process)\n",
+                a.nnodes);
         return 1;
     }
     const char *dir = a.model_dir ? a.model_dir : dsv4_default_model_dir();
@@ -152,6 +162,7 @@ int dsv4_cmd_serve(int argc, char **argv) {
     so.default_chat_template_kwargs = a.default_chat_template_kwargs;
     so.spec_method = spec_method;
     so.enable_prefix_caching = a.enable_prefix_caching;
+    so.tensor_parallel_size = a.tensor_parallel_size;
     so.draft_sampled = spec.draft_sampled;
     so.block_size = a.block_size;
     so.num_gpu_blocks_override = a.num_gpu_blocks_override;

@@ -95,13 +95,14 @@ static void usage(void) {
            "  --load-format F               auto | dummy (random weights, real shapes: MODEL_DIR needs\n"
            "                                only config.json; no tokenizer.json -> the default's)\n"
            "  --hf-overrides JSON           merged over config.json, e.g. '{\"num_hidden_layers\": 8}'\n"
+           "  --device D                    auto | cpu | cuda (default auto: this build has the CPU backend)\n"
            "  --[no-]enable-prefix-caching  automatic prefix caching (default on)\n"
            "  --default-chat-template-kwargs JSON   e.g. '{\"thinking\":false}'\n"
            "  --reasoning-effort-profile P  auto | preview | 0731\n"
            "  --default-thinking M          off | low | high | max (default off)\n"
            "  --default-reasoning-effort E  effort when thinking is on (default high)\n"
            "  --stop-in-reasoning M         dormant | active (default dormant)\n"
-           "  --nnodes N --node-rank R --master-addr A --master-port P   multi-node\n"
+           "  --nnodes N --node-rank R --master-addr A --master-port P   multi-node (needs CUDA + NCCL)\n"
            "Accepted and ignored (dsv4 always behaves this way): --tokenizer-mode, --reasoning-parser,\n"
            "  --tool-call-parser, --enable-auto-tool-choice, --enable-chunked-prefill, --async-scheduling, ...\n");
 }
@@ -114,6 +115,7 @@ int dsv4_serve_args_parse(int argc, char **argv, dsv4_serve_args *a, dsv4_err *e
     a->gpu_memory_utilization = 0.9;
     a->kv_cache_dtype = "auto";
     a->tensor_parallel_size = 1;
+    a->device = "auto";
     a->load_format = "auto";
     a->enable_prefix_caching = 1;
     a->reasoning_effort_profile = "auto";
@@ -246,6 +248,12 @@ int dsv4_serve_args_parse(int argc, char **argv, dsv4_serve_args *a, dsv4_err *e
             a->load_format = val;
         }
         else if (!strcmp(flag, "--hf-overrides")) { NEED_VALUE(); a->hf_overrides = val; }
+        else if (!strcmp(flag, "--device")) {
+            NEED_VALUE();
+            if (strcmp(val, "auto") && strcmp(val, "cpu") && strcmp(val, "cuda"))
+                return dsv4_err_set(err, DSV4_EINVAL, "%s: '%s' is not one of auto, cpu, cuda", flag, val);
+            a->device = val;
+        }
         else if (!strcmp(flag, "--enable-prefix-caching")) a->enable_prefix_caching = 1;
         else if (!strcmp(flag, "--no-enable-prefix-caching")) a->enable_prefix_caching = 0;
         else if (!strcmp(flag, "--default-chat-template-kwargs")) { NEED_VALUE(); a->default_chat_template_kwargs = val; }

@@ -23,6 +23,7 @@ typedef struct dsv4_serve_args {
     int num_gpu_blocks_override;      /* --num-gpu-blocks-override: pages in the pool (0 = sized) */
     int64_t kv_cache_memory_bytes;    /* --kv-cache-memory-bytes: pool budget (0 = default sizing) */
     int tensor_parallel_size;         /* --tensor-parallel-size / -tp, default 1 */
+    const char *device;               /* --device: auto | cpu | cuda (default auto) */
     const char *speculative_config;   /* --speculative-config JSON (validated by the engine) */
     const char *load_format;          /* --load-format: auto | safetensors | dummy */
     const char *hf_overrides;         /* --hf-overrides JSON object merged over config.json */

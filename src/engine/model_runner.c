@@ -13,6 +13,7 @@
 #include "model/forward.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
+#include "parallel/tp_shard.h"
 
 struct dsv4_model_runner {
     dsv4_config cfg;
@@ -21,6 +22,8 @@ struct dsv4_model_runner {
     dsv4_weights *w;
     dsv4_backend *be;
     dsv4_model *model;
+    dsv4_tp_shard *shard;  /* tensor parallel: this rank's slice of w (model runs on it), else NULL */
+    dsv4_model draft_target; /* tensor parallel: the model with the whole-vocabulary head, for the drafter */
     dsv4_state *state;
     /* DSpark drafter (spec/DSPARK.md §2), when the checkpoint has stages and
      * speculation was asked for. The last forward's context features stay
@@ -64,6 +67,7 @@ void dsv4_model_runner_free(dsv4_model_runner *mr) {
     free(mr->hw);
     dsv4_state_free(mr->state);
     dsv4_model_free(mr->model);
+    dsv4_tp_shard_free(mr->shard);
     if (mr->be) mr->be->free(mr->be);
     dsv4_weights_free(mr->w);
     dsv4_ckpt_free(mr->ckpt);
@@ -98,7 +102,18 @@ int dsv4_model_runner_open(const char *dir, const dsv4_model_runner_opts *o, dsv
 
 int dsv4_model_runner_open_ex(const char *dir, const dsv4_model_runner_opts *o, const dsv4_load_opts *lo,
                               dsv4_model_runner **out, dsv4_err *err) {
+    return dsv4_model_runner_open_tp(dir, o, lo, 0, 1, NULL, out, err);
+}
+
+int dsv4_model_runner_open_tp(const char *dir, const dsv4_model_runner_opts *o, const dsv4_load_opts *lo,
+                              int tp_rank, int tp_size, struct dsv4_comm *comm, dsv4_model_runner **out,
+                              dsv4_err *err) {
     *out = NULL;
+    if (tp_size > 1 && lo && lo->dummy)
+        return dsv4_err_set(err, DSV4_EUNSUPPORTED,
+                            "--load-format dummy with --tensor-parallel-size %d is not supported yet (dummy views "
+                            "carry no bytes to slice)",
+                            tp_size);
     if (o->n_slots < 1 || o->max_len < 2 || o->max_spec < 0)
         return dsv4_err_set(err, DSV4_EINVAL, "model runner: bad sizes (slots %d, max_len %d, max_spec %d)",
                             o->n_slots, o->max_len, o->max_spec);
@@ -114,7 +129,22 @@ int dsv4_model_runner_open_ex(const char *dir, const dsv4_model_runner_opts *o, 
         rc = err ? err->code : DSV4_EBACKEND;
         goto fail;
     }
-    if ((rc = dsv4_model_create(&mr->cfg, mr->w, mr->be, &mr->model, err))) goto fail;
+    if (tp_size > 1 && (rc = dsv4_tp_shard_create(&mr->cfg, mr->w, tp_rank, tp_size, &mr->shard, err)))
+        goto fail;
+    if ((rc = dsv4_model_create(mr->shard ? &mr->shard->cfg : &mr->cfg, mr->shard ? &mr->shard->w : mr->w, mr->be,
+                                &mr->model, err)))
+        goto fail;
+    for (int l = 0; l < mr->model->n_layers; l++) mr->model->layers[l].comm = comm;
+    dsv4_model *draft_target = mr->model; /* the drafters read the target's embedding and whole LM head */
+    if (mr->shard && mr->shard->head_split) {
+        mr->model->head_comm = comm;
+        mr->draft_target = *mr->model;
+        mr->draft_target.head = mr->w->head;
+        mr->draft_target.head_comm = NULL;
+        if (tp_rank == 0 && o->max_spec > 0 && (rc = dsv4_upload_linear(mr->be, &mr->draft_target.head, err)))
+            goto fail;
+        draft_target = &mr->draft_target;
+    }
     if (!(mr->hw = calloc((size_t)o->n_slots, sizeof(int64_t)))) {
         rc = dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
         goto fail;
@@ -133,7 +163,8 @@ int dsv4_model_runner_open_ex(const char *dir, const dsv4_model_runner_opts *o, 
         goto fail;
     }
     int64_t pb = dsv4_state_page_bytes(&mr->cfg, ratios, L, bs, (dsv4_kv_dtype)o->kv_dtype), np = 0;
-    if (o->n_pages >= 0) {
+    /* TP ranks keep per-slot state: the TP runner does not forward the pool's set_pages yet */
+    if (o->n_pages >= 0 && tp_size <= 1) {
         int64_t per_slot = (o->max_len + bs - 1) / bs;
         np = o->n_pages > 0 ? o->n_pages
              : o->kv_cache_bytes > 0 ? (pb > 0 ? o->kv_cache_bytes / pb : per_slot * o->n_slots)
@@ -152,14 +183,15 @@ int dsv4_model_runner_open_ex(const char *dir, const dsv4_model_runner_opts *o, 
                                  (dsv4_kv_dtype)o->kv_dtype, &mr->state, err);
     free(ratios);
     if (rc) goto fail;
-    if (o->max_spec > 0 && mr->cfg.draft_kind == DSV4_DRAFT_DSPARK) {
-        if ((rc = dsv4_dspark_create(&mr->cfg, mr->w, mr->model, o->n_slots, &mr->dspark, err))) goto fail;
+    int drafts = o->max_spec > 0 && tp_rank == 0; /* TP: the drafter runs replicated on rank 0 only */
+    if (drafts && mr->cfg.draft_kind == DSV4_DRAFT_DSPARK) {
+        if ((rc = dsv4_dspark_create(&mr->cfg, mr->w, draft_target, o->n_slots, &mr->dspark, err))) goto fail;
         if (!(mr->ingested = calloc((size_t)o->n_slots, sizeof(int64_t)))) {
             rc = dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
             goto fail;
         }
-    } else if (o->max_spec > 0 && mr->cfg.draft_kind == DSV4_DRAFT_MTP) {
-        if ((rc = dsv4_mtp_create(&mr->cfg, mr->w, mr->model, o->n_slots, o->max_len, o->max_spec + 1, &mr->mtp,
+    } else if (drafts && mr->cfg.draft_kind == DSV4_DRAFT_MTP) {
+        if ((rc = dsv4_mtp_create(&mr->cfg, mr->w, draft_target, o->n_slots, o->max_len, o->max_spec + 1, &mr->mtp,
                                   err)))
             goto fail;
         size_t HD = (size_t)mr->cfg.hc_mult * (size_t)mr->cfg.hidden_size;

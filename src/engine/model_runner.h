@@ -12,6 +12,7 @@
 #include "model/config.h"
 
 typedef struct dsv4_model_runner dsv4_model_runner;
+struct dsv4_comm; /* src/parallel/comm.h */
 
 typedef struct dsv4_model_runner_opts {
     int n_slots;            /* concurrent requests (state is allocated per slot) */
@@ -61,6 +62,19 @@ int dsv4_model_runner_open(const char *dir, const dsv4_model_runner_opts *o, dsv
  */
 int dsv4_model_runner_open_ex(const char *dir, const dsv4_model_runner_opts *o, const dsv4_load_opts *lo,
                               dsv4_model_runner **out, dsv4_err *err);
+/*
+ * dsv4_model_runner_open_tp — open_ex for one tensor-parallel rank (the TP
+ * runner, src/parallel/tp_runner.h, opens one per rank): the target model is
+ * rank tp_rank's slice of tp_size (src/parallel/tp_shard.h), its blocks
+ * all-reduce and its LM head all-gathers through comm, and only rank 0 loads
+ * the drafter (replicated, not sharded). tp_size 1 with comm NULL is open_ex.
+ * Errors: as open_ex; dsv4_tp_check's refusal of a size that does not divide
+ * the model; dummy weights with tp_size > 1 (DSV4_EUNSUPPORTED: their views
+ * carry no bytes to slice).
+ */
+int dsv4_model_runner_open_tp(const char *dir, const dsv4_model_runner_opts *o, const dsv4_load_opts *lo,
+                              int tp_rank, int tp_size, struct dsv4_comm *comm, dsv4_model_runner **out,
+                              dsv4_err *err);
 void dsv4_model_runner_free(dsv4_model_runner *mr);
 
 /* The engine interface over this model (valid while mr lives). */
@@ -74,7 +88,7 @@ dsv4_runner dsv4_model_runner_iface(dsv4_model_runner *mr);
  */
 int dsv4_model_runner_drafter(dsv4_model_runner *mr, dsv4_drafter *out);
 
-/* The parsed config (kind, vocab, eos, draft stages). */
+/* The parsed config (kind, vocab, eos, draft stages) — the whole model's, also under TP. */
 const dsv4_config *dsv4_model_runner_config(const dsv4_model_runner *mr);
 
 #endif

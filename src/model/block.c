@@ -10,6 +10,7 @@
  */
 #include "model/scratch.h"
 #include "model/forward.h"
+#include "parallel/comm.h"
 
 #include <math.h>
 #include <string.h>
@@ -141,12 +142,14 @@ int dsv4_block_forward(const dsv4_config *cfg, const dsv4_block_dev *blk, dsv4_l
                              cfg->hc_sinkhorn_iters, hc_eps, y, post, comb, err);
     if (!rc) rc = be->rmsnorm(be, y, &blk->w.attn_norm, d, eps, y, err);
     if (!rc) rc = attention_block(cfg, blk, ls, be, b, y, sub, &s, err);
+    if (!rc && blk->comm) rc = blk->comm->all_reduce_sum(blk->comm, be, sub, err); /* TP: sum the heads' wo_b partials */
     if (!rc) rc = be->hc_post(be, X, sub, post, comb, n_hc, X2, err);
     /* MoE half: X2 → X */
     if (!rc) rc = be->hc_pre(be, X2, &blk->w.hc_ffn.fn, &blk->w.hc_ffn.base, &blk->w.hc_ffn.scale, n_hc,
                              cfg->hc_sinkhorn_iters, hc_eps, y, post, comb, err);
     if (!rc) rc = be->rmsnorm(be, y, &blk->w.ffn_norm, d, eps, y, err);
     if (!rc) rc = moe_block(cfg, blk, be, b, y, sub, &s, err);
+    if (!rc && blk->comm) rc = blk->comm->all_reduce_sum(blk->comm, be, sub, err); /* TP: sum the experts' w2 partials */
     if (!rc) rc = be->hc_post(be, X2, sub, post, comb, n_hc, X, err);
     sc_free(&s);
     if (rc) dsv4_err_prefix(err, "layer %d: ", blk->w.layer_id);

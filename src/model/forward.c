@@ -4,6 +4,7 @@
  * whose logits are wanted.
  */
 #include "model/forward.h"
+#include "parallel/comm.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,16 @@ static void tap_mean(const float *host, int T, int n_hc, int d, int i, int n_tap
             o[k] = acc / n_hc;
         }
     }
+}
+
+/* Tensor parallel: each rank's head rows give logits [n][V/N]; the ranks' blocks side by side are [n][V]. */
+static int gather_vocab(dsv4_comm *c, dsv4_backend *be, dsv4_buf *lg, dsv4_err *err) {
+    dsv4_buf full = {0};
+    int rc = be->buf_alloc(be, DSV4_DT_F32, lg->rows, lg->cols * c->size, &full, err);
+    if (!rc) rc = c->all_gather(c, be, lg, &full, err);
+    be->buf_free(be, lg);
+    *lg = full;
+    return rc;
 }
 
 int dsv4_forward(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const int32_t *logit_rows,
@@ -83,6 +94,7 @@ int dsv4_forward_ex(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const ds
         if (!rc) rc = be->rmsnorm(be, &ysel, &m->norm, d, (float)cfg->rms_norm_eps, &ysel, err);
         if (!rc) rc = be->buf_alloc(be, DSV4_DT_F32, n_logits, m->head.out, &lg, err);
         if (!rc) rc = be->linear(be, &ysel, &m->head, &lg, err);
+        if (!rc && m->head_comm) rc = gather_vocab(m->head_comm, be, &lg, err);
         if (!rc) rc = be->buf_read(be, &lg, logits, err);
     }
     if (!rc) rc = be->sync(be, err);

@@ -32,6 +32,8 @@ typedef struct dsv4_block_dev {
     dsv4_block_w w;          /* every view uploaded (data in backend memory) */
     dsv4_linear *w1, *w3, *w2; /* [n_experts] routed expert linears, for moe_experts */
     dsv4_rope rope;          /* θ=rope_theta (ratio 0) or compress θ + YaRN (ratio > 0) */
+    struct dsv4_comm *comm;  /* tensor parallel (src/parallel/comm.h): the block holds one rank's
+                                slice and all-reduces its attention and FFN outputs; NULL = whole */
 } dsv4_block_dev;
 
 /* The target model on a backend. Borrows cfg, the weights and the backend
@@ -44,6 +46,8 @@ typedef struct dsv4_model {
     dsv4_hc_w hc_head;
     int n_layers;
     dsv4_block_dev *layers;  /* [n_layers] */
+    struct dsv4_comm *head_comm; /* tensor parallel, vocabulary-parallel head: `head` holds this rank's
+                                    rows and the logits are all-gathered (src/parallel/tp_shard.c); NULL = whole */
 } dsv4_model;
 
 /*

@@ -10,6 +10,7 @@
 #include "engine/engine.h"
 #include "engine/model_runner.h"
 #include "model/kvcodec.h"
+#include "parallel/tp_runner.h"
 #include "server/service_internal.h"
 #include "text/tokenizer.h"
 
@@ -96,8 +97,15 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
                                  .kv_cache_bytes = o->kv_cache_memory_bytes,
                                  .kv_dtype = (int)kvt};
     dsv4_load_opts lo = {.dummy = o->load_dummy, .hf_overrides = o->hf_overrides};
-    if ((rc = dsv4_model_runner_open_ex(o->model_dir, &mo, &lo, &s->mr, err))) goto fail;
-    const dsv4_config *cfg = dsv4_model_runner_config(s->mr);
+    if (o->tensor_parallel_size > 1) { /* ranks as threads of this process (src/parallel/tp_runner.h) */
+        /* the TP runner does not map pool pages yet: per-slot state on every rank */
+        mo.n_pages = -1;
+        dsv4_tp_runner_opts to = {.tp_size = o->tensor_parallel_size};
+        if ((rc = dsv4_tp_runner_open(o->model_dir, &mo, &lo, &to, &s->tp, err))) goto fail;
+    } else if ((rc = dsv4_model_runner_open_ex(o->model_dir, &mo, &lo, &s->mr, err))) {
+        goto fail;
+    }
+    const dsv4_config *cfg = s->tp ? dsv4_tp_runner_config(s->tp) : dsv4_model_runner_config(s->mr);
     if (s->max_model_len > cfg->max_position_embeddings) {
         rc = dsv4_err_set(err, DSV4_EINVAL, "--max-model-len %lld exceeds the model's max_position_embeddings %lld",
                           (long long)s->max_model_len, (long long)cfg->max_position_embeddings);
@@ -110,7 +118,7 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
     s->think_end = dsv4_tokenizer_special_id(s->tok, DSV4_TOK_END_THINK);
     int32_t dsml = dsv4_tokenizer_special_id(s->tok, DSV4_TOK_DSML);
     if ((rc = dsv4_gvocab_create(s->tok, s->vocab, s->eos_id, &dsml, dsml >= 0, &s->gvocab, err))) goto fail;
-    dsv4_runner run = dsv4_model_runner_iface(s->mr);
+    dsv4_runner run = s->tp ? dsv4_tp_runner_iface(s->tp) : dsv4_model_runner_iface(s->mr);
     if (run.page_tokens > 0 && (int64_t)run.n_pages * run.page_tokens < s->max_model_len) {
         /* vLLM refuses to start when one max_model_len request cannot fit the KV cache */
         rc = dsv4_err_set(err, DSV4_EINVAL,
@@ -126,7 +134,8 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
         goto fail;
     }
     dsv4_drafter dr;
-    int has_drafter = o->spec_k > 0 && dsv4_model_runner_drafter(s->mr, &dr);
+    int has_drafter =
+        o->spec_k > 0 && (s->tp ? dsv4_tp_runner_drafter(s->tp, &dr) : dsv4_model_runner_drafter(s->mr, &dr));
     dsv4_draft_kind want = want_mtp ? DSV4_DRAFT_MTP : DSV4_DRAFT_DSPARK;
     if (o->spec_k > 0 && (!has_drafter || cfg->draft_kind != want)) {
         rc = dsv4_err_set(err, DSV4_EINVAL,
@@ -152,11 +161,12 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
     }
     dsv4_metrics_set_cache_config(s->metrics, o->kv_cache_dtype ? o->kv_cache_dtype : "auto", o->enable_prefix_caching);
     dsv4_log(DSV4_LOG_INFO,
-             "model %s: %s, %d layers, vocab %d, profile %s; CPU backend; max_model_len %lld, "
+             "model %s: %s, %d layers, vocab %d, profile %s; CPU backend, tensor parallel %d; max_model_len %lld, "
              "max_num_seqs %d (%d request slots; KV pool %d pages of %d, kv dtype %s); speculation %s k=%d; "
              "prefix caching %s",
              o->model_dir, dsv4_config_kind_name(cfg), cfg->num_hidden_layers, cfg->vocab_size,
-             dsv4_profile_name(profile), (long long)s->max_model_len, o->max_num_seqs, o->max_num_seqs + cache_slots,
+             dsv4_profile_name(profile), o->tensor_parallel_size > 1 ? o->tensor_parallel_size : 1,
+             (long long)s->max_model_len, o->max_num_seqs, o->max_num_seqs + cache_slots,
              run.n_pages, run.page_tokens, dsv4_kv_dtype_name(kvt), o->spec_k ? "dspark" : "off", o->spec_k,
              o->enable_prefix_caching ? "on" : "off");
     if ((rc = warm_up(s, err))) goto fail;
@@ -174,6 +184,7 @@ void dsv4_service_free(dsv4_service *s) {
     dsv4_engine_free(s->engine);
     dsv4_model_runner_free(s->mr);
     dsv4_gvocab_free(s->gvocab);
+    dsv4_tp_runner_free(s->tp);
     dsv4_tokenizer_free(s->tok);
     dsv4_metrics_free(s->metrics);
     cJSON_Delete(s->default_kwargs);

@@ -52,6 +52,7 @@ typedef struct dsv4_service_opts {
     int num_gpu_blocks_override;
     int64_t kv_cache_memory_bytes;
     const char *kv_cache_dtype;
+    int tensor_parallel_size;    /* --tensor-parallel-size; > 1: ranks as threads (src/parallel/tp_runner.h) */
 } dsv4_service_opts;
 
 /*

@@ -23,6 +23,7 @@ struct dsv4_service {
     cJSON *default_kwargs; /* --default-chat-template-kwargs */
     int stop_in_reasoning;
     dsv4_model_runner *mr;
+    struct dsv4_tp_runner *tp; /* instead of mr under --tensor-parallel-size > 1 */
     dsv4_engine *engine;
     dsv4_metrics *metrics;
     int32_t eos_id;

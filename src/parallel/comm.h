@@ -1,0 +1,104 @@
+/*
+ * comm.h — a communicator between the tensor-parallel ranks of one model
+ * (DESIGN.md "Parallelism"; spec/PERFORMANCE.md §1 for what the transports cost).
+ *
+ * Why a struct of function pointers: the forward pass (src/model/block.c)
+ * needs exactly one collective — a sum over ranks of a backend buffer — and
+ * must not care whether the ranks are threads of this process sharing host
+ * memory (the `local` communicator: CI, CPU backends, and a correctness
+ * oracle for the GPU path) or GPUs joined by NCCL over NVLink / RoCE (the
+ * `nccl` communicator, src/parallel/comm_nccl.c). The TP runner
+ * (src/parallel/tp_runner.c) adds broadcast and barrier for its own
+ * bookkeeping.
+ *
+ * Determinism contract: after all_reduce_sum every rank holds BIT-IDENTICAL
+ * values (the local communicator sums the partials in rank order 0..N-1 on
+ * every rank; NCCL's ring/tree reductions also deliver one result to all
+ * ranks). Everything after the reduction is replicated computation on
+ * identical inputs, so every rank samples the same tokens.
+ *
+ * Failure: a rank that fails mid-step calls `abort` so that peers blocked in a
+ * collective return DSV4_EBACKEND instead of waiting forever. After an abort
+ * the local communicator is usable again once every rank has returned
+ * (dsv4_comm_local_recover); an aborted NCCL communicator stays dead.
+ */
+#ifndef DSV4_PARALLEL_COMM_H
+#define DSV4_PARALLEL_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dsv4_comm dsv4_comm;
+
+struct dsv4_comm {
+    const char *name; /* "local", "nccl" */
+    int rank, size;
+    void *ctx;
+
+    /*
+     * buf (rows × cols, F32 or BF16, in be's memory) := Σ over ranks of every
+     * rank's buf, same shape on every rank. BF16 is summed in fp32 and rounded
+     * once. Errors: DSV4_EINVAL shape/dtype mismatch between ranks or an
+     * unsupported dtype; DSV4_EBACKEND transport failure or an aborted peer.
+     */
+    int (*all_reduce_sum)(dsv4_comm *c, dsv4_backend *be, dsv4_buf *buf, dsv4_err *err);
+    /*
+     * out [rows][size*cols] := the ranks' in [rows][cols] side by side, rank r
+     * at columns [r*cols, (r+1)*cols) (e.g. vocabulary-parallel logits). Same
+     * dtype (F32) on every rank. Errors as all_reduce_sum.
+     */
+    int (*all_gather)(dsv4_comm *c, dsv4_backend *be, const dsv4_buf *in, dsv4_buf *out, dsv4_err *err);
+    /* host[0..n) of rank `root` copied to every rank's host. */
+    int (*broadcast)(dsv4_comm *c, void *host, size_t n, int root, dsv4_err *err);
+    /* Returns when every rank has entered. */
+    int (*barrier)(dsv4_comm *c, dsv4_err *err);
+    /* Wake every peer blocked in a collective with an error (see banner). */
+    void (*abort)(dsv4_comm *c);
+    /* Release this rank's handle. NULL-safe. */
+    void (*free)(dsv4_comm *c);
+};
+
+/*
+ * dsv4_comm_local_create — n ranks that are threads of this process: fills
+ * ranks[0..n) with one handle per rank (each used by exactly one thread).
+ * The ranks exchange partials through host memory (be->buf_read/buf_write),
+ * so any backend works; the summation order is rank order on every rank.
+ * Free every handle; the shared group goes with the last.
+ * Errors: DSV4_EINVAL n < 1; DSV4_ENOMEM.
+ */
+int dsv4_comm_local_create(int n, dsv4_comm **ranks, dsv4_err *err);
+/* Clear an abort once every rank of the group has returned from its collectives. */
+void dsv4_comm_local_recover(dsv4_comm *c);
+
+/*
+ * NCCL (src/parallel/comm_nccl.c). libnccl.so.2 is loaded with dlopen at run
+ * time, never linked, from the first of these that is set: $DSV4_NCCL_LIB (a
+ * path), $NCCL_LIBRARY, else the loader's default search ("libnccl.so.2"); an
+ * explicit path that does not load is an error, not a fall-through. The pip wheel nvidia-nccl-cu13
+ * puts it in site-packages/nvidia/nccl/lib: point DSV4_NCCL_LIB there.
+ *
+ * dsv4_nccl_unique_id — ncclGetUniqueId into id (128 bytes), on rank 0 only;
+ *   the rendezvous (rendezvous.h) carries it to the other nodes.
+ * dsv4_comm_nccl_create — ncclCommInitRank(size, id, rank) on the calling
+ *   thread's current CUDA device (the CUDA backend selects it). The buffers
+ *   handed to all_reduce_sum are device pointers of that backend; the
+ *   reduction runs on the legacy default stream after be->sync and is waited
+ *   for (correct, not fast: see PERFORMANCE.md §1 for the one-shot path).
+ * Errors: DSV4_EUNSUPPORTED library not found (the message says where it
+ *   looked and which variable to set); DSV4_EBACKEND an NCCL error string.
+ */
+#define DSV4_NCCL_ID_BYTES 128
+int dsv4_nccl_unique_id(uint8_t id[DSV4_NCCL_ID_BYTES], dsv4_err *err);
+int dsv4_comm_nccl_create(int rank, int size, const uint8_t id[DSV4_NCCL_ID_BYTES], dsv4_comm **out,
+                          dsv4_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

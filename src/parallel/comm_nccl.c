@@ -1,0 +1,264 @@
+/*
+ * The `nccl` communicator (comm.h). libnccl.so.2 is opened with dlopen so the
+ * binary neither links nor needs NCCL unless tensor parallelism over GPUs is
+ * asked for; the CUDA runtime entry points we need (stream sync, a small
+ * device scratch for host broadcasts) are looked up the same way — in the
+ * process first (a CUDA build links cudart), then libcudart.so.
+ *
+ * Why these prototypes are spelled out here rather than taken from nccl.h:
+ * the header is not installed where we build (the library comes from the
+ * pip wheel nvidia-nccl-cu13); the ABI below is NCCL's stable C API
+ * (ncclUniqueId is 128 bytes passed by value; datatype and op enums as in
+ * nccl.h 2.x: ncclFloat32 = 7, ncclBfloat16 = 9, ncclSum = 0).
+ *
+ * Correct before fast: all_reduce_sum syncs the backend, reduces in place on
+ * the legacy default stream and waits for it. The fast path for small decode
+ * messages is a one-shot peer-memory all-reduce fused into the neighbouring
+ * kernel (spec/PERFORMANCE.md §1, §6.3) — not here yet.
+ */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "parallel/comm.h"
+
+typedef int nccl_res;
+typedef void *nccl_comm_t;
+typedef struct {
+    char internal[DSV4_NCCL_ID_BYTES];
+} nccl_id;
+enum { NCCL_FLOAT32 = 7, NCCL_BF16 = 9, NCCL_UINT8 = 1, NCCL_SUM = 0 };
+
+static struct {
+    int loaded;
+    void *lib, *cudart;
+    char where[1024];
+    nccl_res (*get_unique_id)(nccl_id *);
+    nccl_res (*comm_init_rank)(nccl_comm_t *, int, nccl_id, int);
+    nccl_res (*all_reduce)(const void *, void *, size_t, int, int, nccl_comm_t, void *);
+    nccl_res (*all_gather)(const void *, void *, size_t, int, nccl_comm_t, void *);
+    nccl_res (*bcast)(const void *, void *, size_t, int, int, nccl_comm_t, void *);
+    nccl_res (*destroy)(nccl_comm_t);
+    nccl_res (*abort)(nccl_comm_t);
+    const char *(*errstr)(nccl_res);
+    int (*stream_sync)(void *);
+    int (*malloc_)(void **, size_t);
+    int (*free_)(void *);
+    int (*memcpy_)(void *, const void *, size_t, int);
+    int (*memcpy2d)(void *, size_t, const void *, size_t, size_t, size_t, int);
+} N;
+
+static void *cuda_sym(const char *name) {
+    void *p = dlsym(RTLD_DEFAULT, name);
+    if (p) return p;
+    if (!N.cudart) {
+        const char *libs[] = {"libcudart.so", "libcudart.so.13", "libcudart.so.12"};
+        for (int i = 0; i < 3 && !N.cudart; i++) N.cudart = dlopen(libs[i], RTLD_NOW | RTLD_GLOBAL);
+    }
+    return N.cudart ? dlsym(N.cudart, name) : NULL;
+}
+
+static pthread_mutex_t load_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int load_locked(dsv4_err *err);
+
+/* Ranks open their communicators from their own threads at the same time. */
+static int load(dsv4_err *err) {
+    pthread_mutex_lock(&load_mu);
+    int rc = load_locked(err);
+    pthread_mutex_unlock(&load_mu);
+    return rc;
+}
+
+static int load_locked(dsv4_err *err) {
+    if (N.loaded) return 0;
+    N.where[0] = 0;
+    /* the first of these that is set is the only one tried: an explicit path that fails is an error */
+    const char *cand[3] = {getenv("DSV4_NCCL_LIB"), getenv("NCCL_LIBRARY"), "libnccl.so.2"};
+    size_t off = 0;
+    for (int i = 0; i < 3 && !N.lib; i++) {
+        if (!cand[i] || !cand[i][0]) continue;
+        if (off) break;
+        N.lib = dlopen(cand[i], RTLD_NOW | RTLD_GLOBAL);
+        if (!N.lib && off < sizeof N.where)
+            off += (size_t)snprintf(N.where + off, sizeof N.where - off, "%s%s (%s)", off ? "; " : "", cand[i],
+                                    dlerror());
+    }
+    if (!N.lib)
+        return dsv4_err_set(err, DSV4_EUNSUPPORTED,
+                            "NCCL not found: tried %s. Set DSV4_NCCL_LIB to libnccl.so.2 (the pip wheel "
+                            "nvidia-nccl-cu13 has it under site-packages/nvidia/nccl/lib)",
+                            N.where);
+#define SYM(f, name) *(void **)&N.f = dlsym(N.lib, name)
+    SYM(get_unique_id, "ncclGetUniqueId");
+    SYM(comm_init_rank, "ncclCommInitRank");
+    SYM(all_reduce, "ncclAllReduce");
+    SYM(all_gather, "ncclAllGather");
+    SYM(bcast, "ncclBroadcast");
+    SYM(destroy, "ncclCommDestroy");
+    SYM(abort, "ncclCommAbort");
+    SYM(errstr, "ncclGetErrorString");
+#undef SYM
+    *(void **)&N.stream_sync = cuda_sym("cudaStreamSynchronize");
+    *(void **)&N.malloc_ = cuda_sym("cudaMalloc");
+    *(void **)&N.free_ = cuda_sym("cudaFree");
+    *(void **)&N.memcpy_ = cuda_sym("cudaMemcpy");
+    *(void **)&N.memcpy2d = cuda_sym("cudaMemcpy2D");
+    if (!N.get_unique_id || !N.comm_init_rank || !N.all_reduce || !N.all_gather || !N.bcast || !N.destroy ||
+        !N.abort || !N.errstr)
+        return dsv4_err_set(err, DSV4_EUNSUPPORTED, "NCCL library lacks the 2.x API (ncclCommInitRank, ...)");
+    if (!N.stream_sync || !N.malloc_ || !N.free_ || !N.memcpy_ || !N.memcpy2d)
+        return dsv4_err_set(err, DSV4_EUNSUPPORTED, "NCCL: the CUDA runtime (libcudart) is not available");
+    N.loaded = 1;
+    return 0;
+}
+
+typedef struct nccl_rank {
+    dsv4_comm c;
+    nccl_comm_t comm;
+    int dead;
+    void *scratch; /* device bytes for host broadcasts / barriers */
+    size_t scratch_cap;
+} nccl_rank;
+
+static int nerr(nccl_rank *r, nccl_res res, const char *what, dsv4_err *err) {
+    if (res == 0) return 0;
+    return dsv4_err_set(err, DSV4_EBACKEND, "NCCL rank %d/%d: %s: %s", r->c.rank, r->c.size, what, N.errstr(res));
+}
+
+static int wait_default_stream(nccl_rank *r, const char *what, dsv4_err *err) {
+    int e = N.stream_sync(NULL);
+    if (e) return dsv4_err_set(err, DSV4_EBACKEND, "NCCL rank %d: %s: CUDA error %d", r->c.rank, what, e);
+    return 0;
+}
+
+static int alive(nccl_rank *r, dsv4_err *err) {
+    if (!r->dead) return 0;
+    return dsv4_err_set(err, DSV4_EBACKEND,
+                        "NCCL rank %d: the communicator was aborted after an earlier failure; restart the server",
+                        r->c.rank);
+}
+
+static int n_all_reduce(dsv4_comm *c, dsv4_backend *be, dsv4_buf *buf, dsv4_err *err) {
+    nccl_rank *r = (nccl_rank *)c;
+    int rc = alive(r, err);
+    if (rc) return rc;
+    int dt = buf->dtype == DSV4_DT_F32 ? NCCL_FLOAT32 : buf->dtype == DSV4_DT_BF16 ? NCCL_BF16 : -1;
+    if (dt < 0)
+        return dsv4_err_set(err, DSV4_EINVAL, "NCCL all_reduce: dtype %s (F32, BF16)", dsv4_dtype_name(buf->dtype));
+    size_t n = (size_t)buf->rows * (size_t)buf->cols;
+    if (!n) return 0;
+    if ((rc = be->sync(be, err))) return rc;
+    if ((rc = nerr(r, N.all_reduce(buf->data, buf->data, n, dt, NCCL_SUM, r->comm, NULL), "ncclAllReduce", err)))
+        return rc;
+    return wait_default_stream(r, "all_reduce", err);
+}
+
+static int grow_scratch(nccl_rank *r, size_t n, dsv4_err *err) {
+    if (n <= r->scratch_cap) return 0;
+    if (r->scratch) N.free_(r->scratch);
+    r->scratch = NULL;
+    r->scratch_cap = 0;
+    if (N.malloc_(&r->scratch, n))
+        return dsv4_err_set(err, DSV4_ENOMEM, "NCCL rank %d: cudaMalloc %zu bytes failed", r->c.rank, n);
+    r->scratch_cap = n;
+    return 0;
+}
+
+static int n_all_gather(dsv4_comm *c, dsv4_backend *be, const dsv4_buf *in, dsv4_buf *out, dsv4_err *err) {
+    nccl_rank *r = (nccl_rank *)c;
+    int rc = alive(r, err), S = c->size;
+    if (rc) return rc;
+    if (in->dtype != DSV4_DT_F32 || out->dtype != DSV4_DT_F32 || out->rows != in->rows || out->cols != in->cols * S)
+        return dsv4_err_set(err, DSV4_EINVAL, "NCCL all_gather: need F32 in [r][c] and out [r][%d*c]", S);
+    size_t rows = (size_t)in->rows, cols = (size_t)in->cols, n = rows * cols;
+    if (!n) return 0;
+    if ((rc = be->sync(be, err))) return rc;
+    if (rows == 1) { /* rank-major is already the wanted layout */
+        if ((rc = nerr(r, N.all_gather(in->data, out->data, n, NCCL_FLOAT32, r->comm, NULL), "ncclAllGather", err)))
+            return rc;
+        return wait_default_stream(r, "all_gather", err);
+    }
+    if ((rc = grow_scratch(r, n * (size_t)S * sizeof(float), err))) return rc;
+    if ((rc = nerr(r, N.all_gather(in->data, r->scratch, n, NCCL_FLOAT32, r->comm, NULL), "ncclAllGather", err)))
+        return rc;
+    if ((rc = wait_default_stream(r, "all_gather", err))) return rc;
+    for (int k = 0; k < S; k++) /* [S][rows][cols] -> [rows][S*cols] */
+        if (N.memcpy2d((float *)out->data + (size_t)k * cols, (size_t)S * cols * sizeof(float),
+                       (const float *)r->scratch + (size_t)k * n, cols * sizeof(float), cols * sizeof(float), rows,
+                       3 /* cudaMemcpyDeviceToDevice */))
+            return dsv4_err_set(err, DSV4_EBACKEND, "NCCL rank %d: all_gather: cudaMemcpy2D failed", r->c.rank);
+    return 0;
+}
+
+static int n_broadcast(dsv4_comm *c, void *host, size_t n, int root, dsv4_err *err) {
+    nccl_rank *r = (nccl_rank *)c;
+    int rc = alive(r, err);
+    if (rc) return rc;
+    if (!n) return 0;
+    if ((rc = grow_scratch(r, n, err))) return rc;
+    if (c->rank == root && N.memcpy_(r->scratch, host, n, 1 /* H2D */))
+        return dsv4_err_set(err, DSV4_EBACKEND, "NCCL rank %d: broadcast: cudaMemcpy failed", r->c.rank);
+    if ((rc = nerr(r, N.bcast(r->scratch, r->scratch, n, NCCL_UINT8, root, r->comm, NULL), "ncclBroadcast", err)))
+        return rc;
+    if ((rc = wait_default_stream(r, "broadcast", err))) return rc;
+    if (c->rank != root && N.memcpy_(host, r->scratch, n, 2 /* D2H */))
+        return dsv4_err_set(err, DSV4_EBACKEND, "NCCL rank %d: broadcast: cudaMemcpy failed", r->c.rank);
+    return 0;
+}
+
+static int n_barrier(dsv4_comm *c, dsv4_err *err) {
+    nccl_rank *r = (nccl_rank *)c;
+    int rc = alive(r, err);
+    if (rc || (rc = grow_scratch(r, sizeof(float), err))) return rc;
+    if ((rc = nerr(r, N.all_reduce(r->scratch, r->scratch, 1, NCCL_FLOAT32, NCCL_SUM, r->comm, NULL), "barrier", err)))
+        return rc;
+    return wait_default_stream(r, "barrier", err);
+}
+
+static void n_abort(dsv4_comm *c) {
+    nccl_rank *r = (nccl_rank *)c;
+    if (r->dead) return;
+    r->dead = 1;
+    N.abort(r->comm);
+}
+
+static void n_free(dsv4_comm *c) {
+    if (!c) return;
+    nccl_rank *r = (nccl_rank *)c;
+    if (!r->dead) N.destroy(r->comm);
+    if (r->scratch) N.free_(r->scratch);
+    free(r);
+}
+
+int dsv4_nccl_unique_id(uint8_t id[DSV4_NCCL_ID_BYTES], dsv4_err *err) {
+    int rc = load(err);
+    if (rc) return rc;
+    nccl_id u;
+    nccl_res res = N.get_unique_id(&u);
+    if (res) return dsv4_err_set(err, DSV4_EBACKEND, "ncclGetUniqueId: %s", N.errstr(res));
+    memcpy(id, u.internal, DSV4_NCCL_ID_BYTES);
+    return 0;
+}
+
+int dsv4_comm_nccl_create(int rank, int size, const uint8_t id[DSV4_NCCL_ID_BYTES], dsv4_comm **out,
+                          dsv4_err *err) {
+    *out = NULL;
+    if (size < 1 || rank < 0 || rank >= size)
+        return dsv4_err_set(err, DSV4_EINVAL, "NCCL: rank %d outside [0,%d)", rank, size);
+    int rc = load(err);
+    if (rc) return rc;
+    nccl_rank *r = calloc(1, sizeof *r);
+    if (!r) return dsv4_err_set(err, DSV4_ENOMEM, "NCCL: out of memory");
+    r->c = (dsv4_comm){"nccl", rank, size, r, n_all_reduce, n_all_gather, n_broadcast, n_barrier, n_abort, n_free};
+    nccl_id u;
+    memcpy(u.internal, id, DSV4_NCCL_ID_BYTES);
+    if ((rc = nerr(r, N.comm_init_rank(&r->comm, size, u, rank), "ncclCommInitRank", err))) {
+        free(r);
+        return rc;
+    }
+    *out = &r->c;
+    return 0;
+}

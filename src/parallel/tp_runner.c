@@ -1,0 +1,339 @@
+/*
+ * The in-process tensor-parallel runner (tp_runner.h): a job board that makes
+ * every rank run the same runner call on the same host batch.
+ *
+ * Why a generation-counted job board and not a queue: the engine makes one
+ * call at a time and waits for it, so there is exactly one job in flight;
+ * workers wait for the generation to move, run the job on their own model
+ * runner, and count down. A rank that fails aborts the communicator so the
+ * others, possibly blocked in an all-reduce, return instead of hanging; the
+ * step then fails with the FIRST failing rank's message (the others only say
+ * "aborted") and the local communicator is re-armed for the next step.
+ */
+#include "parallel/tp_runner.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "parallel/tp_shard.h"
+
+enum { JOB_OPEN = 1, JOB_FORWARD, JOB_RELEASE, JOB_RESUME, JOB_COPY, JOB_QUIT };
+
+typedef struct tp_rank {
+    struct dsv4_tp_runner *t;
+    int rank;
+    pthread_t thread;
+    int started;
+    dsv4_model_runner *mr;
+    dsv4_runner it;
+    float *logits; /* ranks >= 1: private logits for the rank check */
+    size_t logits_cap;
+    int rc;
+    dsv4_err err;
+} tp_rank;
+
+struct dsv4_tp_runner {
+    int n, check, local;
+    dsv4_comm **comms;
+    tp_rank *ranks;
+    const char *dir;
+    dsv4_model_runner_opts mo;
+    dsv4_load_opts lo;
+    int has_lo;
+    dsv4_runner it0;
+    /* the job board */
+    pthread_mutex_t mu;
+    pthread_cond_t cv_job, cv_done;
+    unsigned gen;
+    int pending, first_fail;
+    struct {
+        int op;
+        const dsv4_batch *b;
+        const int32_t *rows;
+        int n_logits;
+        int slot, src, dst;
+        int64_t pos;
+    } job;
+};
+
+static void note_fail(dsv4_tp_runner *t, tp_rank *r) {
+    pthread_mutex_lock(&t->mu);
+    if (t->first_fail < 0) t->first_fail = r->rank;
+    pthread_mutex_unlock(&t->mu);
+    if (t->comms && t->comms[r->rank]) t->comms[r->rank]->abort(t->comms[r->rank]);
+}
+
+/* Run the current job on rank r (any thread). */
+static void run_job(dsv4_tp_runner *t, tp_rank *r, float *logits0) {
+    dsv4_err_clear(&r->err);
+    r->rc = 0;
+    switch (t->job.op) {
+    case JOB_OPEN: {
+        r->rc = dsv4_model_runner_open_tp(t->dir, &t->mo, t->has_lo ? &t->lo : NULL, r->rank, t->n, t->comms[r->rank],
+                                          &r->mr, &r->err);
+        if (!r->rc) r->it = dsv4_model_runner_iface(r->mr);
+        break;
+    }
+    case JOB_FORWARD: {
+        int nl = t->job.n_logits;
+        float *lg = logits0;
+        if (r->rank > 0) { /* every rank runs the head: its vocabulary block is all-gathered */
+            size_t need = (size_t)nl * (size_t)r->it.vocab;
+            if (need > r->logits_cap) {
+                float *p = realloc(r->logits, need * sizeof(float));
+                if (!p) {
+                    r->rc = dsv4_err_set(&r->err, DSV4_ENOMEM, "out of memory for logits");
+                    break;
+                }
+                r->logits = p;
+                r->logits_cap = need;
+            }
+            lg = r->logits;
+        }
+        r->rc = r->it.forward(r->it.ctx, t->job.b, t->job.rows, nl, lg, &r->err);
+        break;
+    }
+    case JOB_RELEASE:
+        r->it.release(r->it.ctx, t->job.slot);
+        break;
+    case JOB_RESUME:
+        if (r->it.resume) r->rc = r->it.resume(r->it.ctx, t->job.slot, t->job.pos, &r->err);
+        break;
+    case JOB_COPY:
+        if (r->it.copy_slot) r->rc = r->it.copy_slot(r->it.ctx, t->job.src, t->job.dst, &r->err);
+        break;
+    default:
+        break;
+    }
+    if (r->rc) note_fail(t, r);
+}
+
+static void *worker(void *arg) {
+    tp_rank *r = arg;
+    dsv4_tp_runner *t = r->t;
+    unsigned seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&t->mu);
+        while (t->gen == seen) pthread_cond_wait(&t->cv_job, &t->mu);
+        seen = t->gen;
+        int op = t->job.op;
+        pthread_mutex_unlock(&t->mu);
+        if (op == JOB_QUIT) break;
+        run_job(t, r, NULL);
+        pthread_mutex_lock(&t->mu);
+        if (--t->pending == 0) pthread_cond_signal(&t->cv_done);
+        pthread_mutex_unlock(&t->mu);
+    }
+    return NULL;
+}
+
+/* Post the job (already in t->job) to ranks 1..n-1, run rank 0 here, wait, and fold the errors. */
+static int dispatch(dsv4_tp_runner *t, float *logits0, dsv4_err *err) {
+    pthread_mutex_lock(&t->mu);
+    t->first_fail = -1;
+    t->pending = t->n - 1;
+    t->gen++;
+    pthread_cond_broadcast(&t->cv_job);
+    pthread_mutex_unlock(&t->mu);
+    run_job(t, &t->ranks[0], logits0);
+    pthread_mutex_lock(&t->mu);
+    while (t->pending > 0) pthread_cond_wait(&t->cv_done, &t->mu);
+    int ff = t->first_fail;
+    pthread_mutex_unlock(&t->mu);
+    if (ff < 0) return 0;
+    if (t->local && t->comms) dsv4_comm_local_recover(t->comms[0]);
+    tp_rank *r = &t->ranks[ff];
+    dsv4_err_set(err, r->rc, "%s", r->err.msg);
+    if (t->n > 1) dsv4_err_prefix(err, "rank %d: ", ff);
+    return r->rc;
+}
+
+/* Every rank's logits must equal rank 0's bit for bit (tp_runner.h check_ranks). */
+static int check_logits(dsv4_tp_runner *t, int n_logits, const float *logits, dsv4_err *err) {
+    size_t V = (size_t)t->ranks[0].it.vocab, n = (size_t)n_logits * V;
+    for (int k = 1; k < t->n; k++) {
+        const float *o = t->ranks[k].logits;
+        if (!n || !memcmp(o, logits, n * sizeof(float))) continue;
+        for (size_t i = 0; i < n; i++)
+            if (memcmp(&o[i], &logits[i], sizeof(float)))
+                return dsv4_err_set(err, DSV4_EINTERNAL,
+                                    "tensor parallel: rank %d logits differ from rank 0 at logit row %zu token %zu "
+                                    "(%.9g vs %.9g)",
+                                    k, i / V, i % V, (double)o[i], (double)logits[i]);
+    }
+    return 0;
+}
+
+int dsv4_tp_check_batch(int n_slots, int max_len, int vocab, const dsv4_batch *b, const int32_t *rows, int n_logits,
+                        dsv4_err *err) {
+    if (b->n_rows <= 0) return dsv4_err_set(err, DSV4_EINVAL, "forward: empty batch");
+    for (int r = 0; r < b->n_rows; r++) {
+        if (b->slot[r] < 0 || b->slot[r] >= n_slots)
+            return dsv4_err_set(err, DSV4_EINVAL, "forward: row %d: slot %d out of [0,%d)", r, b->slot[r], n_slots);
+        if (b->pos[r] < 0 || b->pos[r] >= max_len)
+            return dsv4_err_set(err, DSV4_ERANGE, "forward: row %d: position %d beyond max length %d", r, b->pos[r],
+                                max_len);
+        if (b->token[r] < 0 || b->token[r] >= vocab)
+            return dsv4_err_set(err, DSV4_EINVAL, "forward: row %d: token %d outside the vocabulary [0,%d)", r,
+                                b->token[r], vocab);
+    }
+    for (int i = 0; i < n_logits; i++)
+        if (rows[i] < 0 || rows[i] >= b->n_rows)
+            return dsv4_err_set(err, DSV4_EINVAL, "forward: logit row %d out of [0,%d)", rows[i], b->n_rows);
+    return 0;
+}
+
+static int tp_forward(void *ctx, const dsv4_batch *b, const int32_t *rows, int n_logits, float *logits,
+                      dsv4_err *err) {
+    dsv4_tp_runner *t = ctx;
+    int rc = dsv4_tp_check_batch(t->mo.n_slots, t->mo.max_len, t->it0.vocab, b, rows, n_logits, err);
+    if (rc) return rc;
+    t->job.op = JOB_FORWARD;
+    t->job.b = b;
+    t->job.rows = rows;
+    t->job.n_logits = n_logits;
+    rc = dispatch(t, logits, err);
+    if (!rc && t->check) rc = check_logits(t, n_logits, logits, err);
+    return rc;
+}
+
+static void tp_release(void *ctx, int slot) {
+    dsv4_tp_runner *t = ctx;
+    dsv4_err err = {0};
+    t->job.op = JOB_RELEASE;
+    t->job.slot = slot;
+    dispatch(t, NULL, &err);
+}
+
+/* A query: rank 0 answers (every rank holds the same positions). */
+static int64_t tp_reusable(void *ctx, int slot, int64_t committed, int64_t want, int64_t n_new) {
+    dsv4_tp_runner *t = ctx;
+    return t->it0.reusable(t->it0.ctx, slot, committed, want, n_new);
+}
+
+static int tp_resume(void *ctx, int slot, int64_t pos, dsv4_err *err) {
+    dsv4_tp_runner *t = ctx;
+    t->job.op = JOB_RESUME;
+    t->job.slot = slot;
+    t->job.pos = pos;
+    return dispatch(t, NULL, err);
+}
+
+static int tp_copy_slot(void *ctx, int src, int dst, dsv4_err *err) {
+    dsv4_tp_runner *t = ctx;
+    t->job.op = JOB_COPY;
+    t->job.src = src;
+    t->job.dst = dst;
+    return dispatch(t, NULL, err);
+}
+
+void dsv4_tp_runner_free(dsv4_tp_runner *t) {
+    if (!t) return;
+    int started = 0;
+    for (int i = 1; i < t->n; i++) started |= t->ranks[i].started;
+    if (started) {
+        pthread_mutex_lock(&t->mu);
+        t->job.op = JOB_QUIT;
+        t->gen++;
+        pthread_cond_broadcast(&t->cv_job);
+        pthread_mutex_unlock(&t->mu);
+        for (int i = 1; i < t->n; i++)
+            if (t->ranks[i].started) pthread_join(t->ranks[i].thread, NULL);
+    }
+    for (int i = 0; i < t->n; i++) {
+        dsv4_model_runner_free(t->ranks[i].mr);
+        free(t->ranks[i].logits);
+    }
+    if (t->comms)
+        for (int i = 0; i < t->n; i++)
+            if (t->comms[i]) t->comms[i]->free(t->comms[i]);
+    free(t->comms);
+    free(t->ranks);
+    pthread_mutex_destroy(&t->mu);
+    pthread_cond_destroy(&t->cv_job);
+    pthread_cond_destroy(&t->cv_done);
+    free(t);
+}
+
+int dsv4_tp_runner_open(const char *dir, const dsv4_model_runner_opts *o, const dsv4_load_opts *lo,
+                        const dsv4_tp_runner_opts *tp, dsv4_tp_runner **out, dsv4_err *err) {
+    *out = NULL;
+    int n = tp->tp_size, rc = 0;
+    dsv4_config cfg;
+    dsv4_tp_runner *t = NULL;
+    if (n < 1 || n > 64) rc = dsv4_err_set(err, DSV4_EINVAL, "--tensor-parallel-size %d outside [1,64]", n);
+    if (!rc && !(rc = dsv4_config_load_ex(dir, lo ? lo->hf_overrides : NULL, &cfg, err))) rc = dsv4_tp_check(&cfg, n, err);
+    if (rc && n >= 1 && n <= 64) dsv4_err_prefix(err, "%s: ", dir);
+    if (!rc && !(t = calloc(1, sizeof *t))) rc = dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
+    if (rc) { /* the caller's communicators are ours whatever happens */
+        for (int i = 0; tp->comms && i < n && i < 64; i++)
+            if (tp->comms[i]) tp->comms[i]->free(tp->comms[i]);
+        return rc;
+    }
+    pthread_mutex_init(&t->mu, NULL);
+    pthread_cond_init(&t->cv_job, NULL);
+    pthread_cond_init(&t->cv_done, NULL);
+    t->n = n;
+    t->check = tp->check_ranks;
+    t->dir = dir;
+    t->mo = *o;
+    t->mo.n_pages = -1; /* per-slot state on every rank: the pool's set_pages is not forwarded to ranks yet */
+    if (lo) {
+        t->lo = *lo;
+        t->has_lo = 1;
+    }
+    t->ranks = calloc((size_t)n, sizeof *t->ranks);
+    t->comms = calloc((size_t)n, sizeof *t->comms);
+    if (!t->ranks || !t->comms) {
+        for (int i = 0; tp->comms && i < n; i++)
+            if (tp->comms[i]) tp->comms[i]->free(tp->comms[i]);
+        dsv4_tp_runner_free(t);
+        return dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
+    }
+    if (tp->comms) {
+        memcpy(t->comms, tp->comms, sizeof(dsv4_comm *) * (size_t)n);
+    } else {
+        t->local = 1;
+        if ((rc = dsv4_comm_local_create(n, t->comms, err))) {
+            dsv4_tp_runner_free(t);
+            return rc;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        t->ranks[i].t = t;
+        t->ranks[i].rank = i;
+    }
+    for (int i = 1; i < n; i++) {
+        if (pthread_create(&t->ranks[i].thread, NULL, worker, &t->ranks[i])) {
+            dsv4_tp_runner_free(t);
+            return dsv4_err_set(err, DSV4_ENOMEM, "tensor parallel: cannot start the worker of rank %d", i);
+        }
+        t->ranks[i].started = 1;
+    }
+    t->job.op = JOB_OPEN;
+    if ((rc = dispatch(t, NULL, err))) {
+        dsv4_tp_runner_free(t);
+        return rc;
+    }
+    t->it0 = t->ranks[0].it;
+    *out = t;
+    return 0;
+}
+
+dsv4_runner dsv4_tp_runner_iface(dsv4_tp_runner *t) {
+    /* page_tokens 0: ranks keep per-slot state (the pool's set_pages is not forwarded yet) */
+    dsv4_runner r = {.ctx = t,
+                     .vocab = t->it0.vocab,
+                     .n_slots = t->it0.n_slots,
+                     .forward = tp_forward,
+                     .release = tp_release,
+                     .reusable = t->it0.reusable ? tp_reusable : NULL,
+                     .resume = tp_resume,
+                     .copy_slot = tp_copy_slot};
+    return r;
+}
+
+int dsv4_tp_runner_drafter(dsv4_tp_runner *t, dsv4_drafter *out) { return dsv4_model_runner_drafter(t->ranks[0].mr, out); }
+
+const dsv4_config *dsv4_tp_runner_config(const dsv4_tp_runner *t) { return dsv4_model_runner_config(t->ranks[0].mr); }

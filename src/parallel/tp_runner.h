@@ -1,0 +1,72 @@
+/*
+ * tp_runner.h — tensor parallelism inside one process: N ranks, each a
+ * dsv4_model_runner over its slice of the target (src/parallel/tp_shard.h)
+ * with its own backend, joined by a communicator (comm.h), behind the ONE
+ * dsv4_runner interface the engine already drives (src/engine/runner.h;
+ * DESIGN.md "Parallelism").
+ *
+ * Threads: rank 0 runs on the calling (engine) thread, ranks 1..N-1 each on
+ * a worker thread that lives as long as the runner, so a rank's backend is
+ * only ever used from one thread (a CUDA rank binds its device there). Every
+ * forward / release / resume / copy_slot runs the same call with the same
+ * host batch on all ranks; the engine sees rank 0's results. The drafter is
+ * rank 0's (replicated, not sharded: DSpark stages and the MTP block are a
+ * small part of a step, and rank 0 holds the full target features they read).
+ */
+#ifndef DSV4_PARALLEL_TP_RUNNER_H
+#define DSV4_PARALLEL_TP_RUNNER_H
+
+#include "engine/model_runner.h"
+#include "engine/runner.h"
+#include "parallel/comm.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dsv4_tp_runner dsv4_tp_runner;
+
+typedef struct dsv4_tp_runner_opts {
+    int tp_size;            /* ranks, >= 1 */
+    dsv4_comm **comms;      /* [tp_size] one handle per rank, taken over by the runner (freed by it even
+                               when open fails); NULL = local communicator made here */
+    /* Debug/test knob: each step fails (DSV4_EINTERNAL, naming rank, row and
+     * token) unless every rank's logits are bit-identical to rank 0's. */
+    int check_ranks;
+} dsv4_tp_runner_opts;
+
+/*
+ * dsv4_tp_runner_open — open checkpoint dir once per rank (in parallel, one
+ * thread each) with the model runner options o (n_slots, max_len, max_spec,
+ * numerics) and load options lo (NULL = a real checkpoint; --hf-overrides
+ * apply; dummy weights are refused) through dsv4_model_runner_open_tp. Checks dsv4_tp_check
+ * first so a TP size that does not divide the model is refused before any
+ * loading. Errors: the first failing rank's error prefixed "rank R: ";
+ * DSV4_EINVAL bad tp_size; DSV4_ENOMEM / thread creation failures.
+ */
+int dsv4_tp_runner_open(const char *dir, const dsv4_model_runner_opts *o, const dsv4_load_opts *lo,
+                        const dsv4_tp_runner_opts *tp, dsv4_tp_runner **out, dsv4_err *err);
+/* Stop the workers and free every rank. NULL-safe. */
+void dsv4_tp_runner_free(dsv4_tp_runner *t);
+
+/* The engine interface (valid while t lives). Calls must not overlap (the engine makes one at a time). */
+dsv4_runner dsv4_tp_runner_iface(dsv4_tp_runner *t);
+/* Rank 0's drafter (see banner); returns 0 when the checkpoint has none or max_spec was 0. */
+int dsv4_tp_runner_drafter(dsv4_tp_runner *t, dsv4_drafter *out);
+/* The whole model's config. */
+const dsv4_config *dsv4_tp_runner_config(const dsv4_tp_runner *t);
+
+/*
+ * dsv4_tp_check_batch — the checks dsv4_forward makes before its first op
+ * (slot in [0,n_slots), position in [0,max_len), token in [0,vocab), logit
+ * rows in [0,T)), made once on rank 0 before a batch reaches the ranks: a
+ * failing rank aborts the communicator, and an aborted NCCL one stays dead.
+ * Errors: DSV4_EINVAL / DSV4_ERANGE naming the row.
+ */
+int dsv4_tp_check_batch(int n_slots, int max_len, int vocab, const dsv4_batch *b, const int32_t *rows, int n_logits,
+                        dsv4_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,543 @@
+/*
+ * Tensor parallelism on CPU (issue 7 "Parallelism"): the local communicator,
+ * the divisibility rules on the tiny and the real Flash shapes, and TP = 2
+ * against TP = 1 on models/tiny-flash and models/tiny-dspark — logits within
+ * a stated tolerance, greedy tokens identical over a generation with
+ * speculation on and off, and every rank's logits bit-identical to rank 0's
+ * at every step (the runner's check_ranks); a rank failing inside a
+ * collective aborts its peers instead of hanging; and the multi-node step
+ * plans (tp_plan.h), where rank 1 learns every call only through the
+ * communicator, give the same tokens.
+ *
+ * Tolerances. In HF numerics (no W8A8 emulation) a TP rank computes exactly
+ * the same products as TP = 1; only the order of the fp32 sums changes (the
+ * heads' and the experts' partials are added after the per-rank dots instead
+ * of inside one dot), so the logits agree to a few fp32 ulps amplified by
+ * depth: |Δ| <= 1e-4 · max|logit| + 1e-5. In reference numerics the tiny
+ * models split wo_b's and w2's 128-wide inputs inside one activation-
+ * quantisation block (tp_shard.c banner), so each half gets its own
+ * power-of-two FP8 scale; where a half's amax falls in a lower binade than
+ * the whole block's, that half is quantised finer — a real (if rare)
+ * difference of FP8 size on those elements. Measured 9.7e-6 of a max logit
+ * 7.3 (most blocks keep the same scale); bound 2e-3 · max|logit| + 1e-5, and
+ * the greedy tokens must agree. On the real Flash shapes every split is a multiple of 128,
+ * so only the summation order differs there too.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "engine/engine.h"
+#include "engine/model_runner.h"
+#include "model/config.h"
+#include "model/safetensors.h"
+#include "model/weights.h"
+#include "parallel/comm.h"
+#include "parallel/tp_plan.h"
+#include "parallel/tp_runner.h"
+#include "parallel/tp_shard.h"
+#include "test.h"
+
+#define MAXT 16
+
+/* ---------- the local communicator, 3 threads ---------- */
+
+typedef struct {
+    dsv4_comm *c;
+    dsv4_backend *be;
+    int rc_reduce, rc_gather, rc_bcast, rc_abort, rc_bf16;
+    uint16_t bf16[4];
+    float red[5], gat[2 * 3];
+    char bc[8];
+} crank;
+
+static void *comm_thread(void *arg) {
+    crank *k = arg;
+    dsv4_err err = {0};
+    dsv4_backend *be = k->be;
+    int r = k->c->rank;
+    dsv4_buf b, o;
+    be->buf_alloc(be, DSV4_DT_F32, 1, 5, &b, &err);
+    float v[5];
+    for (int i = 0; i < 5; i++) v[i] = (float)((r + 1) * (i + 1)) * 0.1f;
+    be->buf_write(be, &b, v, &err);
+    k->rc_reduce = k->c->all_reduce_sum(k->c, be, &b, &err);
+    be->buf_read(be, &b, k->red, &err);
+    be->buf_free(be, &b);
+    /* BF16: summed in fp32, rounded once (small integers: exact) */
+    uint16_t hb[4];
+    for (int i = 0; i < 4; i++) {
+        float f = (float)((r + 1) * (i + 1));
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        hb[i] = (uint16_t)(u >> 16);
+    }
+    be->buf_alloc(be, DSV4_DT_BF16, 1, 4, &b, &err);
+    be->buf_write(be, &b, hb, &err);
+    k->rc_bf16 = k->c->all_reduce_sum(k->c, be, &b, &err);
+    be->buf_read(be, &b, k->bf16, &err);
+    be->buf_free(be, &b);
+    be->buf_alloc(be, DSV4_DT_F32, 2, 1, &b, &err);
+    be->buf_alloc(be, DSV4_DT_F32, 2, 3, &o, &err);
+    float g[2] = {(float)r, (float)(10 + r)};
+    be->buf_write(be, &b, g, &err);
+    k->rc_gather = k->c->all_gather(k->c, be, &b, &o, &err);
+    be->buf_read(be, &o, k->gat, &err);
+    be->buf_free(be, &b);
+    be->buf_free(be, &o);
+    if (r == 1) memcpy(k->bc, "rank1!", 7);
+    k->rc_bcast = k->c->broadcast(k->c, k->bc, 7, 1, &err);
+    /* rank 2 fails before the collective: the others must not hang */
+    if (r == 2) {
+        k->c->abort(k->c);
+        k->rc_abort = DSV4_EBACKEND;
+    } else {
+        be->buf_alloc(be, DSV4_DT_F32, 1, 5, &b, &err);
+        k->rc_abort = k->c->all_reduce_sum(k->c, be, &b, &err);
+        be->buf_free(be, &b);
+    }
+    return NULL;
+}
+
+static void test_local_comm(void) {
+    dsv4_comm *c[3];
+    dsv4_err err = {0};
+    CHECK_EQ_INT(dsv4_comm_local_create(3, c, &err), 0);
+    crank k[3];
+    pthread_t th[3];
+    memset(k, 0, sizeof k);
+    for (int i = 0; i < 3; i++) {
+        k[i].c = c[i];
+        k[i].be = dsv4_backend_cpu_create(DSV4_NUMERICS_REFERENCE, &err);
+        pthread_create(&th[i], NULL, comm_thread, &k[i]);
+    }
+    for (int i = 0; i < 3; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < 3; i++) {
+        CHECK_EQ_INT(k[i].rc_reduce, 0);
+        /* rank order on every rank: (p0 + p1) + p2, computed here the same way */
+        for (int j = 0; j < 5; j++) {
+            float p0 = 1 * (j + 1) * 0.1f, p1 = 2 * (j + 1) * 0.1f, p2 = 3 * (j + 1) * 0.1f;
+            float want = (p0 + p1) + p2;
+            CHECK(!memcmp(&k[i].red[j], &want, sizeof want));
+        }
+        CHECK_EQ_INT(k[i].rc_bf16, 0);
+        for (int j = 0; j < 4; j++) {
+            uint32_t u = (uint32_t)k[i].bf16[j] << 16;
+            float f;
+            memcpy(&f, &u, 4);
+            CHECK(f == (float)(6 * (j + 1))); /* (1 + 2 + 3)(j+1) */
+        }
+        CHECK_EQ_INT(k[i].rc_gather, 0);
+        float want_g[6] = {0, 1, 2, 10, 11, 12};
+        CHECK(!memcmp(k[i].gat, want_g, sizeof want_g));
+        CHECK_EQ_INT(k[i].rc_bcast, 0);
+        CHECK_STR(k[i].bc, "rank1!");
+        CHECK_EQ_INT(k[i].rc_abort, DSV4_EBACKEND);
+    }
+    dsv4_comm_local_recover(c[0]);
+    for (int i = 0; i < 3; i++) {
+        c[i]->free(c[i]);
+        k[i].be->free(k[i].be);
+    }
+}
+
+/* ---------- divisibility ---------- */
+
+static void test_check(void) {
+    dsv4_config cfg;
+    dsv4_err err = {0};
+    CHECK_EQ_INT(dsv4_config_load("models/tiny-flash", &cfg, &err), 0);
+    CHECK_EQ_INT(dsv4_tp_check(&cfg, 1, &err), 0);
+    CHECK_EQ_INT(dsv4_tp_check(&cfg, 2, &err), 0);
+    CHECK_EQ_INT(dsv4_tp_check(&cfg, 3, &err), DSV4_EINVAL);
+    CHECK_CONTAINS(err.msg, "does not divide num_attention_heads 4");
+    CHECK_EQ_INT(dsv4_tp_check(&cfg, 4, &err), DSV4_EINVAL); /* 4 heads, but 2 output groups */
+    CHECK_CONTAINS(err.msg, "o_groups 2");
+    /* the real DeepSeek-V4-Flash shapes (spec/MODEL.md §1) */
+    cfg.num_attention_heads = 64;
+    cfg.head_dim = 512;
+    cfg.o_groups = 8;
+    cfg.o_lora_rank = 1024;
+    cfg.moe_intermediate_size = 2048;
+    cfg.n_shared_experts = 1;
+    for (int tp = 1; tp <= 8; tp *= 2) CHECK_MSG(dsv4_tp_check(&cfg, tp, &err) == 0, "Flash TP=%d: %s", tp, err.msg);
+    CHECK_EQ_INT(dsv4_tp_check(&cfg, 16, &err), DSV4_EINVAL);
+    CHECK_CONTAINS(err.msg, "o_groups 8");
+    CHECK_EQ_INT(dsv4_tp_check(&cfg, 6, &err), DSV4_EINVAL);
+    /* a width that splits an FP8 scale block */
+    cfg.num_attention_heads = 6;
+    cfg.head_dim = 96;
+    cfg.o_groups = 6;
+    CHECK_EQ_INT(dsv4_tp_check(&cfg, 2, &err), DSV4_EINVAL);
+    CHECK_CONTAINS(err.msg, "128x128");
+}
+
+/* ---------- the slices: views where rows are split, copies where columns are ---------- */
+
+static void test_shard_shapes(void) {
+    dsv4_config cfg;
+    dsv4_ckpt *ck = NULL;
+    dsv4_weights *w = NULL;
+    dsv4_tp_shard *s = NULL;
+    dsv4_err err = {0};
+    int rc = dsv4_ckpt_open("models/tiny-flash", &ck, &err);
+    if (!rc) rc = dsv4_config_load("models/tiny-flash", &cfg, &err);
+    if (!rc) rc = dsv4_config_set_drafts(&cfg, ck, &err);
+    if (!rc) rc = dsv4_weights_bind(&cfg, ck, &w, &err);
+    if (!rc) rc = dsv4_tp_shard_create(&cfg, w, 1, 2, &s, &err);
+    CHECK_MSG(rc == 0, "%s", err.msg);
+    if (!rc) {
+        const dsv4_block_w *a = &w->layers[2], *b = &s->w.layers[2]; /* a ratio-128 layer */
+        CHECK_EQ_INT(s->cfg.num_attention_heads, 2);
+        CHECK_EQ_INT(s->cfg.o_groups, 1);
+        /* wq_b: heads 2..3 = rows 256..511, a view 256 rows into the checkpoint's bytes */
+        CHECK_EQ_INT(b->attn.wq_b.out, 256);
+        CHECK((const uint8_t *)b->attn.wq_b.w.data == (const uint8_t *)a->attn.wq_b.w.data + 256 * a->attn.wq_b.in);
+        CHECK_EQ_INT(b->attn.wq_b.scale.shape[0], 2);
+        /* wo_a: group 1 = rows 64..127, inside scale block 0; wo_b: columns 64..127, a copy */
+        CHECK_EQ_INT(b->attn.wo_a.out, 64);
+        CHECK_EQ_INT(b->attn.wo_a.scale.shape[0], 1);
+        CHECK_EQ_INT(b->attn.wo_b.in, 64);
+        CHECK_EQ_INT(b->attn.wo_b.w.shape[1], 64);
+        CHECK(b->attn.wo_b.w.data != a->attn.wo_b.w.data);
+        CHECK(!memcmp(b->attn.wo_b.w.data, (const uint8_t *)a->attn.wo_b.w.data + 64, 64));
+        CHECK_EQ_INT(b->attn.sink.shape[0], 2);
+        /* replicated: the KV head, the compressor */
+        CHECK(b->attn.wkv.w.data == a->attn.wkv.w.data && b->attn.wkv.out == a->attn.wkv.out);
+        CHECK(b->attn.compressor.wkv.w.data == a->attn.compressor.wkv.w.data);
+        /* shared expert and every routed expert: half the intermediate width */
+        CHECK_EQ_INT(b->ffn.shared.w1.out, 64);
+        CHECK_EQ_INT(b->ffn.shared.w2.in, 64);
+        CHECK_EQ_INT(b->ffn.experts[7].w1.out, 64);
+        CHECK_EQ_INT(b->ffn.experts[7].w3.out, 64);
+        CHECK_EQ_INT(b->ffn.experts[7].w2.in, 64);
+        CHECK_EQ_INT(b->ffn.experts[7].w2.scale.shape[1], 2); /* FP4: 64 / 32 */
+        /* the source weights are untouched */
+        CHECK_EQ_INT(a->attn.wq_b.out, 512);
+        CHECK_EQ_INT(a->ffn.experts[7].w2.in, 128);
+        /* vocabulary-parallel head: rows 256..511 */
+        CHECK_EQ_INT(s->head_split, 1);
+        CHECK_EQ_INT(s->w.head.out, 256);
+        CHECK_EQ_INT(w->head.out, 512);
+    }
+    dsv4_tp_shard_free(s);
+    dsv4_weights_free(w);
+    dsv4_ckpt_free(ck);
+}
+
+/* ---------- TP = 2 vs TP = 1 ---------- */
+
+typedef struct {
+    dsv4_model_runner *mr;
+    dsv4_tp_runner *tp;
+    dsv4_runner run;
+    dsv4_drafter dr;
+    int has_dr;
+} opened;
+
+static int open_runner(const char *dir, int tp, int k, dsv4_numerics num, opened *o) {
+    dsv4_model_runner_opts mo = {.n_slots = 4, .max_len = 256, .max_spec = k, .numerics = num, .n_pages = -1};
+    dsv4_err err = {0};
+    memset(o, 0, sizeof *o);
+    int rc;
+    if (tp == 1) {
+        rc = dsv4_model_runner_open(dir, &mo, &o->mr, &err);
+        if (!rc) {
+            o->run = dsv4_model_runner_iface(o->mr);
+            o->has_dr = dsv4_model_runner_drafter(o->mr, &o->dr);
+        }
+    } else {
+        dsv4_tp_runner_opts to = {.tp_size = tp, .check_ranks = 1};
+        rc = dsv4_tp_runner_open(dir, &mo, NULL, &to, &o->tp, &err);
+        if (!rc) {
+            o->run = dsv4_tp_runner_iface(o->tp);
+            o->has_dr = dsv4_tp_runner_drafter(o->tp, &o->dr);
+        }
+    }
+    if (rc) fprintf(stderr, "open %s TP=%d: %s\n", dir, tp, err.msg);
+    return rc;
+}
+
+static void close_runner(opened *o) {
+    dsv4_model_runner_free(o->mr);
+    dsv4_tp_runner_free(o->tp);
+}
+
+/* One prefill of T rows with logits on every row; returns the max |Δ| and the logit range. */
+static void compare_logits(const char *dir, dsv4_numerics num, double rel_tol, double abs_tol) {
+    enum { T = 24 };
+    opened a, b;
+    if (open_runner(dir, 1, 0, num, &a)) {
+        CHECK(0);
+        return;
+    }
+    if (open_runner(dir, 2, 0, num, &b)) {
+        CHECK(0);
+        close_runner(&a);
+        return;
+    }
+    int V = a.run.vocab;
+    CHECK_EQ_INT(b.run.vocab, V);
+    int32_t tok[T], pos[T], slot[T], sidx[T], rows[T], cu[2] = {0, T}, sslot = 1, spos0 = 0;
+    for (int t = 0; t < T; t++) {
+        tok[t] = 2 + (t * 37 + 11) % (V - 2);
+        pos[t] = t;
+        slot[t] = 1;
+        sidx[t] = 0;
+        rows[t] = t;
+    }
+    dsv4_batch bt = {T, 1, tok, pos, slot, sidx, cu, &sslot, &spos0};
+    float *la = malloc(sizeof(float) * T * (size_t)V), *lb = malloc(sizeof(float) * T * (size_t)V);
+    dsv4_err err = {0};
+    CHECK_EQ_INT(a.run.forward(a.run.ctx, &bt, rows, T, la, &err), 0);
+    int rc = b.run.forward(b.run.ctx, &bt, rows, T, lb, &err);
+    CHECK_MSG(rc == 0, "TP=2 forward: %s", err.msg);
+    double maxd = 0, maxa = 0;
+    for (size_t i = 0; i < (size_t)T * V; i++) {
+        double d = fabs((double)la[i] - lb[i]);
+        if (d > maxd) maxd = d;
+        if (fabs(la[i]) > maxa) maxa = fabs(la[i]);
+    }
+    printf("%s %s: TP=2 vs TP=1 logits max|diff| %.3g, max|logit| %.3g\n", dir,
+           num == DSV4_NUMERICS_HF ? "HF" : "reference", maxd, maxa);
+    CHECK_MSG(maxd <= rel_tol * maxa + abs_tol, "%s: max|diff| %g > %g", dir, maxd, rel_tol * maxa + abs_tol);
+    free(la);
+    free(lb);
+    close_runner(&a);
+    close_runner(&b);
+}
+
+static int generate(dsv4_engine *e, const int32_t *p, int n, int max_tokens, int32_t *out) {
+    dsv4_gen_params gp;
+    dsv4_gen_params_default(&gp);
+    gp.sampling.temperature = 0;
+    gp.max_tokens = max_tokens;
+    gp.ignore_eos = 1;
+    dsv4_request *r;
+    dsv4_err err = {0};
+    if (dsv4_engine_submit(e, p, n, &gp, &r, &err)) return -1;
+    int rc;
+    while ((rc = dsv4_engine_step(e, &err)) > 0) {}
+    if (rc < 0) fprintf(stderr, "engine: %s\n", err.msg);
+    dsv4_finish f;
+    int got = dsv4_request_poll(r, out, MAXT, &f, 0);
+    dsv4_request_release(r);
+    return got;
+}
+
+/* Greedy tokens of 2 prompts (one request after the other, the second reusing a slot) under TP = tp. */
+static void gen_run(dsv4_runner *run, const dsv4_drafter *dr, int k, int32_t out[3][MAXT]) {
+    dsv4_engine_opts eo = {.max_num_seqs = 4, .max_num_batched_tokens = 16, .max_model_len = 256, .spec_k = k, .eos_id = 1};
+    dsv4_engine *e = NULL;
+    dsv4_err err = {0};
+    CHECK_EQ_INT(dsv4_engine_create(&eo, run, dr, &e, &err), 0);
+    if (!e) return;
+    int lens[3] = {7, 30, 18};
+    for (int i = 0; i < 2; i++) {
+        int32_t p[64];
+        for (int j = 0; j < lens[i]; j++) p[j] = 2 + (int32_t)((i * 131 + j * 17 + j * j) % 500);
+        CHECK_EQ_INT(generate(e, p, lens[i], MAXT, out[i]), MAXT);
+    }
+    dsv4_engine_stats st;
+    dsv4_engine_get_stats(e, &st);
+    CHECK_EQ_INT(st.spec_draft_failures, 0);
+    if (k > 0) CHECK(st.spec_drafts > 0);
+    dsv4_engine_free(e);
+}
+
+static void gen_all(const char *dir, int tp, int k, int32_t out[3][MAXT]) {
+    opened o;
+    if (open_runner(dir, tp, k, DSV4_NUMERICS_REFERENCE, &o)) {
+        CHECK(0);
+        return;
+    }
+    CHECK_EQ_INT(o.has_dr, k > 0);
+    gen_run(&o.run, o.has_dr ? &o.dr : NULL, k, out);
+    close_runner(&o);
+}
+
+/* ---------- step plans: rank 1 sees only what the communicator carries ---------- */
+
+typedef struct {
+    dsv4_comm *c;
+    const char *dir;
+    int k, rc;
+    char msg[DSV4_ERR_MSG_MAX];
+} follower;
+
+static void *follow_thread(void *arg) {
+    follower *f = arg;
+    dsv4_model_runner_opts mo = {.n_slots = 4, .max_len = 256, .max_spec = f->k, .numerics = DSV4_NUMERICS_REFERENCE, .n_pages = -1};
+    dsv4_model_runner *mr = NULL;
+    dsv4_err err = {0};
+    f->rc = dsv4_model_runner_open_tp(f->dir, &mo, NULL, 1, 2, f->c, &mr, &err);
+    if (!f->rc) {
+        dsv4_runner run = dsv4_model_runner_iface(mr);
+        f->rc = dsv4_plan_follow(f->c, &run, &err);
+    }
+    snprintf(f->msg, sizeof f->msg, "%s", err.msg);
+    dsv4_model_runner_free(mr);
+    return NULL;
+}
+
+static void test_step_plans(const char *dir, int k, int32_t want[3][MAXT]) {
+    static int32_t got[3][MAXT];
+    memset(got, 0, sizeof got);
+    dsv4_comm *c[2];
+    dsv4_err err = {0};
+    CHECK_EQ_INT(dsv4_comm_local_create(2, c, &err), 0);
+    follower f = {c[1], dir, k, -1, ""};
+    pthread_t th;
+    pthread_create(&th, NULL, follow_thread, &f);
+    dsv4_model_runner_opts mo = {.n_slots = 4, .max_len = 256, .max_spec = k, .numerics = DSV4_NUMERICS_REFERENCE, .n_pages = -1};
+    dsv4_model_runner *mr = NULL;
+    int rc = dsv4_model_runner_open_tp(dir, &mo, NULL, 0, 2, c[0], &mr, &err);
+    CHECK_MSG(rc == 0, "%s", err.msg);
+    dsv4_plan_leader *l = NULL;
+    if (!rc) {
+        dsv4_runner inner = dsv4_model_runner_iface(mr), run;
+        dsv4_drafter dr;
+        int has = dsv4_model_runner_drafter(mr, &dr);
+        CHECK_EQ_INT(has, k > 0);
+        CHECK_EQ_INT(dsv4_plan_leader_create(c[0], &inner, 256, &l, &run, &err), 0);
+        gen_run(&run, has ? &dr : NULL, k, got);
+        /* a bad batch is refused before it is broadcast: the follower keeps following */
+        int32_t tok = 3, pos = 256, sl = 0, si = 0, cu[2] = {0, 1}, r0 = 0;
+        dsv4_batch bad = {1, 1, &tok, &pos, &sl, &si, cu, &sl, &pos};
+        float lg[1];
+        CHECK_EQ_INT(run.forward(run.ctx, &bad, &r0, 0, lg, &err), DSV4_ERANGE);
+        CHECK_CONTAINS(err.msg, "position 256 beyond max length 256");
+    }
+    dsv4_plan_leader_free(l); /* sends the quit plan */
+    if (rc) c[0]->abort(c[0]);
+    pthread_join(th, NULL);
+    CHECK_MSG(f.rc == 0, "follower: %s", f.msg);
+    for (int i = 0; i < 2; i++)
+        CHECK_MSG(!memcmp(got[i], want[i], sizeof got[i]), "%s k=%d prompt %d: step-plan TP=2 tokens != TP=1", dir, k,
+                  i);
+    dsv4_model_runner_free(mr);
+    c[0]->free(c[0]);
+    c[1]->free(c[1]);
+}
+
+/* TP = 2 greedy tokens equal TP = 1's; a gets TP = 1's. */
+static void compare_tokens(const char *dir, int k, int32_t a[3][MAXT]) {
+    static int32_t b[3][MAXT];
+    memset(a, 0, sizeof(int32_t) * 3 * MAXT);
+    memset(b, 0, sizeof b);
+    gen_all(dir, 1, k, a);
+    gen_all(dir, 2, k, b);
+    for (int i = 0; i < 2; i++)
+        CHECK_MSG(!memcmp(a[i], b[i], sizeof a[i]), "%s k=%d prompt %d: TP=2 greedy tokens != TP=1", dir, k, i);
+}
+
+/* NCCL is loaded at run time: a missing library is a clear error, not a link failure. */
+static void test_nccl_missing(void) {
+    setenv("DSV4_NCCL_LIB", "/nonexistent/libnccl.so.2", 1);
+    uint8_t id[DSV4_NCCL_ID_BYTES];
+    dsv4_err err = {0};
+    CHECK_EQ_INT(dsv4_nccl_unique_id(id, &err), DSV4_EUNSUPPORTED);
+    CHECK_CONTAINS(err.msg, "/nonexistent/libnccl.so.2");
+    CHECK_CONTAINS(err.msg, "DSV4_NCCL_LIB");
+    dsv4_comm *c = NULL;
+    CHECK_EQ_INT(dsv4_comm_nccl_create(0, 2, id, &c, &err), DSV4_EUNSUPPORTED);
+    CHECK(c == NULL);
+    unsetenv("DSV4_NCCL_LIB");
+}
+
+/* A communicator that fails rank 1's n-th all-reduce without entering the
+ * collective: the runner must abort the peers (no hang), report rank 1's
+ * error, and work again once the group is recovered. */
+typedef struct {
+    dsv4_comm c;
+    dsv4_comm *in;
+    int fail_at, count;
+} flaky;
+static int fl_reduce(dsv4_comm *c, dsv4_backend *be, dsv4_buf *b, dsv4_err *err) {
+    flaky *f = (flaky *)c;
+    if (c->rank == 1 && ++f->count == f->fail_at) return dsv4_err_set(err, DSV4_EBACKEND, "injected failure");
+    return f->in->all_reduce_sum(f->in, be, b, err);
+}
+static int fl_gather(dsv4_comm *c, dsv4_backend *be, const dsv4_buf *i, dsv4_buf *o, dsv4_err *err) {
+    return ((flaky *)c)->in->all_gather(((flaky *)c)->in, be, i, o, err);
+}
+static int fl_bcast(dsv4_comm *c, void *h, size_t n, int root, dsv4_err *err) {
+    return ((flaky *)c)->in->broadcast(((flaky *)c)->in, h, n, root, err);
+}
+static int fl_barrier(dsv4_comm *c, dsv4_err *err) { return ((flaky *)c)->in->barrier(((flaky *)c)->in, err); }
+static void fl_abort(dsv4_comm *c) { ((flaky *)c)->in->abort(((flaky *)c)->in); }
+static void fl_free(dsv4_comm *c) {
+    ((flaky *)c)->in->free(((flaky *)c)->in);
+    free(c);
+}
+
+static void test_rank_failure(void) {
+    dsv4_comm *in[2], *wrap[2];
+    dsv4_err err = {0};
+    CHECK_EQ_INT(dsv4_comm_local_create(2, in, &err), 0);
+    dsv4_comm *inner0 = in[0];
+    for (int r = 0; r < 2; r++) {
+        flaky *f = calloc(1, sizeof *f);
+        f->c = (dsv4_comm){"flaky", r, 2, f, fl_reduce, fl_gather, fl_bcast, fl_barrier, fl_abort, fl_free};
+        f->in = in[r];
+        f->fail_at = 3; /* layer 1's attention all-reduce */
+        wrap[r] = &f->c;
+    }
+    dsv4_model_runner_opts mo = {.n_slots = 2, .max_len = 64, .numerics = DSV4_NUMERICS_REFERENCE, .n_pages = -1};
+    dsv4_tp_runner_opts to = {.tp_size = 2, .comms = wrap, .check_ranks = 1};
+    dsv4_tp_runner *t = NULL;
+    CHECK_EQ_INT(dsv4_tp_runner_open("models/tiny-flash", &mo, NULL, &to, &t, &err), 0);
+    if (!t) return;
+    dsv4_runner run = dsv4_tp_runner_iface(t);
+    int32_t tok[3] = {5, 6, 7}, pos[3] = {0, 1, 2}, slot[3] = {0, 0, 0}, sidx[3] = {0}, cu[2] = {0, 3}, ss = 0, p0 = 0;
+    int32_t rows[1] = {2};
+    dsv4_batch b = {3, 1, tok, pos, slot, sidx, cu, &ss, &p0};
+    float *lg1 = malloc(sizeof(float) * (size_t)run.vocab), *lg2 = malloc(sizeof(float) * (size_t)run.vocab);
+    CHECK_EQ_INT(run.forward(run.ctx, &b, rows, 1, lg1, &err), DSV4_EBACKEND);
+    CHECK_CONTAINS(err.msg, "rank 1: ");
+    CHECK_CONTAINS(err.msg, "injected failure");
+    dsv4_comm_local_recover(inner0); /* the runner recovers only communicators it made */
+    CHECK_EQ_INT(run.forward(run.ctx, &b, rows, 1, lg1, &err), 0);
+    /* a bad batch fails on every rank before any collective, names the row, and leaves the runner usable */
+    pos[2] = 1000;
+    CHECK(run.forward(run.ctx, &b, rows, 1, lg2, &err) != 0);
+    CHECK_CONTAINS(err.msg, "position 1000");
+    pos[2] = 2;
+    CHECK_EQ_INT(run.forward(run.ctx, &b, rows, 1, lg2, &err), 0);
+    CHECK(!memcmp(lg1, lg2, sizeof(float) * (size_t)run.vocab));
+    free(lg1);
+    free(lg2);
+    dsv4_tp_runner_free(t);
+}
+
+int main(void) {
+    test_nccl_missing();
+    test_local_comm();
+    test_check();
+    test_rank_failure();
+    test_shard_shapes();
+    /* TP = 4 does not divide the tiny models (o_groups 2): refused before loading */
+    {
+        dsv4_model_runner_opts mo = {.n_slots = 2, .max_len = 64, .numerics = DSV4_NUMERICS_REFERENCE, .n_pages = -1};
+        dsv4_tp_runner_opts to = {.tp_size = 4, .check_ranks = 1};
+        dsv4_tp_runner *t = NULL;
+        dsv4_err err = {0};
+        CHECK_EQ_INT(dsv4_tp_runner_open("models/tiny-flash", &mo, NULL, &to, &t, &err), DSV4_EINVAL);
+        CHECK_CONTAINS(err.msg, "o_groups");
+        CHECK(t == NULL);
+        /* given communicators are the runner's even when open fails (ASan sees a leak otherwise) */
+        dsv4_comm *cc[2];
+        CHECK_EQ_INT(dsv4_comm_local_create(2, cc, &err), 0);
+        dsv4_tp_runner_opts to2 = {.tp_size = 2, .comms = cc};
+        CHECK(dsv4_tp_runner_open("models/no-such-model", &mo, NULL, &to2, &t, &err) != 0);
+        CHECK_CONTAINS(err.msg, "models/no-such-model");
+    }
+    compare_logits("models/tiny-flash", DSV4_NUMERICS_HF, 1e-4, 1e-5);
+    compare_logits("models/tiny-dspark", DSV4_NUMERICS_HF, 1e-4, 1e-5);
+    compare_logits("models/tiny-flash", DSV4_NUMERICS_REFERENCE, 2e-3, 1e-5);
+    static int32_t tp1[3][MAXT];
+    compare_tokens("models/tiny-flash", 0, tp1);
+    compare_tokens("models/tiny-flash", 1, tp1); /* MTP drafter on rank 0 */
+    compare_tokens("models/tiny-dspark", 3, tp1); /* DSpark drafter on rank 0 */
+    test_step_plans("models/tiny-dspark", 3, tp1);
+    return TEST_REPORT();
+}
