@@ -1,5 +1,6 @@
 /*
- * dsv4 run — greedy generation for one prompt on the CPU reference backend.
+ * dsv4 run — greedy generation for one prompt (CPU reference backend, or the
+ * CUDA backend with --device cuda / auto).
  *
  * The whole path a request takes, without the server: checkpoint (strict
  * binder) → prompt encoder (chat template, thinking resolved once) →
@@ -25,7 +26,7 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: dsv4 run [MODEL_DIR] --prompt TEXT [options]\n"
-            "Generate text greedily for one prompt with the CPU reference backend.\n"
+            "Generate text greedily for one prompt.\n"
             "MODEL_DIR defaults to the embedded default model (%s).\n"
             "  --prompt TEXT        user message (rendered with the checkpoint's chat encoder)\n"
             "  --raw                tokenize TEXT as is (no chat template, no BOS)\n"
@@ -34,7 +35,9 @@ static void usage(FILE *f) {
             "  --numerics MODE      reference (official QAT numerics, default) or hf (transformers)\n"
             "  --spec K             speculate K tokens per step with the checkpoint's drafter\n"
             "                       (DSpark stages: K <= dspark_block_size; MTP block: K = 1)\n"
-            "  --show-ids           print the prompt and generated token ids to stderr\n",
+            "  --show-ids           print the prompt and generated token ids to stderr\n"
+            "  --device D           auto (default: CUDA when built with it and a GPU answers, else cpu),\n"
+            "                       cpu (the reference backend) or cuda\n",
             dsv4_default_model_dir());
 }
 
@@ -42,12 +45,14 @@ typedef struct run_opts {
     const char *dir, *prompt;
     int raw, max_tokens, thinking, show_ids, spec_k;
     dsv4_numerics numerics;
+    dsv4_device device;
 } run_opts;
 
 static int parse_args(int argc, char **argv, run_opts *o) {
     memset(o, 0, sizeof *o);
     o->max_tokens = 32;
     o->numerics = DSV4_NUMERICS_REFERENCE;
+    o->device = DSV4_DEVICE_AUTO;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -79,6 +84,12 @@ static int parse_args(int argc, char **argv, run_opts *o) {
                 return 2;
             }
             o->spec_k = (int)v;
+        } else if (!strcmp(a, "--device") && i + 1 < argc) {
+            dsv4_err e = {0};
+            if (dsv4_device_parse(argv[++i], &o->device, &e)) {
+                fprintf(stderr, "dsv4 run: %s\n", e.msg);
+                return 2;
+            }
         } else if (!strcmp(a, "--raw")) {
             o->raw = 1;
         } else if (!strcmp(a, "--thinking")) {
@@ -165,7 +176,7 @@ int dsv4_cmd_run(int argc, char **argv) {
     if (!rc && ids.n == 0) rc = dsv4_err_set(&err, DSV4_EINVAL, "run: the prompt has no tokens");
     int max_len = (int)ids.n + o.max_tokens + o.spec_k + 2;
     if (!rc) {
-        dsv4_model_runner_opts mo = {1, max_len, o.spec_k, o.numerics};
+        dsv4_model_runner_opts mo = {1, max_len, o.spec_k, o.numerics, o.device};
         rc = dsv4_model_runner_open(o.dir, &mo, &mr, &err);
     }
     dsv4_drafter dr;

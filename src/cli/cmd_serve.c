@@ -14,6 +14,7 @@
 
 #include "cli/cli.h"
 #include "cli/serve_args.h"
+#include "engine/model_runner.h"
 #include "server/server.h"
 #include "server/service.h"
 
@@ -150,6 +151,9 @@ int dsv4_cmd_serve(int argc, char **argv) {
     so.default_chat_template_kwargs = a.default_chat_template_kwargs;
     so.spec_method = spec_method;
     so.enable_prefix_caching = a.enable_prefix_caching;
+    dsv4_device dev = DSV4_DEVICE_AUTO;
+    dsv4_device_parse(a.device, &dev, NULL); /* validated by the parser */
+    so.device = (int)dev;
     so.spec_k = spec.spec_k;
     so.n_k_schedule = spec.n_k_schedule;
     memcpy(so.k_schedule, spec.k_schedule, sizeof so.k_schedule);

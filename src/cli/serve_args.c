@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cli/serve_args.h"
+#include "engine/model_runner.h"
 
 /* vLLM flags that dsv4 accepts and ignores, because it always behaves the way
  * the seed launchers ask (spec/SERVING.md §0.2). has_value: takes an argument. */
@@ -89,6 +90,8 @@ static void usage(void) {
            "  --tensor-parallel-size N      GPUs per model (-tp)\n"
            "  --speculative-config JSON     e.g. '{\"method\":\"dspark\",\"num_speculative_tokens\":5}'\n"
            "  --load-format F               auto | dummy (random weights, real shapes)\n"
+           "  --device D                    auto | cpu | cuda (default auto: CUDA when built with it and a\n"
+           "                                GPU answers, else the CPU reference backend; the log says which)\n"
            "  --[no-]enable-prefix-caching  automatic prefix caching (default on)\n"
            "  --default-chat-template-kwargs JSON   e.g. '{\"thinking\":false}'\n"
            "  --reasoning-effort-profile P  auto | preview | 0731\n"
@@ -109,6 +112,7 @@ int dsv4_serve_args_parse(int argc, char **argv, dsv4_serve_args *a, dsv4_err *e
     a->kv_cache_dtype = "auto";
     a->tensor_parallel_size = 1;
     a->load_format = "auto";
+    a->device = "auto";
     a->enable_prefix_caching = 1;
     a->reasoning_effort_profile = "auto";
     a->default_thinking = "off";
@@ -218,6 +222,12 @@ int dsv4_serve_args_parse(int argc, char **argv, dsv4_serve_args *a, dsv4_err *e
             if (strcmp(val, "auto") && strcmp(val, "dummy") && strcmp(val, "safetensors"))
                 return dsv4_err_set(err, DSV4_EINVAL, "%s: '%s' is not one of auto, safetensors, dummy", flag, val);
             a->load_format = val;
+        }
+        else if (!strcmp(flag, "--device")) {
+            NEED_VALUE();
+            dsv4_device dv;
+            if (dsv4_device_parse(val, &dv, err)) return DSV4_EINVAL;
+            a->device = val;
         }
         else if (!strcmp(flag, "--enable-prefix-caching")) a->enable_prefix_caching = 1;
         else if (!strcmp(flag, "--no-enable-prefix-caching")) a->enable_prefix_caching = 0;

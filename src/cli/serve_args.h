@@ -22,6 +22,7 @@ typedef struct dsv4_serve_args {
     int tensor_parallel_size;         /* --tensor-parallel-size / -tp, default 1 */
     const char *speculative_config;   /* --speculative-config JSON (validated by the engine) */
     const char *load_format;          /* --load-format: auto | dummy */
+    const char *device;               /* --device: auto | cpu | cuda (default auto) */
     int enable_prefix_caching;        /* default on; --no-enable-prefix-caching turns it off */
     const char *default_chat_template_kwargs; /* JSON object */
     const char *reasoning_effort_profile;     /* auto | preview | 0731 */

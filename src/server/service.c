@@ -82,7 +82,7 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
      * prompts while their requests decode on (SERVING.md §8.7) */
     int cache_slots = !o->enable_prefix_caching ? 0 : o->max_num_seqs < 8 ? o->max_num_seqs : 8;
     dsv4_model_runner_opts mo = {o->max_num_seqs + cache_slots, (int)s->max_model_len, o->spec_k,
-                                 DSV4_NUMERICS_REFERENCE};
+                                 DSV4_NUMERICS_REFERENCE, (dsv4_device)o->device};
     if ((rc = dsv4_model_runner_open(o->model_dir, &mo, &s->mr, err))) goto fail;
     const dsv4_config *cfg = dsv4_model_runner_config(s->mr);
     if (s->max_model_len > cfg->max_position_embeddings) {

@@ -34,7 +34,7 @@ static int generate(dsv4_engine *e, const int32_t *p, int n, int max_tokens, int
 
 int main(void) {
     const char *dir = "models/tiny-flash";
-    dsv4_model_runner_opts mo = {4, 512, 0, DSV4_NUMERICS_REFERENCE};
+    dsv4_model_runner_opts mo = {4, 512, 0, DSV4_NUMERICS_REFERENCE, DSV4_DEVICE_CPU};
     dsv4_model_runner *mr = NULL;
     dsv4_err err = {0};
     if (dsv4_model_runner_open(dir, &mo, &mr, &err)) {
@@ -92,7 +92,7 @@ int main(void) {
      * plain decoding, single and batched (issue 5 "Tests"); drafts are made
      * and verified every decode step, and the drafter never fails. */
     for (int k = 0; k <= 3; k += 3) {
-        dsv4_model_runner_opts so = {4, 512, k, DSV4_NUMERICS_REFERENCE};
+        dsv4_model_runner_opts so = {4, 512, k, DSV4_NUMERICS_REFERENCE, DSV4_DEVICE_CPU};
         CHECK_EQ_INT(dsv4_model_runner_open("models/tiny-dspark", &so, &mr, &err), 0);
         if (!mr) break;
         run = dsv4_model_runner_iface(mr);
@@ -135,7 +135,7 @@ int main(void) {
     /* MTP speculation (k = 1) on tiny-flash: equals the plain greedy tokens
      * computed above, single and batched; the drafter never fails. */
     {
-        dsv4_model_runner_opts so = {4, 512, 1, DSV4_NUMERICS_REFERENCE};
+        dsv4_model_runner_opts so = {4, 512, 1, DSV4_NUMERICS_REFERENCE, DSV4_DEVICE_CPU};
         CHECK_EQ_INT(dsv4_model_runner_open(dir, &so, &mr, &err), 0);
         run = dsv4_model_runner_iface(mr);
         dsv4_drafter dr;
@@ -204,7 +204,7 @@ int main(void) {
         dsv4_model_runner_free(mr);
 
         /* independent: a fresh model, the whole prompt, then the MTP block over all rows */
-        dsv4_model_runner_opts so2 = {1, 512, 1, DSV4_NUMERICS_REFERENCE};
+        dsv4_model_runner_opts so2 = {1, 512, 1, DSV4_NUMERICS_REFERENCE, DSV4_DEVICE_CPU};
         CHECK_EQ_INT(dsv4_model_runner_open(dir, &so2, &mr, &err), 0);
         dsv4_model_runner_free(mr);
         dsv4_config cfg2;
