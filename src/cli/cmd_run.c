@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include <time.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "engine/engine.h"
@@ -30,6 +31,8 @@ static void usage(FILE *f) {
             "MODEL_DIR defaults to the embedded default model (%s).\n"
             "  --prompt TEXT        user message (rendered with the checkpoint's chat encoder)\n"
             "  --raw                tokenize TEXT as is (no chat template, no BOS)\n"
+            "  --prompt-ids LIST    the prompt as token ids (e.g. 0,17,42) instead of --prompt; works\n"
+            "                       without a tokenizer.json (generated ids are then printed as [id])\n"
             "  --max-tokens N       tokens to generate (default 32)\n"
             "  --thinking           render with thinking mode on (default off)\n"
             "  --numerics MODE      reference (official QAT numerics, default) or hf (transformers)\n"
@@ -42,7 +45,7 @@ static void usage(FILE *f) {
 }
 
 typedef struct run_opts {
-    const char *dir, *prompt;
+    const char *dir, *prompt, *prompt_ids;
     int raw, max_tokens, thinking, show_ids, spec_k;
     dsv4_numerics numerics;
     dsv4_device device;
@@ -90,6 +93,8 @@ static int parse_args(int argc, char **argv, run_opts *o) {
                 fprintf(stderr, "dsv4 run: %s\n", e.msg);
                 return 2;
             }
+        } else if (!strcmp(a, "--prompt-ids") && i + 1 < argc) {
+            o->prompt_ids = argv[++i];
         } else if (!strcmp(a, "--raw")) {
             o->raw = 1;
         } else if (!strcmp(a, "--thinking")) {
@@ -103,16 +108,35 @@ static int parse_args(int argc, char **argv, run_opts *o) {
             return 2;
         }
     }
-    if (!o->prompt) {
-        fprintf(stderr, "dsv4 run: --prompt is required (see --help)\n");
+    if (!o->prompt == !o->prompt_ids) {
+        fprintf(stderr, "dsv4 run: --prompt is required (or --prompt-ids, not both; see --help)\n");
         return 2;
     }
     if (!o->dir) o->dir = dsv4_default_model_dir();
     return 0;
 }
 
-/* Prompt ids: chat-encoded (the server's path) or the raw text. */
+/* --prompt-ids "a,b,c" -> ids. */
+static int parse_ids(const char *s, dsv4_tokvec *ids, dsv4_err *err) {
+    size_t cap = 1;
+    for (const char *p = s; *p; p++) cap += *p == ',';
+    if (!(ids->ids = malloc(sizeof(int32_t) * cap))) return dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
+    ids->cap = cap;
+    ids->n = 0;
+    while (*s) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 0 || v > INT32_MAX || (*end && *end != ','))
+            return dsv4_err_set(err, DSV4_EINVAL, "--prompt-ids: '%s' is not a list of token ids", s);
+        ids->ids[ids->n++] = (int32_t)v;
+        s = *end ? end + 1 : end;
+    }
+    return DSV4_OK;
+}
+
+/* Prompt ids: given, chat-encoded (the server's path) or the raw text. */
 static int prompt_ids(const run_opts *o, const dsv4_tokenizer *tok, dsv4_tokvec *ids, dsv4_err *err) {
+    if (o->prompt_ids) return parse_ids(o->prompt_ids, ids, err);
     if (o->raw) return dsv4_tokenizer_encode(tok, o->prompt, strlen(o->prompt), 0, ids, err);
     dsv4_effort_profile prof;
     int rc = dsv4_encoder_detect_profile(o->dir, DSV4_PROFILE_AUTO, &prof, err);
@@ -171,7 +195,9 @@ int dsv4_cmd_run(int argc, char **argv) {
     dsv4_request *r = NULL;
     char path[4096];
     snprintf(path, sizeof path, "%s/tokenizer.json", o.dir);
-    int rc = dsv4_tokenizer_load(path, &tok, &err);
+    int rc = 0;
+    /* with --prompt-ids the tokenizer only renders the output: optional */
+    if (!o.prompt_ids || access(path, R_OK) == 0) rc = dsv4_tokenizer_load(path, &tok, &err);
     if (!rc) rc = prompt_ids(&o, tok, &ids, &err);
     if (!rc && ids.n == 0) rc = dsv4_err_set(&err, DSV4_EINVAL, "run: the prompt has no tokens");
     int max_len = (int)ids.n + o.max_tokens + o.spec_k + 2;
@@ -214,8 +240,9 @@ int dsv4_cmd_run(int argc, char **argv) {
         while ((n = dsv4_request_poll(r, got, DSV4_MAX_SPEC_K + 1, &fin, 0)) > 0)
             for (int i = 0; i < n; i++) {
                 size_t len = 0;
-                const char *bytes = dsv4_tokenizer_token_bytes(tok, got[i], &len);
+                const char *bytes = tok ? dsv4_tokenizer_token_bytes(tok, got[i], &len) : NULL;
                 if (bytes) fwrite(bytes, 1, len, stdout);
+                else if (!tok) printf("[%d]", got[i]);
                 if (o.show_ids) fprintf(stderr, "[%d]", got[i]);
                 n_gen++;
             }
