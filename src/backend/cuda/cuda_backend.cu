@@ -97,6 +97,7 @@ static void cu_be_free(dsv4_backend *be) {
         }
         dsv4_cuda_free(cb->ctx, cb->d_batch);
         dsv4_cuda_free(cb->ctx, cb->d_flags);
+        free(cb->h_stage);
         dsv4_cuda_ctx_free(cb->ctx);
         free(cb);
     }
@@ -250,19 +251,33 @@ static int batch_upload(cu_be *cb, const dsv4_batch *b, dsv4_err *err) {
     int T = b->n_rows;
     if (T > cb->batch_cap) {
         dsv4_cuda_free(cb->ctx, cb->d_batch);
+        free(cb->h_stage);
         cb->d_batch = NULL;
+        cb->h_stage = NULL;
         cb->batch_cap = 0;
         void *p = NULL;
-        int rc = dsv4_cuda_alloc(cb->ctx, (size_t)3 * T * sizeof(int32_t), &p, err);
+        int rc = dsv4_cuda_alloc(cb->ctx, (size_t)6 * T * sizeof(int32_t), &p, err);
         if (rc) return rc;
         cb->d_batch = (int32_t *)p;
+        cb->h_stage = (int32_t *)malloc((size_t)6 * T * sizeof(int32_t));
+        if (!cb->h_stage) return cu_err(err, DSV4_ENOMEM, "cuda: batch mirror: out of memory");
         cb->batch_cap = T;
     }
     if (T) {
-        /* synchronous copies: the host arrays may change after this returns */
-        int rc = dsv4_cuda_upload(cb->ctx, cb->d_batch, b->token, (size_t)T * 4, err);
-        if (!rc) rc = dsv4_cuda_upload(cb->ctx, cb->d_batch + cb->batch_cap, b->pos, (size_t)T * 4, err);
-        if (!rc) rc = dsv4_cuda_upload(cb->ctx, cb->d_batch + 2 * cb->batch_cap, b->slot, (size_t)T * 4, err);
+        int32_t *h = cb->h_stage, C = cb->batch_cap;
+        memcpy(h, b->token, (size_t)T * 4);
+        memcpy(h + C, b->pos, (size_t)T * 4);
+        memcpy(h + 2 * C, b->slot, (size_t)T * 4);
+        for (int t = 0; t < T; t++) {
+            /* segment data; rows outside any valid segment get their own row as a segment */
+            int s = b->seq_idx && b->cu_seqlens ? b->seq_idx[t] : -1;
+            int ok = s >= 0 && s < b->n_seqs && b->cu_seqlens[s] <= t && t < b->cu_seqlens[s + 1];
+            h[3 * C + t] = ok && b->seq_pos0 ? b->seq_pos0[s] : b->pos[t];
+            h[4 * C + t] = ok ? b->cu_seqlens[s] : t;
+            h[5 * C + t] = ok ? b->cu_seqlens[s + 1] : t + 1;
+        }
+        /* synchronous copy: the host arrays may change after this returns */
+        int rc = dsv4_cuda_upload(cb->ctx, cb->d_batch, h, (size_t)6 * C * 4, err);
         if (rc) return rc;
     }
     cb->h_token = b->token;
@@ -282,6 +297,18 @@ int cu_be_batch(dsv4_backend *be, const dsv4_batch *b, const int32_t **token, co
     *token = cb->d_batch;
     *pos = cb->d_batch + cb->batch_cap;
     *slot = cb->d_batch + 2 * cb->batch_cap;
+    return DSV4_OK;
+}
+
+int cu_be_batch_seg(dsv4_backend *be, const dsv4_batch *b, const int32_t **p0, const int32_t **r0,
+                    const int32_t **r1, dsv4_err *err) {
+    const int32_t *t, *p, *s;
+    int rc = cu_be_batch(be, b, &t, &p, &s, err);
+    if (rc) return rc;
+    cu_be *cb = cube(be);
+    *p0 = cb->d_batch + 3 * cb->batch_cap;
+    *r0 = cb->d_batch + 4 * cb->batch_cap;
+    *r1 = cb->d_batch + 5 * cb->batch_cap;
     return DSV4_OK;
 }
 
@@ -524,25 +551,6 @@ static int cu_moe_experts(dsv4_backend *be, const dsv4_buf *x, const dsv4_linear
                          (const float *)weights->data, (int)ids->cols, NULL, (float *)y->data, 0, err);
 }
 
-/* ------------------------------------------------------- not implemented yet */
-
-static int cu_compress(dsv4_backend *be, dsv4_cmp_state *cs, const dsv4_buf *K, const dsv4_buf *Z,
-                       const dsv4_tview *ape, const dsv4_tview *norm_w, float eps, const dsv4_rope *rope, dsv4_qat qat,
-                       const dsv4_batch *b, dsv4_err *err) {
-    return cu_err(err, DSV4_EUNSUPPORTED, "cuda: compress: not implemented");
-}
-
-static int cu_indexer_select(dsv4_backend *be, const dsv4_buf *qi, const dsv4_buf *g, float g_scale,
-                             const dsv4_cmp_state *idx, int topk, const dsv4_batch *b, dsv4_buf *sel, dsv4_err *err) {
-    return cu_err(err, DSV4_EUNSUPPORTED, "cuda: indexer_select: not implemented");
-}
-
-static int cu_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, const dsv4_win_state *ws,
-                        const dsv4_cmp_state *cs, const dsv4_buf *sel, const dsv4_tview *sinks, int n_heads,
-                        const dsv4_batch *b, dsv4_buf *o, dsv4_err *err) {
-    return cu_err(err, DSV4_EUNSUPPORTED, "cuda: attention: not implemented");
-}
-
 /* ------------------------------------------------------------------ create */
 
 extern "C" dsv4_backend *dsv4_backend_cuda_create(dsv4_numerics numerics, int device, dsv4_err *err) {
@@ -605,9 +613,9 @@ extern "C" dsv4_backend *dsv4_backend_cuda_create(dsv4_numerics numerics, int de
     be->hc_post = cu_be_hc_post;
     be->hc_head = cu_be_hc_head;
     be->win_store = cu_be_win_store;
-    be->compress = cu_compress;
-    be->indexer_select = cu_indexer_select;
-    be->attention = cu_attention;
+    be->compress = cu_be_compress;
+    be->indexer_select = cu_be_indexer_select;
+    be->attention = cu_be_attention;
     be->moe_route = cu_moe_route;
     be->moe_experts = cu_moe_experts;
     be->swiglu = cu_be_swiglu;

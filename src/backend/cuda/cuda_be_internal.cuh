@@ -17,8 +17,11 @@ typedef struct cu_be {
     int nviews, capviews;
     struct cu_lin *lins;  /* linears made by `upload_linear` */
     struct cu_moe *moes;  /* expert sets assembled for moe_experts */
-    /* device mirror of the last batch (batch_begin): token, pos, slot */
+    /* device mirror of the last batch (batch_begin), batch_cap entries each:
+     * token, pos, slot, then per row its segment's first position (seq_pos0),
+     * first row and end row (cu_seqlens[s], cu_seqlens[s+1]) */
     int32_t *d_batch;
+    int32_t *h_stage; /* host staging of the mirror, 6*batch_cap */
     int batch_cap;
     const int32_t *h_token, *h_pos; /* host arrays the mirror was made from */
     int n_rows;
@@ -35,6 +38,11 @@ static inline cu_be *cube(dsv4_backend *be) { return (cu_be *)be->ctx; }
 int cu_be_batch(dsv4_backend *be, const dsv4_batch *b, const int32_t **token, const int32_t **pos,
                 const int32_t **slot, dsv4_err *err);
 
+/* Per-row segment data of the device batch mirror ([T] each): the row's
+ * segment's first position, first row and end row (exclusive). */
+int cu_be_batch_seg(dsv4_backend *be, const dsv4_batch *b, const int32_t **p0, const int32_t **r0,
+                    const int32_t **r1, dsv4_err *err);
+
 /* Check an F32 (or I32) device buffer's shape; names `what`. rows/cols < 0: any. */
 int cu_be_check(const dsv4_buf *b, dsv4_dtype dt, int64_t rows, int64_t cols, const char *what,
                 dsv4_err *err);
@@ -45,6 +53,21 @@ int cu_be_check_vec(const dsv4_tview *v, int64_t n, const char *what, dsv4_err *
 __device__ __forceinline__ float cu_ldf(const void *p, int bf16, int64_t i) {
     if (bf16) return __uint_as_float((uint32_t)((const uint16_t *)p)[i] << 16);
     return ((const float *)p)[i];
+}
+
+/* Nearest E4M3 (RNE, saturating at ±448) as float: the hardware conversion. */
+__device__ __forceinline__ float e4m3_round(float v) {
+    __nv_fp8_e4m3 q(v); /* __NV_SATFINITE, round to nearest even */
+    return float(q);
+}
+
+/* Nearest E2M1 value (ties to the even code), saturating at ±6 (§3.4.6). */
+__device__ __forceinline__ float e2m1_round(float x) {
+    const float a = fabsf(x);
+    const float step = a < 2.0f ? 0.5f : a < 4.0f ? 1.0f : 2.0f;
+    float q = rintf(a / step) * step;
+    if (q > 6.0f) q = 6.0f;
+    return x < 0 ? -q : q;
 }
 
 /* The small ops (cuda_be_ops.cu), wired into the table by cuda_backend.cu. */
@@ -74,6 +97,20 @@ int cu_be_win_store(dsv4_backend *be, dsv4_win_state *ws, const dsv4_buf *kv, co
 int cu_be_hc_mean(dsv4_backend *be, const dsv4_buf *X, int n_hc, dsv4_buf *y, int64_t col0, dsv4_err *err);
 /* Router tail: logits [T][E] (fp32) -> ids, weights (§3.5). bias may be NULL;
  * tid2eid (I64 [V][k], device) selects hash routing; tokens are the device batch. */
+/* The attention-state ops (cuda_compress.cu, cuda_indexer.cu, cuda_attn.cu). */
+int cu_be_compress(dsv4_backend *be, dsv4_cmp_state *cs, const dsv4_buf *K, const dsv4_buf *Z,
+                   const dsv4_tview *ape, const dsv4_tview *norm_w, float eps, const dsv4_rope *rope,
+                   dsv4_qat qat, const dsv4_batch *b, dsv4_err *err);
+int cu_be_indexer_select(dsv4_backend *be, const dsv4_buf *qi, const dsv4_buf *g, float g_scale,
+                         const dsv4_cmp_state *idx, int topk, const dsv4_batch *b, dsv4_buf *sel,
+                         dsv4_err *err);
+int cu_be_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, const dsv4_win_state *ws,
+                    const dsv4_cmp_state *cs, const dsv4_buf *sel, const dsv4_tview *sinks, int n_heads,
+                    const dsv4_batch *b, dsv4_buf *o, dsv4_err *err);
+/* Emitted-row state checks shared by those files: F32 rows, out_dim wide, and
+ * (unpaged) n_slots*max_rows rows or (paged) whole pages. */
+int cu_be_check_cmp_rows(const dsv4_cmp_state *cs, int64_t out_dim, const char *what, dsv4_err *err);
+
 int cu_be_route_tail(dsv4_backend *be, const float *logits, int T, int E, const dsv4_tview *bias,
                      const dsv4_tview *tid2eid, const int32_t *d_token, int k, float route_scale,
                      int32_t *ids, float *weights, dsv4_err *err);

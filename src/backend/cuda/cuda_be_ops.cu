@@ -173,21 +173,6 @@ int cu_be_rope(dsv4_backend *be, dsv4_buf *x, int head_dim, const dsv4_rope *rop
 
 /* -------------------------------------------------------------------- QAT */
 
-/* Nearest E4M3 (RNE, saturating at ±448) as float: the hardware conversion. */
-__device__ __forceinline__ float e4m3_round(float v) {
-    __nv_fp8_e4m3 q(v); /* __NV_SATFINITE, round to nearest even */
-    return float(q);
-}
-
-/* Nearest E2M1 value (ties to the even code), saturating at ±6 (§3.4.6). */
-__device__ __forceinline__ float e2m1_round(float x) {
-    const float a = fabsf(x);
-    const float step = a < 2.0f ? 0.5f : a < 4.0f ? 1.0f : 2.0f;
-    float q = rintf(a / step) * step;
-    if (q > 6.0f) q = 6.0f;
-    return x < 0 ? -q : q;
-}
-
 /* One thread per block of `block` values: FP8 round-trip with a pow2 scale. */
 __global__ void k_qat_fp8(float *x, int head_dim, int n_quant, int block, int64_t nblocks) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -435,9 +420,13 @@ int cu_be_hc_head(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn, con
 
 /* --------------------------------------------------------------- win_store */
 
+/* One block per row. A chunk longer than the ring writes a ring row more than
+ * once; the reference's row order keeps the last, so only the last `cap` rows
+ * of a segment write (no two blocks race on a ring row). */
 __global__ void k_win_store(float *rows, const float *kv, int64_t hd, int cap, const int32_t *pos,
-                            const int32_t *slot) {
+                            const int32_t *slot, const int32_t *r1) {
     const int t = blockIdx.x;
+    if (t + cap < r1[t]) return;
     const int64_t r = (int64_t)slot[t] * cap + pos[t] % cap;
     for (int64_t i = threadIdx.x; i < hd; i += blockDim.x) rows[r * hd + i] = kv[(int64_t)t * hd + i];
 }
@@ -453,11 +442,12 @@ int cu_be_win_store(dsv4_backend *be, dsv4_win_state *ws, const dsv4_buf *kv, co
         if (b->slot[t] < 0 || b->slot[t] >= ws->n_slots || b->pos[t] < 0)
             return cu_err(err, DSV4_EINVAL, "win_store: slot %d / position %d of row %d out of range", b->slot[t],
                           b->pos[t], t);
-    const int32_t *tok, *pos, *slot;
-    if ((rc = cu_be_batch(be, b, &tok, &pos, &slot, err))) return rc;
+    const int32_t *tok, *pos, *slot, *p0, *r0, *r1;
+    if ((rc = cu_be_batch(be, b, &tok, &pos, &slot, err)) || (rc = cu_be_batch_seg(be, b, &p0, &r0, &r1, err)))
+        return rc;
     if (!b->n_rows) return DSV4_OK;
     k_win_store<<<b->n_rows, 128, 0, cube(be)->ctx->stream>>>((float *)ws->rows.data, (const float *)kv->data,
-                                                              kv->cols, ws->cap, pos, slot);
+                                                              kv->cols, ws->cap, pos, slot, r1);
     LAUNCHED("win_store");
     return DSV4_OK;
 }

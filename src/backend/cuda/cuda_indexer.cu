@@ -1,0 +1,278 @@
+/*
+ * cuda_indexer.cu — lightning-indexer selection (`indexer_select`,
+ * spec/MODEL.md §3.4.6) for the CUDA op table: score every visible index
+ * key of a row, keep the top-k.
+ *
+ * Scores. I(t, w) = Σ_h (g_scale·g[t][h])·ReLU(q[t][h]·k[w]) — a
+ * [H×dk]·[dk×nvis] product per row. A block takes one row and 128 keys (4
+ * tiles of 32): the row's q (H×dk) sits in shared memory once, each thread
+ * computes 2 heads × 4 keys per tile, keys streamed once. The arithmetic is
+ * the CPU reference's, rounding for rounding (dot products with 8
+ * interleaved partial sums combined pairwise, no FMA contraction, heads
+ * summed in order), so scores are bit-identical to the reference and the
+ * selected sets agree exactly, ties included (a selection is a discrete
+ * choice: a 1-ulp score difference would swap rows at the top-k boundary).
+ *
+ * Top-k. One block per row: radix select (4 passes of 8-bit histograms over
+ * order-preserving keys) finds the k-th largest score, then one ordered pass
+ * keeps every row above it and the lowest-indexed rows equal to it (the
+ * reference breaks ties towards the lower row). Rows are written in
+ * ascending order, as the reference; −1 pads the rest.
+ *
+ * Rows are processed in chunks so the score scratch stays bounded
+ * (IDX_SCRATCH bytes), whatever the prefill length.
+ */
+#include "backend/cuda/cuda_be_internal.cuh"
+
+#include <math.h>
+
+#define IDX_THREADS 256
+#define IDX_TILE 32          /* keys per tile: 8 warps x 4 keys */
+#define IDX_TILES 4          /* tiles per block */
+#define IDX_MAXH 64          /* heads: 2 per lane */
+#define IDX_SEL_THREADS 1024
+#define IDX_SCRATCH ((size_t)256 << 20)
+
+/* ------------------------------------------------------------------ scores */
+
+__global__ void __launch_bounds__(IDX_THREADS) k_idx_scores(const float *qi, const float *g, float g_scale,
+                                                            dsv4_cmp_state cs, int H, int dk, const int32_t *pos,
+                                                            const int32_t *slots, int t0, float *scores,
+                                                            int64_t ld) {
+    extern __shared__ float sm[];
+    const int qld = dk + 1;                 /* padded: lanes read different heads conflict-free */
+    float *qs = sm;                          /* [H][dk+1] */
+    float *kt = qs + H * qld;                /* [dk][IDX_TILE] transposed key tile */
+    float *dots = kt + dk * IDX_TILE;        /* [IDX_TILE][H] relu'd dots */
+    float *gw = dots + IDX_TILE * H;         /* [H] g_scale*g */
+    const int tl = blockIdx.y, t = t0 + tl;
+    const int64_t p = pos[t];
+    int64_t nvis = (p + 1) / cs.ratio;
+    if (!cs.block_table && nvis > cs.max_rows) nvis = cs.max_rows;
+    if (cs.block_table && nvis > (int64_t)cs.max_pages * cs.page_rows) nvis = (int64_t)cs.max_pages * cs.page_rows;
+    const int64_t wbase = (int64_t)blockIdx.x * IDX_TILE * IDX_TILES;
+    if (wbase >= nvis) return;
+    const int slot = slots[t];
+    for (int i = threadIdx.x; i < H * dk; i += blockDim.x) qs[(i / dk) * qld + i % dk] = qi[(int64_t)t * H * dk + i];
+    for (int h = threadIdx.x; h < H; h += blockDim.x) gw[h] = __fmul_rn(g_scale, g[(int64_t)t * H + h]);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const float *keys = (const float *)cs.rows.data;
+    for (int tile = 0; tile < IDX_TILES; tile++) {
+        const int64_t w0 = wbase + (int64_t)tile * IDX_TILE;
+        if (w0 >= nvis) break;
+        __syncthreads(); /* kt / dots of the previous tile are consumed */
+        /* transposed key tile; missing keys (past nvis, unmapped pages) as zeros */
+        for (int i = threadIdx.x; i < IDX_TILE * dk; i += blockDim.x) {
+            const int kk = i / dk, d = i % dk;
+            const int64_t w = w0 + kk;
+            float v = 0.f;
+            if (w < nvis && (!cs.block_table || cs.block_table[(int64_t)slot * cs.max_pages + w / cs.page_rows] >= 0))
+                v = keys[DSV4_CMP_ROW(&cs, slot, w) * dk + d];
+            kt[d * IDX_TILE + kk] = v;
+        }
+        __syncthreads();
+        /* 2 heads (lane, lane+32) x 4 keys (4·warp ..), 8 partial sums each */
+        float acc[2][4][8];
+#pragma unroll
+        for (int a = 0; a < 2; a++)
+#pragma unroll
+            for (int b = 0; b < 4; b++)
+#pragma unroll
+                for (int j = 0; j < 8; j++) acc[a][b][j] = 0.f;
+        const int h0 = lane, h1 = lane + 32;
+        const float *q0 = qs + (h0 < H ? h0 : 0) * qld, *q1 = qs + (h1 < H ? h1 : 0) * qld;
+        for (int d = 0; d < dk; d += 8) {
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const float4 k4 = *(const float4 *)(kt + (d + j) * IDX_TILE + warp * 4);
+                const float a0 = q0[d + j], a1 = q1[d + j];
+                acc[0][0][j] = __fadd_rn(acc[0][0][j], __fmul_rn(a0, k4.x));
+                acc[0][1][j] = __fadd_rn(acc[0][1][j], __fmul_rn(a0, k4.y));
+                acc[0][2][j] = __fadd_rn(acc[0][2][j], __fmul_rn(a0, k4.z));
+                acc[0][3][j] = __fadd_rn(acc[0][3][j], __fmul_rn(a0, k4.w));
+                acc[1][0][j] = __fadd_rn(acc[1][0][j], __fmul_rn(a1, k4.x));
+                acc[1][1][j] = __fadd_rn(acc[1][1][j], __fmul_rn(a1, k4.y));
+                acc[1][2][j] = __fadd_rn(acc[1][2][j], __fmul_rn(a1, k4.z));
+                acc[1][3][j] = __fadd_rn(acc[1][3][j], __fmul_rn(a1, k4.w));
+            }
+        }
+#pragma unroll
+        for (int a = 0; a < 2; a++) {
+            const int h = a ? h1 : h0;
+            if (h >= H) continue;
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                const float(&c)[8] = acc[a][b];
+                const float s = __fadd_rn(__fadd_rn(__fadd_rn(c[0], c[1]), __fadd_rn(c[2], c[3])),
+                                          __fadd_rn(__fadd_rn(c[4], c[5]), __fadd_rn(c[6], c[7])));
+                dots[(warp * 4 + b) * H + h] = s > 0.f ? s : 0.f;
+            }
+        }
+        __syncthreads();
+        /* heads summed in order, one thread per key */
+        if (threadIdx.x < IDX_TILE) {
+            const int64_t w = w0 + threadIdx.x;
+            if (w < nvis) {
+                float total = 0.f;
+                for (int h = 0; h < H; h++) total = __fadd_rn(total, __fmul_rn(gw[h], dots[threadIdx.x * H + h]));
+                if (cs.block_table && cs.block_table[(int64_t)slot * cs.max_pages + w / cs.page_rows] < 0)
+                    total = -INFINITY; /* unmapped: never preferred */
+                scores[(int64_t)tl * ld + w] = total;
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------- top-k */
+
+/* Larger float -> larger key; -0 counts as +0 (the reference compares floats). */
+__device__ __forceinline__ uint32_t ord_key(float s) {
+    if (s == 0.f) s = 0.f;
+    const uint32_t b = __float_as_uint(s);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+/* Exclusive block-wide prefix sum of v (blockDim.x = IDX_SEL_THREADS); *total gets the sum. */
+__device__ int block_scan_excl(int v, int *warp_sums, int *total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int x = v;
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    __syncthreads();
+    if (lane == 31) warp_sums[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        int s = lane < (int)(blockDim.x >> 5) ? warp_sums[lane] : 0;
+        for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, s, o);
+            if (lane >= o) s += y;
+        }
+        warp_sums[lane] = s; /* inclusive over warps */
+    }
+    __syncthreads();
+    *total = warp_sums[(blockDim.x >> 5) - 1];
+    return x - v + (warp ? warp_sums[warp - 1] : 0);
+}
+
+__global__ void __launch_bounds__(IDX_SEL_THREADS) k_idx_topk(const float *scores, int64_t ld, int ratio,
+                                                              int64_t max_vis, const int32_t *pos, int t0, int topk,
+                                                              int32_t *sel) {
+    __shared__ int hist[256];
+    __shared__ int warp_sums[32];
+    __shared__ uint32_t s_prefix;
+    __shared__ int s_kk;
+    const int tl = blockIdx.x, t = t0 + tl;
+    int64_t nvis = ((int64_t)pos[t] + 1) / ratio;
+    if (nvis > max_vis) nvis = max_vis;
+    int32_t *out = sel + (int64_t)t * topk;
+    if (nvis <= topk) { /* everything visible is kept: no scores needed */
+        for (int j = threadIdx.x; j < topk; j += blockDim.x) out[j] = j < nvis ? j : -1;
+        return;
+    }
+    const float *sc = scores + (int64_t)tl * ld;
+    uint32_t prefix = 0, mask = 0;
+    int kk = topk; /* how many still to take at or below the current prefix */
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+        __syncthreads();
+        for (int64_t w = threadIdx.x; w < nvis; w += blockDim.x) {
+            const uint32_t u = ord_key(sc[w]);
+            if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 255], 1);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int cum = 0, dgt = 255;
+            for (; dgt > 0; dgt--) {
+                if (cum + hist[dgt] >= kk) break;
+                cum += hist[dgt];
+            }
+            s_prefix = prefix | ((uint32_t)dgt << shift);
+            s_kk = kk - cum;
+        }
+        __syncthreads();
+        prefix = s_prefix;
+        kk = s_kk;
+        mask |= 255u << shift;
+    }
+    /* prefix = key of the k-th largest; take all above it and the first kk equal to it, in row order */
+    int written = 0, eq_seen = 0;
+    for (int64_t base = 0; base < nvis; base += blockDim.x) {
+        const int64_t w = base + threadIdx.x;
+        const uint32_t u = w < nvis ? ord_key(sc[w]) : 0u;
+        const int is_eq = w < nvis && u == prefix;
+        int n_eq;
+        const int eq_rank = eq_seen + block_scan_excl(is_eq, warp_sums, &n_eq);
+        const int take = w < nvis && (u > prefix || (is_eq && eq_rank < kk));
+        int n_take;
+        const int at = written + block_scan_excl(take, warp_sums, &n_take);
+        if (take) out[at] = (int32_t)w;
+        written += n_take;
+        eq_seen += n_eq;
+    }
+    for (int j = written + threadIdx.x; j < topk; j += blockDim.x) out[j] = -1;
+}
+
+/* ---------------------------------------------------------------------- op */
+
+int cu_be_indexer_select(dsv4_backend *be, const dsv4_buf *qi, const dsv4_buf *g, float g_scale,
+                         const dsv4_cmp_state *idx, int topk, const dsv4_batch *b, dsv4_buf *sel,
+                         dsv4_err *err) {
+    if (!idx || !b || idx->ratio <= 0) return cu_err(err, DSV4_EINVAL, "cuda: indexer_select: bad index state");
+    const int T = b->n_rows;
+    int rc = cu_be_check(g, DSV4_DT_F32, T, -1, "indexer g", err);
+    if (rc) return rc;
+    const int H = (int)g->cols, dk = idx->out_dim;
+    rc = cu_be_check(qi, DSV4_DT_F32, T, (int64_t)H * dk, "indexer q", err);
+    if (!rc) rc = cu_be_check(sel, DSV4_DT_I32, T, topk, "indexer sel", err);
+    if (!rc) rc = cu_be_check_cmp_rows(idx, dk, "index keys", err);
+    if (!rc && (topk <= 0 || H <= 0 || H > IDX_MAXH || dk <= 0 || dk % 8 || dk > 256))
+        rc = cu_err(err, DSV4_EUNSUPPORTED, "cuda: indexer_select: %d heads (max %d) x dim %d (multiple of 8, "
+                    "max 256), topk %d", H, IDX_MAXH, dk, topk);
+    if (rc) return rc;
+    if (!T) return DSV4_OK;
+    int64_t max_vis = idx->block_table ? (int64_t)idx->max_pages * idx->page_rows : idx->max_rows;
+    if (idx->block_table && idx->max_rows > 0 && idx->max_rows < max_vis) max_vis = idx->max_rows;
+    int64_t maxn = 0;
+    for (int t = 0; t < T; t++) {
+        if (b->slot[t] < 0 || b->slot[t] >= idx->n_slots || b->pos[t] < 0)
+            return cu_err(err, DSV4_EINVAL, "indexer_select: slot %d / position %d of row %d out of range",
+                          b->slot[t], b->pos[t], t);
+        int64_t n = ((int64_t)b->pos[t] + 1) / idx->ratio;
+        if (n > max_vis) n = max_vis;
+        if (n > maxn) maxn = n;
+    }
+    const int32_t *tok, *pos, *slot;
+    if ((rc = cu_be_batch(be, b, &tok, &pos, &slot, err))) return rc;
+    dsv4_cuda_ctx *ctx = cube(be)->ctx;
+    float *scores = NULL;
+    int64_t ld = maxn > topk ? maxn : 1, chunk = T;
+    if (maxn > topk) {
+        chunk = (int64_t)(IDX_SCRATCH / ((size_t)ld * sizeof(float)));
+        if (chunk < 1) chunk = 1;
+        if (chunk > T) chunk = T;
+        if (chunk > 65535) chunk = 65535; /* grid dimension */
+        void *p = NULL;
+        if ((rc = cu_workspace(ctx, (size_t)chunk * ld * sizeof(float), &p, err))) return rc;
+        scores = (float *)p;
+    }
+    const size_t smem = ((size_t)H * (dk + 1) + (size_t)dk * IDX_TILE + (size_t)IDX_TILE * H + H) * sizeof(float);
+    CU_TRY(cudaFuncSetAttribute(k_idx_scores, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), err,
+           "indexer_select (shared memory)");
+    const int64_t per_block = IDX_TILE * IDX_TILES;
+    for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+        const int n = (int)(T - t0 < chunk ? T - t0 : chunk);
+        if (scores) {
+            dim3 grid((unsigned)((maxn + per_block - 1) / per_block), (unsigned)n);
+            k_idx_scores<<<grid, IDX_THREADS, smem, ctx->stream>>>((const float *)qi->data, (const float *)g->data,
+                                                                   g_scale, *idx, H, dk, pos, slot, (int)t0, scores,
+                                                                   ld);
+            CU_LAUNCHED(err, "indexer_select (scores)");
+        }
+        k_idx_topk<<<n, IDX_SEL_THREADS, 0, ctx->stream>>>(scores, ld, idx->ratio, max_vis, pos, (int)t0, topk,
+                                                         (int32_t *)sel->data);
+        CU_LAUNCHED(err, "indexer_select (top-k)");
+    }
+    return DSV4_OK;
+}
