@@ -192,6 +192,31 @@ typedef enum dsv4_numerics {
 /* The op table                                                            */
 /* ---------------------------------------------------------------------- */
 
+/* ---------------------------------------------------------------------- */
+/* Dummy weights (--load-format dummy; src/model/dummy.h)                  */
+/* ---------------------------------------------------------------------- */
+
+/*
+ * How to fill one dummy tensor. Element values are a pure function of
+ * (seed, element index) through the counter hash of backend/dummy_fill.h, so
+ * every backend materialises bit-identical tensors for the same spec.
+ */
+typedef enum dsv4_fill_kind {
+    DSV4_FILL_UNIFORM = 1, /* F32 / BF16: center + half·u, u uniform on [-1, 1); BF16 rounded RNE */
+    DSV4_FILL_E4M3,        /* F8_E4M3: random sign, magnitude code uniform on [0, hi] (hi <= 0x7E:
+                              finite; 0x38 = 1.0)                                                 */
+    DSV4_FILL_E8M0,        /* F8_E8M0: byte uniform on [lo, hi] (hi <= 254: never NaN)            */
+    DSV4_FILL_BYTES,       /* I8 / U8 (packed FP4 pairs): every byte uniform on [0, 255]          */
+    DSV4_FILL_INDEX,       /* I64 / I32 [rows, k]: row r holds k distinct ids in [0, hi)           */
+} dsv4_fill_kind;
+
+typedef struct dsv4_fill {
+    dsv4_fill_kind kind;
+    uint64_t seed;
+    double center, half; /* UNIFORM */
+    int lo, hi;          /* E4M3: hi; E8M0: [lo, hi]; INDEX: hi = number of ids */
+} dsv4_fill;
+
 typedef struct dsv4_backend dsv4_backend;
 
 struct dsv4_backend {
@@ -397,6 +422,33 @@ struct dsv4_backend {
     /* Clamped SwiGLU for the shared expert (§3.5): h = silu(min(g,limit))·clamp(u,±limit). h may alias g. */
     int (*swiglu)(dsv4_backend *be, const dsv4_buf *g, const dsv4_buf *u, float limit,
                   dsv4_buf *h, dsv4_err *err);
+
+    /* ---- dummy weights (optional; NULL = the backend cannot load dummy weights) ---- */
+
+    /*
+     * fill_dummy — materialise a weight tensor directly in backend memory
+     * (--load-format dummy: no checkpoint byte is read, no host copy made).
+     * dev: name, dtype, ndim, shape and nbytes set by the caller; the op
+     * allocates dev->data (owned by the backend until `free`, like `upload`)
+     * and fills it per `how` (the kind must suit dev->dtype: UNIFORM for
+     * F32/BF16, E4M3 for F8_E4M3, E8M0 for F8_E8M0, BYTES for I8/U8, INDEX for
+     * I64/I32). Values equal dsv4_fill_value() of backend/dummy_fill.h element
+     * by element, so all backends agree. Errors: DSV4_EINVAL (kind/dtype
+     * mismatch, nbytes != numel·size), DSV4_ENOMEM / DSV4_EBACKEND.
+     */
+    int (*fill_dummy)(dsv4_backend *be, const dsv4_fill *how, dsv4_tview *dev, dsv4_err *err);
+
+    /*
+     * fill_dummy_linear — the same for a whole linear, for backends whose
+     * `upload_linear` keeps linears in their own layout (CUDA repacks FP4):
+     * dev->w / dev->scale carry name, dtype and stored shape, out/in are set;
+     * the op produces what upload_linear of the checkpoint-layout tensors
+     * filled per wfill / sfill would have produced (sfill NULL when there is
+     * no scale). NULL on backends without upload_linear (fill_dummy on w and
+     * scale is equivalent there). Errors as fill_dummy and upload_linear.
+     */
+    int (*fill_dummy_linear)(dsv4_backend *be, const dsv4_fill *wfill, const dsv4_fill *sfill,
+                             dsv4_linear *dev, dsv4_err *err);
 
     /* ---- optional ops (NULL = the forward does it on the host) ---- */
 

@@ -18,4 +18,13 @@ int dsv4_cmd_perf(int argc, char **argv);
  * $DSV4_DEFAULT_MODEL if set, else <source dir>/models/default. */
 const char *dsv4_default_model_dir(void);
 
+/*
+ * dsv4_cli_text_dirs — where tokenizer.json and encoding/encoding_dsv4.py are
+ * read for model_dir. A real checkpoint: model_dir for both. With
+ * --load-format dummy (dummy != 0) the directory may hold only config.json:
+ * each file missing there is taken from the embedded default model, and the
+ * log says so.
+ */
+void dsv4_cli_text_dirs(const char *model_dir, int dummy, const char **tok_dir, const char **enc_dir);
+
 #endif

@@ -234,10 +234,6 @@ int dsv4_cmd_perf(int argc, char **argv) {
     perf_opts o;
     int prc = parse_args(argc, argv, &o);
     if (prc) return prc < 0 ? 0 : prc;
-    if (strcmp(o.load_format, "dummy") == 0 || o.hf_overrides) {
-        fprintf(stderr, "dsv4 perf: --load-format dummy / --hf-overrides are not in this build yet\n");
-        return 1;
-    }
     int max_b = 0, max_r = 0;
     for (int i = 0; i < o.n_batch; i++) max_b = o.batch[i] > max_b ? o.batch[i] : max_b;
     for (int i = 0; i < o.n_rows; i++) max_r = o.rows[i] > max_r ? o.rows[i] : max_r;
@@ -252,15 +248,18 @@ int dsv4_cmd_perf(int argc, char **argv) {
     /* max_spec = rows-1: the state's rings are sized for verify rows that may be rejected */
     dsv4_model_runner_opts mo = {max_b, (int)max_len, max_r - 1, DSV4_NUMERICS_REFERENCE, o.device};
     double t0 = now_s();
-    int rc = dsv4_model_runner_open(o.dir, &mo, &mr, &err);
+    const dsv4_config *cfg = NULL;
+    dsv4_load_opts lo = {strcmp(o.load_format, "dummy") == 0, o.hf_overrides, 0};
+    int rc = dsv4_model_runner_open_ex(o.dir, &mo, &lo, &mr, &err);
     if (rc) {
         fprintf(stderr, "dsv4 perf: %s: %s\n", dsv4_status_name(rc), err.msg);
         return 1;
     }
-    const dsv4_config *cfg = dsv4_model_runner_config(mr);
+    cfg = dsv4_model_runner_config(mr);
     dsv4_runner run = dsv4_model_runner_iface(mr);
-    printf("# dsv4 perf: %s on %s, context %lld, %d steps (+%d warmup), load %.1f s\n", o.dir,
-           dsv4_model_runner_backend(mr)->name, (long long)o.context, o.steps, o.warmup, now_s() - t0);
+    printf("# dsv4 perf: %s%s on %s, %d layers, context %lld, %d steps (+%d warmup), load %.1f s\n", o.dir,
+           lo.dummy ? " (dummy weights)" : "", dsv4_model_runner_backend(mr)->name, cfg->num_hidden_layers,
+           (long long)o.context, o.steps, o.warmup, now_s() - t0);
     printf("# roofline = (dense weights once + expected distinct routed experts + gathered rows + F32 state read)"
            " / 4.58 TB/s\n");
     printf("%-6s %-5s %-6s %10s %12s %10s %12s %8s\n", "batch", "rows", "T", "ms/step", "rows/s", "GB/step",

@@ -40,12 +40,17 @@ static void usage(FILE *f) {
             "                       (DSpark stages: K <= dspark_block_size; MTP block: K = 1)\n"
             "  --show-ids           print the prompt and generated token ids to stderr\n"
             "  --device D           auto (default: CUDA when built with it and a GPU answers, else cpu),\n"
-            "                       cpu (the reference backend) or cuda\n",
+            "                       cpu (the reference backend) or cuda\n"
+            "  --load-format F      auto | safetensors | dummy (random weights, real shapes: MODEL_DIR\n"
+            "                       needs only config.json; no tokenizer.json -> the default model's)\n"
+            "  --hf-overrides JSON  merged over config.json, e.g. '{\"num_hidden_layers\": 8}'\n",
             dsv4_default_model_dir());
 }
 
 typedef struct run_opts {
     const char *dir, *prompt, *prompt_ids;
+    const char *hf_overrides, *tok_dir, *enc_dir;
+    int dummy;
     int raw, max_tokens, thinking, show_ids, spec_k;
     dsv4_numerics numerics;
     dsv4_device device;
@@ -95,6 +100,15 @@ static int parse_args(int argc, char **argv, run_opts *o) {
             }
         } else if (!strcmp(a, "--prompt-ids") && i + 1 < argc) {
             o->prompt_ids = argv[++i];
+        } else if (!strcmp(a, "--load-format") && i + 1 < argc) {
+            const char *f = argv[++i];
+            if (strcmp(f, "auto") && strcmp(f, "safetensors") && strcmp(f, "dummy")) {
+                fprintf(stderr, "dsv4 run: --load-format: '%s' (expected auto, safetensors or dummy)\n", f);
+                return 2;
+            }
+            o->dummy = !strcmp(f, "dummy");
+        } else if (!strcmp(a, "--hf-overrides") && i + 1 < argc) {
+            o->hf_overrides = argv[++i];
         } else if (!strcmp(a, "--raw")) {
             o->raw = 1;
         } else if (!strcmp(a, "--thinking")) {
@@ -113,6 +127,7 @@ static int parse_args(int argc, char **argv, run_opts *o) {
         return 2;
     }
     if (!o->dir) o->dir = dsv4_default_model_dir();
+    dsv4_cli_text_dirs(o->dir, o->dummy, &o->tok_dir, &o->enc_dir);
     return 0;
 }
 
@@ -139,7 +154,7 @@ static int prompt_ids(const run_opts *o, const dsv4_tokenizer *tok, dsv4_tokvec 
     if (o->prompt_ids) return parse_ids(o->prompt_ids, ids, err);
     if (o->raw) return dsv4_tokenizer_encode(tok, o->prompt, strlen(o->prompt), 0, ids, err);
     dsv4_effort_profile prof;
-    int rc = dsv4_encoder_detect_profile(o->dir, DSV4_PROFILE_AUTO, &prof, err);
+    int rc = dsv4_encoder_detect_profile(o->enc_dir, DSV4_PROFILE_AUTO, &prof, err);
     if (rc) return rc;
     cJSON *body = cJSON_CreateObject(), *msgs = cJSON_AddArrayToObject(body, "messages"), *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "role", "user");
@@ -194,7 +209,7 @@ int dsv4_cmd_run(int argc, char **argv) {
     dsv4_engine *e = NULL;
     dsv4_request *r = NULL;
     char path[4096];
-    snprintf(path, sizeof path, "%s/tokenizer.json", o.dir);
+    snprintf(path, sizeof path, "%s/tokenizer.json", o.tok_dir);
     int rc = 0;
     /* with --prompt-ids the tokenizer only renders the output: optional */
     if (!o.prompt_ids || access(path, R_OK) == 0) rc = dsv4_tokenizer_load(path, &tok, &err);
@@ -203,7 +218,8 @@ int dsv4_cmd_run(int argc, char **argv) {
     int max_len = (int)ids.n + o.max_tokens + o.spec_k + 2;
     if (!rc) {
         dsv4_model_runner_opts mo = {1, max_len, o.spec_k, o.numerics, o.device};
-        rc = dsv4_model_runner_open(o.dir, &mo, &mr, &err);
+        dsv4_load_opts lo = {o.dummy, o.hf_overrides, 0};
+        rc = dsv4_model_runner_open_ex(o.dir, &mo, &lo, &mr, &err);
     }
     dsv4_drafter dr;
     int has_drafter = 0;

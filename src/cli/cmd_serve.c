@@ -85,10 +85,6 @@ int dsv4_cmd_serve(int argc, char **argv) {
         return 2;
     }
     if (a.help_shown) return 0;
-    if (strcmp(a.load_format, "dummy") == 0) {
-        fprintf(stderr, "dsv4 serve: --load-format dummy needs the CUDA backend, which is not in this build yet\n");
-        return 1;
-    }
     if (a.tensor_parallel_size != 1 || a.nnodes != 1) {
         fprintf(stderr, "dsv4 serve: tensor parallelism needs the CUDA backend, which is not in this build yet\n");
         return 1;
@@ -140,6 +136,9 @@ int dsv4_cmd_serve(int argc, char **argv) {
     dsv4_service_opts so;
     memset(&so, 0, sizeof so);
     so.model_dir = dir;
+    so.load_dummy = strcmp(a.load_format, "dummy") == 0;
+    so.hf_overrides = a.hf_overrides;
+    dsv4_cli_text_dirs(dir, so.load_dummy, &so.tokenizer_dir, &so.encoding_dir);
     so.model_name = a.http.served_names[0];
     so.max_num_seqs = a.max_num_seqs > 64 ? 64 : a.max_num_seqs; /* CPU backend: state per slot */
     so.max_num_batched_tokens = a.max_num_batched_tokens;

@@ -89,7 +89,9 @@ static void usage(void) {
            "  --kv-cache-dtype T            auto | bf16 | fp8_ds_mla\n"
            "  --tensor-parallel-size N      GPUs per model (-tp)\n"
            "  --speculative-config JSON     e.g. '{\"method\":\"dspark\",\"num_speculative_tokens\":5}'\n"
-           "  --load-format F               auto | dummy (random weights, real shapes)\n"
+           "  --load-format F               auto | dummy (random weights, real shapes: MODEL_DIR needs\n"
+           "                                only config.json; no tokenizer.json -> the default's)\n"
+           "  --hf-overrides JSON           merged over config.json, e.g. '{\"num_hidden_layers\": 8}'\n"
            "  --device D                    auto | cpu | cuda (default auto: CUDA when built with it and a\n"
            "                                GPU answers, else the CPU reference backend; the log says which)\n"
            "  --[no-]enable-prefix-caching  automatic prefix caching (default on)\n"
@@ -229,6 +231,7 @@ int dsv4_serve_args_parse(int argc, char **argv, dsv4_serve_args *a, dsv4_err *e
             if (dsv4_device_parse(val, &dv, err)) return DSV4_EINVAL;
             a->device = val;
         }
+        else if (!strcmp(flag, "--hf-overrides")) { NEED_VALUE(); a->hf_overrides = val; }
         else if (!strcmp(flag, "--enable-prefix-caching")) a->enable_prefix_caching = 1;
         else if (!strcmp(flag, "--no-enable-prefix-caching")) a->enable_prefix_caching = 0;
         else if (!strcmp(flag, "--default-chat-template-kwargs")) { NEED_VALUE(); a->default_chat_template_kwargs = val; }

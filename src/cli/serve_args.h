@@ -21,7 +21,8 @@ typedef struct dsv4_serve_args {
     const char *kv_cache_dtype;       /* --kv-cache-dtype: auto | bf16 | fp8_ds_mla */
     int tensor_parallel_size;         /* --tensor-parallel-size / -tp, default 1 */
     const char *speculative_config;   /* --speculative-config JSON (validated by the engine) */
-    const char *load_format;          /* --load-format: auto | dummy */
+    const char *load_format;          /* --load-format: auto | safetensors | dummy */
+    const char *hf_overrides;         /* --hf-overrides JSON object merged over config.json */
     const char *device;               /* --device: auto | cpu | cuda (default auto) */
     int enable_prefix_caching;        /* default on; --no-enable-prefix-caching turns it off */
     const char *default_chat_template_kwargs; /* JSON object */

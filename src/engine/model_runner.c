@@ -2,9 +2,11 @@
 #include <stdlib.h>
 
 #include <string.h>
+#include <time.h>
 
 #include "engine/model_runner.h"
 #include "model/dspark.h"
+#include "model/dummy.h"
 #include "model/mtp.h"
 #include "model/forward.h"
 #include "model/safetensors.h"
@@ -16,6 +18,7 @@
 struct dsv4_model_runner {
     dsv4_config cfg;
     dsv4_ckpt *ckpt;
+    dsv4_dummy *dummy;     /* --load-format dummy: the weights' source (ckpt is NULL) */
     dsv4_weights *w;
     dsv4_backend *be;
     dsv4_model *model;
@@ -63,6 +66,7 @@ void dsv4_model_runner_free(dsv4_model_runner *mr) {
     if (mr->be) mr->be->free(mr->be);
     dsv4_weights_free(mr->w);
     dsv4_ckpt_free(mr->ckpt);
+    dsv4_dummy_free(mr->dummy);
     free(mr);
 }
 
@@ -104,8 +108,33 @@ static dsv4_backend *open_backend(const dsv4_model_runner_opts *o, dsv4_err *err
     return dsv4_backend_cpu_create(o->numerics, err);
 }
 
+/* Config (with overrides), checkpoint or dummy source, draft stages, bound weights. */
+static int open_weights(dsv4_model_runner *mr, const char *dir, const dsv4_load_opts *lo, dsv4_err *err) {
+    const char *ov = lo ? lo->hf_overrides : NULL;
+    int rc = dsv4_config_load_ex(dir, ov, &mr->cfg, err);
+    if (rc) return rc;
+    if (lo && lo->dummy) {
+        if ((rc = dsv4_dummy_create(&mr->cfg, lo->seed, &mr->dummy, err))) return rc;
+        return dsv4_weights_bind(&mr->cfg, dsv4_dummy_ckpt(mr->dummy), &mr->w, err);
+    }
+    if ((rc = dsv4_ckpt_open(dir, &mr->ckpt, err)) || (rc = dsv4_config_set_drafts(&mr->cfg, mr->ckpt, err)))
+        return rc;
+    return dsv4_weights_bind(&mr->cfg, mr->ckpt, &mr->w, err);
+}
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
 int dsv4_model_runner_open(const char *dir, const dsv4_model_runner_opts *o, dsv4_model_runner **out,
                            dsv4_err *err) {
+    return dsv4_model_runner_open_ex(dir, o, NULL, out, err);
+}
+
+int dsv4_model_runner_open_ex(const char *dir, const dsv4_model_runner_opts *o, const dsv4_load_opts *lo,
+                              dsv4_model_runner **out, dsv4_err *err) {
     *out = NULL;
     if (o->n_slots < 1 || o->max_len < 2 || o->max_spec < 0)
         return dsv4_err_set(err, DSV4_EINVAL, "model runner: bad sizes (slots %d, max_len %d, max_spec %d)",
@@ -113,11 +142,10 @@ int dsv4_model_runner_open(const char *dir, const dsv4_model_runner_opts *o, dsv
     dsv4_model_runner *mr = calloc(1, sizeof *mr);
     if (!mr) return dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
     int rc;
-    if ((rc = dsv4_ckpt_open(dir, &mr->ckpt, err)) || (rc = dsv4_config_load(dir, &mr->cfg, err)) ||
-        (rc = dsv4_config_set_drafts(&mr->cfg, mr->ckpt, err)) ||
-        (rc = dsv4_weights_bind(&mr->cfg, mr->ckpt, &mr->w, err)))
-        goto fail;
+    double t0 = now_s();
+    if ((rc = open_weights(mr, dir, lo, err))) goto fail;
     mr->be = open_backend(o, err);
+    if (mr->be && mr->dummy) mr->be = dsv4_dummy_backend(mr->dummy, mr->be, err);
     if (!mr->be) {
         rc = err ? err->code : DSV4_EBACKEND;
         goto fail;
@@ -154,6 +182,12 @@ int dsv4_model_runner_open(const char *dir, const dsv4_model_runner_opts *o, dsv
             rc = dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
             goto fail;
         }
+    }
+    if (mr->dummy) {
+        uint64_t nt, nb;
+        dsv4_dummy_stats(mr->dummy, &nt, &nb);
+        dsv4_log(DSV4_LOG_INFO, "dummy weights: %llu tensors, %.2f GB in backend memory, %.1f s (%s backend)",
+                 (unsigned long long)nt, (double)nb * 1e-9, now_s() - t0, mr->be->name);
     }
     *out = mr;
     return DSV4_OK;

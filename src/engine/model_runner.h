@@ -30,6 +30,15 @@ typedef struct dsv4_model_runner_opts {
     dsv4_device device;     /* backend choice (0 = CPU) */
 } dsv4_model_runner_opts;
 
+/* Where the weights come from: vLLM's --load-format and --hf-overrides. */
+typedef struct dsv4_load_opts {
+    int dummy;                /* --load-format dummy: config.json only, random weights made in
+                               * backend memory (src/model/dummy.h); no safetensors file is read */
+    const char *hf_overrides; /* --hf-overrides: JSON object merged over config.json, or NULL
+                               * (dsv4_config_load_ex) */
+    uint64_t seed;            /* dummy weights' seed */
+} dsv4_load_opts;
+
 /*
  * dsv4_model_runner_open — open the checkpoint directory dir on the backend
  * o->device selects: weights are uploaded through the backend, the state and
@@ -43,6 +52,16 @@ typedef struct dsv4_model_runner_opts {
  */
 int dsv4_model_runner_open(const char *dir, const dsv4_model_runner_opts *o, dsv4_model_runner **out,
                            dsv4_err *err);
+/*
+ * dsv4_model_runner_open_ex — the same with load options (lo NULL = a real
+ * checkpoint, no overrides). With lo->dummy, dir needs only config.json;
+ * once the model (and drafter) are resident it logs "dummy weights: N
+ * tensors, X GB in backend memory, Y s". Errors additionally: the
+ * --hf-overrides refusals of dsv4_config_load_ex; with dummy weights, a
+ * backend without fill_dummy (DSV4_EUNSUPPORTED).
+ */
+int dsv4_model_runner_open_ex(const char *dir, const dsv4_model_runner_opts *o, const dsv4_load_opts *lo,
+                              dsv4_model_runner **out, dsv4_err *err);
 void dsv4_model_runner_free(dsv4_model_runner *mr);
 
 /* The engine interface over this model (valid while mr lives). */

@@ -114,6 +114,26 @@ int dsv4_config_parse(const char *json, size_t len, const char *label, dsv4_conf
                       dsv4_err *err);
 
 /*
+ * dsv4_config_load_ex — dsv4_config_load with vLLM's --hf-overrides:
+ * `overrides` (NULL or "" = none) is a JSON object merged over config.json
+ * before parsing (nested objects such as rope_scaling merge key by key).
+ * Refused (DSV4_EINVAL, naming the key): not a JSON object; a key neither in
+ * config.json nor read by the parser; null; a JSON type other than
+ * config.json's. Overriding num_hidden_layers downwards also cuts
+ * compress_ratios to the first N target entries + the draft entries, shifts
+ * dspark_target_layer_ids to the same distance from the last layer and caps
+ * num_hash_layers at N, unless the override sets those keys itself
+ * (config_overrides.c; logged). Then every dsv4_config_load check applies,
+ * with messages labelled "config.json with --hf-overrides".
+ */
+int dsv4_config_load_ex(const char *dir, const char *overrides, dsv4_config *cfg, dsv4_err *err);
+/* The merge alone, on config.json text: *merged (malloc'd, caller frees) is
+ * the merged JSON; note (optional) receives the rewrites made. Errors as
+ * dsv4_config_load_ex before parsing. */
+int dsv4_config_merge_overrides(const char *json, size_t len, const char *overrides, char **merged, char *note,
+                                size_t note_cap, dsv4_err *err);
+
+/*
  * dsv4_config_set_drafts — derive n_draft_stages and draft_kind from the
  * checkpoint's tensor names (DSPARK.md §3.3 step 1): stages are the distinct
  * S of names "mtp.S.*" and must be exactly 0..n-1 (a gap -> DSV4_EBIND

@@ -634,3 +634,39 @@ int dsv4_ckpt_open(const char *dir, dsv4_ckpt **out, dsv4_err *err) {
     *out = c;
     return DSV4_OK;
 }
+
+int dsv4_ckpt_from_views(const char *label, const dsv4_tview *v, size_t n, dsv4_ckpt **out, dsv4_err *err) {
+    *out = NULL;
+    if (n >= UINT32_MAX) return dsv4_err_set(err, DSV4_EUNSUPPORTED, "%s: too many tensors", label);
+    dsv4_ckpt *c = calloc(1, sizeof *c);
+    int rc = DSV4_OK;
+    if (!c || !(c->dir = strdup(label)) || !(c->shards = calloc(1, sizeof *c->shards)) ||
+        !(c->shards[0].fname = strdup(label)) || !(c->v = calloc(n + 1, sizeof *c->v)) ||
+        !(c->names = calloc(n + 1, sizeof *c->names)) || !(c->file_of = calloc(n + 1, sizeof *c->file_of)) ||
+        map_init(&c->map, n) != 0) {
+        rc = dsv4_err_set(err, DSV4_ENOMEM, "%s: out of memory", label);
+        goto done;
+    }
+    c->n_shards = 1;
+    for (size_t i = 0; i < n; i++) {
+        if (!v[i].name) {
+            rc = dsv4_err_set(err, DSV4_EFORMAT, "%s: tensor %zu has no name", label, i);
+            goto done;
+        }
+        c->v[i] = v[i];
+        c->names[i] = v[i].name;
+        c->total_bytes += v[i].nbytes;
+        c->n = i + 1;
+        if (map_insert(&c->map, c->names, (uint32_t)i) >= 0) {
+            rc = dsv4_err_set(err, DSV4_EFORMAT, "%s: tensor '%s' is listed twice", label, v[i].name);
+            goto done;
+        }
+    }
+done:
+    if (rc) {
+        dsv4_ckpt_free(c);
+        return rc;
+    }
+    *out = c;
+    return DSV4_OK;
+}

@@ -83,6 +83,16 @@ typedef struct dsv4_ckpt dsv4_ckpt;
 int dsv4_ckpt_open(const char *dir, dsv4_ckpt **out, dsv4_err *err);
 void dsv4_ckpt_free(dsv4_ckpt *c);
 
+/*
+ * dsv4_ckpt_from_views — a checkpoint without files, over n views built by
+ * the caller (--load-format dummy, src/model/dummy.c), so the binder and
+ * dsv4_config_set_drafts run unchanged on it. `label` stands for the shard
+ * file in messages ("dsv4_ckpt_file_of"). The views (names and data) are
+ * copied by value and must outlive the result. Errors: DSV4_EFORMAT for a
+ * duplicate or NULL name, DSV4_ENOMEM.
+ */
+int dsv4_ckpt_from_views(const char *label, const dsv4_tview *v, size_t n, dsv4_ckpt **out, dsv4_err *err);
+
 /* Find a tensor by exact name; NULL if absent. O(1) expected. */
 const dsv4_tview *dsv4_ckpt_find(const dsv4_ckpt *c, const char *name);
 

@@ -42,7 +42,9 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
     s->stop_in_reasoning = o->stop_in_reasoning;
     int rc;
     dsv4_effort_profile profile;
-    if ((rc = dsv4_encoder_detect_profile(o->model_dir, o->profile_override, &profile, err))) goto fail;
+    const char *tok_dir = o->tokenizer_dir ? o->tokenizer_dir : o->model_dir;
+    const char *enc_dir = o->encoding_dir ? o->encoding_dir : o->model_dir;
+    if ((rc = dsv4_encoder_detect_profile(enc_dir, o->profile_override, &profile, err))) goto fail;
     dsv4_encoder_config_init(&s->enc, profile);
     if (o->default_thinking && (rc = dsv4_effort_parse(o->default_thinking, 1, &s->enc.thinking.default_thinking, err)))
         goto fail_flag;
@@ -58,7 +60,7 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
         }
     }
     char path[4096];
-    snprintf(path, sizeof path, "%s/tokenizer.json", o->model_dir);
+    snprintf(path, sizeof path, "%s/tokenizer.json", tok_dir);
     if ((rc = dsv4_tokenizer_load(path, &s->tok, err))) goto fail;
     s->eos_id = dsv4_tokenizer_special_id(s->tok, DSV4_TOK_EOS);
     if (s->eos_id < 0) {
@@ -83,7 +85,8 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
     int cache_slots = !o->enable_prefix_caching ? 0 : o->max_num_seqs < 8 ? o->max_num_seqs : 8;
     dsv4_model_runner_opts mo = {o->max_num_seqs + cache_slots, (int)s->max_model_len, o->spec_k,
                                  DSV4_NUMERICS_REFERENCE, (dsv4_device)o->device};
-    if ((rc = dsv4_model_runner_open(o->model_dir, &mo, &s->mr, err))) goto fail;
+    dsv4_load_opts lo = {o->load_dummy, o->hf_overrides, 0};
+    if ((rc = dsv4_model_runner_open_ex(o->model_dir, &mo, &lo, &s->mr, err))) goto fail;
     const dsv4_config *cfg = dsv4_model_runner_config(s->mr);
     if (s->max_model_len > cfg->max_position_embeddings) {
         rc = dsv4_err_set(err, DSV4_EINVAL, "--max-model-len %lld exceeds the model's max_position_embeddings %lld",

@@ -39,6 +39,13 @@ typedef struct dsv4_service_opts {
     const char *default_chat_template_kwargs; /* JSON object text or NULL */
     int enable_prefix_caching;   /* --enable-prefix-caching (spec/SERVING.md §8.7) */
     int device;                  /* dsv4_device (engine/model_runner.h); 0 = CPU */
+    /* Weights source (engine/model_runner.h dsv4_load_opts): --load-format dummy,
+     * --hf-overrides; and where tokenizer.json / encoding/ are read (NULL = model_dir;
+     * a dummy model dir may hold only config.json). */
+    int load_dummy;
+    const char *hf_overrides;
+    const char *tokenizer_dir;
+    const char *encoding_dir;
 } dsv4_service_opts;
 
 /*

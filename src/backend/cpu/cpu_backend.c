@@ -47,7 +47,11 @@ int dsv4_cpu_check_vec(const dsv4_tview *v, int64_t n, const char *what, dsv4_er
     return DSV4_OK;
 }
 
-static void cpu_free(dsv4_backend *be) { free(be); }
+static void cpu_free(dsv4_backend *be) {
+    if (!be) return;
+    dsv4_cpu_fill_release(be); /* dummy weights (cpu_fill.c) */
+    free(be);
+}
 
 static int cpu_buf_alloc(dsv4_backend *be, dsv4_dtype dt, int64_t rows, int64_t cols, dsv4_buf *out,
                          dsv4_err *err) {
@@ -156,5 +160,6 @@ dsv4_backend *dsv4_backend_cpu_create(dsv4_numerics numerics, dsv4_err *err) {
     be->moe_route = dsv4_cpu_moe_route;
     be->moe_experts = dsv4_cpu_moe_experts;
     be->swiglu = dsv4_cpu_swiglu;
+    be->fill_dummy = dsv4_cpu_fill_dummy;
     return be;
 }

@@ -42,6 +42,11 @@ void dsv4_cpu_decode_row(const dsv4_linear *w, int64_t r, float *out);
 /* Validate a linear's dtypes/shapes; names the tensor. */
 int dsv4_cpu_check_linear(const dsv4_linear *w, const char *what, dsv4_err *err);
 
+/* fill_dummy (cpu_fill.c): tensors live on a list at be->ctx, released by
+ * dsv4_cpu_fill_release from the backend's free. */
+int dsv4_cpu_fill_dummy(dsv4_backend *be, const dsv4_fill *how, dsv4_tview *dev, dsv4_err *err);
+void dsv4_cpu_fill_release(dsv4_backend *be);
+
 /* Op implementations (wired into the table by cpu_backend.c). */
 int dsv4_cpu_embed(dsv4_backend *be, const dsv4_tview *table, const dsv4_batch *b, int n_copies,
                    dsv4_buf *out, dsv4_err *err);
