@@ -228,6 +228,26 @@ static int cu_upload_linear(dsv4_backend *be, const dsv4_linear *host, dsv4_line
     return DSV4_OK;
 }
 
+int cu_be_adopt_linear(dsv4_backend *be, const dsv4_linear *meta, const dsv4_cuda_weight *cw, float *f32,
+                       dsv4_linear *dev, dsv4_err *err) {
+    cu_be *cb = cube(be);
+    cu_lin *l = (cu_lin *)calloc(1, sizeof *l);
+    if (!l) return cu_err(err, DSV4_ENOMEM, "cuda: adopt_linear: out of memory");
+    l->magic = LIN_MAGIC;
+    l->dtype = meta->w.dtype;
+    l->out = meta->out;
+    l->in = meta->in;
+    if (cw) l->cw = *cw;
+    l->f32 = f32;
+    l->next = cb->lins;
+    cb->lins = l;
+    dsv4_linear m = *meta;
+    *dev = m;
+    dev->w.data = l;
+    dev->scale.data = &l->magic;
+    return DSV4_OK;
+}
+
 /* The record behind a linear from upload_linear, or NULL (message in err). */
 static const cu_lin *lin_of(const dsv4_linear *w, const char *op, dsv4_err *err) {
     if (!w || !w->w.data || w->scale.data != (const void *)&((const cu_lin *)w->w.data)->magic) {
@@ -620,5 +640,7 @@ extern "C" dsv4_backend *dsv4_backend_cuda_create(dsv4_numerics numerics, int de
     be->moe_experts = cu_moe_experts;
     be->swiglu = cu_be_swiglu;
     be->hc_mean = cu_hc_mean;
+    be->fill_dummy = cu_be_fill_dummy;
+    be->fill_dummy_linear = cu_be_fill_dummy_linear;
     return be;
 }

@@ -115,4 +115,15 @@ int cu_be_route_tail(dsv4_backend *be, const float *logits, int T, int E, const 
                      const dsv4_tview *tid2eid, const int32_t *d_token, int k, float route_scale,
                      int32_t *ids, float *weights, dsv4_err *err);
 
+/* Dummy weights (cuda_fill.cu; backend.h fill_dummy / fill_dummy_linear). */
+int cu_be_fill_dummy(dsv4_backend *be, const dsv4_fill *how, dsv4_tview *dev, dsv4_err *err);
+int cu_be_fill_dummy_linear(dsv4_backend *be, const dsv4_fill *wfill, const dsv4_fill *sfill,
+                                       dsv4_linear *dev, dsv4_err *err);
+/* Record a linear whose device data was made elsewhere (cuda_fill.cu) as
+ * upload_linear would: *cw (FP8 / FP4 repacked / BF16) or f32 (an F32 copy
+ * [out][in]) becomes the backend's on success, stays the caller's on
+ * failure (DSV4_ENOMEM). *dev = *meta with the record's data pointers. */
+int cu_be_adopt_linear(dsv4_backend *be, const dsv4_linear *meta, const dsv4_cuda_weight *cw, float *f32,
+                       dsv4_linear *dev, dsv4_err *err);
+
 #endif
