@@ -18,20 +18,26 @@ mkdir -p "$OUTD"
 P=5,17,42,7,99,3,250,11,64,8
 N=${MAX_TOKENS:-24}
 fail=0
+R=/tmp/gpurun-runs
+mkdir -p "$R"
 for m in tiny-flash tiny-dspark; do
   k=1; [ "$m" = tiny-dspark ] && k=5
   for spec in 0 $k; do
     for dev in cpu cuda; do
       "$BIN" run "$D/models/$m" --prompt-ids $P --max-tokens $N --device $dev --spec $spec \
-        > "$OUTD/run_${m}_k${spec}_$dev.out" 2> "$OUTD/run_${m}_k${spec}_$dev.err"
-      echo "rc=$?" >> "$OUTD/run_${m}_k${spec}_$dev.err"
+        > "$R/run_${m}_k${spec}_$dev.out" 2> "$R/run_${m}_k${spec}_$dev.err"
+      echo "rc=$?" >> "$R/run_${m}_k${spec}_$dev.err"
     done
-    a=$(tr -d '\n' < "$OUTD/run_${m}_k${spec}_cpu.out"); b=$(tr -d '\n' < "$OUTD/run_${m}_k${spec}_cuda.out")
+    a=$(tr -d '\n' < "$R/run_${m}_k${spec}_cpu.out"); b=$(tr -d '\n' < "$R/run_${m}_k${spec}_cuda.out")
     if [ -n "$a" ] && [ "$a" = "$b" ]; then r=SAME; else r=DIFFER; fail=1; fi
     echo "$m spec=$spec: $r"; echo "  cpu : $a"; echo "  cuda: $b"
-    grep -hE "tok/s|acceptance|dsv4 run:|device:" "$OUTD/run_${m}_k${spec}_cuda.err" | sed 's/^/  cuda| /'
+    sed 's/^/  cuda| /' "$R/run_${m}_k${spec}_cuda.err" | uniq -c | head -20
+    grep -hE "tok/s|acceptance" "$R/run_${m}_k${spec}_cpu.err" | sed 's/^/  cpu | /'
   done
 done 2>&1 | tee "$OUTD/tokens.txt"
+# logits of every position, teacher-forced, CPU vs CUDA (near tie or real difference)
+[ -x "$D/bin/test_device_equiv" ] && "$D/bin/test_device_equiv" "$D/models/tiny-flash" "$D/models/tiny-dspark" \
+  2>&1 | tee "$OUTD/equiv.txt"
 if [ -z "${SKIP_PERF:-}" ]; then
   # tiny checkpoint: launch-bound, shows the per-step overhead
   timeout 120 "$BIN" perf "$D/models/tiny-dspark" --device cuda --batch 1,8,64 --rows-per-seq 1,6 --context 512 \
