@@ -17,6 +17,9 @@
  * written at positions N..N+rows-1 and rewritten by the next step (as a
  * rejected verify would be). Timing is wall clock around the forward, which
  * ends with the logits read (a synchronisation), after --warmup untimed steps.
+ * What is timed is the bare target forward (dsv4_forward: logits of every
+ * row, no drafter features or streams copied out), so MTP / DSpark
+ * checkpoints time the same work as target-only ones.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +29,7 @@
 #include "cli/cli.h"
 #include "engine/model_runner.h"
 #include "engine/step_bytes.h"
+#include "model/forward.h"
 
 #define PERF_MAX_LIST 16
 #define PERF_HBM_BPS 4.58e12 /* bytes/s, PERFORMANCE.md §1 */
@@ -214,16 +218,16 @@ static int batch_make(perf_batch *p, int n_seqs, int rows, int64_t pos0, int voc
     return DSV4_OK;
 }
 
-/* Mean ms of `steps` forwards (after `warmup`). */
-static int time_steps(dsv4_runner *run, perf_batch *pb, int warmup, int steps, float *logits, double *ms,
-                      dsv4_err *err) {
+/* Mean ms of `steps` target forwards (after `warmup`). */
+static int time_steps(dsv4_model *m, dsv4_state *st, perf_batch *pb, int warmup, int steps, float *logits,
+                      double *ms, dsv4_err *err) {
     for (int i = 0; i < warmup; i++) {
-        int rc = run->forward(run->ctx, &pb->b, pb->logit_rows, pb->n_logits, logits, err);
+        int rc = dsv4_forward(m, st, &pb->b, pb->logit_rows, pb->n_logits, logits, NULL, err);
         if (rc) return rc;
     }
     double t0 = now_s();
     for (int i = 0; i < steps; i++) {
-        int rc = run->forward(run->ctx, &pb->b, pb->logit_rows, pb->n_logits, logits, err);
+        int rc = dsv4_forward(m, st, &pb->b, pb->logit_rows, pb->n_logits, logits, NULL, err);
         if (rc) return rc;
     }
     *ms = (now_s() - t0) * 1e3 / steps;
@@ -256,14 +260,17 @@ int dsv4_cmd_perf(int argc, char **argv) {
         return 1;
     }
     cfg = dsv4_model_runner_config(mr);
-    dsv4_runner run = dsv4_model_runner_iface(mr);
+    dsv4_model *model;
+    dsv4_state *state;
+    dsv4_model_runner_target(mr, &model, &state);
     printf("# dsv4 perf: %s%s on %s, %d layers, context %lld, %d steps (+%d warmup), load %.1f s\n", o.dir,
            lo.dummy ? " (dummy weights)" : "", dsv4_model_runner_backend(mr)->name, cfg->num_hidden_layers,
            (long long)o.context, o.steps, o.warmup, now_s() - t0);
     printf("# roofline = (dense weights once + expected distinct routed experts + gathered rows + F32 state read)"
            " / 4.58 TB/s\n");
-    printf("%-6s %-5s %-6s %10s %12s %10s %12s %8s\n", "batch", "rows", "T", "ms/step", "rows/s", "GB/step",
-           "roofline_ms", "ratio");
+    printf("# logits of every row come back to the host (as the engine's sampler needs): D2H_MB per step\n");
+    printf("%-6s %-5s %-6s %10s %12s %10s %12s %8s %8s\n", "batch", "rows", "T", "ms/step", "rows/s", "GB/step",
+           "roofline_ms", "ratio", "D2H_MB");
     size_t logit_cap = (size_t)max_b * (size_t)max_r;
     float *logits = malloc(sizeof(float) * logit_cap * (size_t)cfg->vocab_size);
     if (!logits) rc = dsv4_err_set(&err, DSV4_ENOMEM, "out of memory for logits");
@@ -276,13 +283,14 @@ int dsv4_cmd_perf(int argc, char **argv) {
                 break;
             }
             double ms = 0;
-            rc = time_steps(&run, &pb, o.warmup, o.steps, logits, &ms, &err);
+            rc = time_steps(model, state, &pb, o.warmup, o.steps, logits, &ms, &err);
             dsv4_step_bytes sb;
             if (!rc) rc = dsv4_step_bytes_compute(cfg, B, R, o.context, 4, &sb, &err);
             if (!rc) {
                 double roof = sb.total / PERF_HBM_BPS * 1e3;
-                printf("%-6d %-5d %-6d %10.3f %12.1f %10.4g %12.6g %8.2f\n", B, R, B * R, ms, B * R / (ms * 1e-3),
-                       sb.total / 1e9, roof, ms / roof);
+                printf("%-6d %-5d %-6d %10.3f %12.1f %10.4g %12.6g %8.2f %8.1f\n", B, R, B * R, ms,
+                       B * R / (ms * 1e-3), sb.total / 1e9, roof, ms / roof,
+                       (double)B * R * cfg->vocab_size * 4 / 1e6);
                 fflush(stdout);
             }
             batch_free(&pb);
@@ -293,7 +301,7 @@ int dsv4_cmd_perf(int argc, char **argv) {
             rc = dsv4_err_set(&err, DSV4_ENOMEM, "out of memory for the batch");
         } else {
             double ms = 0;
-            rc = time_steps(&run, &pb, o.warmup, o.steps, logits, &ms, &err);
+            rc = time_steps(model, state, &pb, o.warmup, o.steps, logits, &ms, &err);
             if (!rc)
                 printf("prefill chunk of %d tokens: %.3f ms, %.1f tokens/s (compute-bound: no HBM roofline)\n",
                        o.prefill, ms, o.prefill / (ms * 1e-3));

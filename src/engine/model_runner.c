@@ -558,3 +558,8 @@ dsv4_runner dsv4_model_runner_iface(dsv4_model_runner *mr) {
 const dsv4_config *dsv4_model_runner_config(const dsv4_model_runner *mr) { return &mr->cfg; }
 
 dsv4_backend *dsv4_model_runner_backend(dsv4_model_runner *mr) { return mr->be; }
+
+void dsv4_model_runner_target(dsv4_model_runner *mr, struct dsv4_model **model, struct dsv4_state **state) {
+    *model = mr->model;
+    *state = mr->state;
+}

@@ -78,6 +78,11 @@ int dsv4_model_runner_drafter(dsv4_model_runner *mr, dsv4_drafter *out);
 /* The backend the runner built ("cpu", "cuda:0"), and the model / state on it
  * (for tools that drive the forward directly, e.g. `dsv4 perf`). */
 dsv4_backend *dsv4_model_runner_backend(dsv4_model_runner *mr);
+/* The target model and its per-slot state (src/model/forward.h), for tools
+ * that time the bare target forward without the drafter's bookkeeping. */
+struct dsv4_model;
+struct dsv4_state;
+void dsv4_model_runner_target(dsv4_model_runner *mr, struct dsv4_model **model, struct dsv4_state **state);
 
 /* The parsed config (kind, vocab, eos, draft stages). */
 const dsv4_config *dsv4_model_runner_config(const dsv4_model_runner *mr);
