@@ -8,11 +8,20 @@
  * argmaxes differ with the CPU's top-1/top-2 margin there, which decides
  * whether a different greedy token is a near tie or a real disagreement.
  *
- * Asserts: every logit within REL_TOL·rms of the reference, and every argmax
- * disagreement at a position whose CPU margin is below 2x the largest
- * difference of that row (a near tie). REL_TOL = 5e-2 from the op
- * conformance run (docs/BACKEND.md: moe_experts 1.6e-2 relative, from bf16
- * storage of the expert intermediates; every other op < 3e-6).
+ * Asserts what separates a wiring error from the numerics difference the
+ * two backends are known to have: every logit within REL_TOL·rms of the
+ * reference, at least half the positions with the same argmax, and every
+ * argmax disagreement at a position whose CPU top-1/top-2 margin is below 2x
+ * the largest difference of that row (a near tie). Two unrelated logit rows
+ * (wrong layer, state slot, RoPE, ...) differ by ~4x rms at their largest
+ * element and agree on the argmax 1 time in vocab; the measured difference
+ * on H200 (2026-11-30, bench/results) is at most 0.43x rms with 33/34 and
+ * 29/34 argmaxes equal. Its source: the CUDA MoE stores g, u, h·w and the
+ * expert outputs in bf16 as the official code does, the CPU reference keeps
+ * fp32 (1.6e-2 at the op, bench/results/2026-11-30-cuda-backend-conformance-
+ * h200.md), and the reference numerics downstream (W8A8 activation
+ * quantisation to E4M3, FP8 KV and FP4 indexer round trips, top-k choices)
+ * turn small input differences into whole quantisation steps. REL_TOL = 1.
  *
  * Without CUDA in the build or without a GPU it prints why and checks only
  * that --device cuda is refused with a clear error, so it is a real test on
@@ -26,7 +35,7 @@
 #include "engine/model_runner.h"
 #include "test.h"
 
-#define REL_TOL 5e-2
+#define REL_TOL 1.0
 #define N_PROMPT 10
 #define N_TOK 34
 
@@ -114,6 +123,7 @@ static void compare(const char *dir) {
         CHECK_MSG(rel <= REL_TOL, "%s position %d: logits differ by %.3g x rms", dir, p, rel);
     }
     printf("%s: %d positions, largest |logit diff| / rms = %.3g, argmax differs at %d\n", dir, N_TOK, worst, n_diff);
+    CHECK_MSG(2 * n_diff <= N_TOK, "%s: argmax differs at %d of %d positions", dir, n_diff, N_TOK);
     free(a);
     free(b);
     dsv4_model_runner_free(gpu);

@@ -566,9 +566,17 @@ static int cu_moe_experts(dsv4_backend *be, const dsv4_buf *x, const dsv4_linear
     if ((rc = moe_set(cb, w1, w3, w2, n_exp, &ex, err))) return rc;
     if (ex->d_model != d) return cu_err(err, DSV4_EINVAL, "cuda: moe_experts: x has %lld columns, experts %lld",
                                         (long long)d, (long long)ex->d_model);
-    /* ids outside [0, n_exp) are skipped by the kernel (the CPU reference rejects them) */
-    return dsv4_cuda_moe(cb->ctx, ex, (const float *)x->data, (int)T, (const int32_t *)ids->data,
-                         (const float *)weights->data, (int)ids->cols, NULL, (float *)y->data, 0, err);
+    /* ids outside [0, n_exp) are skipped by the kernel (the CPU reference rejects them).
+     * The kernel groups at most 8192 (token, expert) entries per call, so a
+     * prefill chunk (e.g. 8192 tokens x top-6) runs as consecutive row ranges:
+     * rows are independent, and the calls are stream-ordered on one workspace. */
+    const int64_t k = ids->cols, per = k > 0 ? (int64_t)(32 * 1024 / sizeof(int)) / k : T;
+    for (int64_t r0 = 0; r0 < T && !rc; r0 += per) {
+        int64_t n = T - r0 < per ? T - r0 : per;
+        rc = dsv4_cuda_moe(cb->ctx, ex, (const float *)x->data + r0 * d, (int)n, (const int32_t *)ids->data + r0 * k,
+                           (const float *)weights->data + r0 * k, (int)k, NULL, (float *)y->data + r0 * d, 0, err);
+    }
+    return rc;
 }
 
 /* ------------------------------------------------------------------ create */
