@@ -346,65 +346,192 @@ static int conf_hc(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
     return check_f32(c, op, u);
 }
 
-/* Window ring + compressed rows + attention + compressor + indexer, for two requests. */
-static int conf_attention(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b, int max_pos) {
-    int T = s->rows, hd = s->head_dim, H = s->n_heads, rc;
-    int slots = 2, cap = s->window + 4;
-    dsv4_win_state ws[2];
-    dsv4_cmp_state cs[2], ix[2];
-    dsv4_buf *ring[2], *rows[2], *ckv[2], *csc[2], *irows[2], *ikv[2], *isc[2];
-    int64_t max_rows = max_pos / 4 + 1;
-    int cmcap = 8 + 4;
-    if ((rc = pair(c, DSV4_DT_F32, (int64_t)slots * cap, hd, hrand(c, (size_t)slots * cap * hd, 1), ring)) ||
-        (rc = pair(c, DSV4_DT_F32, slots * max_rows, hd, hrand(c, (size_t)(slots * max_rows * hd), 1), rows)) ||
-        (rc = pair(c, DSV4_DT_F32, (int64_t)slots * cmcap, 2 * hd, hrand(c, (size_t)slots * cmcap * 2 * hd, 1), ckv)) ||
-        (rc = pair(c, DSV4_DT_F32, (int64_t)slots * cmcap, 2 * hd, hrand(c, (size_t)slots * cmcap * 2 * hd, 1), csc)) ||
-        (rc = pair(c, DSV4_DT_F32, slots * max_rows, s->index_dim, hrand(c, (size_t)(slots * max_rows * s->index_dim), 1), irows)) ||
-        (rc = pair(c, DSV4_DT_F32, (int64_t)slots * cmcap, 2 * s->index_dim, hrand(c, (size_t)slots * cmcap * 2 * s->index_dim, 1), ikv)) ||
-        (rc = pair(c, DSV4_DT_F32, (int64_t)slots * cmcap, 2 * s->index_dim, hrand(c, (size_t)slots * cmcap * 2 * s->index_dim, 1), isc)))
+/* ---- attention state: compressors (optionally paged), indexer, attention ---- */
+
+/*
+ * One compressor's state in both backends. The reference is unpaged; with
+ * s->paged the test side's emitted rows live in shuffled pages of page_rows
+ * rows (DSV4_CMP_ROW), spare pages hold NaN (a kernel reading a row it must
+ * not read poisons its output) and pages past the last row a slot can see
+ * are unmapped (-1).
+ */
+typedef struct cmp_pair {
+    dsv4_cmp_state st[2];
+    dsv4_buf *rows[2], *kv[2], *sc[2];
+    int32_t *bt; /* host block table (paged) */
+    int64_t max_rows;
+} cmp_pair;
+
+/* A buffer in one backend only (the other side's slot stays empty). */
+static int single(conf *c, int side, dsv4_dtype dt, int64_t r, int64_t cols, const void *host, dsv4_buf **out) {
+    if (c->nbuf == MAX_BUFS) return dsv4_err_set(c->err, DSV4_EINTERNAL, "conformance: out of buffers");
+    dsv4_buf *b = &c->bufs[side][c->nbuf++];
+    int rc = c->be[side]->buf_alloc(c->be[side], dt, r, cols, b, c->err);
+    if (!rc && host) rc = c->be[side]->buf_write(c->be[side], b, host, c->err);
+    *out = b;
+    return rc;
+}
+
+/* Unpaged row index of paged row r, or -1 (spare / unmapped). */
+static int64_t unpage_of(const cmp_pair *cp, int64_t slot, int64_t w) {
+    const dsv4_cmp_state *t = &cp->st[0];
+    if (w / t->page_rows >= t->max_pages || cp->bt[slot * t->max_pages + w / t->page_rows] < 0) return -1;
+    return (int64_t)cp->bt[slot * t->max_pages + w / t->page_rows] * t->page_rows + w % t->page_rows;
+}
+
+static int make_cmp(conf *c, int ratio, int overlap, int D, int slots, const int64_t *nvis_max, int paged,
+                    cmp_pair *cp) {
+    int64_t maxr = 1;
+    for (int sl = 0; sl < slots; sl++) maxr = nvis_max[sl] + 1 > maxr ? nvis_max[sl] + 1 : maxr;
+    int cap = ratio * (1 + overlap) + 4, cw = D * (1 + overlap), rc;
+    float *rows = hrand(c, (size_t)(slots * maxr * D), 1);
+    if (!rows) return dsv4_err_set(c->err, DSV4_ENOMEM, "conformance: out of memory");
+    memset(cp, 0, sizeof *cp);
+    cp->max_rows = maxr;
+    if ((rc = pair(c, DSV4_DT_F32, (int64_t)slots * cap, cw, hrand(c, (size_t)slots * cap * cw, 1), cp->kv)) ||
+        (rc = pair(c, DSV4_DT_F32, (int64_t)slots * cap, cw, hrand(c, (size_t)slots * cap * cw, 1), cp->sc)))
         return rc;
-    for (int k = 0; k < 2; k++) {
-        ws[k] = (dsv4_win_state){.window = s->window, .cap = cap, .n_slots = slots, .rows = *ring[k]};
-        cs[k] = (dsv4_cmp_state){.ratio = 4, .overlap = 1, .out_dim = hd, .cap = cmcap, .n_slots = slots,
-                                 .max_rows = max_rows, .kv = *ckv[k], .score = *csc[k], .rows = *rows[k]};
-        ix[k] = (dsv4_cmp_state){.ratio = 4, .overlap = 1, .out_dim = s->index_dim, .cap = cmcap, .n_slots = slots,
-                                 .max_rows = max_rows, .kv = *ikv[k], .score = *isc[k], .rows = *irows[k]};
+    for (int k = 0; k < 2; k++)
+        cp->st[k] = (dsv4_cmp_state){.ratio = ratio, .overlap = overlap, .out_dim = D, .cap = cap, .n_slots = slots,
+                                     .max_rows = maxr, .kv = *cp->kv[k], .score = *cp->sc[k]};
+    if (!paged) {
+        if ((rc = pair(c, DSV4_DT_F32, slots * maxr, D, rows, cp->rows))) return rc;
+        cp->st[0].rows = *cp->rows[0];
+        cp->st[1].rows = *cp->rows[1];
+        return DSV4_OK;
     }
+    int pr = 4, mp = (int)((maxr + pr - 1) / pr), np = slots * mp + 3;
+    int32_t *perm = halloc(c, (size_t)np * 4), *bt = halloc(c, (size_t)slots * mp * 4);
+    float *prow = halloc(c, (size_t)np * pr * D * sizeof(float));
+    if (!perm || !bt || !prow) return dsv4_err_set(c->err, DSV4_ENOMEM, "conformance: out of memory");
+    for (int i = 0; i < np; i++) perm[i] = i;
+    for (int i = np - 1; i > 0; i--) { /* Fisher-Yates */
+        int j = (int)((rnd(c) + 1) * 0.5f * (float)(i + 1));
+        j = j > i ? i : j;
+        int32_t x = perm[i];
+        perm[i] = perm[j];
+        perm[j] = x;
+    }
+    for (size_t i = 0; i < (size_t)np * pr * D; i++) prow[i] = NAN;
+    int used = 0;
+    for (int sl = 0; sl < slots; sl++)
+        for (int pg = 0; pg < mp; pg++) bt[sl * mp + pg] = (int64_t)pg * pr <= nvis_max[sl] ? perm[used++] : -1;
+    cp->bt = bt;
+    cp->st[0].page_rows = pr;
+    cp->st[0].max_pages = mp;
+    for (int sl = 0; sl < slots; sl++)
+        for (int64_t w = 0; w < maxr; w++) {
+            int64_t r = unpage_of(cp, sl, w);
+            if (r >= 0) memcpy(prow + r * D, rows + (sl * maxr + w) * D, (size_t)D * sizeof(float));
+        }
+    dsv4_buf *tb;
+    if ((rc = single(c, 0, DSV4_DT_F32, (int64_t)np * pr, D, prow, &cp->rows[0])) ||
+        (rc = single(c, 1, DSV4_DT_F32, slots * maxr, D, rows, &cp->rows[1])) ||
+        (rc = single(c, 0, DSV4_DT_I32, slots, mp, bt, &tb)))
+        return rc;
+    cp->st[0].rows = *cp->rows[0];
+    cp->st[1].rows = *cp->rows[1];
+    cp->st[0].block_table = (const int32_t *)tb->data;
+    return DSV4_OK;
+}
+
+/* Compare emitted rows; a paged test side is read back through its block table. */
+static int check_rows(conf *c, const char *op, cmp_pair *cp) {
+    if (!cp->bt) return check_f32(c, op, cp->rows);
+    const dsv4_cmp_state *t = &cp->st[0];
+    int64_t D = t->out_dim, nref = cp->rows[1]->rows, ntest = cp->rows[0]->rows;
+    float *x = malloc((size_t)(ntest * D) * 4), *y = malloc((size_t)(nref * D) * 4);
+    int rc = (x && y) ? DSV4_OK : dsv4_err_set(c->err, DSV4_ENOMEM, "conformance: out of memory");
+    if (!rc) rc = c->be[1]->buf_read(c->be[1], cp->rows[1], y, c->err);
+    if (!rc) rc = c->be[0]->buf_read(c->be[0], cp->rows[0], x, c->err);
+    if (!rc && c->skip) { /* page the reference's rows into the test side */
+        if (c->rep) fprintf(c->rep, "%-22s unsupported by %s (reference output copied)\n", op, c->be[0]->name);
+        for (int sl = 0; sl < t->n_slots; sl++)
+            for (int64_t w = 0; w < cp->max_rows; w++) {
+                int64_t r = unpage_of(cp, sl, w);
+                if (r >= 0) memcpy(x + r * D, y + (sl * cp->max_rows + w) * D, (size_t)D * 4);
+            }
+        rc = c->be[0]->buf_write(c->be[0], cp->rows[0], x, c->err);
+    } else if (!rc) {
+        double num = 0, den = 0;
+        for (int sl = 0; sl < t->n_slots; sl++)
+            for (int64_t w = 0; w < cp->max_rows; w++) {
+                int64_t r = unpage_of(cp, sl, w);
+                const float *ref = y + (sl * cp->max_rows + w) * D, *got = r >= 0 ? x + r * D : ref;
+                for (int64_t j = 0; j < D; j++) {
+                    num += ((double)got[j] - ref[j]) * ((double)got[j] - ref[j]);
+                    den += (double)ref[j] * ref[j];
+                }
+            }
+        double e = sqrt(num) / fmax(sqrt(den), 1e-30);
+        int bad = !(e <= c->tol);
+        c->fails += bad;
+        if (c->rep) fprintf(c->rep, "%-22s nerr %.3e %s (paged)\n", op, e, bad ? "FAIL" : "ok");
+    }
+    free(x);
+    free(y);
+    return rc;
+}
+
+/* Window ring + compressed rows + attention + compressor + indexer for the batch's requests. */
+static int conf_attention(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
+    int T = s->rows, hd = s->head_dim, H = s->n_heads, slots = b->n_seqs, rc;
+    int ratio = s->ratio ? s->ratio : 4, ov = ratio == 4, cap = s->window + 4, idim = s->index_dim;
+    int64_t nv_main[64], nv_idx[64];
+    if (slots > 64) return dsv4_err_set(c->err, DSV4_EINVAL, "conformance: more than 64 requests");
+    for (int sq = 0; sq < slots; sq++) { /* rows a slot can see (and emit) in this batch */
+        int64_t last = b->seq_pos0[sq] + (b->cu_seqlens[sq + 1] - b->cu_seqlens[sq]) - 1;
+        nv_main[sq] = (last + 1) / ratio;
+        nv_idx[sq] = (last + 1) / 4;
+    }
+    cmp_pair cm, ci;
+    dsv4_win_state ws[2];
+    dsv4_buf *ring[2];
+    if ((rc = pair(c, DSV4_DT_F32, (int64_t)slots * cap, hd, hrand(c, (size_t)slots * cap * hd, 1), ring)) ||
+        (rc = make_cmp(c, ratio, ov, hd, slots, nv_main, s->paged, &cm)) ||
+        (ov && (rc = make_cmp(c, 4, 1, idim, slots, nv_idx, s->paged, &ci))))
+        return rc;
+    for (int k = 0; k < 2; k++) ws[k] = (dsv4_win_state){.window = s->window, .cap = cap, .n_slots = slots, .rows = *ring[k]};
     dsv4_rope r;
     if ((rc = dsv4_rope_init(&r, s->rope_dim, 160000, 16, 65536, 32, 1, c->err))) return rc;
     /* compressor (main, FP8 QAT) and the indexer's (Hadamard + FP4) */
+    int64_t cw = (int64_t)hd * (1 + ov);
     dsv4_buf *K[2], *Z[2], *Ki[2], *Zi[2];
     dsv4_tview ape[2], nw[2], iape[2], inw[2];
-    if ((rc = pair(c, DSV4_DT_F32, T, 2 * hd, hrand(c, (size_t)T * 2 * hd, 1), K)) ||
-        (rc = pair(c, DSV4_DT_F32, T, 2 * hd, hrand(c, (size_t)T * 2 * hd, 2), Z)) ||
-        (rc = pair(c, DSV4_DT_F32, T, 2 * s->index_dim, hrand(c, (size_t)T * 2 * s->index_dim, 1), Ki)) ||
-        (rc = pair(c, DSV4_DT_F32, T, 2 * s->index_dim, hrand(c, (size_t)T * 2 * s->index_dim, 2), Zi)) ||
-        (rc = up_vec(c, hrand(c, (size_t)8 * hd, 1), 8 * hd, ape)) || (rc = up_vec(c, hrand(c, hd, 1), hd, nw)) ||
-        (rc = up_vec(c, hrand(c, (size_t)8 * s->index_dim, 1), 8 * s->index_dim, iape)) ||
-        (rc = up_vec(c, hrand(c, s->index_dim, 1), s->index_dim, inw)))
+    if ((rc = pair(c, DSV4_DT_F32, T, cw, hrand(c, (size_t)(T * cw), 1), K)) ||
+        (rc = pair(c, DSV4_DT_F32, T, cw, hrand(c, (size_t)(T * cw), 2), Z)) ||
+        (rc = up_vec(c, hrand(c, (size_t)(ratio * cw), 1), ratio * cw, ape)) || (rc = up_vec(c, hrand(c, hd, 1), hd, nw)))
         return rc;
     const char *op = "compress";
-    RUN(c->be[0]->compress(c->be[0], &cs[0], K[0], Z[0], &ape[0], &nw[0], 1e-6f, &r, DSV4_QAT_FP8_NOPE, b, c->err),
-        c->be[1]->compress(c->be[1], &cs[1], K[1], Z[1], &ape[1], &nw[1], 1e-6f, &r, DSV4_QAT_FP8_NOPE, b, c->err));
-    if ((rc = check_f32(c, "compress rows", rows)) || (rc = check_f32(c, "compress kv ring", ckv)) ||
-        (rc = check_f32(c, "compress score ring", csc)))
+    RUN(c->be[0]->compress(c->be[0], &cm.st[0], K[0], Z[0], &ape[0], &nw[0], 1e-6f, &r, DSV4_QAT_FP8_NOPE, b, c->err),
+        c->be[1]->compress(c->be[1], &cm.st[1], K[1], Z[1], &ape[1], &nw[1], 1e-6f, &r, DSV4_QAT_FP8_NOPE, b, c->err));
+    if ((rc = check_rows(c, "compress rows", &cm)) || (rc = check_f32(c, "compress kv ring", cm.kv)) ||
+        (rc = check_f32(c, "compress score ring", cm.sc)))
         return rc;
-    op = "compress_indexer";
-    RUN(c->be[0]->compress(c->be[0], &ix[0], Ki[0], Zi[0], &iape[0], &inw[0], 1e-6f, &r, DSV4_QAT_HADAMARD_FP4, b, c->err),
-        c->be[1]->compress(c->be[1], &ix[1], Ki[1], Zi[1], &iape[1], &inw[1], 1e-6f, &r, DSV4_QAT_HADAMARD_FP4, b, c->err));
-    if ((rc = check_f32(c, "compress_indexer rows", irows))) return rc;
-    /* indexer selection */
-    dsv4_buf *qi[2], *g[2], *sel[2];
-    int64_t qiw = (int64_t)s->index_heads * s->index_dim;
-    if ((rc = pair(c, DSV4_DT_F32, T, qiw, hrand(c, (size_t)(T * qiw), 1), qi)) ||
-        (rc = pair(c, DSV4_DT_F32, T, s->index_heads, hrand(c, (size_t)T * s->index_heads, 1), g)) ||
-        (rc = pair(c, DSV4_DT_I32, T, s->index_topk, NULL, sel)))
-        return rc;
-    float gs = 1.0f / sqrtf((float)qiw);
-    op = "indexer_select";
-    RUN(c->be[0]->indexer_select(c->be[0], qi[0], g[0], gs, &ix[0], s->index_topk, b, sel[0], c->err),
-        c->be[1]->indexer_select(c->be[1], qi[1], g[1], gs, &ix[1], s->index_topk, b, sel[1], c->err));
-    if ((rc = check_sets(c, op, sel)) || (rc = copy_ref_to_test(c, sel))) return rc;
+    dsv4_buf *sel[2] = {NULL, NULL};
+    if (ov) {
+        if ((rc = pair(c, DSV4_DT_F32, T, 2 * idim, hrand(c, (size_t)T * 2 * idim, 1), Ki)) ||
+            (rc = pair(c, DSV4_DT_F32, T, 2 * idim, hrand(c, (size_t)T * 2 * idim, 2), Zi)) ||
+            (rc = up_vec(c, hrand(c, (size_t)8 * idim, 1), 8 * idim, iape)) ||
+            (rc = up_vec(c, hrand(c, idim, 1), idim, inw)))
+            return rc;
+        op = "compress_indexer";
+        RUN(c->be[0]->compress(c->be[0], &ci.st[0], Ki[0], Zi[0], &iape[0], &inw[0], 1e-6f, &r, DSV4_QAT_HADAMARD_FP4, b, c->err),
+            c->be[1]->compress(c->be[1], &ci.st[1], Ki[1], Zi[1], &iape[1], &inw[1], 1e-6f, &r, DSV4_QAT_HADAMARD_FP4, b, c->err));
+        if ((rc = check_rows(c, "compress_indexer rows", &ci))) return rc;
+        /* indexer selection */
+        dsv4_buf *qi[2], *g[2];
+        int64_t qiw = (int64_t)s->index_heads * idim;
+        if ((rc = pair(c, DSV4_DT_F32, T, qiw, hrand(c, (size_t)(T * qiw), 1), qi)) ||
+            (rc = pair(c, DSV4_DT_F32, T, s->index_heads, hrand(c, (size_t)T * s->index_heads, 1), g)) ||
+            (rc = pair(c, DSV4_DT_I32, T, s->index_topk, NULL, sel)))
+            return rc;
+        float gs = 1.0f / sqrtf((float)qiw);
+        op = "indexer_select";
+        RUN(c->be[0]->indexer_select(c->be[0], qi[0], g[0], gs, &ci.st[0], s->index_topk, b, sel[0], c->err),
+            c->be[1]->indexer_select(c->be[1], qi[1], g[1], gs, &ci.st[1], s->index_topk, b, sel[1], c->err));
+        if ((rc = check_sets(c, op, sel)) || (rc = copy_ref_to_test(c, sel))) return rc;
+    }
     /* attention: window only, all visible compressed rows, and the reference's selection */
     dsv4_buf *q[2], *kv[2], *o[2];
     dsv4_tview sinks[2];
@@ -412,12 +539,12 @@ static int conf_attention(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b
         (rc = pair(c, DSV4_DT_F32, T, hd, hrand(c, (size_t)T * hd, 1), kv)) ||
         (rc = pair(c, DSV4_DT_F32, T, (int64_t)H * hd, NULL, o)) || (rc = up_vec(c, hrand(c, H, 1), H, sinks)))
         return rc;
-    for (int mode = 0; mode < 3; mode++) {
+    for (int mode = 0; mode < 2 + ov; mode++) {
         static const char *names[3] = {"attention_window", "attention_all_rows", "attention_selected"};
         op = names[mode];
-        RUN(c->be[0]->attention(c->be[0], q[0], kv[0], &ws[0], mode ? &cs[0] : NULL, mode == 2 ? sel[0] : NULL,
+        RUN(c->be[0]->attention(c->be[0], q[0], kv[0], &ws[0], mode ? &cm.st[0] : NULL, mode == 2 ? sel[0] : NULL,
                                 &sinks[0], H, b, o[0], c->err),
-            c->be[1]->attention(c->be[1], q[1], kv[1], &ws[1], mode ? &cs[1] : NULL, mode == 2 ? sel[1] : NULL,
+            c->be[1]->attention(c->be[1], q[1], kv[1], &ws[1], mode ? &cm.st[1] : NULL, mode == 2 ? sel[1] : NULL,
                                 &sinks[1], H, b, o[1], c->err));
         if ((rc = check_f32(c, op, o))) return rc;
     }
@@ -491,30 +618,39 @@ int dsv4_backend_conformance(dsv4_backend *test, dsv4_backend *ref, const dsv4_c
     c->err = err;
     dsv4_numerics saved = test->numerics;
     test->numerics = ref->numerics;
-    /* two requests: slot 0 continues at position 5 (ring rows below), slot 1 at position 37 */
-    int T = s->rows, n0 = T / 2;
-    int32_t *a = calloc((size_t)T * 5, sizeof(int32_t));
-    int32_t cu[3] = {0, n0, T}, ss[2] = {0, 1}, sp[2] = {5, 37};
+    /* the batch: two requests splitting the rows (slot 0 continues at position 5, slot 1 at 37), or
+     * rows/seg_rows requests of seg_rows rows; older positions come from the random state */
+    int T = s->rows, ns = s->seg_rows > 0 ? T / s->seg_rows : 2;
+    int32_t *a = calloc((size_t)T * 5 + 3 * (size_t)ns + 1, sizeof(int32_t));
     int rc = a ? DSV4_OK : dsv4_err_set(err, DSV4_ENOMEM, "conformance: out of memory");
+    if (!rc && (T < 2 || ns > 64 || (s->seg_rows > 0 && T % s->seg_rows)))
+        rc = dsv4_err_set(err, DSV4_EINVAL, "conformance: %d rows in segments of %d (at most 64 segments)", T,
+                          s->seg_rows);
     dsv4_batch b = {0};
     if (!rc) {
-        for (int t = 0; t < T; t++) {
-            int sq = t >= n0;
-            a[t] = (int32_t)(t * 7 % 64);
-            a[T + t] = sp[sq] + (t - cu[sq]);
-            a[2 * T + t] = ss[sq];
-            a[3 * T + t] = sq;
+        int32_t *cu = a + 5 * T, *ss = cu + ns + 1, *sp = ss + ns;
+        for (int i = 0; i <= ns; i++) cu[i] = s->seg_rows > 0 ? i * s->seg_rows : i * (T / 2) + (i == 2) * (T % 2);
+        for (int i = 0; i < ns; i++) {
+            ss[i] = i;
+            sp[i] = s->pos0 > 0 ? s->pos0 + 131 * i : 5 + 32 * i;
         }
-        b = (dsv4_batch){.n_rows = T, .n_seqs = 2, .token = a, .pos = a + T, .slot = a + 2 * T, .seq_idx = a + 3 * T,
+        for (int sq = 0; sq < ns; sq++)
+            for (int t = cu[sq]; t < cu[sq + 1]; t++) {
+                a[t] = (int32_t)(t * 7 % 64);
+                a[T + t] = sp[sq] + (t - cu[sq]);
+                a[2 * T + t] = ss[sq];
+                a[3 * T + t] = sq;
+            }
+        b = (dsv4_batch){.n_rows = T, .n_seqs = ns, .token = a, .pos = a + T, .slot = a + 2 * T, .seq_idx = a + 3 * T,
                          .cu_seqlens = cu, .seq_slot = ss, .seq_pos0 = sp};
         rc = test->batch_begin(test, &b, err);
         if (!rc) rc = ref->batch_begin(ref, &b, err);
     }
-    if (!rc) rc = conf_dense(c, s, &b);
-    if (!rc) rc = conf_linear(c, s, &b);
-    if (!rc) rc = conf_hc(c, s, &b);
-    if (!rc) rc = conf_attention(c, s, &b, 37 + T);
-    if (!rc) rc = conf_moe(c, s, &b);
+    if (!rc && !s->attn_only) rc = conf_dense(c, s, &b);
+    if (!rc && !s->attn_only) rc = conf_linear(c, s, &b);
+    if (!rc && !s->attn_only) rc = conf_hc(c, s, &b);
+    if (!rc) rc = conf_attention(c, s, &b);
+    if (!rc && !s->attn_only) rc = conf_moe(c, s, &b);
     int fails = c->fails;
     if (report && !rc)
         fprintf(report, "%s vs %s: %d outputs above tol %.1e, %d ops unsupported by %s\n", test->name, ref->name,

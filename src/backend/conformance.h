@@ -24,6 +24,20 @@ typedef struct dsv4_conf_shape {
     int d, n_heads, head_dim, rope_dim, q_lora, o_groups, o_lora;
     int n_exp, top_k, moe_inter, index_heads, index_dim, index_topk;
     int window, hc;    /* sliding window, hc_mult                              */
+    /*
+     * Batch and attention-state layout (0 = the defaults of the tiny run):
+     *  seg_rows: 0 = two requests splitting the rows in half; k > 0 = rows/k
+     *            requests of k rows each (k = 6: a verify step), one slot each.
+     *  pos0:     0 = segment i starts at position 5 + 32·i; > 0 = pos0 + 131·i
+     *            (older positions come from random ring / compressed-row state).
+     *  ratio:    main compressor ratio, 0 = 4 (with overlap, indexer and
+     *            selected attention); 128 = no overlap, no indexer.
+     *  paged:    the test backend's emitted rows are paged (DSV4_CMP_ROW with a
+     *            shuffled, non-identity block table, spare pages NaN, pages past
+     *            a slot's last row unmapped); the reference stays unpaged.
+     */
+    int seg_rows, pos0, ratio, paged;
+    int attn_only;     /* run only the attention-state ops (compress, indexer, attention, win_store) */
 } dsv4_conf_shape;
 
 /* The tiny shapes of spec/MODEL.md §5.2 (rows 24). */

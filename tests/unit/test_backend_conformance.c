@@ -3,7 +3,9 @@
  * backend will be run through: two CPU backends agree on every op (error 0),
  * and a backend with one wrong op is caught — a RoPE with the rotation sign
  * flipped, a linear that skips the W8A8 activation quantisation of reference
- * numerics, an attention without the sink.
+ * numerics, an attention without the sink, an attention that ignores the
+ * block table of paged compressed rows. Also the batch / state layouts of the
+ * GPU run: paged rows, verify-shaped segments, long chunks, ratio 128.
  */
 #include "backend/conformance.h"
 #include "backend/cpu/cpu_internal.h"
@@ -31,6 +33,20 @@ static int bad_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv
     none.dtype = DSV4_DT_F32;
     none.data = very_negative;
     return dsv4_cpu_attention(be, q, kv, ws, cs, sel, &none, nh, b, o, err);
+}
+
+/* Reads paged rows as if unpaged within the paged buffer (slot*max_pages*page_rows + w): wrong rows, and
+ * NaN ones from spare pages. */
+static int paging_blind_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, const dsv4_win_state *ws,
+                                  const dsv4_cmp_state *cs, const dsv4_buf *sel, const dsv4_tview *sinks, int nh,
+                                  const dsv4_batch *b, dsv4_buf *o, dsv4_err *err) {
+    if (!cs || !cs->block_table) return dsv4_cpu_attention(be, q, kv, ws, cs, sel, sinks, nh, b, o, err);
+    dsv4_cmp_state blind = *cs;
+    blind.block_table = NULL;
+    blind.max_rows = (int64_t)cs->max_pages * cs->page_rows;
+    blind.rows.rows = (int64_t)cs->n_slots * blind.max_rows;
+    if (blind.rows.rows > cs->rows.rows) return dsv4_err_set(err, DSV4_EINVAL, "paged buffer too small to misread");
+    return dsv4_cpu_attention(be, q, kv, ws, &blind, sel, sinks, nh, b, o, err);
 }
 
 /* An op a backend has not implemented yet: the harness reports it and goes on. */
@@ -76,6 +92,37 @@ int main(void) {
         CHECK_MSG(fails >= 1, "broken rope next to an unsupported op not caught (%d, %s)", fails, e.msg);
         test->free(test);
         ref->free(ref);
+    }
+    {
+        /* the attention-state layouts the CUDA backend is run with (tests/gpu/gpu_conformance.c): a
+         * paged test side (shuffled block table, NaN in spare pages, unmapped tail pages) against the
+         * unpaged reference, verify-shaped segments of 6 rows, a chunk longer than the rings crossing
+         * many compressor windows, ratio 128. Paging only moves rows: the results must be identical. */
+        static const struct { int rows, seg, pos0, ratio, paged; } L[] = {
+            {24, 0, 0, 0, 1}, {24, 6, 300, 0, 1}, {300, 0, 0, 0, 0}, {300, 0, 0, 128, 1}, {24, 6, 1000, 128, 0}};
+        for (size_t i = 0; i < sizeof L / sizeof L[0]; i++) {
+            dsv4_conf_shape ls;
+            dsv4_conf_shape_tiny(&ls);
+            ls.rows = L[i].rows;
+            ls.seg_rows = L[i].seg;
+            ls.pos0 = L[i].pos0;
+            ls.ratio = L[i].ratio;
+            ls.paged = L[i].paged;
+            dsv4_backend *ref = dsv4_backend_cpu_create(DSV4_NUMERICS_REFERENCE, &e);
+            dsv4_backend *test = dsv4_backend_cpu_create(DSV4_NUMERICS_REFERENCE, &e);
+            int fails = dsv4_backend_conformance(test, ref, &ls, 0.0, 7, NULL, &e);
+            CHECK_MSG(fails == 0, "layout %zu (rows %d, seg %d, pos0 %d, ratio %d, paged %d): %d (%s)", i, L[i].rows,
+                      L[i].seg, L[i].pos0, L[i].ratio, L[i].paged, fails, e.msg);
+            /* and a paged attention that ignores the block table reads the NaN spare pages: caught */
+            if (L[i].paged) {
+                test->attention = paging_blind_attention;
+                fails = dsv4_backend_conformance(test, ref, &ls, 1e-3, 7, NULL, &e);
+                CHECK_MSG(fails >= 1, "layout %zu: attention blind to the block table not caught (%d, %s)", i, fails,
+                          e.msg);
+            }
+            test->free(test);
+            ref->free(ref);
+        }
     }
     return TEST_REPORT();
 }

@@ -46,13 +46,13 @@ int dsv4_cpu_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv,
     if (!rc) rc = dsv4_cpu_check_f32(o, T, hd * n_heads, "attention o", err);
     if (!rc) rc = check_win(ws, hd, err);
     if (!rc) rc = dsv4_cpu_check_vec(sinks, n_heads, "attn_sink", err);
-    if (!rc && cs) rc = dsv4_cpu_check_f32(&cs->rows, (int64_t)cs->n_slots * cs->max_rows, hd, "compressed rows", err);
+    if (!rc && cs) rc = dsv4_cpu_check_cmp_rows(cs, hd, "compressed rows", err);
     if (!rc && sel) rc = dsv4_cpu_check_i32(sel, T, -1, "attention sel", err);
     if (rc) return rc;
     int ref = be->numerics == DSV4_NUMERICS_REFERENCE;
     float scale = 1.0f / sqrtf((float)hd);
     /* Upper bound on candidates: raw window + compressed rows. */
-    int64_t max_cand = ws->window + (cs ? (sel ? sel->cols : cs->max_rows) : 0);
+    int64_t max_cand = ws->window + (cs ? (sel ? sel->cols : cs->block_table ? (int64_t)cs->max_pages * cs->page_rows : cs->max_rows) : 0);
     int fail = 0;
 #pragma omp parallel if ((int64_t)T * n_heads * max_cand * hd > DSV4_CPU_PAR_MIN)
     {
@@ -73,15 +73,16 @@ int dsv4_cpu_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv,
             for (int64_t pp = lo; pp <= p; pp++)
                 keys[n++] = pp >= p0 ? (const float *)kv->data + (t - (p - pp)) * hd
                                      : (const float *)ws->rows.data + ((int64_t)slot * ws->cap + pp % ws->cap) * hd;
-            if (cs) {
-                const float *crow = (const float *)cs->rows.data + (int64_t)slot * cs->max_rows * hd;
+            if (cs) { /* rows through DSV4_CMP_ROW; an unmapped page is skipped, never read */
                 int64_t nvis = (p + 1) / cs->ratio;
                 if (sel) {
                     const int32_t *sl = (const int32_t *)sel->data + (int64_t)t * sel->cols;
                     for (int64_t j = 0; j < sel->cols; j++)
-                        if (sl[j] >= 0 && sl[j] < nvis) keys[n++] = crow + sl[j] * hd;
+                        if (sl[j] >= 0 && sl[j] < nvis && (keys[n] = dsv4_cpu_cmp_row(cs, slot, sl[j]))) n++;
                 } else {
-                    for (int64_t w = 0; w < nvis && w < cs->max_rows; w++) keys[n++] = crow + w * hd;
+                    int64_t wmax = cs->block_table ? (int64_t)cs->max_pages * cs->page_rows : cs->max_rows;
+                    for (int64_t w = 0; w < nvis && w < wmax; w++)
+                        if ((keys[n] = dsv4_cpu_cmp_row(cs, slot, w))) n++;
                 }
             }
             for (int h = 0; h < n_heads; h++) {

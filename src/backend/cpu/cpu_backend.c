@@ -20,6 +20,15 @@ int dsv4_cpu_check_f32(const dsv4_buf *b, int64_t rows, int64_t cols, const char
     return DSV4_OK;
 }
 
+int dsv4_cpu_check_cmp_rows(const dsv4_cmp_state *cs, int64_t cols, const char *what, dsv4_err *err) {
+    if (!cs->block_table) return dsv4_cpu_check_f32(&cs->rows, (int64_t)cs->n_slots * cs->max_rows, cols, what, err);
+    int rc = dsv4_cpu_check_f32(&cs->rows, -1, cols, what, err);
+    if (!rc && (cs->page_rows <= 0 || cs->max_pages <= 0 || cs->rows.rows % cs->page_rows))
+        rc = dsv4_err_set(err, DSV4_EINVAL, "cpu: %s: paged with page_rows %d, max_pages %d, %lld rows", what,
+                          cs->page_rows, cs->max_pages, (long long)cs->rows.rows);
+    return rc;
+}
+
 int dsv4_cpu_check_i32(const dsv4_buf *b, int64_t rows, int64_t cols, const char *what, dsv4_err *err) {
     if (!b || !b->data || b->dtype != DSV4_DT_I32)
         return dsv4_err_set(err, DSV4_EINVAL, "cpu: %s: expected an I32 buffer", what);

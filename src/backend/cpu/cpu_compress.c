@@ -90,12 +90,13 @@ int dsv4_cpu_compress(dsv4_backend *be, dsv4_cmp_state *cs, const dsv4_buf *K, c
     if (!rc) rc = dsv4_cpu_check_vec(norm_w, D, "compressor norm", err);
     if (!rc) rc = dsv4_cpu_check_f32(&cs->kv, (int64_t)cs->n_slots * cs->cap, cw, "compressor kv ring", err);
     if (!rc) rc = dsv4_cpu_check_f32(&cs->score, (int64_t)cs->n_slots * cs->cap, cw, "compressor score ring", err);
-    if (!rc) rc = dsv4_cpu_check_f32(&cs->rows, (int64_t)cs->n_slots * cs->max_rows, D, "compressed rows", err);
+    if (!rc) rc = dsv4_cpu_check_cmp_rows(cs, D, "compressed rows", err);
     if (rc) return rc;
     for (int t = 0; t < b->n_rows; t++) {
         if (b->slot[t] < 0 || b->slot[t] >= cs->n_slots)
             return dsv4_err_set(err, DSV4_EINVAL, "compress: slot %d out of range", b->slot[t]);
-        if ((b->pos[t] + 1) % m == 0 && (b->pos[t] + 1) / m > cs->max_rows)
+        if ((b->pos[t] + 1) % m == 0 &&
+            (cs->block_table ? b->pos[t] / m / cs->page_rows >= cs->max_pages : (b->pos[t] + 1) / m > cs->max_rows))
             return dsv4_err_set(err, DSV4_ERANGE, "compress: position %d beyond the state's %lld rows",
                                 b->pos[t], (long long)cs->max_rows);
     }
@@ -113,7 +114,8 @@ int dsv4_cpu_compress(dsv4_backend *be, dsv4_cmp_state *cs, const dsv4_buf *K, c
         if ((p + 1) % m) continue;
         int slot = b->slot[t];
         int64_t w = p / m, p0 = b->seq_pos0[b->seq_idx[t]];
-        float *row = (float *)cs->rows.data + ((int64_t)slot * cs->max_rows + w) * D;
+        float *row = dsv4_cpu_cmp_row(cs, slot, w);
+        if (!row) continue; /* page not mapped: nothing may be written */
         pool_window(cs, K->data, Z->data, ape, t, p, p0, slot, w, row, zbuf, kbuf);
         double ss = 0;
         for (int j = 0; j < D; j++) ss += (double)row[j] * row[j];

@@ -7,6 +7,7 @@
  */
 #include "backend/cpu/cpu_internal.h"
 
+#include <math.h>
 #include <stdlib.h>
 
 typedef struct { float s; int32_t w; } scored;
@@ -32,14 +33,16 @@ int dsv4_cpu_indexer_select(dsv4_backend *be, const dsv4_buf *qi, const dsv4_buf
     int64_t H = g->cols, dk = idx->out_dim;
     rc = dsv4_cpu_check_f32(qi, T, H * dk, "indexer q", err);
     if (!rc) rc = dsv4_cpu_check_i32(sel, T, topk, "indexer sel", err);
-    if (!rc) rc = dsv4_cpu_check_f32(&idx->rows, (int64_t)idx->n_slots * idx->max_rows, dk, "index keys", err);
+    if (!rc) rc = dsv4_cpu_check_cmp_rows(idx, dk, "index keys", err);
     if (rc) return rc;
     int fail = 0;
 #pragma omp parallel for schedule(dynamic) if ((int64_t)T * H * dk * idx->max_rows > DSV4_CPU_PAR_MIN)
     for (int t = 0; t < T; t++) {
         int32_t *out = (int32_t *)sel->data + (int64_t)t * topk;
         int64_t nvis = (b->pos[t] + 1) / idx->ratio;
-        if (nvis > idx->max_rows) nvis = idx->max_rows;
+        if (!idx->block_table && nvis > idx->max_rows) nvis = idx->max_rows;
+        if (idx->block_table && nvis > (int64_t)idx->max_pages * idx->page_rows)
+            nvis = (int64_t)idx->max_pages * idx->page_rows;
         for (int j = 0; j < topk; j++) out[j] = -1;
         if (nvis <= topk) { /* everything visible is kept: no scores needed */
             for (int64_t w = 0; w < nvis; w++) out[w] = (int32_t)w;
@@ -51,12 +54,12 @@ int dsv4_cpu_indexer_select(dsv4_backend *be, const dsv4_buf *qi, const dsv4_buf
             fail = 1;
             continue;
         }
-        const float *keys = (const float *)idx->rows.data + (int64_t)b->slot[t] * idx->max_rows * dk;
         const float *q = (const float *)qi->data + (int64_t)t * H * dk, *gw = (const float *)g->data + (int64_t)t * H;
         for (int64_t w = 0; w < nvis; w++) {
-            float total = 0;
-            for (int64_t h = 0; h < H; h++) {
-                float dot = dsv4_cpu_dot(q + h * dk, keys + w * dk, dk);
+            const float *key = dsv4_cpu_cmp_row(idx, b->slot[t], w); /* NULL: unmapped page */
+            float total = key ? 0 : -INFINITY;
+            for (int64_t h = 0; key && h < H; h++) {
+                float dot = dsv4_cpu_dot(q + h * dk, key, dk);
                 total += g_scale * gw[h] * (dot > 0 ? dot : 0);
             }
             sc[w].s = total;

@@ -24,6 +24,18 @@ static inline float dsv4_cpu_dot(const float *a, const float *b, int64_t n) {
     return s;
 }
 
+/* Emitted row w of `slot` in cs->rows, addressed through DSV4_CMP_ROW (paged
+ * or not), or NULL when its page is unmapped (-1) or past the block table. */
+static inline float *dsv4_cpu_cmp_row(const dsv4_cmp_state *cs, int slot, int64_t w) {
+    if (cs->block_table &&
+        (w / cs->page_rows >= cs->max_pages || cs->block_table[(int64_t)slot * cs->max_pages + w / cs->page_rows] < 0))
+        return NULL;
+    return (float *)cs->rows.data + DSV4_CMP_ROW(cs, slot, w) * cs->rows.cols;
+}
+/* Emitted-row storage of a compressor state: F32, `cols` wide, n_slots*max_rows
+ * rows (unpaged) or whole pages (paged). */
+int dsv4_cpu_check_cmp_rows(const dsv4_cmp_state *cs, int64_t cols, const char *what, dsv4_err *err);
+
 /* Checks shared by every op; each returns DSV4_OK or DSV4_EINVAL naming `what`. */
 int dsv4_cpu_check_f32(const dsv4_buf *b, int64_t rows, int64_t cols, const char *what, dsv4_err *err);
 int dsv4_cpu_check_i32(const dsv4_buf *b, int64_t rows, int64_t cols, const char *what, dsv4_err *err);

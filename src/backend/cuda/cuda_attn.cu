@@ -16,25 +16,32 @@
  * final max and denominator, so an online (flash) softmax cannot be used
  * as is. Instead:
  *  1. scores: grid (candidate chunk, head group, row); a block holds the
- *     q of 16 heads and streams 32 candidate keys, a warp per key, scores
- *     ·hd^-½ into S[row][head][candidate] (−inf where there is no key).
- *  2. pv: grid (128-dim slice, group of 8 heads, row); the block derives
- *     max and denominator (sink included) of its heads from S, then streams
- *     the candidates' 128-dim slices once, accumulating p·v for 8 heads
- *     (p rounded to bf16 in reference numerics), warps over candidates,
- *     reduced in shared memory at the end.
+ *     q of 16 heads, finds its 64 candidates' key rows, each warp loads 4
+ *     keys at once (twice) and reduces the 16 heads' dots: scores ·hd^-½ into
+ *     S[row][head][candidate] (−inf where there is no key).
+ *  2. pv: grid (128-dim slice x split, group of 16 heads, row); the block
+ *     derives max and denominator (sink included) of its heads from S, then
+ *     stages pointers and probabilities (bf16-rounded in reference
+ *     numerics) of 128 candidates at a time and streams their 128-dim
+ *     slices, 4 loads in flight per warp; warps reduced in shared memory.
+ *     When rows x slices x head groups would leave SMs idle (decode), the
+ *     candidates are split over blocks: the probabilities are already
+ *     normalised, so the partial outputs just add (3rd kernel).
  * Each key is read from HBM once per row and from L2 by the other head
- * groups; both kernels split a decode row over dozens of blocks. Rows are
+ * groups. Rows are
  * processed in chunks so S stays within ATT_SCRATCH bytes.
  */
 #include "backend/cuda/cuda_be_internal.cuh"
 
 #include <math.h>
+#include <stdlib.h>
 
 #define ATT_THREADS 256
 #define ATT_QHEADS 16        /* heads per score block */
-#define ATT_CHUNK 32         /* candidates per score block: 8 warps x 4 */
-#define ATT_PHEADS 8         /* heads per pv block (one warp each for the softmax statistics) */
+#define ATT_CHUNK 64         /* candidates per score block: 8 warps x 2 x 4 */
+#define ATT_PHEADS 16        /* heads per pv block */
+#define ATT_PCHUNK 128       /* candidates whose pointers / probabilities a pv block stages at once */
+#define ATT_TARGET_BLOCKS 264 /* pv blocks wanted (2 per SM): split rows' candidates below that */
 #define ATT_SCRATCH ((size_t)256 << 20)
 
 /* Everything a kernel needs to find the keys of a row (passed by value). */
@@ -81,53 +88,83 @@ __device__ __forceinline__ const float *cand_key(const att_args &a, int t, int64
     return (const float *)a.cs.rows.data + DSV4_CMP_ROW(&a.cs, slot, w) * a.hd;
 }
 
-/* Scores of ATT_CHUNK candidates x ATT_QHEADS heads of one row. NV = hd/128. */
+/* Scores of ATT_CHUNK candidates x ATT_QHEADS heads of one row. NV = hd/128.
+ * The candidates' key pointers are found first (one thread each), then every
+ * warp loads its 4 keys at once (loads in flight together), then the dots. */
 template <int NV>
 __global__ void __launch_bounds__(ATT_THREADS) k_att_scores(att_args a) {
     __shared__ float4 qs[ATT_QHEADS][NV * 32];
+    __shared__ const float *kp[ATT_CHUNK];
     const int tl = blockIdx.z, t = a.t0 + tl, hg0 = blockIdx.y * ATT_QHEADS;
     const int nh = a.H - hg0 < ATT_QHEADS ? a.H - hg0 : ATT_QHEADS;
     const int64_t j0 = (int64_t)blockIdx.x * ATT_CHUNK;
     if (j0 >= a.ld) return;
+    if (threadIdx.x < ATT_CHUNK) kp[threadIdx.x] = j0 + threadIdx.x < a.ld ? cand_key(a, t, j0 + threadIdx.x) : NULL;
     for (int i = threadIdx.x; i < nh * NV * 32; i += blockDim.x)
         qs[i / (NV * 32)][i % (NV * 32)] =
             ((const float4 *)(a.q + ((int64_t)t * a.H + hg0 + i / (NV * 32)) * a.hd))[i % (NV * 32)];
     __syncthreads();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    constexpr int C = 4; /* keys per warp in flight */
     float *S = a.S + ((int64_t)tl * a.H + hg0) * a.ld;
-    for (int c = 0; c < ATT_CHUNK / 8; c++) {
-        const int64_t j = j0 + warp * (ATT_CHUNK / 8) + c;
-        if (j >= a.ld) break;
-        const float *key = cand_key(a, t, j);
-        if (!key) {
-            if (lane < nh) S[(int64_t)lane * a.ld + j] = -INFINITY;
-            continue;
+    for (int jb = warp * C; jb < ATT_CHUNK; jb += 8 * C) {
+        float4 k[C][NV];
+#pragma unroll
+        for (int c = 0; c < C; c++) {
+            const float *key = kp[jb + c];
+#pragma unroll
+            for (int v = 0; v < NV; v++)
+                k[c][v] = key ? ((const float4 *)key)[v * 32 + lane] : make_float4(0.f, 0.f, 0.f, 0.f);
         }
-        float4 k[NV];
-#pragma unroll
-        for (int v = 0; v < NV; v++) k[v] = ((const float4 *)key)[v * 32 + lane];
         for (int h = 0; h < nh; h++) {
-            float s = 0.f;
+            float s[C];
 #pragma unroll
-            for (int v = 0; v < NV; v++) {
-                const float4 qv = qs[h][v * 32 + lane];
-                s += qv.x * k[v].x + qv.y * k[v].y + qv.z * k[v].z + qv.w * k[v].w;
+            for (int c = 0; c < C; c++) {
+                s[c] = 0.f;
+#pragma unroll
+                for (int v = 0; v < NV; v++) {
+                    const float4 qv = qs[h][v * 32 + lane];
+                    s[c] += qv.x * k[c][v].x + qv.y * k[c][v].y + qv.z * k[c][v].z + qv.w * k[c][v].w;
+                }
             }
-            for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-            if (lane == 0) S[(int64_t)h * a.ld + j] = s * a.scale;
+#pragma unroll
+            for (int o = 16; o; o >>= 1)
+#pragma unroll
+                for (int c = 0; c < C; c++) s[c] += __shfl_xor_sync(0xffffffffu, s[c], o);
+            if (lane < C) {
+                const int64_t j = j0 + jb + lane;
+                float sv = s[0];
+#pragma unroll
+                for (int c = 1; c < C; c++)
+                    if (lane == c) sv = s[c];
+                if (j < a.ld) S[(int64_t)h * a.ld + j] = kp[jb + lane] ? sv * a.scale : -INFINITY;
+            }
         }
     }
 }
 
-/* Softmax (with the sink) and p·v for ATT_PHEADS heads x one 128-dim slice of one row. */
-__global__ void __launch_bounds__(ATT_THREADS) k_att_pv(att_args a, const void *sinks, int sinks_bf16, int ref) {
+/*
+ * Softmax (with the sink) and p·v for ATT_PHEADS heads x one 128-dim slice
+ * of one row, over candidates [c0, c1) (split-K: the probabilities are
+ * already normalised, so partial sums of a row simply add). Candidates go in
+ * chunks of ATT_PCHUNK: pointers and probabilities first (all threads), then
+ * each warp streams its candidates' slices, 4 loads in flight.
+ * out: o itself (one split) or the split's partial buffer.
+ */
+template <int MINB>
+__global__ void __launch_bounds__(ATT_THREADS, MINB) k_att_pv(att_args a, const void *sinks, int sinks_bf16, int ref,
+                                                        int nsplit, float *part) {
     __shared__ float mx_s[ATT_PHEADS], den_s[ATT_PHEADS];
-    __shared__ float4 red[ATT_THREADS / 32][ATT_PHEADS][32];
-    const int tl = blockIdx.z, t = a.t0 + tl, hg0 = blockIdx.y * ATT_PHEADS, slice = blockIdx.x;
+    __shared__ float ps[ATT_PHEADS][ATT_PCHUNK];
+    __shared__ const float *kp[ATT_PCHUNK];
+    __shared__ float4 red[ATT_THREADS / 32][ATT_PHEADS / 2][32];
+    const int tl = blockIdx.z, t = a.t0 + tl, hg0 = blockIdx.y * ATT_PHEADS;
+    const int slice = blockIdx.x % (a.hd / 128), split = blockIdx.x / (a.hd / 128);
     const int nh = a.H - hg0 < ATT_PHEADS ? a.H - hg0 : ATT_PHEADS;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     const float *S = a.S + ((int64_t)tl * a.H + hg0) * a.ld;
-    /* statistics: warp h -> head hg0 + h */
+    const int64_t per = (a.ld + nsplit - 1) / nsplit, c0 = split * per, c1 = c0 + per < a.ld ? c0 + per : a.ld;
+    /* statistics over every candidate of the row */
     for (int h = warp; h < nh; h += nwarps) {
         const float sink = cu_ldf(sinks, sinks_bf16, hg0 + h);
         float m = sink;
@@ -141,40 +178,79 @@ __global__ void __launch_bounds__(ATT_THREADS) k_att_pv(att_args a, const void *
             den_s[h] = d + expf(sink - m);
         }
     }
-    __syncthreads();
     float4 acc[ATT_PHEADS];
 #pragma unroll
     for (int h = 0; h < ATT_PHEADS; h++) acc[h] = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int64_t j = warp; j < a.ld; j += nwarps) {
-        const float *key = cand_key(a, t, j);
-        if (!key) continue;
-        const float4 v = ((const float4 *)(key + slice * 128))[lane];
+    for (int64_t cb = c0; cb < c1; cb += ATT_PCHUNK) {
+        const int n = (int)(c1 - cb < ATT_PCHUNK ? c1 - cb : ATT_PCHUNK);
+        __syncthreads(); /* statistics ready; previous chunk consumed */
+        for (int i = threadIdx.x; i < ATT_PCHUNK; i += blockDim.x) kp[i] = i < n ? cand_key(a, t, cb + i) : NULL;
+        for (int i = threadIdx.x; i < ATT_PHEADS * ATT_PCHUNK; i += blockDim.x) {
+            const int h = i / ATT_PCHUNK, j = i % ATT_PCHUNK;
+            float p = 0.f;
+            if (h < nh && j < n) {
+                p = expf(S[(int64_t)h * a.ld + cb + j] - mx_s[h]) / den_s[h];
+                if (ref) p = round_bf16(p); /* official: bf16 probabilities into PV */
+            }
+            ps[h][j] = p;
+        }
+        __syncthreads();
+        for (int j = warp * 4; j < n; j += nwarps * 4) {
+            float4 v[4];
 #pragma unroll
-        for (int h = 0; h < ATT_PHEADS; h++) {
-            if (h >= nh) break;
-            float p = expf(S[(int64_t)h * a.ld + j] - mx_s[h]) / den_s[h];
-            if (ref) p = round_bf16(p); /* official: bf16 probabilities into PV */
-            acc[h].x += p * v.x;
-            acc[h].y += p * v.y;
-            acc[h].z += p * v.z;
-            acc[h].w += p * v.w;
+            for (int u = 0; u < 4; u++) {
+                const float *key = j + u < n ? kp[j + u] : NULL;
+                v[u] = key ? ((const float4 *)(key + slice * 128))[lane] : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                if (j + u >= n) break;
+#pragma unroll
+                for (int h = 0; h < ATT_PHEADS; h++) {
+                    const float p = ps[h][j + u];
+                    acc[h].x += p * v[u].x;
+                    acc[h].y += p * v[u].y;
+                    acc[h].z += p * v[u].z;
+                    acc[h].w += p * v[u].w;
+                }
+            }
         }
     }
+    float *out = nsplit > 1 ? part + (int64_t)split * gridDim.z * a.H * a.hd : a.o + (int64_t)a.t0 * a.H * a.hd;
+    for (int half = 0; half < 2; half++) {
+        __syncthreads();
 #pragma unroll
-    for (int h = 0; h < ATT_PHEADS; h++) red[warp][h][lane] = acc[h];
-    __syncthreads();
-    for (int i = threadIdx.x; i < nh * 32; i += blockDim.x) {
-        const int h = i / 32, l = i % 32;
-        float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (int w = 0; w < nwarps; w++) {
-            const float4 r = red[w][h][l];
-            s.x += r.x;
-            s.y += r.y;
-            s.z += r.z;
-            s.w += r.w;
+        for (int h = 0; h < ATT_PHEADS / 2; h++) red[warp][h][lane] = acc[half * (ATT_PHEADS / 2) + h];
+        __syncthreads();
+        for (int i = threadIdx.x; i < (ATT_PHEADS / 2) * 32; i += blockDim.x) {
+            const int h = i / 32, l = i % 32, hh = half * (ATT_PHEADS / 2) + h;
+            if (hh >= nh) continue;
+            float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+            for (int w = 0; w < nwarps; w++) {
+                const float4 r = red[w][h][l];
+                s.x += r.x;
+                s.y += r.y;
+                s.z += r.z;
+                s.w += r.w;
+            }
+            ((float4 *)(out + ((int64_t)tl * a.H + hg0 + hh) * a.hd + slice * 128))[l] = s;
         }
-        ((float4 *)(a.o + ((int64_t)t * a.H + hg0 + h) * a.hd + slice * 128))[l] = s;
     }
+}
+
+/* o[t0 + i] = Σ_split part[split][i], float4 at a time. */
+__global__ void k_att_reduce(const float4 *part, int nsplit, int64_t n4, float4 *o) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n4) return;
+    float4 s = part[i];
+    for (int k = 1; k < nsplit; k++) {
+        const float4 r = part[(int64_t)k * n4 + i];
+        s.x += r.x;
+        s.y += r.y;
+        s.z += r.z;
+        s.w += r.w;
+    }
+    o[i] = s;
 }
 
 int cu_be_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, const dsv4_win_state *ws,
@@ -244,10 +320,22 @@ int cu_be_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, con
     if (chunk < 1) chunk = 1;
     if (chunk > T) chunk = T;
     if (chunk > 65535) chunk = 65535; /* grid dimension */
+    /* split-K over candidates when the grid would be small (decode): partial outputs, then a sum */
+    const int64_t pv_blocks = (hd / 128) * ((n_heads + ATT_PHEADS - 1) / ATT_PHEADS) * chunk;
+    int nsplit = (int)((ATT_TARGET_BLOCKS + pv_blocks - 1) / pv_blocks);
+    if (nsplit > (maxc + 2 * ATT_PCHUNK - 1) / (2 * ATT_PCHUNK)) nsplit = (int)((maxc + 2 * ATT_PCHUNK - 1) / (2 * ATT_PCHUNK));
+    if (nsplit < 1) nsplit = 1;
+    const size_t s_bytes = cu_align((size_t)chunk * n_heads * maxc * sizeof(float));
+    const size_t p_bytes = nsplit > 1 ? (size_t)nsplit * chunk * n_heads * hd * sizeof(float) : 0;
     void *ws_p = NULL;
-    if ((rc = cu_workspace(ctx, (size_t)chunk * n_heads * maxc * sizeof(float), &ws_p, err))) return rc;
+    if ((rc = cu_workspace(ctx, s_bytes + p_bytes, &ws_p, err))) return rc;
     a.S = (float *)ws_p;
+    float *part = nsplit > 1 ? (float *)((char *)ws_p + s_bytes) : NULL;
     const int ref = be->numerics == DSV4_NUMERICS_REFERENCE, sbf = sinks->dtype == DSV4_DT_BF16;
+    /* pv compiled for 2 blocks / SM (128 registers, a few spills) or 1 (172 registers, no spills);
+     * DSV4_CUDA_ATT_PV_MINB=1 picks the latter (for measuring, bench/results) */
+    const char *minb = getenv("DSV4_CUDA_ATT_PV_MINB");
+    const int pv_one_block = minb && minb[0] == '1';
     for (int64_t t0 = 0; t0 < T; t0 += chunk) {
         const unsigned n = (unsigned)(T - t0 < chunk ? T - t0 : chunk);
         a.t0 = (int)t0;
@@ -256,9 +344,16 @@ int cu_be_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, con
         else if (hd == 256) k_att_scores<2><<<g1, ATT_THREADS, 0, ctx->stream>>>(a);
         else k_att_scores<4><<<g1, ATT_THREADS, 0, ctx->stream>>>(a);
         CU_LAUNCHED(err, "attention (scores)");
-        dim3 g2((unsigned)(hd / 128), (unsigned)((n_heads + ATT_PHEADS - 1) / ATT_PHEADS), n);
-        k_att_pv<<<g2, ATT_THREADS, 0, ctx->stream>>>(a, sinks->data, sbf, ref);
+        dim3 g2((unsigned)(hd / 128 * nsplit), (unsigned)((n_heads + ATT_PHEADS - 1) / ATT_PHEADS), n);
+        if (pv_one_block) k_att_pv<1><<<g2, ATT_THREADS, 0, ctx->stream>>>(a, sinks->data, sbf, ref, nsplit, part);
+        else k_att_pv<2><<<g2, ATT_THREADS, 0, ctx->stream>>>(a, sinks->data, sbf, ref, nsplit, part);
         CU_LAUNCHED(err, "attention (pv)");
+        if (nsplit > 1) {
+            const int64_t n4 = (int64_t)n * n_heads * hd / 4;
+            k_att_reduce<<<(unsigned)((n4 + 255) / 256), 256, 0, ctx->stream>>>(
+                (const float4 *)part, nsplit, n4, (float4 *)(a.o + t0 * n_heads * hd));
+            CU_LAUNCHED(err, "attention (split sum)");
+        }
     }
     return DSV4_OK;
 }

@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(IDX_THREADS) k_idx_scores(const float *qi, con
     extern __shared__ float sm[];
     const int qld = dk + 1;                 /* padded: lanes read different heads conflict-free */
     float *qs = sm;                          /* [H][dk+1] */
-    float *kt = qs + H * qld;                /* [dk][IDX_TILE] transposed key tile */
+    float *kt = qs + ((H * qld + 3) & ~3);   /* [dk][IDX_TILE] transposed key tile (16-byte aligned) */
     float *dots = kt + dk * IDX_TILE;        /* [IDX_TILE][H] relu'd dots */
     float *gw = dots + IDX_TILE * H;         /* [H] g_scale*g */
     const int tl = blockIdx.y, t = t0 + tl;
@@ -174,22 +174,29 @@ __global__ void __launch_bounds__(IDX_SEL_THREADS) k_idx_topk(const float *score
     const float *sc = scores + (int64_t)tl * ld;
     uint32_t prefix = 0, mask = 0;
     int kk = topk; /* how many still to take at or below the current prefix */
+    const int lane = threadIdx.x & 31;
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
         __syncthreads();
-        for (int64_t w = threadIdx.x; w < nvis; w += blockDim.x) {
-            const uint32_t u = ord_key(sc[w]);
-            if ((u & mask) == prefix) atomicAdd(&hist[(u >> shift) & 255], 1);
+        /* warp-aggregated counts: scores of a row share few top bytes (sign + exponent), so
+         * plain shared atomics would serialise on one bin */
+        for (int64_t base = 0; base < nvis; base += blockDim.x) {
+            const int64_t w = base + threadIdx.x;
+            const uint32_t u = w < nvis ? ord_key(sc[w]) : 0u;
+            const int valid = w < nvis && (u & mask) == prefix;
+            const unsigned bin = valid ? (u >> shift) & 255u : 256u;
+            const unsigned peers = __match_any_sync(0xffffffffu, bin);
+            if (valid && lane == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
         }
         __syncthreads();
-        if (threadIdx.x == 0) {
-            int cum = 0, dgt = 255;
-            for (; dgt > 0; dgt--) {
-                if (cum + hist[dgt] >= kk) break;
-                cum += hist[dgt];
-            }
-            s_prefix = prefix | ((uint32_t)dgt << shift);
-            s_kk = kk - cum;
+        /* the digit where the count from the top reaches kk: scan bins from 255 down, in parallel */
+        const int bin = 255 - (int)threadIdx.x;
+        const int cnt = threadIdx.x < 256 ? hist[bin] : 0;
+        int total;
+        const int above = block_scan_excl(cnt, warp_sums, &total);
+        if (threadIdx.x < 256 && above < kk && kk <= above + cnt) {
+            s_prefix = prefix | ((uint32_t)bin << shift);
+            s_kk = kk - above;
         }
         __syncthreads();
         prefix = s_prefix;
@@ -233,7 +240,6 @@ int cu_be_indexer_select(dsv4_backend *be, const dsv4_buf *qi, const dsv4_buf *g
     if (rc) return rc;
     if (!T) return DSV4_OK;
     int64_t max_vis = idx->block_table ? (int64_t)idx->max_pages * idx->page_rows : idx->max_rows;
-    if (idx->block_table && idx->max_rows > 0 && idx->max_rows < max_vis) max_vis = idx->max_rows;
     int64_t maxn = 0;
     for (int t = 0; t < T; t++) {
         if (b->slot[t] < 0 || b->slot[t] >= idx->n_slots || b->pos[t] < 0)
@@ -257,7 +263,7 @@ int cu_be_indexer_select(dsv4_backend *be, const dsv4_buf *qi, const dsv4_buf *g
         if ((rc = cu_workspace(ctx, (size_t)chunk * ld * sizeof(float), &p, err))) return rc;
         scores = (float *)p;
     }
-    const size_t smem = ((size_t)H * (dk + 1) + (size_t)dk * IDX_TILE + (size_t)IDX_TILE * H + H) * sizeof(float);
+    const size_t smem = ((((size_t)H * (dk + 1) + 3) & ~(size_t)3) + (size_t)dk * IDX_TILE + (size_t)IDX_TILE * H + H) * sizeof(float);
     CU_TRY(cudaFuncSetAttribute(k_idx_scores, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), err,
            "indexer_select (shared memory)");
     const int64_t per_block = IDX_TILE * IDX_TILES;
