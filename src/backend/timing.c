@@ -142,6 +142,15 @@ static int t_swiglu(dsv4_backend *be, const dsv4_buf *g, const dsv4_buf *u, floa
     TIMED(OP_SWIGLU, swiglu, g, u, lim, h, err);
 }
 
+/* Dummy-weight fills are load-time work: forwarded, not timed. */
+static int t_fill(dsv4_backend *be, const dsv4_fill *how, dsv4_tview *dev, dsv4_err *err) {
+    return INNER(be)->fill_dummy(INNER(be), how, dev, err);
+}
+static int t_fill_linear(dsv4_backend *be, const dsv4_fill *wf, const dsv4_fill *sf, dsv4_linear *dev,
+                         dsv4_err *err) {
+    return INNER(be)->fill_dummy_linear(INNER(be), wf, sf, dev, err);
+}
+
 dsv4_backend *dsv4_backend_timing_wrap(dsv4_backend *inner, int sync_each, dsv4_err *err) {
     dsv4_backend *be = calloc(1, sizeof *be);
     timed_ctx *c = calloc(1, sizeof *c);
@@ -185,6 +194,8 @@ dsv4_backend *dsv4_backend_timing_wrap(dsv4_backend *inner, int sync_each, dsv4_
     be->moe_route = t_moe_route;
     be->moe_experts = t_moe_experts;
     be->swiglu = t_swiglu;
+    be->fill_dummy = inner->fill_dummy ? t_fill : NULL;
+    be->fill_dummy_linear = inner->fill_dummy_linear ? t_fill_linear : NULL;
     return be;
 }
 

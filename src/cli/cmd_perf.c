@@ -250,10 +250,11 @@ int dsv4_cmd_perf(int argc, char **argv) {
     dsv4_err err = {0};
     dsv4_model_runner *mr = NULL;
     /* max_spec = rows-1: the state's rings are sized for verify rows that may be rejected */
-    dsv4_model_runner_opts mo = {max_b, (int)max_len, max_r - 1, DSV4_NUMERICS_REFERENCE, o.device};
+    dsv4_model_runner_opts mo = {.n_slots = max_b, .max_len = (int)max_len, .max_spec = max_r - 1,
+                                 .numerics = DSV4_NUMERICS_REFERENCE, .device = o.device};
     double t0 = now_s();
     const dsv4_config *cfg = NULL;
-    dsv4_load_opts lo = {strcmp(o.load_format, "dummy") == 0, o.hf_overrides, 0};
+    dsv4_load_opts lo = {.dummy = strcmp(o.load_format, "dummy") == 0, .hf_overrides = o.hf_overrides};
     int rc = dsv4_model_runner_open_ex(o.dir, &mo, &lo, &mr, &err);
     if (rc) {
         fprintf(stderr, "dsv4 perf: %s: %s\n", dsv4_status_name(rc), err.msg);

@@ -217,8 +217,9 @@ int dsv4_cmd_run(int argc, char **argv) {
     if (!rc && ids.n == 0) rc = dsv4_err_set(&err, DSV4_EINVAL, "run: the prompt has no tokens");
     int max_len = (int)ids.n + o.max_tokens + o.spec_k + 2;
     if (!rc) {
-        dsv4_model_runner_opts mo = {1, max_len, o.spec_k, o.numerics, o.device};
-        dsv4_load_opts lo = {o.dummy, o.hf_overrides, 0};
+        dsv4_model_runner_opts mo = {.n_slots = 1, .max_len = max_len, .max_spec = o.spec_k, .numerics = o.numerics,
+                                     .device = o.device};
+        dsv4_load_opts lo = {.dummy = o.dummy, .hf_overrides = o.hf_overrides};
         rc = dsv4_model_runner_open_ex(o.dir, &mo, &lo, &mr, &err);
     }
     dsv4_drafter dr;

@@ -30,6 +30,7 @@ static void on_signal(int sig) { g_stop = 1; }
 static int parse_spec(const char *json, dsv4_service_opts *so, char *method, size_t mlen, dsv4_err *err) {
     so->spec_k = 0;
     so->n_k_schedule = 0;
+    so->draft_sampled = 0;
     if (!json) return 0;
     cJSON *j = cJSON_Parse(json);
     int rc = 0;
@@ -47,7 +48,9 @@ static int parse_spec(const char *json, dsv4_service_opts *so, char *method, siz
             so->spec_k = (int)it->valuedouble;
         } else if (!strcmp(k, "draft_sample_method") && cJSON_IsString(it) &&
                    (!strcmp(it->valuestring, "greedy") || !strcmp(it->valuestring, "probabilistic"))) {
-            /* drafts are argmax either way today; verification stays lossless (DSPARK.md §4.3) */
+            /* probabilistic: DSpark drafts sampled from softmax(z/T) for T > 0 requests, q handed
+             * to the verifier; greedy: argmax drafts. Lossless either way (DSPARK.md §4.3). */
+            so->draft_sampled = !strcmp(it->valuestring, "probabilistic");
         } else if (!strcmp(k, "num_speculative_tokens_per_batch_size") && cJSON_IsArray(it) &&
                    cJSON_GetArraySize(it) <= 8) {
             const cJSON *e;
@@ -153,6 +156,7 @@ int dsv4_cmd_serve(int argc, char **argv) {
     dsv4_device dev = DSV4_DEVICE_AUTO;
     dsv4_device_parse(a.device, &dev, NULL); /* validated by the parser */
     so.device = (int)dev;
+    so.draft_sampled = spec.draft_sampled;
     so.spec_k = spec.spec_k;
     so.n_k_schedule = spec.n_k_schedule;
     memcpy(so.k_schedule, spec.k_schedule, sizeof so.k_schedule);

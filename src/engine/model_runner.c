@@ -5,6 +5,7 @@
 #include <time.h>
 
 #include "engine/model_runner.h"
+#include "engine/sampler.h"
 #include "model/dspark.h"
 #include "model/dummy.h"
 #include "model/mtp.h"
@@ -46,6 +47,7 @@ struct dsv4_model_runner {
      * speculative rows included) — what decides which ring rows still hold
      * which positions. */
     int64_t *hw;           /* [n_slots] */
+    int draft_sampled;     /* opts.draft_sampled */
 };
 
 void dsv4_model_runner_free(dsv4_model_runner *mr) {
@@ -141,6 +143,7 @@ int dsv4_model_runner_open_ex(const char *dir, const dsv4_model_runner_opts *o, 
                             o->n_slots, o->max_len, o->max_spec);
     dsv4_model_runner *mr = calloc(1, sizeof *mr);
     if (!mr) return dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
+    mr->draft_sampled = o->draft_sampled;
     int rc;
     double t0 = now_s();
     if ((rc = open_weights(mr, dir, lo, err))) goto fail;
@@ -183,7 +186,8 @@ int dsv4_model_runner_open_ex(const char *dir, const dsv4_model_runner_opts *o, 
             goto fail;
         }
     }
-    if (mr->dummy) {
+    if (mr->dummy) { /* fills may be asynchronous (CUDA): time them to completion */
+        if ((rc = mr->be->sync(mr->be, err))) goto fail;
         uint64_t nt, nb;
         dsv4_dummy_stats(mr->dummy, &nt, &nb);
         dsv4_log(DSV4_LOG_INFO, "dummy weights: %llu tensors, %.2f GB in backend memory, %.1f s (%s backend)",
@@ -308,13 +312,54 @@ static int drafter_commit(void *ctx, int n, const int32_t *slot, const int64_t *
     return rc;
 }
 
-/* Greedy drafts for n requests (the deterministic-draft case of DSPARK.md §4.3:
- * lossless; q is treated as one-hot by the verifier). */
+/*
+ * Sampling inputs for a DSpark draft when the runner drafts probabilistically
+ * and some request samples (temperature > 0 and a q buffer from the engine).
+ * Uniforms are keyed by (seed, draft position, DRAFT) like every random of a
+ * request (sampler.h), so a replay drafts the same tokens. Returns 0 with
+ * *use = 0 when every request drafts greedily.
+ */
+static int draft_sampling_make(const dsv4_model_runner *mr, int n, int g, const int64_t *apos, const float *temperature,
+                               const uint64_t *seed, float *const *q, dsv4_draft_sampling *smp, int *use,
+                               dsv4_err *err) {
+    *use = 0;
+    memset(smp, 0, sizeof *smp);
+    if (!mr->draft_sampled || !temperature || !q) return DSV4_OK;
+    for (int i = 0; i < n; i++) *use |= temperature[i] > 0 && q[i];
+    if (!*use) return DSV4_OK;
+    int64_t V = mr->cfg.vocab_size;
+    float *t = malloc(sizeof(float) * (size_t)n);
+    double *u = malloc(sizeof(double) * (size_t)n * (size_t)g);
+    float *qq = malloc(sizeof(float) * (size_t)n * (size_t)g * (size_t)V);
+    int *sampled = calloc((size_t)n, sizeof(int));
+    if (!t || !u || !qq || !sampled) {
+        free(t), free(u), free(qq), free(sampled);
+        return dsv4_err_set(err, DSV4_ENOMEM, "out of memory for sampled drafts (%d requests)", n);
+    }
+    for (int i = 0; i < n; i++) {
+        t[i] = q[i] ? temperature[i] : 0.0f;
+        for (int j = 0; j < g; j++) u[i * g + j] = dsv4_rng_u01(seed ? seed[i] : 0, apos[i] + 1 + j, DSV4_RNG_DRAFT);
+    }
+    *smp = (dsv4_draft_sampling){t, u, qq, sampled};
+    return DSV4_OK;
+}
+
+static void draft_sampling_free(dsv4_draft_sampling *smp) {
+    free((void *)smp->temperature);
+    free((void *)smp->u);
+    free(smp->q);
+    free(smp->sampled);
+}
+
+/* Drafts for n requests: argmax (the deterministic-draft case of DSPARK.md
+ * §4.3, q treated as one-hot by the verifier) or, with draft_sampled, drawn
+ * from softmax(z/T) with q handed to the verifier. Lossless either way. */
 static int drafter_propose(void *ctx, int n, const int32_t *slot, const int32_t *anchor, const int64_t *apos, int k,
                            const float *temperature, const uint64_t *seed, int32_t *drafts, float *const *q,
                            int *q_valid, dsv4_err *err) {
     dsv4_model_runner *mr = ctx;
     int g = mr->dspark->gamma;
+    int64_t V = mr->cfg.vocab_size;
     int32_t *pos = calloc((size_t)(n > 0 ? n : 1), sizeof(int32_t));
     int32_t *tok = malloc(sizeof(int32_t) * (size_t)(n > 0 ? n : 1) * (size_t)g);
     if (!pos || !tok) {
@@ -323,11 +368,16 @@ static int drafter_propose(void *ctx, int n, const int32_t *slot, const int32_t 
         return dsv4_err_set(err, DSV4_ENOMEM, "out of memory for drafts");
     }
     for (int i = 0; i < n; i++) pos[i] = (int32_t)apos[i];
-    int rc = dsv4_dspark_draft(mr->dspark, n, slot, anchor, pos, tok, NULL, NULL, err);
+    dsv4_draft_sampling smp;
+    int use = 0;
+    int rc = draft_sampling_make(mr, n, g, apos, temperature, seed, q, &smp, &use, err);
+    if (!rc) rc = dsv4_dspark_draft_sampled(mr->dspark, n, slot, anchor, pos, use ? &smp : NULL, tok, NULL, NULL, err);
     for (int i = 0; i < n && !rc; i++) {
         memcpy(drafts + (size_t)i * k, tok + (size_t)i * g, sizeof(int32_t) * (size_t)k);
-        q_valid[i] = 0;
+        q_valid[i] = use && smp.sampled[i];
+        if (q_valid[i]) memcpy(q[i], smp.q + (size_t)i * g * V, sizeof(float) * (size_t)k * (size_t)V);
     }
+    if (use) draft_sampling_free(&smp);
     free(pos);
     free(tok);
     return rc;
@@ -406,7 +456,8 @@ static int mtp_commit(void *ctx, int n, const int32_t *slot, const int64_t *len,
 }
 
 /* One draft per request: the MTP row at P-1 pairs H_{P-1} with the anchor and
- * predicts position P+1 (greedy; verification treats q as one-hot). */
+ * predicts position P+1 (argmax, verification treating q as one-hot; or sampled
+ * with q when the runner drafts probabilistically). */
 static int mtp_propose(void *ctx, int n, const int32_t *slot, const int32_t *anchor, const int64_t *apos, int k,
                        const float *temperature, const uint64_t *seed, int32_t *drafts, float *const *q, int *q_valid,
                        dsv4_err *err) {
@@ -425,11 +476,13 @@ static int mtp_propose(void *ctx, int n, const int32_t *slot, const int32_t *anc
         int32_t tok = anchor[i], pos = (int32_t)(apos[i] - 1), sl = s, sidx = 0, cu[2] = {0, 1};
         dsv4_batch b = {1, 1, &tok, &pos, &sl, &sidx, cu, &sl, &pos};
         rc = dsv4_mtp_forward(mr->mtp, &b, mr->last_h + (size_t)s * HD, lg, NULL, err);
-        int32_t best = 0;
-        for (size_t v = 1; v < V && !rc; v++)
-            if (lg[v] > lg[best]) best = (int32_t)v;
-        drafts[(size_t)i * k] = best;
-        q_valid[i] = 0;
+        if (rc) break;
+        /* sampled drafting as for DSpark: draw from softmax(z/T), q to the verifier */
+        int sampled = mr->draft_sampled && temperature && q && q[i] && temperature[i] > 0;
+        double u = sampled ? dsv4_rng_u01(seed ? seed[i] : 0, apos[i] + 1, DSV4_RNG_DRAFT) : 0.0;
+        drafts[(size_t)i * k] = dsv4_draft_pick(lg, (int64_t)V, sampled ? temperature[i] : 0.0f, u,
+                                                sampled ? q[i] : NULL);
+        q_valid[i] = sampled;
     }
     free(lg);
     return rc;

@@ -28,6 +28,9 @@ typedef struct dsv4_model_runner_opts {
                              * > 0 on a DSpark checkpoint also loads the drafter */
     dsv4_numerics numerics; /* DSV4_NUMERICS_REFERENCE for serving */
     dsv4_device device;     /* backend choice (0 = CPU) */
+    int draft_sampled;      /* 1: DSpark drafts are sampled from softmax(z/T) for requests with
+                             * temperature > 0 (vLLM draft_sample_method "probabilistic",
+                             * spec/DSPARK.md §4.3); 0: argmax drafts ("greedy") */
 } dsv4_model_runner_opts;
 
 /* Where the weights come from: vLLM's --load-format and --hf-overrides. */

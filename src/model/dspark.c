@@ -18,7 +18,9 @@
  */
 #include "model/scratch.h"
 #include "model/dspark.h"
+#include "engine/sampler.h" /* dsv4_sample_from: the one inverse-CDF draw */
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -388,12 +390,32 @@ static int validate_requests(const dsv4_dspark *d, int n, const int32_t *slot, c
     return DSV4_OK;
 }
 
+int32_t dsv4_draft_pick(const float *z, int64_t V, float temperature, double u, float *q) {
+    int64_t best = 0;
+    for (int64_t v = 1; v < V; v++)
+        if (z[v] > z[best]) best = v;
+    if (!(temperature > 0)) return (int32_t)best;
+    double sum = 0; /* softmax(z/T), max subtracted */
+    for (int64_t v = 0; v < V; v++) sum += (q[v] = expf((z[v] - z[best]) / temperature));
+    for (int64_t v = 0; v < V; v++) q[v] = (float)(q[v] / sum);
+    return dsv4_sample_from(q, (int)V, u);
+}
+
 int dsv4_dspark_draft(dsv4_dspark *d, int n, const int32_t *slot, const int32_t *anchor, const int32_t *pos,
                       int32_t *tokens, float *logits, float *conf_logit, dsv4_err *err) {
+    return dsv4_dspark_draft_sampled(d, n, slot, anchor, pos, NULL, tokens, logits, conf_logit, err);
+}
+
+int dsv4_dspark_draft_sampled(dsv4_dspark *d, int n, const int32_t *slot, const int32_t *anchor,
+                              const int32_t *pos, const dsv4_draft_sampling *smp, int32_t *tokens,
+                              float *logits, float *conf_logit, dsv4_err *err) {
     const dsv4_config *cfg = d->cfg;
     dsv4_backend *be = d->be;
     int rc = validate_requests(d, n, slot, anchor, pos, err);
     if (rc) return rc;
+    if (smp && (!smp->temperature || !smp->u || !smp->q || !smp->sampled))
+        return dsv4_err_set(err, DSV4_EINVAL, "dspark draft: sampling needs temperature, u, q and sampled");
+    for (int r = 0; smp && r < n; r++) smp->sampled[r] = smp->temperature[r] > 0;
     int g = d->gamma, T = n * g, n_hc = cfg->hc_mult, dm = cfg->hidden_size;
     int64_t V = d->target->head.out;
     float eps = (float)cfg->rms_norm_eps;
@@ -443,7 +465,7 @@ int dsv4_dspark_draft(dsv4_dspark *d, int n, const int32_t *slot, const int32_t 
     if (!rc) rc = be->linear(be, h, &d->conf_h, chb, err);
     if (!rc) rc = be->buf_read(be, Ub, U, err);
     if (!rc) rc = be->buf_read(be, chb, ch, err);
-    /* Markov head (§2.5): z_i = U_i + W2·W1[prev_i], prev_1 = anchor, greedy; confidence (§2.6) */
+    /* Markov head (§2.5): z_i = U_i + W2·W1[prev_i], prev_1 = anchor, greedy or sampled; confidence (§2.6) */
     for (int r = 0; r < n && !rc; r++) mk.token[r] = anchor[r];
     for (int i = 0; i < g && !rc; i++) {
         rc = be->batch_begin(be, &mk.b, err);
@@ -455,13 +477,13 @@ int dsv4_dspark_draft(dsv4_dspark *d, int n, const int32_t *slot, const int32_t 
         for (int r = 0; r < n && !rc; r++) {
             float *z = U + ((size_t)r * g + i) * (size_t)V;
             const float *bz = bias + (size_t)r * V;
-            int64_t best = 0;
-            for (int64_t v = 0; v < V; v++) {
-                z[v] += bz[v];
-                if (z[v] > z[best]) best = v;
-            }
-            tokens[r * g + i] = (int32_t)best;
-            mk.token[r] = (int32_t)best;
+            for (int64_t v = 0; v < V; v++) z[v] += bz[v];
+            int32_t pick = smp && smp->temperature[r] > 0
+                               ? dsv4_draft_pick(z, V, smp->temperature[r], smp->u[r * g + i],
+                                                 smp->q + ((size_t)r * g + i) * (size_t)V)
+                               : dsv4_draft_pick(z, V, 0.0f, 0.0, NULL);
+            tokens[r * g + i] = pick;
+            mk.token[r] = pick;
             if (conf_logit) conf_logit[r * g + i] = ch[r * g + i] + ce[r];
         }
     }

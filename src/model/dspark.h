@@ -101,6 +101,42 @@ int dsv4_dspark_draft(dsv4_dspark *d, int n, const int32_t *slot, const int32_t 
                       const int32_t *pos, int32_t *tokens, float *logits, float *conf_logit,
                       dsv4_err *err);
 
+/*
+ * Sampled drafting (spec/DSPARK.md §2.5 "sample from q_i = softmax(z_i / T)",
+ * §4.3 probabilistic verification). Per request r:
+ *   temperature [n]: T_r; T_r <= 0 drafts greedily (q not written);
+ *   u [n][γ]: uniforms in [0,1), one per Markov step, supplied by the caller
+ *     (the engine keys them by seed and position so replays reproduce);
+ *   q [n][γ][V] out (host F32): the distribution each draft was drawn from,
+ *     i.e. softmax(z_i / T_r) with z_i built from the SAMPLED previous draft.
+ *   sampled [n] out: 1 where q was written.
+ * The Markov chain feeds each sampled draft to the next step, so later drafts
+ * are conditioned on earlier sampled ones, exactly as the verifier assumes.
+ */
+typedef struct dsv4_draft_sampling {
+    const float *temperature;
+    const double *u;
+    float *q;
+    int *sampled;
+} dsv4_draft_sampling;
+
+/*
+ * dsv4_dspark_draft_sampled — dsv4_dspark_draft with sampled Markov steps
+ * where temperature > 0 (smp may be NULL = greedy). Same errors, plus
+ * DSV4_EINVAL when smp lacks u or q.
+ */
+int dsv4_dspark_draft_sampled(dsv4_dspark *d, int n, const int32_t *slot, const int32_t *anchor,
+                              const int32_t *pos, const dsv4_draft_sampling *smp, int32_t *tokens,
+                              float *logits, float *conf_logit, dsv4_err *err);
+
+/*
+ * dsv4_draft_pick — one Markov step's choice over z [V] (F32, host): argmax
+ * when temperature <= 0 (q untouched); else the token at uniform u of the CDF
+ * of softmax(z / temperature), which is written to q [V]. Returns the token.
+ * Shared by the DSpark and MTP drafters.
+ */
+int32_t dsv4_draft_pick(const float *z, int64_t V, float temperature, double u, float *q);
+
 #ifdef __cplusplus
 }
 #endif

@@ -83,9 +83,13 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
     /* prefix caching: a few slots beyond max_num_seqs keep the state of recent
      * prompts while their requests decode on (SERVING.md §8.7) */
     int cache_slots = !o->enable_prefix_caching ? 0 : o->max_num_seqs < 8 ? o->max_num_seqs : 8;
-    dsv4_model_runner_opts mo = {o->max_num_seqs + cache_slots, (int)s->max_model_len, o->spec_k,
-                                 DSV4_NUMERICS_REFERENCE, (dsv4_device)o->device};
-    dsv4_load_opts lo = {o->load_dummy, o->hf_overrides, 0};
+    dsv4_model_runner_opts mo = {.n_slots = o->max_num_seqs + cache_slots,
+                                 .max_len = (int)s->max_model_len,
+                                 .max_spec = o->spec_k,
+                                 .numerics = DSV4_NUMERICS_REFERENCE,
+                                 .draft_sampled = o->draft_sampled,
+                                 .device = (dsv4_device)o->device};
+    dsv4_load_opts lo = {.dummy = o->load_dummy, .hf_overrides = o->hf_overrides};
     if ((rc = dsv4_model_runner_open_ex(o->model_dir, &mo, &lo, &s->mr, err))) goto fail;
     const dsv4_config *cfg = dsv4_model_runner_config(s->mr);
     if (s->max_model_len > cfg->max_position_embeddings) {

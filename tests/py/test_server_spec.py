@@ -43,6 +43,18 @@ def test_spec_greedy_equals_plain(default_server):
         assert drafts > 0 and tokens == 5 * drafts
         per_pos = [k for k in m if "per_pos" in k]
         assert len(per_pos) == 5  # positions 0..4
+        # sampled drafting (draft_sample_method probabilistic) at temperature > 0:
+        # seeded requests reproduce exactly and drafts keep being verified
+        def sampled(seed):
+            body = {"messages": [{"role": "user", "content": "Tell me a story."}], "temperature": 0.9,
+                    "seed": seed, "max_tokens": 12}
+            req = urllib.request.Request(spec.base + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                         method="POST", headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=300) as r:
+                return json.loads(r.read())["choices"][0]["message"]
+        assert sampled(7) == sampled(7)
+        m2 = metric(spec.base, "vllm:spec_decode_num_drafts_total")
+        assert sum(m2.values()) > drafts
     finally:
         spec.stop()
 

@@ -72,7 +72,8 @@ static int argmax(const float *x, int V, float *margin) {
 static void compare(const char *dir) {
     dsv4_err err = {0};
     dsv4_model_runner *cpu = NULL, *gpu = NULL;
-    dsv4_model_runner_opts o = {1, N_TOK + 2, 0, DSV4_NUMERICS_REFERENCE, DSV4_DEVICE_CPU};
+    dsv4_model_runner_opts o = {.n_slots = 1, .max_len = N_TOK + 2, .numerics = DSV4_NUMERICS_REFERENCE,
+                                .device = DSV4_DEVICE_CPU};
     CHECK_EQ_INT(dsv4_model_runner_open(dir, &o, &cpu, &err), 0);
     o.device = DSV4_DEVICE_CUDA;
     int grc = dsv4_model_runner_open(dir, &o, &gpu, &err);

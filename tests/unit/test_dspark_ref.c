@@ -27,6 +27,7 @@
 #include "model/dspark.h"
 #include "model/forward.h"
 #include "model/safetensors.h"
+#include "engine/sampler.h"
 #include "test.h"
 #include "test_models.h"
 
@@ -170,6 +171,43 @@ static double maxdiff(const float *a, const float *b, size_t n) {
     return m;
 }
 
+/*
+ * Sampled drafting (DSPARK.md §2.5, §4.3) on the state the greedy case just
+ * used: the first draft's q must be softmax(z_1 / T) of the greedy run's z_1
+ * (same anchor, same ring; later z_i depend on the sampled previous draft),
+ * every pick must be the inverse-CDF draw of its q at its uniform, and T = 0
+ * must give the greedy drafts with q untouched.
+ */
+static void sampled_case(drun *r, int32_t sl, int32_t an, int32_t ps, const int32_t *greedy, const float *lg, int g,
+                         int64_t V) {
+    dsv4_err e = {0};
+    float T = 0.7f, T0 = 0.0f;
+    double u[64];
+    for (int i = 0; i < g; i++) u[i] = (i + 0.5) / g;
+    float *q = calloc((size_t)g * (size_t)V, sizeof(float));
+    int32_t ts[64];
+    int smpd = -1;
+    dsv4_draft_sampling smp = {&T, u, q, &smpd};
+    int rc = dsv4_dspark_draft_sampled(r->d, 1, &sl, &an, &ps, &smp, ts, NULL, NULL, &e);
+    CHECK_MSG(rc == 0 && smpd == 1, "sampled draft: rc %d sampled %d %s", rc, smpd, e.msg);
+    double mx = lg[0], sum = 0, worst = 0;
+    for (int64_t v = 1; v < V; v++) mx = fmax(mx, lg[v]);
+    for (int64_t v = 0; v < V; v++) sum += exp((lg[v] - mx) / T);
+    for (int64_t v = 0; v < V; v++) worst = fmax(worst, fabs(q[v] - exp((lg[v] - mx) / T) / sum));
+    CHECK_MSG(worst < 1e-5, "sampled draft: q_1 differs from softmax(z_1/T) by %g", worst);
+    for (int i = 0; i < g; i++) {
+        double tot = 0;
+        for (int64_t v = 0; v < V; v++) tot += q[(size_t)i * V + v];
+        CHECK_MSG(fabs(tot - 1) < 1e-4, "sampled draft %d: q sums to %g", i, tot);
+        CHECK_EQ_INT(ts[i], dsv4_sample_from(q + (size_t)i * V, (int)V, u[i]));
+    }
+    smp.temperature = &T0;
+    rc = dsv4_dspark_draft_sampled(r->d, 1, &sl, &an, &ps, &smp, ts, NULL, NULL, &e);
+    CHECK(rc == 0 && smpd == 0);
+    for (int i = 0; i < g; i++) CHECK_EQ_INT(ts[i], greedy[i]);
+    free(q);
+}
+
 static void run_mode(const cJSON *idx, const char *mode, dsv4_numerics num) {
     drun r;
     if (open_drafter(num, &r)) return;
@@ -216,6 +254,7 @@ static void run_mode(const cJSON *idx, const char *mode, dsv4_numerics num) {
         for (i = 0; i < g; i++)
             CHECK_MSG(fabs(cl[i] - wcl[i]) <= tol * fmax(1.0, fabs(wcl[i])), "%s: conf_logit[%d] %g vs %g", name, i,
                       cl[i], wcl[i]);
+        if (ncase == 0) sampled_case(&r, sl, an, ps, tk, lg, g, V);
         free(want);
         free(wcl);
         ncase++;

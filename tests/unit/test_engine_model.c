@@ -34,7 +34,7 @@ static int generate(dsv4_engine *e, const int32_t *p, int n, int max_tokens, int
 
 int main(void) {
     const char *dir = "models/tiny-flash";
-    dsv4_model_runner_opts mo = {4, 512, 0, DSV4_NUMERICS_REFERENCE, DSV4_DEVICE_CPU};
+    dsv4_model_runner_opts mo = {.n_slots = 4, .max_len = 512, .max_spec = 0, .numerics = DSV4_NUMERICS_REFERENCE};
     dsv4_model_runner *mr = NULL;
     dsv4_err err = {0};
     if (dsv4_model_runner_open(dir, &mo, &mr, &err)) {
@@ -92,7 +92,7 @@ int main(void) {
      * plain decoding, single and batched (issue 5 "Tests"); drafts are made
      * and verified every decode step, and the drafter never fails. */
     for (int k = 0; k <= 3; k += 3) {
-        dsv4_model_runner_opts so = {4, 512, k, DSV4_NUMERICS_REFERENCE, DSV4_DEVICE_CPU};
+        dsv4_model_runner_opts so = {.n_slots = 4, .max_len = 512, .max_spec = k, .numerics = DSV4_NUMERICS_REFERENCE};
         CHECK_EQ_INT(dsv4_model_runner_open("models/tiny-dspark", &so, &mr, &err), 0);
         if (!mr) break;
         run = dsv4_model_runner_iface(mr);
@@ -132,10 +132,58 @@ int main(void) {
         mr = NULL;
     }
 
+    /* Sampled drafting (draft_sample_method "probabilistic", DSPARK.md §4.3):
+     * at temperature > 0 the drafter hands q to the verifier; a request is
+     * reproducible from its seed (same tokens twice, alone and batched with
+     * another), and drafts are made and verified without failures. */
+    for (int mi = 0; mi < 2; mi++) { /* DSpark k = 3, MTP k = 1 */
+        int ks = mi ? 1 : 3;
+        dsv4_model_runner_opts so = {.n_slots = 4, .max_len = 512, .max_spec = ks,
+                                     .numerics = DSV4_NUMERICS_REFERENCE, .draft_sampled = 1};
+        CHECK_EQ_INT(dsv4_model_runner_open(mi ? "models/tiny-flash" : "models/tiny-dspark", &so, &mr, &err), 0);
+        dsv4_drafter dr;
+        if (mr && dsv4_model_runner_drafter(mr, &dr)) {
+            run = dsv4_model_runner_iface(mr);
+            dsv4_engine_opts eo4 = {4, 9, 512, ks, 1, {{0}}, 0, 0};
+            CHECK_EQ_INT(dsv4_engine_create(&eo4, &run, &dr, &e, &err), 0);
+            int32_t got[3][MAXT];
+            for (int pass = 0; pass < 3; pass++) {
+                dsv4_gen_params gp;
+                dsv4_gen_params_default(&gp);
+                gp.sampling.temperature = 0.8f;
+                gp.sampling.seed = 1234;
+                gp.max_tokens = 16;
+                gp.ignore_eos = 1;
+                dsv4_request *rq = NULL, *other = NULL;
+                CHECK_EQ_INT(dsv4_engine_submit(e, prompts[1], lens[1], &gp, &rq, &err), 0);
+                if (pass == 2) { /* a neighbour with another seed in the same steps */
+                    gp.sampling.seed = 99;
+                    CHECK_EQ_INT(dsv4_engine_submit(e, prompts[0], lens[0], &gp, &other, &err), 0);
+                }
+                while (dsv4_engine_step(e, &err) > 0) {}
+                dsv4_finish f;
+                CHECK_EQ_INT(dsv4_request_poll(rq, got[pass], MAXT, &f, 0), 16);
+                dsv4_request_release(rq);
+                if (other) dsv4_request_release(other);
+            }
+            CHECK_MSG(!memcmp(got[0], got[1], sizeof(int32_t) * 16), "sampled drafting: same seed, other tokens");
+            CHECK_MSG(!memcmp(got[0], got[2], sizeof(int32_t) * 16), "sampled drafting: a neighbour changed tokens");
+            dsv4_engine_get_stats(e, &st);
+            CHECK_EQ_INT(st.spec_draft_failures, 0);
+            CHECK(st.spec_drafts > 0 && st.spec_draft_tokens == (uint64_t)ks * st.spec_drafts);
+            dsv4_engine_free(e);
+            e = NULL;
+        } else {
+            CHECK_MSG(0, "model %d has no drafter", mi);
+        }
+        dsv4_model_runner_free(mr);
+        mr = NULL;
+    }
+
     /* MTP speculation (k = 1) on tiny-flash: equals the plain greedy tokens
      * computed above, single and batched; the drafter never fails. */
     {
-        dsv4_model_runner_opts so = {4, 512, 1, DSV4_NUMERICS_REFERENCE, DSV4_DEVICE_CPU};
+        dsv4_model_runner_opts so = {.n_slots = 4, .max_len = 512, .max_spec = 1, .numerics = DSV4_NUMERICS_REFERENCE};
         CHECK_EQ_INT(dsv4_model_runner_open(dir, &so, &mr, &err), 0);
         run = dsv4_model_runner_iface(mr);
         dsv4_drafter dr;
@@ -204,7 +252,7 @@ int main(void) {
         dsv4_model_runner_free(mr);
 
         /* independent: a fresh model, the whole prompt, then the MTP block over all rows */
-        dsv4_model_runner_opts so2 = {1, 512, 1, DSV4_NUMERICS_REFERENCE, DSV4_DEVICE_CPU};
+        dsv4_model_runner_opts so2 = {.n_slots = 1, .max_len = 512, .max_spec = 1, .numerics = DSV4_NUMERICS_REFERENCE};
         CHECK_EQ_INT(dsv4_model_runner_open(dir, &so2, &mr, &err), 0);
         dsv4_model_runner_free(mr);
         dsv4_config cfg2;

@@ -39,9 +39,11 @@ static void fill_range(const dsv4_fill *how, dsv4_dtype dt, void *p, int64_t n, 
     case DSV4_FILL_UNIFORM:
         if (dt == DSV4_DT_F32) {
             float *f = p;
+#pragma omp parallel for if (n > DSV4_CPU_PAR_MIN)
             for (int64_t i = 0; i < n; i++) f[i] = dsv4_fill_uniform(how, (uint64_t)i);
         } else {
             uint16_t *h = p;
+#pragma omp parallel for if (n > DSV4_CPU_PAR_MIN)
             for (int64_t i = 0; i < n; i++) h[i] = dsv4_fill_bf16(dsv4_fill_uniform(how, (uint64_t)i));
         }
         return;
@@ -54,8 +56,20 @@ static void fill_range(const dsv4_fill *how, dsv4_dtype dt, void *p, int64_t n, 
             for (int64_t i = 0; i < n; i++) q[i] = (int32_t)dsv4_fill_index(how, (uint64_t)i, k);
         }
         return;
+    case DSV4_FILL_BYTES: { /* one hash per 8 bytes (dsv4_fill_byte) */
+        uint8_t *b = p;
+        int64_t words = n / 8;
+#pragma omp parallel for if (n > DSV4_CPU_PAR_MIN)
+        for (int64_t w = 0; w < words; w++) {
+            uint64_t h = dsv4_fill_hash(how->seed, (uint64_t)w);
+            for (int k = 0; k < 8; k++) b[8 * w + k] = (uint8_t)(h >> (8 * k));
+        }
+        for (int64_t i = 8 * words; i < n; i++) b[i] = dsv4_fill_byte(how, (uint64_t)i);
+        return;
+    }
     default: {
         uint8_t *b = p;
+#pragma omp parallel for if (n > DSV4_CPU_PAR_MIN)
         for (int64_t i = 0; i < n; i++) b[i] = dsv4_fill_byte(how, (uint64_t)i);
         return;
     }
