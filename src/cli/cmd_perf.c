@@ -264,6 +264,21 @@ int dsv4_cmd_perf(int argc, char **argv) {
     dsv4_model *model;
     dsv4_state *state;
     dsv4_model_runner_target(mr, &model, &state);
+    /* paged state (the engine's pool): map every slot's pages, as the engine
+     * would for requests of max_len positions (the pool is sized for that) */
+    dsv4_runner run = dsv4_model_runner_iface(mr);
+    if (run.page_tokens > 0 && run.set_pages) {
+        int per = (int)((max_len + run.page_tokens - 1) / run.page_tokens);
+        int32_t *ids = malloc(sizeof(int32_t) * (size_t)(per > 0 ? per : 1));
+        if (!ids) rc = dsv4_err_set(&err, DSV4_ENOMEM, "out of memory");
+        for (int s = 0; s < max_b && !rc; s++) {
+            for (int j = 0; j < per; j++) ids[j] = s * per + j;
+            if ((int64_t)(s + 1) * per > run.n_pages)
+                rc = dsv4_err_set(&err, DSV4_ERANGE, "state pool of %d pages < %d slots x %d", run.n_pages, max_b, per);
+            else rc = run.set_pages(run.ctx, s, per, ids, &err);
+        }
+        free(ids);
+    }
     printf("# dsv4 perf: %s%s on %s, %d layers, context %lld, %d steps (+%d warmup), load %.1f s\n", o.dir,
            lo.dummy ? " (dummy weights)" : "", dsv4_model_runner_backend(mr)->name, cfg->num_hidden_layers,
            (long long)o.context, o.steps, o.warmup, now_s() - t0);

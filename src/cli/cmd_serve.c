@@ -157,6 +157,10 @@ int dsv4_cmd_serve(int argc, char **argv) {
     dsv4_device_parse(a.device, &dev, NULL); /* validated by the parser */
     so.device = (int)dev;
     so.draft_sampled = spec.draft_sampled;
+    so.block_size = a.block_size;
+    so.num_gpu_blocks_override = a.num_gpu_blocks_override;
+    so.kv_cache_memory_bytes = a.kv_cache_memory_bytes;
+    so.kv_cache_dtype = a.kv_cache_dtype;
     so.spec_k = spec.spec_k;
     so.n_k_schedule = spec.n_k_schedule;
     memcpy(so.k_schedule, spec.k_schedule, sizeof so.k_schedule);

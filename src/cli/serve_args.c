@@ -87,6 +87,10 @@ static void usage(void) {
            "  --max-num-batched-tokens N    tokens per engine step (default 8192)\n"
            "  --gpu-memory-utilization F    fraction of GPU memory to use (default 0.9)\n"
            "  --kv-cache-dtype T            auto | bf16 | fp8_ds_mla\n"
+           "  --block-size N                tokens per KV state page (default 256; a multiple of 128)\n"
+           "  --num-gpu-blocks-override N   pages in the KV state pool (overrides the sizing below)\n"
+           "  --kv-cache-memory-bytes B     KV state pool budget in bytes (suffix K/M/G = 2^10/2^20/2^30);\n"
+           "                                CPU backend default: every sequence at max_model_len\n"
            "  --tensor-parallel-size N      GPUs per model (-tp)\n"
            "  --speculative-config JSON     e.g. '{\"method\":\"dspark\",\"num_speculative_tokens\":5}'\n"
            "  --load-format F               auto | dummy (random weights, real shapes: MODEL_DIR needs\n"
@@ -216,6 +220,26 @@ int dsv4_serve_args_parse(int argc, char **argv, dsv4_serve_args *a, dsv4_err *e
             if (strcmp(val, "auto") && strcmp(val, "bf16") && strcmp(val, "fp8_ds_mla"))
                 return dsv4_err_set(err, DSV4_EINVAL, "%s: '%s' is not one of auto, bf16, fp8_ds_mla", flag, val);
             a->kv_cache_dtype = val;
+        }
+        else if (!strcmp(flag, "--block-size")) {
+            NEED_VALUE();
+            if (parse_int(flag, val, 128, 1 << 20, &a->block_size, err)) return DSV4_EINVAL;
+            if (a->block_size % 128)
+                return dsv4_err_set(err, DSV4_EINVAL, "%s: %d must be a multiple of 128 (the largest compress ratio)",
+                                    flag, a->block_size);
+        }
+        else if (!strcmp(flag, "--num-gpu-blocks-override")) { NEED_VALUE(); if (parse_int(flag, val, 1, 1 << 30, &a->num_gpu_blocks_override, err)) return DSV4_EINVAL; }
+        else if (!strcmp(flag, "--kv-cache-memory-bytes")) {
+            NEED_VALUE();
+            char *end;
+            double v = strtod(val, &end);
+            double mul = !strcmp(end, "") ? 1 : (!strcmp(end, "K") || !strcmp(end, "k") || !strcmp(end, "KiB")) ? 1024.0
+                       : (!strcmp(end, "M") || !strcmp(end, "MiB")) ? 1048576.0
+                       : (!strcmp(end, "G") || !strcmp(end, "GiB")) ? 1073741824.0 : -1;
+            if (end == val || mul < 0 || !(v >= 1) || v * mul > 9e18)
+                return dsv4_err_set(err, DSV4_EINVAL, "%s: '%s' must be a positive byte count (suffix K, M or G)", flag,
+                                    val);
+            a->kv_cache_memory_bytes = (int64_t)(v * mul);
         }
         else if (!strcmp(flag, "--tensor-parallel-size") || !strcmp(flag, "-tp")) { NEED_VALUE(); if (parse_int(flag, val, 1, 64, &a->tensor_parallel_size, err)) return DSV4_EINVAL; }
         else if (!strcmp(flag, "--speculative-config")) { NEED_VALUE(); a->speculative_config = val; }

@@ -30,6 +30,8 @@ struct dsv4_request {
     float *q;             /* [spec_k][vocab] draft distributions, or NULL (argmax drafts) */
     int q_valid;
     int n_cached;         /* prompt positions reused from the prefix cache */
+    int n_prefill;        /* positions to prefill before decoding: n_prompt, or after a
+                           * preemption the prompt + generated tokens but the last */
     struct dsv4_request *next;
 };
 
@@ -50,6 +52,14 @@ struct dsv4_engine {
     } *cache;
     uint64_t clock;
     int caching;          /* enable_prefix_caching and the runner supports it */
+    /* state pool (runner page_tokens > 0): free page ids, and the pages each
+     * slot maps (a free slot keeps its pages while it caches a history) */
+    int paged;
+    int32_t *page_free;   /* [n_pages] stack */
+    int n_page_free;
+    int32_t *spages;      /* [n_slots][slot_max_pages] */
+    int *snp;             /* [n_slots] pages mapped */
+    int slot_max_pages;
     dsv4_engine_stats st;
     pthread_t thread;
     int thread_on, stopping;
@@ -127,6 +137,30 @@ int dsv4_engine_create(const dsv4_engine_opts *opts, const dsv4_runner *runner, 
         return dsv4_err_set(err, DSV4_ENOMEM, "out of memory creating the engine");
     }
     for (int i = runner->n_slots - 1; i >= 0; i--) e->free_slots[e->n_free++] = i;
+    if (runner->page_tokens > 0 && runner->n_pages > 0 && runner->set_pages) {
+        e->paged = 1;
+        e->slot_max_pages = (int)((opts->max_model_len + runner->page_tokens - 1) / runner->page_tokens);
+        e->page_free = malloc(sizeof(int32_t) * (size_t)runner->n_pages);
+        e->spages = malloc(sizeof(int32_t) * (size_t)runner->n_slots * (size_t)e->slot_max_pages);
+        e->snp = calloc((size_t)runner->n_slots, sizeof(int));
+        if (!e->page_free || !e->spages || !e->snp) {
+            dsv4_engine_free(e);
+            return dsv4_err_set(err, DSV4_ENOMEM, "out of memory creating the engine");
+        }
+        for (int i = runner->n_pages - 1; i >= 0; i--) e->page_free[e->n_page_free++] = i;
+        int64_t tokens = (int64_t)runner->n_pages * runner->page_tokens;
+        dsv4_log(DSV4_LOG_INFO,
+                 "KV cache pool: %lld tokens (%d pages of %d, %.1f MiB), maximum concurrency for %lld-token "
+                 "requests: %.2fx",
+                 (long long)tokens, runner->n_pages, runner->page_tokens,
+                 (double)runner->page_bytes * runner->n_pages / (1024.0 * 1024.0), (long long)opts->max_model_len,
+                 (double)tokens / (double)opts->max_model_len);
+        if (tokens < opts->max_model_len)
+            dsv4_log(DSV4_LOG_WARN,
+                     "the KV cache pool (%lld tokens) is smaller than max_model_len %lld: requests whose prompt + "
+                     "max_tokens exceed the pool are refused",
+                     (long long)tokens, (long long)opts->max_model_len);
+    }
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv_work, NULL);
     pthread_cond_init(&e->cv_out, NULL);
@@ -169,6 +203,18 @@ int dsv4_engine_submit(dsv4_engine *e, const int32_t *prompt, int n, const dsv4_
     if (params->top_logprobs < 0 || params->top_logprobs > DSV4_MAX_TOP_LOGPROBS)
         return dsv4_err_set(err, DSV4_EINVAL, "top_logprobs must be in [0, %d], got %d", DSV4_MAX_TOP_LOGPROBS,
                             params->top_logprobs);
+    if (e->paged) { /* a request that cannot fit even alone in the pool would never finish */
+        int64_t need = (int64_t)n + params->max_tokens;
+        if (need > e->o.max_model_len) need = e->o.max_model_len;
+        int64_t pages = (need + e->run.page_tokens - 1) / e->run.page_tokens;
+        if (pages > e->run.n_pages)
+            return dsv4_err_set(err, DSV4_ERANGE,
+                                "This request needs up to %lld tokens of KV cache (%d prompt + %d max_tokens), "
+                                "more than the whole KV cache pool holds (%lld tokens in %d pages of %d). "
+                                "Please reduce the prompt or max_tokens.",
+                                (long long)need, n, params->max_tokens,
+                                (long long)e->run.n_pages * e->run.page_tokens, e->run.n_pages, e->run.page_tokens);
+    }
     dsv4_request *r = calloc(1, sizeof *r);
     if (!r) return dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
     r->e = e;
@@ -190,7 +236,7 @@ int dsv4_engine_submit(dsv4_engine *e, const int32_t *prompt, int n, const dsv4_
         return dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
     }
     memcpy(r->tok, prompt, sizeof(int32_t) * (size_t)n);
-    r->n_prompt = r->n_tok = n;
+    r->n_prompt = r->n_tok = r->n_prefill = n;
     if (r->stop_ids) memcpy(r->stop_ids, params->stop_ids, sizeof(int32_t) * (size_t)r->p.n_stop_ids);
     if (r->bias_ids) {
         memcpy(r->bias_ids, params->sampling.bias_ids, sizeof(int32_t) * (size_t)r->p.sampling.n_bias);
@@ -280,10 +326,61 @@ int dsv4_request_cached_tokens(dsv4_request *r) {
 /* Prefix cache (spec/SERVING.md §8.7): free slots that still hold a history */
 /* ------------------------------------------------------------------------ */
 
+/* Give every page of `slot` back to the pool and unmap them in the runner. */
+static void pages_release(dsv4_engine *e, int slot) {
+    if (!e->paged || !e->snp[slot]) return;
+    for (int i = 0; i < e->snp[slot]; i++)
+        e->page_free[e->n_page_free++] = e->spages[(size_t)slot * e->slot_max_pages + i];
+    e->snp[slot] = 0;
+    dsv4_err err = {0};
+    if (e->run.set_pages(e->run.ctx, slot, 0, NULL, &err))
+        dsv4_log(DSV4_LOG_ERROR, "unmapping the pages of slot %d: %s", slot, err.msg);
+}
+
 static void slot_drop(dsv4_engine *e, int slot) {
     e->run.release(e->run.ctx, slot);
     if (e->has_drafter && e->dr.release) e->dr.release(e->dr.ctx, slot);
     e->cache[slot].len = 0;
+    pages_release(e, slot);
+}
+
+/*
+ * Map pages so that `slot` covers positions [0, npos) (issue 5). Takes free
+ * pages first, then evicts the least recently used cached history of a free
+ * slot (its pages are only a cache). Returns 0, or -1 when the pool has no
+ * page left for it (the caller preempts). Pages already mapped are kept.
+ */
+static int pages_ensure(dsv4_engine *e, int slot, int64_t npos) {
+    if (!e->paged) return 0;
+    int need = (int)((npos + e->run.page_tokens - 1) / e->run.page_tokens);
+    if (need > e->slot_max_pages) need = e->slot_max_pages;
+    if (e->snp[slot] >= need) return 0;
+    while (e->snp[slot] < need) {
+        if (!e->n_page_free) {
+            int v = -1;
+            for (int i = 0; i < e->n_free; i++) {
+                int s2 = e->free_slots[i];
+                if (s2 != slot && e->snp[s2] && (v < 0 || e->cache[s2].used < e->cache[v].used)) v = s2;
+            }
+            if (v < 0) break;
+            slot_drop(e, v);
+            continue;
+        }
+        e->spages[(size_t)slot * e->slot_max_pages + e->snp[slot]++] = e->page_free[--e->n_page_free];
+    }
+    dsv4_err err = {0};
+    if (e->run.set_pages(e->run.ctx, slot, e->snp[slot], e->spages + (size_t)slot * e->slot_max_pages, &err)) {
+        dsv4_log(DSV4_LOG_ERROR, "mapping the pages of slot %d: %s", slot, err.msg);
+        return -1;
+    }
+    return e->snp[slot] >= need ? 0 : -1;
+}
+
+/* Pages a free slot could give back (free pages + cached histories'). */
+static int pages_available(const dsv4_engine *e) {
+    int n = e->n_page_free;
+    for (int i = 0; i < e->n_free; i++) n += e->snp[e->free_slots[i]];
+    return n;
 }
 
 /* Record that slot holds the state of tok[0..len); 0 on success. */
@@ -336,7 +433,7 @@ static void admit_locked(dsv4_engine *e, dsv4_request *r) {
     int best = -1;
     int64_t R = 0;
     if (e->caching) {
-        e->st.prefix_queries += (uint64_t)r->n_prompt;
+        if (r->n_tok == r->n_prompt) e->st.prefix_queries += (uint64_t)r->n_prompt;
         for (int i = 0; i < e->n_free; i++) {
             int64_t x = cache_match(e, e->free_slots[i], r);
             if (x > R) {
@@ -362,8 +459,10 @@ static void admit_locked(dsv4_engine *e, dsv4_request *r) {
     r->slot = take_free(e, best);
     e->cache[r->slot].len = 0; /* the slot's state now belongs to r */
     r->n_computed = R;
-    r->n_cached = (int)R;
-    e->st.prefix_hits += (uint64_t)R;
+    if (r->n_tok == r->n_prompt) {
+        r->n_cached = (int)R;
+        e->st.prefix_hits += (uint64_t)R;
+    }
 }
 
 /*
@@ -378,6 +477,10 @@ static void snapshot_locked(dsv4_engine *e, dsv4_request *r) {
     int i = victim_locked(e), dst = e->free_slots[i];
     dsv4_err err = {0};
     e->cache[dst].len = 0;
+    if (pages_ensure(e, dst, r->n_computed)) { /* no page to spare: no snapshot */
+        slot_drop(e, dst);
+        return;
+    }
     if (e->run.copy_slot(e->run.ctx, r->slot, dst, &err) || cache_store(e, dst, r->tok, r->n_computed)) {
         dsv4_log(DSV4_LOG_WARN, "prefix cache: copying slot %d to %d failed: %s", r->slot, dst, err.msg);
         slot_drop(e, dst);
@@ -453,6 +556,28 @@ static void commit_tokens_locked(dsv4_engine *e, dsv4_request *r, const int32_t 
         }
     }
     if (fin != DSV4_FINISH_NONE) finish_locked(e, r, fin);
+}
+
+/*
+ * Preemption by recomputation (vLLM's policy, issue 5): r loses its slot and
+ * pages and goes back to waiting with everything it has generated; it keeps
+ * its place in the arrival-ordered list, so it is the first waiting request
+ * admitted again. On re-admission it prefills prompt + generated tokens but
+ * the last (n_prefill), then decodes from the last one: greedy output is that
+ * of an uninterrupted run, and tokens already handed out are not repeated.
+ */
+static void preempt_locked(dsv4_engine *e, dsv4_request *r) {
+    if (r->slot >= 0) {
+        slot_drop(e, r->slot);
+        e->free_slots[e->n_free++] = r->slot;
+        r->slot = -1;
+    }
+    r->st = RQ_WAITING;
+    r->n_computed = 0;
+    r->n_drafts = 0;
+    r->q_valid = 0;
+    r->n_prefill = r->n_tok > r->n_prompt ? r->n_tok - 1 : r->n_prompt;
+    e->st.preemptions++;
 }
 
 /* One planned segment of the step. */
@@ -579,18 +704,27 @@ int dsv4_engine_step(dsv4_engine *e, dsv4_err *err) {
     for (dsv4_request *r = e->head; r; r = r->next) running += r->st == RQ_PREFILL || r->st == RQ_DECODE;
     for (dsv4_request *r = e->head; r && e->n_free > 0 && running < e->o.max_num_seqs; r = r->next)
         if (r->st == RQ_WAITING) {
+            if (e->paged) { /* room for its whole prefill and first token now, else it (and the
+                             * younger ones) wait: admitting it only to preempt it mid-prefill
+                             * would waste the prefill */
+                int64_t need = (r->n_prefill + 1 + e->run.page_tokens - 1) / e->run.page_tokens;
+                if (need > pages_available(e)) break;
+            }
             admit_locked(e, r);
             r->st = RQ_PREFILL;
             running++;
         }
     /* plan: decode rows first, then prefill chunks */
-    int budget = e->o.max_num_batched_tokens, nseg = 0, nrows = 0, nlog = 0;
+    int budget, nseg, nrows, nlog;
     int maxseg = running;
     seg *segs = calloc((size_t)(maxseg ? maxseg : 1), sizeof *segs);
     if (!segs) {
         pthread_mutex_unlock(&e->mu);
         return -dsv4_err_set(err, DSV4_ENOMEM, "out of memory planning a step");
     }
+replan:
+    budget = e->o.max_num_batched_tokens;
+    nseg = nrows = nlog = 0;
     for (int pass = 0; pass < 2; pass++)
         for (dsv4_request *r = e->head; r && budget > 0; r = r->next) {
             if (pass == 0 && r->st == RQ_DECODE) {
@@ -601,14 +735,28 @@ int dsv4_engine_step(dsv4_engine *e, dsv4_err *err) {
                 nlog += 1 + k;
                 budget -= 1 + k;
             } else if (pass == 1 && r->st == RQ_PREFILL) {
-                int left = (int)(r->n_prompt - r->n_computed), chunk = left < budget ? left : budget;
-                int last = chunk == left;
+                int left = (int)(r->n_prefill - r->n_computed), chunk = left < budget ? left : budget;
+                int last = chunk == left && r->n_tok == r->n_prompt; /* a resumed request already has its token */
                 segs[nseg++] = (seg){r, nrows, chunk, 0, last ? nlog : -1, 0};
                 nrows += chunk;
                 nlog += last;
                 budget -= chunk;
             }
         }
+    /* pages for every row of the step; when the pool runs dry, preempt the
+     * most recently arrived running request and plan again */
+    for (int s = 0; e->paged && s < nseg; s++) {
+        dsv4_request *r = segs[s].r;
+        int64_t end = segs[s].decode ? r->n_tok - 1 + segs[s].nrows : r->n_computed + segs[s].nrows;
+        if (!pages_ensure(e, r->slot, end)) continue;
+        dsv4_request *victim = NULL;
+        for (dsv4_request *q = e->head; q; q = q->next)
+            if (q->st == RQ_PREFILL || q->st == RQ_DECODE) victim = q;
+        dsv4_log(DSV4_LOG_WARN, "KV cache pool full: preempting a request of %d tokens, %d generated (recomputed later)",
+                 victim->n_tok, victim->n_tok - victim->n_prompt);
+        preempt_locked(e, victim);
+        goto replan;
+    }
     int live = 0;
     for (dsv4_request *r = e->head; r; r = r->next) live += r->st != RQ_DONE;
     if (nseg == 0) {
@@ -683,7 +831,8 @@ int dsv4_engine_step(dsv4_engine *e, dsv4_err *err) {
             r->n_drafts = 0;
         } else {
             r->n_computed += sg->nrows;
-            e->st.prompt_tokens += (uint64_t)sg->nrows;
+            if (r->n_tok == r->n_prompt) e->st.prompt_tokens += (uint64_t)sg->nrows;
+            else if (r->n_computed == r->n_prefill) r->st = RQ_DECODE; /* resumed after a preemption */
             if (sg->logit0 >= 0) {
                 const dsv4_sampling *sp = &r->p.sampling;
                 const float *lg = e->logits + (size_t)sg->logit0 * (size_t)e->run.vocab;
@@ -755,6 +904,12 @@ void dsv4_engine_get_stats(dsv4_engine *e, dsv4_engine_stats *s) {
         s->running += r->st == RQ_PREFILL || r->st == RQ_DECODE;
         s->waiting += r->st == RQ_WAITING;
     }
+    if (e->paged) {
+        s->kv_pages_total = e->run.n_pages;
+        s->kv_page_tokens = e->run.page_tokens;
+        s->kv_page_bytes = e->run.page_bytes;
+        s->kv_pages_used = e->run.n_pages - pages_available(e); /* cached histories count as free (vLLM) */
+    }
     pthread_mutex_unlock(&e->mu);
 }
 
@@ -772,6 +927,9 @@ void dsv4_engine_free(dsv4_engine *e) {
         pthread_cond_destroy(&e->cv_out);
     }
     free(e->free_slots);
+    free(e->page_free);
+    free(e->spages);
+    free(e->snp);
     for (int i = 0; e->cache && i < e->run.n_slots; i++) free(e->cache[i].tok);
     free(e->cache);
     free(e->logits);

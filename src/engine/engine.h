@@ -98,7 +98,12 @@ typedef struct dsv4_engine_stats {
      * tokens of admitted requests, and the ones whose state was reused */
     uint64_t prefix_queries, prefix_hits;
     uint64_t prefix_snapshots;    /* prompt states copied into a free slot */
+    uint64_t preemptions;         /* requests sent back to waiting for lack of pages (recomputed) */
     int running, waiting;
+    /* state pool (0 when the runner has none): pages in use by running
+     * requests (histories kept for the prefix cache count as free, as in vLLM) */
+    int kv_pages_total, kv_pages_used, kv_page_tokens;
+    int64_t kv_page_bytes;
 } dsv4_engine_stats;
 
 /*

@@ -1,4 +1,5 @@
 /* Checkpoint -> engine runner (src/engine/model_runner.h). */
+#include <stdint.h>
 #include <stdlib.h>
 
 #include <string.h>
@@ -48,6 +49,7 @@ struct dsv4_model_runner {
      * which positions. */
     int64_t *hw;           /* [n_slots] */
     int draft_sampled;     /* opts.draft_sampled */
+    int64_t page_bytes;    /* bytes of one state page (pool sizing, metrics) */
 };
 
 void dsv4_model_runner_free(dsv4_model_runner *mr) {
@@ -165,7 +167,30 @@ int dsv4_model_runner_open_ex(const char *dir, const dsv4_model_runner_opts *o, 
         goto fail;
     }
     for (int l = 0; l < L; l++) ratios[l] = dsv4_config_layer_ratio(&mr->cfg, l);
-    rc = dsv4_state_create(mr->be, &mr->cfg, ratios, L, o->n_slots, o->max_len, o->max_spec, &mr->state, err);
+    int bs = o->block_size > 0 ? o->block_size : 256;
+    if (o->kv_dtype < 0 || o->kv_dtype >= DSV4_KV_COUNT) {
+        free(ratios);
+        rc = dsv4_err_set(err, DSV4_EINVAL, "model runner: kv dtype %d", o->kv_dtype);
+        goto fail;
+    }
+    int64_t pb = dsv4_state_page_bytes(&mr->cfg, ratios, L, bs, (dsv4_kv_dtype)o->kv_dtype), np = 0;
+    if (o->n_pages >= 0) {
+        int64_t per_slot = (o->max_len + bs - 1) / bs;
+        np = o->n_pages > 0 ? o->n_pages
+             : o->kv_cache_bytes > 0 ? (pb > 0 ? o->kv_cache_bytes / pb : per_slot * o->n_slots)
+                                     : per_slot * o->n_slots;
+        if (np < 1) {
+            free(ratios);
+            rc = dsv4_err_set(err, DSV4_EINVAL,
+                              "KV cache memory %lld bytes holds no page of %d tokens (%lld bytes each)",
+                              (long long)o->kv_cache_bytes, bs, (long long)pb);
+            goto fail;
+        }
+        if (np > INT32_MAX / 2) np = INT32_MAX / 2;
+    }
+    mr->page_bytes = pb;
+    rc = dsv4_state_create_paged(mr->be, &mr->cfg, ratios, L, o->n_slots, o->max_len, o->max_spec, bs, (int)np,
+                                 (dsv4_kv_dtype)o->kv_dtype, &mr->state, err);
     free(ratios);
     if (rc) goto fail;
     if (o->max_spec > 0 && mr->cfg.draft_kind == DSV4_DRAFT_DSPARK) {
@@ -602,9 +627,20 @@ static int runner_copy_slot(void *ctx, int src, int dst, dsv4_err *err) {
     return rc;
 }
 
+static int runner_set_pages(void *ctx, int slot, int n, const int32_t *ids, dsv4_err *err) {
+    dsv4_model_runner *mr = ctx;
+    return dsv4_state_set_pages(mr->state, slot, n, ids, err);
+}
+
 dsv4_runner dsv4_model_runner_iface(dsv4_model_runner *mr) {
     dsv4_runner r = {mr, mr->cfg.vocab_size, mr->state->n_slots, runner_forward, runner_release,
-                     runner_reusable, runner_resume, runner_copy_slot};
+                     runner_reusable, runner_resume, runner_copy_slot, 0, 0, 0, NULL};
+    if (mr->state->n_pages > 0) {
+        r.page_tokens = mr->state->page_tokens;
+        r.n_pages = mr->state->n_pages;
+        r.page_bytes = mr->page_bytes;
+        r.set_pages = runner_set_pages;
+    }
     return r;
 }
 

@@ -31,6 +31,17 @@ typedef struct dsv4_model_runner_opts {
     int draft_sampled;      /* 1: DSpark drafts are sampled from softmax(z/T) for requests with
                              * temperature > 0 (vLLM draft_sample_method "probabilistic",
                              * spec/DSPARK.md §4.3); 0: argmax drafts ("greedy") */
+    /* State pool (issue 5): pages of block_size positions (0 = 256, vLLM's
+     * block size here; a multiple of every compress ratio). Pool size, first
+     * that applies: n_pages > 0 (--num-gpu-blocks-override); kv_cache_bytes > 0
+     * (--kv-cache-memory-bytes: floor(bytes / page bytes) pages); else every
+     * slot at max_len (n_slots * ceil(max_len / block_size)). n_pages < 0:
+     * no pool, per-slot state as before (for tests comparing the two). */
+    int block_size;
+    int n_pages;
+    int64_t kv_cache_bytes;
+    int kv_dtype;           /* dsv4_kv_dtype (src/model/kvcodec.h): storage of window and
+                             * compressed rows; 0 = F32 (--kv-cache-dtype auto) */
 } dsv4_model_runner_opts;
 
 /* Where the weights come from: vLLM's --load-format and --hf-overrides. */

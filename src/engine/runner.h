@@ -49,6 +49,20 @@ typedef struct dsv4_runner {
     /* copy_slot — optional: make slot dst's state an exact copy of src's
      * (afterwards reusable answers the same for both). */
     int (*copy_slot)(void *ctx, int src, int dst, dsv4_err *err);
+    /*
+     * Paged state pool (issue 5; backend.h DSV4_CMP_ROW). page_tokens = 0: the
+     * runner holds every slot's state itself (no pool). Otherwise the
+     * position-addressed compressed state of a slot lives in pages of
+     * page_tokens positions drawn from a pool of n_pages, and the ENGINE owns
+     * the pages: before a forward touches positions [0, n) of a slot, pages
+     * 0 .. ceil(n/page_tokens)-1 of that slot must be mapped with set_pages
+     * (ids[n] page ids in [0, n_pages), each mapped by at most one slot;
+     * the slot's other pages become unmapped). page_bytes: bytes of one page.
+     */
+    int page_tokens;
+    int n_pages;
+    int64_t page_bytes;
+    int (*set_pages)(void *ctx, int slot, int n, const int32_t *ids, dsv4_err *err);
 } dsv4_runner;
 
 typedef struct dsv4_drafter {

@@ -19,6 +19,7 @@
 #define DSV4_MODEL_FORWARD_H
 
 #include "backend/backend.h"
+#include "model/kvcodec.h"
 #include "model/config.h"
 #include "model/weights.h"
 
@@ -84,6 +85,11 @@ typedef struct dsv4_state {
     int n_slots, max_len, max_spec;
     int n_layers;
     dsv4_layer_state *layers;
+    /* Paged emitted rows (0 pages = unpaged): one block table for every layer,
+     * page p of a slot = positions [p*page_tokens, (p+1)*page_tokens). */
+    int page_tokens, n_pages, max_pages;
+    dsv4_buf block_table;   /* backend I32 [n_slots][max_pages], -1 = unmapped */
+    int32_t *bt_host;       /* host mirror of block_table */
 } dsv4_state;
 
 /*
@@ -95,15 +101,47 @@ typedef struct dsv4_state {
  */
 int dsv4_state_create(dsv4_backend *be, const dsv4_config *cfg, const int *ratios, int n_layers,
                       int n_slots, int max_len, int max_spec, dsv4_state **out, dsv4_err *err);
+/*
+ * dsv4_state_create_paged — as dsv4_state_create, but the emitted compressed
+ * and indexer rows of every layer live in one pool of n_pages pages shared by
+ * all slots (the engine's state pool, issue 5; vLLM block size): a page holds
+ * page_tokens positions, i.e. page_tokens/ratio rows of each compressed layer.
+ * One block table per slot, shared by all layers, maps a slot's page index to
+ * a page id (dsv4_state_set_pages); everything starts unmapped. Window and
+ * compressor token rings stay per slot. page_tokens must be a positive
+ * multiple of every compress ratio in `ratios` (DSV4_EINVAL otherwise);
+ * n_pages >= 1. kv_dtype: how window rows and main compressed rows are
+ * stored (src/model/kvcodec.h; index keys stay F32). n_pages = 0: unpaged.
+ */
+int dsv4_state_create_paged(dsv4_backend *be, const dsv4_config *cfg, const int *ratios, int n_layers, int n_slots,
+                            int max_len, int max_spec, int page_tokens, int n_pages, dsv4_kv_dtype kv_dtype,
+                            dsv4_state **out, dsv4_err *err);
+/*
+ * dsv4_state_page_bytes — bytes one page of page_tokens positions takes in a
+ * paged state over these layers (main rows in kv_dtype's record + f32
+ * indexer rows for ratio-4 layers), for sizing the pool from a memory budget.
+ */
+int64_t dsv4_state_page_bytes(const dsv4_config *cfg, const int *ratios, int n_layers, int page_tokens,
+                              dsv4_kv_dtype kv_dtype);
+/*
+ * dsv4_state_set_pages — map pages [0, n) of `slot` to ids[0..n) (each in
+ * [0, n_pages), or -1) and unmap the rest; written to the backend's block
+ * table. The caller (the engine) guarantees no page id is mapped by two slots.
+ * Errors: DSV4_EINVAL for an unpaged state, a slot/id out of range or
+ * n > max_pages.
+ */
+int dsv4_state_set_pages(dsv4_state *st, int slot, int n, const int32_t *ids, dsv4_err *err);
 void dsv4_state_free(dsv4_state *st);
 /* Forget a slot's history (new request in the slot). Rows are position-
- * addressed, so this only has to make stale rows unreachable — it zeroes them. */
+ * addressed, so this only has to make stale rows unreachable — it zeroes them
+ * (paged emitted rows are left alone: the engine unmaps the slot's pages). */
 int dsv4_state_reset_slot(dsv4_state *st, int slot, dsv4_err *err);
 /*
  * dsv4_state_copy_slot — make slot dst hold the same state as slot src for
  * positions < n_pos (prefix caching, spec/SERVING.md §8.7): every ring row
  * (window rows, compressor token rings) and the emitted compressed / indexer
- * rows w < ceil(n_pos / ratio). Goes through the backend's buf_read /
+ * rows w < ceil(n_pos / ratio) (paged: rows whose page is mapped in both
+ * slots; the caller maps dst's pages first). Goes through the backend's buf_read /
  * buf_write on row views (a host bounce), so it works on any backend.
  * Errors: DSV4_EINVAL for a slot out of range or src == dst, n_pos outside
  * [0, max_len]; allocation and backend failures.

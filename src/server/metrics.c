@@ -40,6 +40,8 @@ struct dsv4_metrics {
     unsigned long long success[FIN_N];
     unsigned long long reasoning_unterminated, tool_parse_failures, dsml_stripped;
     double kv_usage;
+    char cache_dtype[32];   /* --kv-cache-dtype, for cache_config_info */
+    int prefix_caching;
 };
 
 dsv4_metrics *dsv4_metrics_create(const char *model_name, int spec_k) {
@@ -47,6 +49,7 @@ dsv4_metrics *dsv4_metrics_create(const char *model_name, int spec_k) {
     if (!m) return NULL;
     pthread_mutex_init(&m->mu, NULL);
     snprintf(m->model, sizeof m->model, "%s", model_name);
+    snprintf(m->cache_dtype, sizeof m->cache_dtype, "auto");
     m->spec_k = spec_k < 0 ? 0 : spec_k > DSV4_MAX_SPEC_K ? DSV4_MAX_SPEC_K : spec_k;
     hist *th[] = {&m->ttft, &m->itl, &m->e2e, &m->queue};
     for (int i = 0; i < 4; i++) th[i]->le = time_buckets, th[i]->nb = NB_TIME;
@@ -88,6 +91,13 @@ void dsv4_metrics_count_parser(dsv4_metrics *m, int reasoning_unterminated, int 
     m->reasoning_unterminated += (unsigned)reasoning_unterminated;
     m->tool_parse_failures += (unsigned)tool_parse_failures;
     m->dsml_stripped += (unsigned)dsml_stripped;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void dsv4_metrics_set_cache_config(dsv4_metrics *m, const char *cache_dtype, int prefix_caching) {
+    pthread_mutex_lock(&m->mu);
+    snprintf(m->cache_dtype, sizeof m->cache_dtype, "%s", cache_dtype ? cache_dtype : "auto");
+    m->prefix_caching = prefix_caching;
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -149,12 +159,26 @@ char *dsv4_metrics_render(dsv4_metrics *m, const dsv4_engine_stats *st) {
     const char *M = m->model;
     put_scalar(&b, M, "gauge", "vllm:num_requests_running", "Requests in the running batch.", st->running);
     put_scalar(&b, M, "gauge", "vllm:num_requests_waiting", "Requests waiting to be scheduled.", st->waiting);
-    put_scalar(&b, M, "gauge", "vllm:kv_cache_usage_perc", "KV state pool usage (0-1).", m->kv_usage);
+    put_scalar(&b, M, "gauge", "vllm:kv_cache_usage_perc", "KV state pool usage (0-1): pages held by running requests.",
+               st->kv_pages_total > 0 ? (double)st->kv_pages_used / st->kv_pages_total : m->kv_usage);
+    if (st->kv_pages_total > 0) { /* vLLM's cache_config_info: the pool's configuration as labels */
+        put(&b, "# HELP vllm:cache_config_info Information of the KV cache (state pool) configuration.\n"
+                "# TYPE vllm:cache_config_info gauge\n"
+                "vllm:cache_config_info{model_name=\"%s\",engine=\"0\",block_size=\"%d\",num_gpu_blocks=\"%d\","
+                "cache_dtype=\"%s\",enable_prefix_caching=\"%s\",block_bytes=\"%lld\"} 1\n",
+                M, st->kv_page_tokens, st->kv_pages_total, m->cache_dtype, m->prefix_caching ? "True" : "False",
+                (long long)st->kv_page_bytes);
+        put_scalar(&b, M, "gauge", "dsv4:kv_cache_pool_blocks", "Pages (blocks) in the KV state pool.",
+                   st->kv_pages_total);
+        put_scalar(&b, M, "gauge", "dsv4:kv_cache_pool_blocks_used", "Pages held by running requests.",
+                   st->kv_pages_used);
+    }
     put_scalar(&b, M, "counter", "vllm:prompt_tokens_total", "Prefill tokens processed.",
                (double)st->prompt_tokens);
     put_scalar(&b, M, "counter", "vllm:generation_tokens_total", "Generated tokens (accepted, incl. bonus).",
                (double)st->generation_tokens);
-    put_scalar(&b, M, "counter", "vllm:num_preemptions_total", "Preemptions.", 0);
+    put_scalar(&b, M, "counter", "vllm:num_preemptions_total", "Requests preempted (recomputed) for lack of KV pages.",
+               (double)st->preemptions);
     put_scalar(&b, M, "counter", "vllm:prefix_cache_queries_total",
                "Prefix cache queries, in prompt tokens of admitted requests.", (double)st->prefix_queries);
     put_scalar(&b, M, "counter", "vllm:prefix_cache_hits_total", "Prefix cache hits, in prompt tokens reused.",

@@ -28,8 +28,11 @@ void dsv4_metrics_observe_itl(dsv4_metrics *m, double itl_s);
 void dsv4_metrics_count_parser(dsv4_metrics *m, int reasoning_unterminated, int tool_parse_failures,
                                int dsml_stripped);
 
-/* KV pool capacity, set once at start (tokens, and max concurrency at max_model_len). */
+/* KV usage for an engine without a state pool (with one, render reads the
+ * engine's page counts: st->kv_pages_used / kv_pages_total). */
 void dsv4_metrics_set_pool(dsv4_metrics *m, double kv_usage_perc);
+/* Labels of vllm:cache_config_info (issue 5): --kv-cache-dtype and prefix caching. */
+void dsv4_metrics_set_cache_config(dsv4_metrics *m, const char *cache_dtype, int prefix_caching);
 
 /*
  * dsv4_metrics_render — Prometheus text (version 0.0.4) of everything, with the

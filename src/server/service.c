@@ -9,6 +9,7 @@
 
 #include "engine/engine.h"
 #include "engine/model_runner.h"
+#include "model/kvcodec.h"
 #include "server/service_internal.h"
 #include "text/tokenizer.h"
 
@@ -83,12 +84,18 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
     /* prefix caching: a few slots beyond max_num_seqs keep the state of recent
      * prompts while their requests decode on (SERVING.md §8.7) */
     int cache_slots = !o->enable_prefix_caching ? 0 : o->max_num_seqs < 8 ? o->max_num_seqs : 8;
+    dsv4_kv_dtype kvt;
+    if ((rc = dsv4_kv_dtype_parse(o->kv_cache_dtype, &kvt, err))) goto fail_flag;
     dsv4_model_runner_opts mo = {.n_slots = o->max_num_seqs + cache_slots,
                                  .max_len = (int)s->max_model_len,
                                  .max_spec = o->spec_k,
                                  .numerics = DSV4_NUMERICS_REFERENCE,
                                  .draft_sampled = o->draft_sampled,
-                                 .device = (dsv4_device)o->device};
+                                 .device = (dsv4_device)o->device,
+                                 .block_size = o->block_size,
+                                 .n_pages = o->num_gpu_blocks_override,
+                                 .kv_cache_bytes = o->kv_cache_memory_bytes,
+                                 .kv_dtype = (int)kvt};
     dsv4_load_opts lo = {.dummy = o->load_dummy, .hf_overrides = o->hf_overrides};
     if ((rc = dsv4_model_runner_open_ex(o->model_dir, &mo, &lo, &s->mr, err))) goto fail;
     const dsv4_config *cfg = dsv4_model_runner_config(s->mr);
@@ -101,6 +108,20 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
     if (dsv4_tokenizer_vocab_size(s->tok) < s->vocab)
         dsv4_log(DSV4_LOG_WARN, "tokenizer has %d ids, the model %d", dsv4_tokenizer_vocab_size(s->tok), s->vocab);
     dsv4_runner run = dsv4_model_runner_iface(s->mr);
+    if (run.page_tokens > 0 && (int64_t)run.n_pages * run.page_tokens < s->max_model_len) {
+        /* vLLM refuses to start when one max_model_len request cannot fit the KV cache */
+        rc = dsv4_err_set(err, DSV4_EINVAL,
+                          "to serve at least one request with max_model_len %lld, the KV cache pool needs %lld pages "
+                          "of %d tokens (%.1f MiB), but it holds %d (%lld tokens). Raise --kv-cache-memory-bytes / "
+                          "--num-gpu-blocks-override or lower --max-model-len to at most %lld.",
+                          (long long)s->max_model_len,
+                          (long long)((s->max_model_len + run.page_tokens - 1) / run.page_tokens), run.page_tokens,
+                          (double)run.page_bytes * (double)((s->max_model_len + run.page_tokens - 1) / run.page_tokens) /
+                              1048576.0,
+                          run.n_pages, (long long)run.n_pages * run.page_tokens,
+                          (long long)run.n_pages * run.page_tokens);
+        goto fail;
+    }
     dsv4_drafter dr;
     int has_drafter = o->spec_k > 0 && dsv4_model_runner_drafter(s->mr, &dr);
     dsv4_draft_kind want = want_mtp ? DSV4_DRAFT_MTP : DSV4_DRAFT_DSPARK;
@@ -126,6 +147,7 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
         rc = dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
         goto fail;
     }
+    dsv4_metrics_set_cache_config(s->metrics, o->kv_cache_dtype ? o->kv_cache_dtype : "auto", o->enable_prefix_caching);
     dsv4_log(DSV4_LOG_INFO,
              "model %s: %s, %d layers, vocab %d, profile %s; CPU backend; max_model_len %lld, "
              "max_num_seqs %d (state for %d x %lld tokens); speculation %s k=%d; prefix caching %s",

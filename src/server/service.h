@@ -47,6 +47,12 @@ typedef struct dsv4_service_opts {
     const char *hf_overrides;
     const char *tokenizer_dir;
     const char *encoding_dir;
+    /* state pool (issue 5): --block-size (0 = 256), --num-gpu-blocks-override,
+     * --kv-cache-memory-bytes (0 = unset), --kv-cache-dtype (NULL = auto) */
+    int block_size;
+    int num_gpu_blocks_override;
+    int64_t kv_cache_memory_bytes;
+    const char *kv_cache_dtype;
 } dsv4_service_opts;
 
 /*

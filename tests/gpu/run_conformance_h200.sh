@@ -18,7 +18,7 @@ if [ -z "${BIN:-}" ]; then
     nvcc -std=c++17 -O3 -arch=sm_$ARCH -Iinclude -Isrc -c "$f" -o "$B/$(basename "$f" .cu).o" &
   done
   for f in tests/gpu/gpu_conformance.c src/backend/conformance.c src/backend/rope_params.c \
-           src/backend/timing.c src/backend/cpu/*.c src/util/err.c; do
+           src/backend/timing.c src/backend/cpu/*.c src/model/kvcodec.c src/model/formats.c src/util/err.c; do
     gcc -std=c11 -O2 -fopenmp -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter -Iinclude -Isrc -c "$f" -o "$B/c_$(basename "$f" .c).o" &
   done
   wait

@@ -39,6 +39,17 @@
 #define N_PROMPT 10
 #define N_TOK 34
 
+/* The runner's state may be paged (the engine's pool): map slot 0's pages. */
+static int map_pages(dsv4_model_runner *mr, dsv4_err *err) {
+    dsv4_runner run = dsv4_model_runner_iface(mr);
+    if (run.page_tokens <= 0 || !run.set_pages) return DSV4_OK;
+    int per = (N_TOK + 2 + run.page_tokens - 1) / run.page_tokens;
+    int32_t ids[64];
+    if (per > 64 || per > run.n_pages) return dsv4_err_set(err, DSV4_ERANGE, "pool too small");
+    for (int j = 0; j < per; j++) ids[j] = j;
+    return run.set_pages(run.ctx, 0, per, ids, err);
+}
+
 static int forward_rows(dsv4_runner *run, const int32_t *tok, int pos0, int n, float *logits, dsv4_err *err) {
     int32_t pos[N_TOK], slot[N_TOK], sidx[N_TOK], rows[N_TOK], cu[2] = {0, n}, sslot = 0, spos0 = pos0;
     for (int i = 0; i < n; i++) {
@@ -84,6 +95,8 @@ static void compare(const char *dir) {
         dsv4_model_runner_free(cpu);
         return;
     }
+    CHECK_EQ_INT(map_pages(cpu, &err), 0);
+    CHECK_EQ_INT(map_pages(gpu, &err), 0);
     int V = dsv4_model_runner_config(cpu)->vocab_size;
     float *a = malloc(sizeof(float) * N_TOK * V), *b = malloc(sizeof(float) * N_TOK * V);
     /* prompt, then the CPU's own greedy continuation (what `dsv4 run` would emit) */

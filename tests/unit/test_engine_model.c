@@ -238,6 +238,8 @@ int main(void) {
         float *qn = NULL;
         int qv = 0;
         int32_t lrow2 = L - 10 - 1;
+        int32_t page0 = 0; /* the runner's state pool: the caller maps slot 2's page (runner.h) */
+        if (run.set_pages) CHECK_EQ_INT(run.set_pages(run.ctx, 2, 1, &page0, &err), 0);
         CHECK_EQ_INT(run.forward(run.ctx, &b1, &lrow, 0, lg, &err), 0);
         CHECK_EQ_INT(dr.commit(dr.ctx, 1, &slot2, &len1, &err), 0);
         CHECK_EQ_INT(run.forward(run.ctx, &b2, &lrow2, 1, lg, &err), 0);

@@ -20,12 +20,37 @@ int dsv4_cpu_check_f32(const dsv4_buf *b, int64_t rows, int64_t cols, const char
     return DSV4_OK;
 }
 
+int dsv4_cpu_kv_fmt_of(const dsv4_buf *b, int64_t rows, int64_t dim, const char *what, dsv4_cpu_kv_fmt *f,
+                       dsv4_err *err) {
+    if (!b || !b->data) return dsv4_err_set(err, DSV4_EINVAL, "cpu: %s: missing buffer", what);
+    if (rows >= 0 && b->rows != rows)
+        return dsv4_err_set(err, DSV4_EINVAL, "cpu: %s: %lld rows, expected %lld", what, (long long)b->rows,
+                            (long long)rows);
+    f->dim = (int)dim;
+    f->rope_dim = 0;
+    if (b->dtype == DSV4_DT_F32 && b->cols == dim) f->t = DSV4_KV_F32;
+    else if (b->dtype == DSV4_DT_BF16 && b->cols == dim) f->t = DSV4_KV_BF16;
+    else if (b->dtype == DSV4_DT_U8 && (f->rope_dim = dsv4_kvcodec_rope_dim(DSV4_KV_FP8_DS_MLA, (int)dim, b->cols)) >= 0)
+        f->t = DSV4_KV_FP8_DS_MLA;
+    else
+        return dsv4_err_set(err, DSV4_EINVAL,
+                            "cpu: %s: %s rows of %lld columns are no KV row format for dim %lld (F32/BF16 [dim], "
+                            "U8 fp8_ds_mla records)",
+                            what, dsv4_dtype_name(b->dtype), (long long)b->cols, (long long)dim);
+    f->bytes = dsv4_kvcodec_row_bytes(f->t, f->dim, f->rope_dim);
+    return DSV4_OK;
+}
+
 int dsv4_cpu_check_cmp_rows(const dsv4_cmp_state *cs, int64_t cols, const char *what, dsv4_err *err) {
-    if (!cs->block_table) return dsv4_cpu_check_f32(&cs->rows, (int64_t)cs->n_slots * cs->max_rows, cols, what, err);
-    int rc = dsv4_cpu_check_f32(&cs->rows, -1, cols, what, err);
-    if (!rc && (cs->page_rows <= 0 || cs->max_pages <= 0 || cs->rows.rows % cs->page_rows))
-        rc = dsv4_err_set(err, DSV4_EINVAL, "cpu: %s: paged with page_rows %d, max_pages %d, %lld rows", what,
-                          cs->page_rows, cs->max_pages, (long long)cs->rows.rows);
+    dsv4_cpu_kv_fmt f;
+    if (!cs->block_table) return dsv4_cpu_kv_fmt_of(&cs->rows, (int64_t)cs->n_slots * cs->max_rows, cols, what, &f, err);
+    if (cs->page_rows <= 0 || cs->max_pages <= 0 || (int64_t)cs->max_pages * cs->page_rows < cs->max_rows)
+        return dsv4_err_set(err, DSV4_EINVAL, "cpu: %s: bad paging (page_rows %d, max_pages %d, max_rows %lld)", what,
+                            cs->page_rows, cs->max_pages, (long long)cs->max_rows);
+    int rc = dsv4_cpu_kv_fmt_of(&cs->rows, -1, cols, what, &f, err);
+    if (!rc && cs->rows.rows % cs->page_rows)
+        rc = dsv4_err_set(err, DSV4_EINVAL, "cpu: %s: %lld rows is not a whole number of pages of %d", what,
+                          (long long)cs->rows.rows, cs->page_rows);
     return rc;
 }
 

@@ -90,21 +90,27 @@ int dsv4_cpu_compress(dsv4_backend *be, dsv4_cmp_state *cs, const dsv4_buf *K, c
     if (!rc) rc = dsv4_cpu_check_vec(norm_w, D, "compressor norm", err);
     if (!rc) rc = dsv4_cpu_check_f32(&cs->kv, (int64_t)cs->n_slots * cs->cap, cw, "compressor kv ring", err);
     if (!rc) rc = dsv4_cpu_check_f32(&cs->score, (int64_t)cs->n_slots * cs->cap, cw, "compressor score ring", err);
+    dsv4_cpu_kv_fmt rf;
     if (!rc) rc = dsv4_cpu_check_cmp_rows(cs, D, "compressed rows", err);
+    if (!rc) rc = dsv4_cpu_kv_fmt_of(&cs->rows, -1, D, "compressed rows", &rf, err);
     if (rc) return rc;
     for (int t = 0; t < b->n_rows; t++) {
         if (b->slot[t] < 0 || b->slot[t] >= cs->n_slots)
             return dsv4_err_set(err, DSV4_EINVAL, "compress: slot %d out of range", b->slot[t]);
-        if ((b->pos[t] + 1) % m == 0 &&
-            (cs->block_table ? b->pos[t] / m / cs->page_rows >= cs->max_pages : (b->pos[t] + 1) / m > cs->max_rows))
+        if ((b->pos[t] + 1) % m == 0 && (b->pos[t] + 1) / m > cs->max_rows)
             return dsv4_err_set(err, DSV4_ERANGE, "compress: position %d beyond the state's %lld rows",
                                 b->pos[t], (long long)cs->max_rows);
+        if ((b->pos[t] + 1) % m == 0 && dsv4_cpu_cmp_index(cs, b->slot[t], b->pos[t] / m) < 0)
+            return dsv4_err_set(err, DSV4_ERANGE, "compress: slot %d position %d: its page is not mapped",
+                                b->slot[t], b->pos[t]);
     }
     int nslot = m * (cs->overlap ? 2 : 1);
     float *zbuf = malloc((size_t)nslot * D * sizeof(float)), *kbuf = malloc((size_t)nslot * D * sizeof(float));
-    if (!zbuf || !kbuf) {
+    float *row = malloc((size_t)D * sizeof(float)); /* the emitted row, then coded into the store */
+    if (!zbuf || !kbuf || !row) {
         free(zbuf);
         free(kbuf);
+        free(row);
         return dsv4_err_set(err, DSV4_ENOMEM, "cpu: compress: out of memory");
     }
     int ref = be->numerics == DSV4_NUMERICS_REFERENCE;
@@ -114,8 +120,6 @@ int dsv4_cpu_compress(dsv4_backend *be, dsv4_cmp_state *cs, const dsv4_buf *K, c
         if ((p + 1) % m) continue;
         int slot = b->slot[t];
         int64_t w = p / m, p0 = b->seq_pos0[b->seq_idx[t]];
-        float *row = dsv4_cpu_cmp_row(cs, slot, w);
-        if (!row) continue; /* page not mapped: nothing may be written */
         pool_window(cs, K->data, Z->data, ape, t, p, p0, slot, w, row, zbuf, kbuf);
         double ss = 0;
         for (int j = 0; j < D; j++) ss += (double)row[j] * row[j];
@@ -129,9 +133,11 @@ int dsv4_cpu_compress(dsv4_backend *be, dsv4_cmp_state *cs, const dsv4_buf *K, c
             dsv4_cpu_hadamard(row, D);
             for (int k = 0; k < D; k += 32) dsv4_cpu_fp4_roundtrip(row + k, 32);
         }
+        dsv4_cpu_kv_store(&cs->rows, &rf, dsv4_cpu_cmp_index(cs, slot, w), row); /* mapped: checked above */
     }
     free(zbuf);
     free(kbuf);
+    free(row);
     /* 2. Record the batch's (K, Z+ape) in the token ring, in row order. */
     for (int t = 0; t < b->n_rows; t++) {
         int64_t p = b->pos[t], r = (int64_t)b->slot[t] * cs->cap + p % cs->cap;

@@ -34,15 +34,15 @@ int dsv4_cpu_indexer_select(dsv4_backend *be, const dsv4_buf *qi, const dsv4_buf
     rc = dsv4_cpu_check_f32(qi, T, H * dk, "indexer q", err);
     if (!rc) rc = dsv4_cpu_check_i32(sel, T, topk, "indexer sel", err);
     if (!rc) rc = dsv4_cpu_check_cmp_rows(idx, dk, "index keys", err);
+    if (!rc && idx->rows.dtype != DSV4_DT_F32) /* index keys are always stored as f32 */
+        rc = dsv4_err_set(err, DSV4_EINVAL, "cpu: index keys: dtype %s, expected F32", dsv4_dtype_name(idx->rows.dtype));
     if (rc) return rc;
-    int fail = 0;
+    int fail = 0, unmapped = 0;
 #pragma omp parallel for schedule(dynamic) if ((int64_t)T * H * dk * idx->max_rows > DSV4_CPU_PAR_MIN)
     for (int t = 0; t < T; t++) {
         int32_t *out = (int32_t *)sel->data + (int64_t)t * topk;
         int64_t nvis = (b->pos[t] + 1) / idx->ratio;
-        if (!idx->block_table && nvis > idx->max_rows) nvis = idx->max_rows;
-        if (idx->block_table && nvis > (int64_t)idx->max_pages * idx->page_rows)
-            nvis = (int64_t)idx->max_pages * idx->page_rows;
+        if (nvis > idx->max_rows) nvis = idx->max_rows;
         for (int j = 0; j < topk; j++) out[j] = -1;
         if (nvis <= topk) { /* everything visible is kept: no scores needed */
             for (int64_t w = 0; w < nvis; w++) out[w] = (int32_t)w;
@@ -56,9 +56,15 @@ int dsv4_cpu_indexer_select(dsv4_backend *be, const dsv4_buf *qi, const dsv4_buf
         }
         const float *q = (const float *)qi->data + (int64_t)t * H * dk, *gw = (const float *)g->data + (int64_t)t * H;
         for (int64_t w = 0; w < nvis; w++) {
-            const float *key = dsv4_cpu_cmp_row(idx, b->slot[t], w); /* NULL: unmapped page */
-            float total = key ? 0 : -INFINITY;
-            for (int64_t h = 0; key && h < H; h++) {
+            int64_t ri = dsv4_cpu_cmp_index(idx, b->slot[t], w); /* via the block table */
+            const float *key = ri < 0 ? NULL : (const float *)idx->rows.data + ri * dk;
+            float total = 0;
+            if (!key) {
+#pragma omp atomic write
+                unmapped = 1;
+                total = -INFINITY;
+            }
+            for (int64_t h = 0; h < H && key; h++) {
                 float dot = dsv4_cpu_dot(q + h * dk, key, dk);
                 total += g_scale * gw[h] * (dot > 0 ? dot : 0);
             }
@@ -71,5 +77,6 @@ int dsv4_cpu_indexer_select(dsv4_backend *be, const dsv4_buf *qi, const dsv4_buf
         free(sc);
     }
     if (fail) return dsv4_err_set(err, DSV4_ENOMEM, "cpu: indexer_select: out of memory");
+    if (unmapped) return dsv4_err_set(err, DSV4_ERANGE, "cpu: indexer_select: a visible index key is on an unmapped page");
     return DSV4_OK;
 }

@@ -4,6 +4,7 @@
  */
 #ifndef DSV4_CPU_INTERNAL_H
 #define DSV4_CPU_INTERNAL_H
+#include "model/kvcodec.h"
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_num.h"
@@ -24,22 +25,50 @@ static inline float dsv4_cpu_dot(const float *a, const float *b, int64_t n) {
     return s;
 }
 
-/* Emitted row w of `slot` in cs->rows, addressed through DSV4_CMP_ROW (paged
- * or not), or NULL when its page is unmapped (-1) or past the block table. */
-static inline float *dsv4_cpu_cmp_row(const dsv4_cmp_state *cs, int slot, int64_t w) {
-    if (cs->block_table &&
-        (w / cs->page_rows >= cs->max_pages || cs->block_table[(int64_t)slot * cs->max_pages + w / cs->page_rows] < 0))
-        return NULL;
-    return (float *)cs->rows.data + DSV4_CMP_ROW(cs, slot, w) * cs->rows.cols;
-}
-/* Emitted-row storage of a compressor state: F32, `cols` wide, n_slots*max_rows
- * rows (unpaged) or whole pages (paged). */
-int dsv4_cpu_check_cmp_rows(const dsv4_cmp_state *cs, int64_t cols, const char *what, dsv4_err *err);
-
 /* Checks shared by every op; each returns DSV4_OK or DSV4_EINVAL naming `what`. */
 int dsv4_cpu_check_f32(const dsv4_buf *b, int64_t rows, int64_t cols, const char *what, dsv4_err *err);
 int dsv4_cpu_check_i32(const dsv4_buf *b, int64_t rows, int64_t cols, const char *what, dsv4_err *err);
 int dsv4_cpu_check_vec(const dsv4_tview *v, int64_t n, const char *what, dsv4_err *err);
+
+/*
+ * Emitted compressed rows (backend.h dsv4_cmp_state): check the store holds
+ * F32 rows of width `cols` for its layout (unpaged: n_slots*max_rows rows;
+ * paged: whole pages of page_rows, block table present), and address row w of
+ * a slot ONLY through DSV4_CMP_ROW. cmp_row returns NULL for a row on an
+ * unmapped page (block table entry -1), which an op must neither read nor write.
+ */
+int dsv4_cpu_check_cmp_rows(const dsv4_cmp_state *cs, int64_t cols, const char *what, dsv4_err *err);
+/* Row index of emitted row w of slot in cs->rows, or -1 (unmapped page / out of range). */
+static inline int64_t dsv4_cpu_cmp_index(const dsv4_cmp_state *cs, int slot, int64_t w) {
+    if (w < 0 || w >= cs->max_rows) return -1;
+    int64_t r = DSV4_CMP_ROW(cs, slot, w);
+    return r < 0 || r >= cs->rows.rows ? -1 : r;
+}
+
+/*
+ * Stored KV rows (window rings, main compressed rows) may be coded
+ * (--kv-cache-dtype, src/model/kvcodec.h): an F32 buffer of `dim` columns is
+ * plain floats; BF16 of `dim` columns is bf16; U8 of row_bytes columns is the
+ * fp8_ds_mla record. kv_fmt_of recognises the buffer (DSV4_EINVAL otherwise).
+ * kv_load returns a pointer to row r as floats: the row itself for F32,
+ * else `scratch` [dim] decoded. kv_store encodes x[dim] into row r.
+ */
+typedef struct dsv4_cpu_kv_fmt {
+    dsv4_kv_dtype t;
+    int dim, rope_dim;
+    int64_t bytes; /* per row */
+} dsv4_cpu_kv_fmt;
+int dsv4_cpu_kv_fmt_of(const dsv4_buf *b, int64_t rows, int64_t dim, const char *what, dsv4_cpu_kv_fmt *f,
+                       dsv4_err *err);
+static inline const float *dsv4_cpu_kv_load(const dsv4_buf *b, const dsv4_cpu_kv_fmt *f, int64_t r, float *scratch) {
+    const uint8_t *p = (const uint8_t *)b->data + r * f->bytes;
+    if (f->t == DSV4_KV_F32) return (const float *)p;
+    dsv4_kvcodec_decode(f->t, f->dim, f->rope_dim, p, scratch);
+    return scratch;
+}
+static inline void dsv4_cpu_kv_store(dsv4_buf *b, const dsv4_cpu_kv_fmt *f, int64_t r, const float *x) {
+    dsv4_kvcodec_encode(f->t, f->dim, f->rope_dim, x, (uint8_t *)b->data + r * f->bytes);
+}
 
 /*
  * y[T][out] = x[T][in] · Wᵀ on plain float arrays, decoding the stored

@@ -79,13 +79,10 @@ __device__ __forceinline__ const float *cand_key(const att_args &a, int t, int64
         if (w < 0 || w >= nvis) return NULL;
     } else {
         w = jj;
-        if (w >= nvis || (!a.cs.block_table && w >= a.cs.max_rows)) return NULL;
+        if (w >= nvis) return NULL;
     }
-    if (a.cs.block_table) {
-        if (w / a.cs.page_rows >= a.cs.max_pages) return NULL;
-        if (a.cs.block_table[(int64_t)slot * a.cs.max_pages + w / a.cs.page_rows] < 0) return NULL;
-    }
-    return (const float *)a.cs.rows.data + DSV4_CMP_ROW(&a.cs, slot, w) * a.hd;
+    const int64_t r = cu_cmp_index(a.cs, slot, w);
+    return r < 0 ? NULL : (const float *)a.cs.rows.data + r * a.hd;
 }
 
 /* Scores of ATT_CHUNK candidates x ATT_QHEADS heads of one row. NV = hd/128.
@@ -288,7 +285,7 @@ int cu_be_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, con
         int64_t p = b->pos[t], n = p + 1 < ws->window ? p + 1 : ws->window;
         if (cs) {
             int64_t nvis = (p + 1) / cs->ratio;
-            if (!cs->block_table && nvis > cs->max_rows) nvis = cs->max_rows;
+            if (nvis > cs->max_rows) nvis = cs->max_rows;
             n += sel ? sel->cols : nvis;
         }
         if (n > maxc) maxc = n;

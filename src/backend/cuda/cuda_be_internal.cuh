@@ -70,6 +70,20 @@ __device__ __forceinline__ float e2m1_round(float x) {
     return x < 0 ? -q : q;
 }
 
+/* Row index in cs.rows of emitted row w of `slot` through DSV4_CMP_ROW (paged or not), or -1
+ * when the row must not be touched: w >= max_rows, its page unmapped (-1) or past the block
+ * table, or the index past the buffer. The CPU reference reports DSV4_ERANGE for a visible
+ * row it cannot reach; a kernel cannot, so it skips the row (the engine maps every page an
+ * op touches before the step). */
+__device__ __forceinline__ int64_t cu_cmp_index(const dsv4_cmp_state &cs, int slot, int64_t w) {
+    if (w < 0 || w >= cs.max_rows) return -1;
+    if (cs.block_table && (w / cs.page_rows >= cs.max_pages ||
+                           cs.block_table[(int64_t)slot * cs.max_pages + w / cs.page_rows] < 0))
+        return -1;
+    const int64_t r = DSV4_CMP_ROW(&cs, slot, w);
+    return r < cs.rows.rows ? r : -1;
+}
+
 /* The small ops (cuda_be_ops.cu), wired into the table by cuda_backend.cu. */
 int cu_be_embed(dsv4_backend *be, const dsv4_tview *table, const dsv4_batch *b, int n_copies,
                 dsv4_buf *out, dsv4_err *err);

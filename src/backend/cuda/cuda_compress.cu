@@ -23,6 +23,7 @@
 
 #define CMP_THREADS 256
 #define CMP_MAX_DIM 1024
+#define CMP_CACHE 8 /* pooling slots held in registers (ratio 4 with overlap) */
 
 /* Emitted-row storage checks (shared with the indexer and attention). */
 int cu_be_check_cmp_rows(const dsv4_cmp_state *cs, int64_t out_dim, const char *what, dsv4_err *err) {
@@ -55,6 +56,31 @@ __device__ double block_sum_d(double v, double *part) {
     return s;
 }
 
+/* (z, k) of channel j in slot sI of window w's pooling set: with overlap, slots [0, m) are the
+ * first halves of window w-1 (absent for w = 0: z = -inf, k = 0), [m, 2m) the second halves of
+ * window w. Positions >= p0 come from this batch (Z + ape), older ones from the token ring. */
+__device__ __forceinline__ void cmp_slot(const dsv4_cmp_state &cs, const float *K, const float *Z, const void *ape,
+                                         int ape_bf16, int t, int64_t p, int64_t p0, int slot, int64_t w, int sI, int j,
+                                         int64_t cw, float &z, float &k) {
+    const int m = cs.ratio, part = cs.overlap ? sI / m : 1, i = cs.overlap ? sI % m : sI;
+    const int64_t wb = part == 0 ? w - 1 : w;
+    if (wb < 0) {
+        z = -INFINITY;
+        k = 0.f;
+        return;
+    }
+    const int64_t off = (cs.overlap && part == 1) ? cs.out_dim : 0, pp = wb * m + i;
+    if (pp >= p0) {
+        const int64_t r = t - (p - pp);
+        z = Z[r * cw + off + j] + cu_ldf(ape, ape_bf16, (pp % m) * cw + off + j);
+        k = K[r * cw + off + j];
+    } else {
+        const int64_t r = (int64_t)slot * cs.cap + pp % cs.cap;
+        z = ((const float *)cs.score.data)[r * cw + off + j];
+        k = ((const float *)cs.kv.data)[r * cw + off + j];
+    }
+}
+
 /* Window pooling, norm, RoPE, QAT of every window completed by a batch row. */
 __global__ void __launch_bounds__(CMP_THREADS) k_cmp_emit(dsv4_cmp_state cs, const float *K, const float *Z,
                                                           const void *ape, int ape_bf16, const void *nw, int nw_bf16,
@@ -67,42 +93,51 @@ __global__ void __launch_bounds__(CMP_THREADS) k_cmp_emit(dsv4_cmp_state cs, con
     if ((p + 1) % m) return;
     const int slot = slots[t];
     const int64_t w = p / m, p0 = p0s[t];
-    if (cs.block_table && cs.block_table[(int64_t)slot * cs.max_pages + w / cs.page_rows] < 0) return;
-    const int64_t dst = DSV4_CMP_ROW(&cs, slot, w);
+    const int64_t dst = cu_cmp_index(cs, slot, w);
+    if (dst < 0) return; /* unmapped page: nothing may be written */
     const int64_t cw = (int64_t)D * (cs.overlap ? 2 : 1);
-    const float *ring_k = (const float *)cs.kv.data, *ring_z = (const float *)cs.score.data;
-    /* 1. per-channel softmax pooling over the window's slots (§3.4.5 "Pooling") */
+    /* 1. per-channel softmax pooling over the window's slots (§3.4.5 "Pooling"), slots in the
+     * reference's order; up to CMP_CACHE slots (ratio 4) are loaded at once into registers
+     * (the loads overlap), longer windows (ratio 128) take two passes over memory */
+    const int nsl = m * (cs.overlap ? 2 : 1);
     for (int j = threadIdx.x; j < D; j += blockDim.x) {
-        float mx = -INFINITY;
-        for (int pass = 0; pass < 2; pass++) {
-            double den = 0, acc = 0;
-            for (int part_ = cs.overlap ? 0 : 1; part_ < 2; part_++) {
-                const int64_t wb = part_ == 0 ? w - 1 : w;
-                if (wb < 0) continue; /* absent previous window: weight 0 */
-                const int64_t off = (cs.overlap && part_ == 1) ? D : 0;
-                for (int i = 0; i < m; i++) {
-                    const int64_t pp = wb * m + i;
-                    float z, k;
-                    if (pp >= p0) {
-                        const int64_t r = t - (p - pp);
-                        z = Z[r * cw + off + j] + cu_ldf(ape, ape_bf16, (pp % m) * cw + off + j);
-                        k = K[r * cw + off + j];
-                    } else {
-                        const int64_t r = (int64_t)slot * cs.cap + pp % cs.cap;
-                        z = ring_z[r * cw + off + j];
-                        k = ring_k[r * cw + off + j];
-                    }
-                    if (pass == 0) {
-                        mx = fmaxf(mx, z);
-                    } else {
-                        const double e = exp((double)z - mx);
-                        den += e;
-                        acc += e * k;
-                    }
-                }
+        if (nsl <= CMP_CACHE) {
+            float zc[CMP_CACHE], kc[CMP_CACHE], mx = -INFINITY;
+#pragma unroll
+            for (int sI = 0; sI < CMP_CACHE; sI++) {
+                zc[sI] = -INFINITY;
+                kc[sI] = 0.f;
+                if (sI < nsl) cmp_slot(cs, K, Z, ape, ape_bf16, t, p, p0, slot, w, sI, j, cw, zc[sI], kc[sI]);
             }
-            if (pass == 1) row[j] = (float)(acc / den);
+#pragma unroll
+            for (int sI = 0; sI < CMP_CACHE; sI++) mx = fmaxf(mx, zc[sI]);
+            double den = 0, acc = 0;
+#pragma unroll
+            for (int sI = 0; sI < CMP_CACHE; sI++) {
+                if (sI >= nsl || zc[sI] == -INFINITY) continue; /* weight 0 (absent previous window) */
+                const double e = exp((double)zc[sI] - mx);
+                den += e;
+                acc += e * kc[sI];
+            }
+            row[j] = (float)(acc / den);
+            continue;
         }
+        float mx = -INFINITY;
+        for (int sI = 0; sI < nsl; sI++) {
+            float z, k;
+            cmp_slot(cs, K, Z, ape, ape_bf16, t, p, p0, slot, w, sI, j, cw, z, k);
+            mx = fmaxf(mx, z);
+        }
+        double den = 0, acc = 0;
+        for (int sI = 0; sI < nsl; sI++) {
+            float z, k;
+            cmp_slot(cs, K, Z, ape, ape_bf16, t, p, p0, slot, w, sI, j, cw, z, k);
+            if (z == -INFINITY) continue;
+            const double e = exp((double)z - mx);
+            den += e;
+            acc += e * k;
+        }
+        row[j] = (float)(acc / den);
     }
     __syncthreads();
     /* 2. RMSNorm (fp64 sum of squares, as the reference) */
@@ -200,10 +235,9 @@ int cu_be_compress(dsv4_backend *be, dsv4_cmp_state *cs, const dsv4_buf *K, cons
                           b->pos[t], t);
         if ((b->pos[t] + 1) % m == 0) {
             int64_t w = b->pos[t] / m;
-            if ((!cs->block_table && w >= cs->max_rows) ||
-                (cs->block_table && w / cs->page_rows >= cs->max_pages))
+            if (w >= cs->max_rows || (cs->block_table && w / cs->page_rows >= cs->max_pages))
                 return cu_err(err, DSV4_ERANGE, "compress: position %d beyond the state's %lld rows", b->pos[t],
-                              (long long)(cs->block_table ? (int64_t)cs->max_pages * cs->page_rows : cs->max_rows));
+                              (long long)cs->max_rows);
         }
     }
     if (!b->n_rows) return DSV4_OK;

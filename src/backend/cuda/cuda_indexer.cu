@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(IDX_THREADS) k_idx_scores(const float *qi, con
     const int tl = blockIdx.y, t = t0 + tl;
     const int64_t p = pos[t];
     int64_t nvis = (p + 1) / cs.ratio;
-    if (!cs.block_table && nvis > cs.max_rows) nvis = cs.max_rows;
+    if (nvis > cs.max_rows) nvis = cs.max_rows;
     if (cs.block_table && nvis > (int64_t)cs.max_pages * cs.page_rows) nvis = (int64_t)cs.max_pages * cs.page_rows;
     const int64_t wbase = (int64_t)blockIdx.x * IDX_TILE * IDX_TILES;
     if (wbase >= nvis) return;
@@ -65,9 +65,8 @@ __global__ void __launch_bounds__(IDX_THREADS) k_idx_scores(const float *qi, con
         for (int i = threadIdx.x; i < IDX_TILE * dk; i += blockDim.x) {
             const int kk = i / dk, d = i % dk;
             const int64_t w = w0 + kk;
-            float v = 0.f;
-            if (w < nvis && (!cs.block_table || cs.block_table[(int64_t)slot * cs.max_pages + w / cs.page_rows] >= 0))
-                v = keys[DSV4_CMP_ROW(&cs, slot, w) * dk + d];
+            const int64_t r = w < nvis ? cu_cmp_index(cs, slot, w) : -1;
+            const float v = r >= 0 ? keys[r * dk + d] : 0.f;
             kt[d * IDX_TILE + kk] = v;
         }
         __syncthreads();
@@ -115,8 +114,7 @@ __global__ void __launch_bounds__(IDX_THREADS) k_idx_scores(const float *qi, con
             if (w < nvis) {
                 float total = 0.f;
                 for (int h = 0; h < H; h++) total = __fadd_rn(total, __fmul_rn(gw[h], dots[threadIdx.x * H + h]));
-                if (cs.block_table && cs.block_table[(int64_t)slot * cs.max_pages + w / cs.page_rows] < 0)
-                    total = -INFINITY; /* unmapped: never preferred */
+                if (cu_cmp_index(cs, slot, w) < 0) total = -INFINITY; /* unreachable row: never preferred */
                 scores[(int64_t)tl * ld + w] = total;
             }
         }
@@ -239,7 +237,9 @@ int cu_be_indexer_select(dsv4_backend *be, const dsv4_buf *qi, const dsv4_buf *g
                     "max 256), topk %d", H, IDX_MAXH, dk, topk);
     if (rc) return rc;
     if (!T) return DSV4_OK;
-    int64_t max_vis = idx->block_table ? (int64_t)idx->max_pages * idx->page_rows : idx->max_rows;
+    int64_t max_vis = idx->max_rows; /* as the reference: rows w >= max_rows are never visible */
+    if (idx->block_table && (int64_t)idx->max_pages * idx->page_rows < max_vis)
+        max_vis = (int64_t)idx->max_pages * idx->page_rows;
     int64_t maxn = 0;
     for (int t = 0; t < T; t++) {
         if (b->slot[t] < 0 || b->slot[t] >= idx->n_slots || b->pos[t] < 0)
