@@ -449,6 +449,18 @@ struct dsv4_backend {
      */
     int (*fill_dummy_linear)(dsv4_backend *be, const dsv4_fill *wfill, const dsv4_fill *sfill,
                              dsv4_linear *dev, dsv4_err *err);
+
+    /* ---- optional ops (NULL = the forward does it on the host) ---- */
+
+    /*
+     * Stream mean for the DSpark target taps (spec/DSPARK.md §2.3):
+     * y[t][col0 + k] = (Σ_h X[t][h*d + k]) / n_hc, summed in h order, for
+     * X [T][n_hc*d], y [T][ycols] (F32), col0 + d <= ycols. Lets a GPU
+     * backend keep the taps on the device until the end of the forward
+     * instead of reading the streams back in the middle of it.
+     */
+    int (*hc_mean)(dsv4_backend *be, const dsv4_buf *X, int n_hc, dsv4_buf *y, int64_t col0,
+                   dsv4_err *err);
 };
 
 /* The CPU reference backend (src/backend/cpu/). Never NULL on success. */

@@ -424,7 +424,7 @@ static int make_cmp(conf *c, int ratio, int overlap, int D, int slots, const int
             int64_t r = unpage_of(cp, sl, w);
             if (r >= 0) memcpy(prow + r * D, rows + (sl * maxr + w) * D, (size_t)D * sizeof(float));
         }
-    dsv4_buf *tb;
+    dsv4_buf *tb = NULL;
     if ((rc = single(c, 0, DSV4_DT_F32, (int64_t)np * pr, D, prow, &cp->rows[0])) ||
         (rc = single(c, 1, DSV4_DT_F32, slots * maxr, D, rows, &cp->rows[1])) ||
         (rc = single(c, 0, DSV4_DT_I32, slots, mp, bt, &tb)))

@@ -12,6 +12,7 @@ int dsv4_cmd_run(int argc, char **argv);
 int dsv4_cmd_bench(int argc, char **argv);
 int dsv4_cmd_check(int argc, char **argv);
 int dsv4_cmd_tokenize(int argc, char **argv);
+int dsv4_cmd_perf(int argc, char **argv);
 
 /* Path of the embedded default model directory (prepared by scripts/setup.sh):
  * $DSV4_DEFAULT_MODEL if set, else <source dir>/models/default. */

@@ -1,5 +1,6 @@
 /*
- * dsv4 run — greedy generation for one prompt on the CPU reference backend.
+ * dsv4 run — greedy generation for one prompt (CPU reference backend, or the
+ * CUDA backend with --device cuda / auto).
  *
  * The whole path a request takes, without the server: checkpoint (strict
  * binder) → prompt encoder (chat template, thinking resolved once) →
@@ -15,6 +16,7 @@
 #include <string.h>
 
 #include <time.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "engine/engine.h"
@@ -25,16 +27,20 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: dsv4 run [MODEL_DIR] --prompt TEXT [options]\n"
-            "Generate text greedily for one prompt with the CPU reference backend.\n"
+            "Generate text greedily for one prompt.\n"
             "MODEL_DIR defaults to the embedded default model (%s).\n"
             "  --prompt TEXT        user message (rendered with the checkpoint's chat encoder)\n"
             "  --raw                tokenize TEXT as is (no chat template, no BOS)\n"
+            "  --prompt-ids LIST    the prompt as token ids (e.g. 0,17,42) instead of --prompt; works\n"
+            "                       without a tokenizer.json (generated ids are then printed as [id])\n"
             "  --max-tokens N       tokens to generate (default 32)\n"
             "  --thinking           render with thinking mode on (default off)\n"
             "  --numerics MODE      reference (official QAT numerics, default) or hf (transformers)\n"
             "  --spec K             speculate K tokens per step with the checkpoint's drafter\n"
             "                       (DSpark stages: K <= dspark_block_size; MTP block: K = 1)\n"
             "  --show-ids           print the prompt and generated token ids to stderr\n"
+            "  --device D           auto (default: CUDA when built with it and a GPU answers, else cpu),\n"
+            "                       cpu (the reference backend) or cuda\n"
             "  --load-format F      auto | safetensors | dummy (random weights, real shapes: MODEL_DIR\n"
             "                       needs only config.json; no tokenizer.json -> the default model's)\n"
             "  --hf-overrides JSON  merged over config.json, e.g. '{\"num_hidden_layers\": 8}'\n",
@@ -42,17 +48,19 @@ static void usage(FILE *f) {
 }
 
 typedef struct run_opts {
-    const char *dir, *prompt;
+    const char *dir, *prompt, *prompt_ids;
     const char *hf_overrides, *tok_dir, *enc_dir;
     int dummy;
     int raw, max_tokens, thinking, show_ids, spec_k;
     dsv4_numerics numerics;
+    dsv4_device device;
 } run_opts;
 
 static int parse_args(int argc, char **argv, run_opts *o) {
     memset(o, 0, sizeof *o);
     o->max_tokens = 32;
     o->numerics = DSV4_NUMERICS_REFERENCE;
+    o->device = DSV4_DEVICE_AUTO;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -84,6 +92,14 @@ static int parse_args(int argc, char **argv, run_opts *o) {
                 return 2;
             }
             o->spec_k = (int)v;
+        } else if (!strcmp(a, "--device") && i + 1 < argc) {
+            dsv4_err e = {0};
+            if (dsv4_device_parse(argv[++i], &o->device, &e)) {
+                fprintf(stderr, "dsv4 run: %s\n", e.msg);
+                return 2;
+            }
+        } else if (!strcmp(a, "--prompt-ids") && i + 1 < argc) {
+            o->prompt_ids = argv[++i];
         } else if (!strcmp(a, "--load-format") && i + 1 < argc) {
             const char *f = argv[++i];
             if (strcmp(f, "auto") && strcmp(f, "safetensors") && strcmp(f, "dummy")) {
@@ -106,8 +122,8 @@ static int parse_args(int argc, char **argv, run_opts *o) {
             return 2;
         }
     }
-    if (!o->prompt) {
-        fprintf(stderr, "dsv4 run: --prompt is required (see --help)\n");
+    if (!o->prompt == !o->prompt_ids) {
+        fprintf(stderr, "dsv4 run: --prompt is required (or --prompt-ids, not both; see --help)\n");
         return 2;
     }
     if (!o->dir) o->dir = dsv4_default_model_dir();
@@ -115,8 +131,27 @@ static int parse_args(int argc, char **argv, run_opts *o) {
     return 0;
 }
 
-/* Prompt ids: chat-encoded (the server's path) or the raw text. */
+/* --prompt-ids "a,b,c" -> ids. */
+static int parse_ids(const char *s, dsv4_tokvec *ids, dsv4_err *err) {
+    size_t cap = 1;
+    for (const char *p = s; *p; p++) cap += *p == ',';
+    if (!(ids->ids = malloc(sizeof(int32_t) * cap))) return dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
+    ids->cap = cap;
+    ids->n = 0;
+    while (*s) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 0 || v > INT32_MAX || (*end && *end != ','))
+            return dsv4_err_set(err, DSV4_EINVAL, "--prompt-ids: '%s' is not a list of token ids", s);
+        ids->ids[ids->n++] = (int32_t)v;
+        s = *end ? end + 1 : end;
+    }
+    return DSV4_OK;
+}
+
+/* Prompt ids: given, chat-encoded (the server's path) or the raw text. */
 static int prompt_ids(const run_opts *o, const dsv4_tokenizer *tok, dsv4_tokvec *ids, dsv4_err *err) {
+    if (o->prompt_ids) return parse_ids(o->prompt_ids, ids, err);
     if (o->raw) return dsv4_tokenizer_encode(tok, o->prompt, strlen(o->prompt), 0, ids, err);
     dsv4_effort_profile prof;
     int rc = dsv4_encoder_detect_profile(o->enc_dir, DSV4_PROFILE_AUTO, &prof, err);
@@ -175,12 +210,15 @@ int dsv4_cmd_run(int argc, char **argv) {
     dsv4_request *r = NULL;
     char path[4096];
     snprintf(path, sizeof path, "%s/tokenizer.json", o.tok_dir);
-    int rc = dsv4_tokenizer_load(path, &tok, &err);
+    int rc = 0;
+    /* with --prompt-ids the tokenizer only renders the output: optional */
+    if (!o.prompt_ids || access(path, R_OK) == 0) rc = dsv4_tokenizer_load(path, &tok, &err);
     if (!rc) rc = prompt_ids(&o, tok, &ids, &err);
     if (!rc && ids.n == 0) rc = dsv4_err_set(&err, DSV4_EINVAL, "run: the prompt has no tokens");
     int max_len = (int)ids.n + o.max_tokens + o.spec_k + 2;
     if (!rc) {
-        dsv4_model_runner_opts mo = {.n_slots = 1, .max_len = max_len, .max_spec = o.spec_k, .numerics = o.numerics};
+        dsv4_model_runner_opts mo = {.n_slots = 1, .max_len = max_len, .max_spec = o.spec_k, .numerics = o.numerics,
+                                     .device = o.device};
         dsv4_load_opts lo = {.dummy = o.dummy, .hf_overrides = o.hf_overrides};
         rc = dsv4_model_runner_open_ex(o.dir, &mo, &lo, &mr, &err);
     }
@@ -219,8 +257,9 @@ int dsv4_cmd_run(int argc, char **argv) {
         while ((n = dsv4_request_poll(r, got, DSV4_MAX_SPEC_K + 1, &fin, 0)) > 0)
             for (int i = 0; i < n; i++) {
                 size_t len = 0;
-                const char *bytes = dsv4_tokenizer_token_bytes(tok, got[i], &len);
+                const char *bytes = tok ? dsv4_tokenizer_token_bytes(tok, got[i], &len) : NULL;
                 if (bytes) fwrite(bytes, 1, len, stdout);
+                else if (!tok) printf("[%d]", got[i]);
                 if (o.show_ids) fprintf(stderr, "[%d]", got[i]);
                 n_gen++;
             }

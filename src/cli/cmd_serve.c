@@ -14,6 +14,7 @@
 
 #include "cli/cli.h"
 #include "cli/serve_args.h"
+#include "engine/model_runner.h"
 #include "server/server.h"
 #include "server/service.h"
 
@@ -87,8 +88,10 @@ int dsv4_cmd_serve(int argc, char **argv) {
         return 2;
     }
     if (a.help_shown) return 0;
-    if (strcmp(a.device, "cuda") == 0) {
-        fprintf(stderr, "dsv4 serve: --device cuda: this build has no CUDA backend (use --device cpu)\n");
+    if (strcmp(a.device, "cuda") == 0 && a.tensor_parallel_size > 1) {
+        fprintf(stderr, "dsv4 serve: --device cuda with --tensor-parallel-size %d: tensor parallelism runs CPU ranks "
+                        "only in this build (one CUDA backend per rank over NCCL is not wired yet); use --device cpu "
+                        "or --tensor-parallel-size 1\n", a.tensor_parallel_size);
         return 1;
     }
     /* Tensor parallelism in one process: ranks are threads with their own CPU
@@ -163,6 +166,9 @@ int dsv4_cmd_serve(int argc, char **argv) {
     so.spec_method = spec_method;
     so.enable_prefix_caching = a.enable_prefix_caching;
     so.tensor_parallel_size = a.tensor_parallel_size;
+    dsv4_device dev = DSV4_DEVICE_AUTO;
+    dsv4_device_parse(a.device, &dev, NULL); /* validated by the parser */
+    so.device = (int)dev;
     so.draft_sampled = spec.draft_sampled;
     so.block_size = a.block_size;
     so.num_gpu_blocks_override = a.num_gpu_blocks_override;

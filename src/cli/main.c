@@ -14,6 +14,7 @@ static const struct {
     {"bench", dsv4_cmd_bench, "measure a running OpenAI-compatible server"},
     {"check", dsv4_cmd_check, "validate a checkpoint directory before a long start"},
     {"tokenize", dsv4_cmd_tokenize, "print token ids for text, or text for ids"},
+    {"perf", dsv4_cmd_perf, "time forward steps (decode, verify, prefill) against the HBM roofline"},
 };
 
 static void usage(FILE *f) {

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cli/serve_args.h"
+#include "engine/model_runner.h"
 
 /* vLLM flags that dsv4 accepts and ignores, because it always behaves the way
  * the seed launchers ask (spec/SERVING.md §0.2). has_value: takes an argument. */
@@ -95,7 +96,8 @@ static void usage(void) {
            "  --load-format F               auto | dummy (random weights, real shapes: MODEL_DIR needs\n"
            "                                only config.json; no tokenizer.json -> the default's)\n"
            "  --hf-overrides JSON           merged over config.json, e.g. '{\"num_hidden_layers\": 8}'\n"
-           "  --device D                    auto | cpu | cuda (default auto: this build has the CPU backend)\n"
+           "  --device D                    auto | cpu | cuda (default auto: CUDA when built with it and a\n"
+           "                                GPU answers, else the CPU reference backend; the log says which)\n"
            "  --[no-]enable-prefix-caching  automatic prefix caching (default on)\n"
            "  --default-chat-template-kwargs JSON   e.g. '{\"thinking\":false}'\n"
            "  --reasoning-effort-profile P  auto | preview | 0731\n"
@@ -115,8 +117,8 @@ int dsv4_serve_args_parse(int argc, char **argv, dsv4_serve_args *a, dsv4_err *e
     a->gpu_memory_utilization = 0.9;
     a->kv_cache_dtype = "auto";
     a->tensor_parallel_size = 1;
-    a->device = "auto";
     a->load_format = "auto";
+    a->device = "auto";
     a->enable_prefix_caching = 1;
     a->reasoning_effort_profile = "auto";
     a->default_thinking = "off";
@@ -247,13 +249,13 @@ int dsv4_serve_args_parse(int argc, char **argv, dsv4_serve_args *a, dsv4_err *e
                 return dsv4_err_set(err, DSV4_EINVAL, "%s: '%s' is not one of auto, safetensors, dummy", flag, val);
             a->load_format = val;
         }
-        else if (!strcmp(flag, "--hf-overrides")) { NEED_VALUE(); a->hf_overrides = val; }
         else if (!strcmp(flag, "--device")) {
             NEED_VALUE();
-            if (strcmp(val, "auto") && strcmp(val, "cpu") && strcmp(val, "cuda"))
-                return dsv4_err_set(err, DSV4_EINVAL, "%s: '%s' is not one of auto, cpu, cuda", flag, val);
+            dsv4_device dv;
+            if (dsv4_device_parse(val, &dv, err)) return DSV4_EINVAL;
             a->device = val;
         }
+        else if (!strcmp(flag, "--hf-overrides")) { NEED_VALUE(); a->hf_overrides = val; }
         else if (!strcmp(flag, "--enable-prefix-caching")) a->enable_prefix_caching = 1;
         else if (!strcmp(flag, "--no-enable-prefix-caching")) a->enable_prefix_caching = 0;
         else if (!strcmp(flag, "--default-chat-template-kwargs")) { NEED_VALUE(); a->default_chat_template_kwargs = val; }

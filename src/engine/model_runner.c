@@ -14,6 +14,9 @@
 #include "model/safetensors.h"
 #include "model/weights.h"
 #include "parallel/tp_shard.h"
+#ifdef DSV4_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 
 struct dsv4_model_runner {
     dsv4_config cfg;
@@ -75,6 +78,44 @@ void dsv4_model_runner_free(dsv4_model_runner *mr) {
     free(mr);
 }
 
+int dsv4_device_parse(const char *s, dsv4_device *out, dsv4_err *err) {
+    if (s && !strcmp(s, "auto")) *out = DSV4_DEVICE_AUTO;
+    else if (s && !strcmp(s, "cpu")) *out = DSV4_DEVICE_CPU;
+    else if (s && (!strcmp(s, "cuda") || !strcmp(s, "cuda:0") || !strcmp(s, "gpu"))) *out = DSV4_DEVICE_CUDA;
+    else return dsv4_err_set(err, DSV4_EINVAL, "--device: '%s' (expected auto, cpu or cuda)", s ? s : "");
+    return DSV4_OK;
+}
+
+/*
+ * The backend for o->device. AUTO tries CUDA first and says in the log which
+ * one it took and why, so a server started without --device on a GPU-less
+ * box is not silently 1000x slower than expected.
+ */
+static dsv4_backend *open_backend(const dsv4_model_runner_opts *o, dsv4_err *err) {
+    if (o->device == DSV4_DEVICE_CPU) return dsv4_backend_cpu_create(o->numerics, err);
+#ifdef DSV4_HAVE_CUDA
+    dsv4_err ce = {0};
+    dsv4_backend *be = dsv4_backend_cuda_create(o->numerics, 0, &ce);
+    if (be) {
+        dsv4_log(DSV4_LOG_INFO, "device: %s (CUDA backend%s)", be->name,
+                 o->device == DSV4_DEVICE_AUTO ? ", --device auto" : "");
+        return be;
+    }
+    if (o->device == DSV4_DEVICE_CUDA) {
+        dsv4_err_set(err, ce.code ? ce.code : DSV4_EBACKEND, "--device cuda: %s", ce.msg);
+        return NULL;
+    }
+    dsv4_log(DSV4_LOG_INFO, "device: cpu (--device auto: no usable GPU: %s)", ce.msg);
+#else
+    if (o->device == DSV4_DEVICE_CUDA) {
+        dsv4_err_set(err, DSV4_EUNSUPPORTED, "--device cuda: this build has no CUDA backend (configure with -DDSV4_CUDA=ON)");
+        return NULL;
+    }
+    dsv4_log(DSV4_LOG_INFO, "device: cpu (--device auto: this build has no CUDA backend)");
+#endif
+    return dsv4_backend_cpu_create(o->numerics, err);
+}
+
 /* Config (with overrides), checkpoint or dummy source, draft stages, bound weights. */
 static int open_weights(dsv4_model_runner *mr, const char *dir, const dsv4_load_opts *lo, dsv4_err *err) {
     const char *ov = lo ? lo->hf_overrides : NULL;
@@ -123,7 +164,7 @@ int dsv4_model_runner_open_tp(const char *dir, const dsv4_model_runner_opts *o, 
     int rc;
     double t0 = now_s();
     if ((rc = open_weights(mr, dir, lo, err))) goto fail;
-    mr->be = dsv4_backend_cpu_create(o->numerics, err);
+    mr->be = open_backend(o, err);
     if (mr->be && mr->dummy) mr->be = dsv4_dummy_backend(mr->dummy, mr->be, err);
     if (!mr->be) {
         rc = err ? err->code : DSV4_EBACKEND;
@@ -636,3 +677,10 @@ dsv4_runner dsv4_model_runner_iface(dsv4_model_runner *mr) {
 }
 
 const dsv4_config *dsv4_model_runner_config(const dsv4_model_runner *mr) { return &mr->cfg; }
+
+dsv4_backend *dsv4_model_runner_backend(dsv4_model_runner *mr) { return mr->be; }
+
+void dsv4_model_runner_target(dsv4_model_runner *mr, struct dsv4_model **model, struct dsv4_state **state) {
+    *model = mr->model;
+    *state = mr->state;
+}

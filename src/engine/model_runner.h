@@ -14,12 +14,21 @@
 typedef struct dsv4_model_runner dsv4_model_runner;
 struct dsv4_comm; /* src/parallel/comm.h */
 
+/* Where the model runs (`--device`): CPU reference backend, the CUDA backend
+ * on GPU 0, or AUTO = CUDA when the build has it and a GPU answers, else CPU.
+ * CPU is 0 so a zero-initialised opts keeps the reference backend. */
+typedef enum dsv4_device { DSV4_DEVICE_CPU = 0, DSV4_DEVICE_AUTO = 1, DSV4_DEVICE_CUDA = 2 } dsv4_device;
+
+/* dsv4_device_parse — "auto" | "cpu" | "cuda" (also "cuda:0") -> *out; DSV4_EINVAL naming the value. */
+int dsv4_device_parse(const char *s, dsv4_device *out, dsv4_err *err);
+
 typedef struct dsv4_model_runner_opts {
     int n_slots;            /* concurrent requests (state is allocated per slot) */
     int max_len;            /* positions per request (prompt + output) */
     int max_spec;           /* speculative rows per request per step that may be rejected (k), 0 = none;
                              * > 0 on a DSpark checkpoint also loads the drafter */
     dsv4_numerics numerics; /* DSV4_NUMERICS_REFERENCE for serving */
+    dsv4_device device;     /* backend choice (0 = CPU) */
     int draft_sampled;      /* 1: DSpark drafts are sampled from softmax(z/T) for requests with
                              * temperature > 0 (vLLM draft_sample_method "probabilistic",
                              * spec/DSPARK.md §4.3); 0: argmax drafts ("greedy") */
@@ -46,9 +55,15 @@ typedef struct dsv4_load_opts {
 } dsv4_load_opts;
 
 /*
- * dsv4_model_runner_open — open the checkpoint directory dir on the CPU
- * backend. Errors are the loader's (file/tensor named: missing shard,
- * unknown tensor, wrong dtype, ...) or allocation failures, prefixed with dir.
+ * dsv4_model_runner_open — open the checkpoint directory dir on the backend
+ * o->device selects: weights are uploaded through the backend, the state and
+ * the drafter (DSpark / MTP) live on it too; logits come back to the host.
+ * DSV4_DEVICE_AUTO falls back to the CPU backend (with a log line saying
+ * why) when the build has no CUDA or no GPU answers; DSV4_DEVICE_CUDA fails
+ * instead (DSV4_EUNSUPPORTED without CUDA in the build, DSV4_EBACKEND when
+ * no device). Other errors are the loader's (file/tensor named: missing
+ * shard, unknown tensor, wrong dtype, ...) or allocation failures, prefixed
+ * with dir.
  */
 int dsv4_model_runner_open(const char *dir, const dsv4_model_runner_opts *o, dsv4_model_runner **out,
                            dsv4_err *err);
@@ -87,6 +102,15 @@ dsv4_runner dsv4_model_runner_iface(dsv4_model_runner *mr);
  * either. Valid while mr lives.
  */
 int dsv4_model_runner_drafter(dsv4_model_runner *mr, dsv4_drafter *out);
+
+/* The backend the runner built ("cpu", "cuda:0"), and the model / state on it
+ * (for tools that drive the forward directly, e.g. `dsv4 perf`). */
+dsv4_backend *dsv4_model_runner_backend(dsv4_model_runner *mr);
+/* The target model and its per-slot state (src/model/forward.h), for tools
+ * that time the bare target forward without the drafter's bookkeeping. */
+struct dsv4_model;
+struct dsv4_state;
+void dsv4_model_runner_target(dsv4_model_runner *mr, struct dsv4_model **model, struct dsv4_state **state);
 
 /* The parsed config (kind, vocab, eos, draft stages) — the whole model's, also under TP. */
 const dsv4_config *dsv4_model_runner_config(const dsv4_model_runner *mr);

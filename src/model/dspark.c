@@ -128,19 +128,38 @@ int dsv4_dspark_create(const dsv4_config *cfg, const dsv4_weights *w, const dsv4
     if (!rc) rc = dsv4_upload_view(be, &d->hc_head.scale, err);
     if (!rc) rc = dsv4_upload_view(be, &d->markov_w1, err);
     if (!rc) rc = dsv4_upload_linear(be, &d->markov_w2, err);
-    if (!rc) rc = dsv4_upload_linear(be, &conf, err);
-    if (!rc) {
-        /* One row, so the [1, d] and [1, rank] column ranges are contiguous sub-views. */
-        size_t es = dsv4_dtype_size(conf.w.dtype);
-        d->conf_h = conf;
-        d->conf_h.in = dm;
-        d->conf_h.w.shape[1] = dm;
-        d->conf_h.w.nbytes = (size_t)dm * es;
-        d->conf_e = conf;
-        d->conf_e.in = rank;
-        d->conf_e.w.shape[1] = rank;
-        d->conf_e.w.nbytes = (size_t)rank * es;
+    /* One row, so the [1, d] and [1, rank] column ranges are contiguous sub-views. */
+    size_t es = dsv4_dtype_size(conf.w.dtype);
+    d->conf_h = conf;
+    d->conf_h.in = dm;
+    d->conf_h.w.shape[1] = dm;
+    d->conf_h.w.nbytes = (size_t)dm * es;
+    d->conf_e = conf;
+    d->conf_e.in = rank;
+    d->conf_e.w.shape[1] = rank;
+    d->conf_e.w.nbytes = (size_t)rank * es;
+    if (!rc && !be->upload_linear) { /* linears are plain memory: slice the resident copy */
+        rc = dsv4_upload_linear(be, &conf, err);
+        d->conf_h.w.data = conf.w.data;
         d->conf_e.w.data = (const char *)conf.w.data + (size_t)dm * es;
+    } else if (!rc) {
+        /* A backend with upload_linear keeps linears in its own form (an opaque
+         * handle on CUDA), so the halves are made resident separately, from a
+         * host copy of the row: the row itself goes up as a view and comes back,
+         * which also works when its data is a dummy-weight tag, not memory. */
+        dsv4_tview whole = conf.w;
+        char *row = malloc(conf.w.nbytes ? conf.w.nbytes : 1);
+        if (!row) rc = dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
+        if (!rc) rc = dsv4_upload_view(be, &whole, err);
+        if (!rc) {
+            dsv4_buf b = {(void *)whole.data, whole.dtype, 1, (int64_t)(conf.w.nbytes / es)};
+            rc = be->buf_read(be, &b, row, err);
+        }
+        d->conf_h.w.data = row;
+        d->conf_e.w.data = row ? row + (size_t)dm * es : NULL;
+        if (!rc) rc = dsv4_upload_linear(be, &d->conf_h, err);
+        if (!rc) rc = dsv4_upload_linear(be, &d->conf_e, err);
+        free(row);
     }
     if (rc) {
         dsv4_dspark_free(d);

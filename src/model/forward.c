@@ -68,23 +68,31 @@ int dsv4_forward_ex(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const ds
         return dsv4_err_set(err, DSV4_EUNSUPPORTED, "forward: taps need F32 activations (backend %s)", be->name);
     int rc = be->batch_begin(be, b, err);
     if (rc) return rc;
-    dsv4_buf X = {0}, y = {0}, ysel = {0}, lg = {0};
-    float *host = NULL; /* host copy of the streams for taps (the mean is taken on the host) */
-    if (n_taps && !(host = malloc(sizeof(float) * (size_t)T * n_hc * d)))
+    dsv4_buf X = {0}, y = {0}, ysel = {0}, lg = {0}, taps = {0};
+    /* Taps: a backend with hc_mean keeps them in backend memory until the end
+     * (no read in the middle of the forward); otherwise the streams are read
+     * back after the tap layer and the mean is taken on the host (CPU). */
+    int dev_taps = n_taps && be->hc_mean;
+    float *host = NULL;
+    if (n_taps && !dev_taps && !(host = malloc(sizeof(float) * (size_t)T * n_hc * d)))
         return dsv4_err_set(err, DSV4_ENOMEM, "forward: out of memory");
     rc = be->buf_alloc(be, be->act_dtype, T, (int64_t)n_hc * d, &X, err);
+    if (!rc && dev_taps) rc = be->buf_alloc(be, DSV4_DT_F32, T, (int64_t)n_taps * d, &taps, err);
     if (!rc) rc = be->embed(be, &m->embed, b, n_hc, &X, err);
     for (int l = 0; l < m->n_layers && !rc; l++) {
         rc = dsv4_block_forward(cfg, &m->layers[l], &st->layers[l], be, b, &X, err);
         int read = 0;
         for (int i = 0; i < n_taps && !rc; i++) {
             if (out->tap_layers[i] != l) continue;
+            if (dev_taps) {
+                rc = be->hc_mean(be, &X, n_hc, &taps, (int64_t)i * d, err);
+                continue;
+            }
             if (!read && !(rc = be->buf_read(be, &X, host, err))) read = 1;
             if (!rc) tap_mean(host, T, n_hc, d, i, n_taps, out->taps);
         }
     }
     free(host);
-    if (!rc && streams) rc = be->buf_read(be, &X, streams, err);
     if (!rc && n_logits > 0) {
         rc = be->buf_alloc(be, be->act_dtype, T, d, &y, err);
         if (!rc) rc = be->hc_head(be, &X, &m->hc_head.fn, &m->hc_head.base, &m->hc_head.scale, n_hc,
@@ -95,12 +103,16 @@ int dsv4_forward_ex(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const ds
         if (!rc) rc = be->buf_alloc(be, DSV4_DT_F32, n_logits, m->head.out, &lg, err);
         if (!rc) rc = be->linear(be, &ysel, &m->head, &lg, err);
         if (!rc && m->head_comm) rc = gather_vocab(m->head_comm, be, &lg, err);
-        if (!rc) rc = be->buf_read(be, &lg, logits, err);
     }
+    /* every read after the last launch: the step is launch-only up to here */
+    if (!rc && n_logits > 0) rc = be->buf_read(be, &lg, logits, err);
+    if (!rc && dev_taps) rc = be->buf_read(be, &taps, out->taps, err);
+    if (!rc && streams) rc = be->buf_read(be, &X, streams, err);
     if (!rc) rc = be->sync(be, err);
     be->buf_free(be, &X);
     be->buf_free(be, &y);
     be->buf_free(be, &ysel);
     be->buf_free(be, &lg);
+    be->buf_free(be, &taps);
     return rc;
 }

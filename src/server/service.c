@@ -92,6 +92,7 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
                                  .max_spec = o->spec_k,
                                  .numerics = DSV4_NUMERICS_REFERENCE,
                                  .draft_sampled = o->draft_sampled,
+                                 .device = (dsv4_device)o->device,
                                  .block_size = o->block_size,
                                  .n_pages = o->num_gpu_blocks_override,
                                  .kv_cache_bytes = o->kv_cache_memory_bytes,
@@ -100,6 +101,7 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
     if (o->tensor_parallel_size > 1) { /* ranks as threads of this process (src/parallel/tp_runner.h) */
         /* the TP runner does not map pool pages yet: per-slot state on every rank */
         mo.n_pages = -1;
+        mo.device = DSV4_DEVICE_CPU; /* ranks are CPU backends until TP is wired to CUDA + NCCL */
         dsv4_tp_runner_opts to = {.tp_size = o->tensor_parallel_size};
         if ((rc = dsv4_tp_runner_open(o->model_dir, &mo, &lo, &to, &s->tp, err))) goto fail;
     } else if ((rc = dsv4_model_runner_open_ex(o->model_dir, &mo, &lo, &s->mr, err))) {

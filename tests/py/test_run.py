@@ -109,3 +109,23 @@ def test_speculative_run_reports_acceptance_and_keeps_tokens(model):
     assert "speculative:" not in plain.stderr
     bad = run(model, "--prompt", "x", "--spec", "99")
     assert bad.returncode == 2 and "--spec" in bad.stderr
+
+
+def test_prompt_ids_and_device_cpu_on_a_checkpoint_without_tokenizer():
+    """--prompt-ids runs a checkpoint that has no tokenizer.json (generated ids printed as [id]);
+    --device cpu is the reference path, and speculation (MTP, k=1) keeps the greedy tokens."""
+    d = os.path.join(ROOT, "models", "tiny-flash")
+    if not os.path.exists(DSV4) or not os.path.exists(os.path.join(d, "config.json")):
+        pytest.skip("dsv4 or models/tiny-flash missing")
+    args = ["--prompt-ids", "5,17,42,7", "--max-tokens", "6", "--show-ids", "--device", "cpu"]
+    plain = run(d, *args)
+    spec = run(d, *args, "--spec", "1")
+    assert plain.returncode == 0 and spec.returncode == 0, plain.stderr + spec.stderr
+    p, g = ids_of(plain.stderr)
+    assert p == [5, 17, 42, 7] and len(g) == 6
+    assert ids_of(spec.stderr) == (p, g)
+    assert plain.stdout.strip() == "".join(f"[{t}]" for t in g)
+    both = run(d, "--prompt", "x", "--prompt-ids", "1")
+    assert both.returncode == 2 and "--prompt-ids" in both.stderr
+    bad = run(d, "--prompt-ids", "1", "--device", "tpu")
+    assert bad.returncode == 2 and "--device" in bad.stderr

@@ -56,9 +56,9 @@ def test_multi_node_is_refused_with_the_reason():
     r = run_serve("--nnodes", "2", "--node-rank", "0")
     assert r.returncode != 0
     assert "multi-node serving needs the CUDA backend" in r.stderr
-    r = run_serve("--device", "cuda")
+    r = run_serve("--device", "cuda", "--tensor-parallel-size", "2")
     assert r.returncode != 0
-    assert "no CUDA backend" in r.stderr
+    assert "tensor parallelism runs CPU ranks only" in r.stderr
 
 
 def test_dummy_weights_with_tp_are_refused():

@@ -190,10 +190,8 @@ static int generate(dsv4_engine *e, const int32_t *p, int n, int max_tokens, int
 
 /* A forward and a speculative generation over dummy weights. */
 static void test_forward(const char *dir, const char *ov, dsv4_draft_kind want) {
-    /* n_pages -1: per-slot state (this test drives runner.forward directly; with the
-     * state pool only the engine maps pages before a step) */
     dsv4_model_runner_opts mo = {.n_slots = 2, .max_len = 128, .max_spec = 2, .numerics = DSV4_NUMERICS_REFERENCE,
-                                 .n_pages = -1};
+                                 .n_pages = -1}; /* per-slot state: the test drives the runner without an engine */
     dsv4_load_opts lo = {.dummy = 1, .hf_overrides = ov};
     dsv4_model_runner *mr = NULL;
     dsv4_err err = {0};

@@ -171,6 +171,13 @@ int main(void) {
     CHECK_STR(a.http.host, "127.0.0.1");
     CHECK_EQ_INT(a.http.port, 8888);
     CHECK_STR(a.http.served_names[0], "deepseek-v4-flash-dspark");
+    CHECK_STR(a.device, "auto");
+    char *argv9[] = {"serve", "--device", "cuda"};
+    CHECK_EQ_INT(dsv4_serve_args_parse(3, argv9, &a, &err), 0);
+    CHECK_STR(a.device, "cuda");
+    char *argv10[] = {"serve", "--device=tpu"};
+    CHECK_EQ_INT(dsv4_serve_args_parse(2, argv10, &a, &err), DSV4_EINVAL);
+    CHECK_CONTAINS(err.msg, "--device");
 
     dsv4_reply_free(&R);
     dsv4_router_free(rt);

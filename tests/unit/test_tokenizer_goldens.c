@@ -73,7 +73,7 @@ static void test_goldens(dsv4_tokenizer *tok) {
         const char *name = cJSON_GetObjectItem(c, "name")->valuestring;
         if (name[0] == '#') { cJSON_Delete(c); continue; }
         cases++;
-        size_t n, dn;
+        size_t n = 0, dn = 0;
         unsigned char *text = unhex(cJSON_GetObjectItem(c, "hex")->valuestring, &n);
         const cJSON *dh = cJSON_GetObjectItem(c, "decoded_hex");
         unsigned char *want = dh ? unhex(dh->valuestring, &dn) : NULL;

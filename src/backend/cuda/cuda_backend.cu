@@ -99,6 +99,7 @@ static void cu_be_free(dsv4_backend *be) {
             free(m);
         }
         dsv4_cuda_free(cb->ctx, cb->d_batch);
+        dsv4_cuda_free(cb->ctx, cb->d_flags);
         free(cb->h_stage);
         dsv4_cuda_ctx_free(cb->ctx);
         free(cb);
@@ -113,11 +114,17 @@ static int cu_buf_alloc(dsv4_backend *be, dsv4_dtype dt, int64_t rows, int64_t c
                       (long long)cols);
     size_t n = (size_t)rows * (size_t)cols * es;
     void *p = NULL;
-    int rc = dsv4_cuda_alloc(cube(be)->ctx, n, &p, err);
-    if (rc) return rc;
-    cudaError_t e = cudaMemsetAsync(p, 0, n ? n : 1, cube(be)->ctx->stream);
+    /* Stream-ordered allocation from the device pool (kept cached, see create):
+     * the forward's scratch costs no cudaMalloc/cudaFree and no synchronisation
+     * between layers. */
+    cudaStream_t st = cube(be)->ctx->stream;
+    cudaError_t e = cudaMallocAsync(&p, n ? n : 1, st);
+    if (e != cudaSuccess)
+        return cu_err(err, e == cudaErrorMemoryAllocation ? DSV4_ENOMEM : DSV4_EBACKEND,
+                      "cuda: buf_alloc: %zu bytes: %s", n, cudaGetErrorString(e));
+    e = cudaMemsetAsync(p, 0, n ? n : 1, st);
     if (e != cudaSuccess) {
-        dsv4_cuda_free(cube(be)->ctx, p);
+        cudaFreeAsync(p, st);
         return cu_err(err, DSV4_EBACKEND, "cuda: buf_alloc: memset: %s", cudaGetErrorString(e));
     }
     out->data = p;
@@ -129,8 +136,7 @@ static int cu_buf_alloc(dsv4_backend *be, dsv4_dtype dt, int64_t rows, int64_t c
 
 static void cu_buf_free(dsv4_backend *be, dsv4_buf *b) {
     if (!b || !b->data) return;
-    cudaStreamSynchronize(cube(be)->ctx->stream); /* a queued op may still use it */
-    dsv4_cuda_free(cube(be)->ctx, b->data);
+    cudaFreeAsync(b->data, cube(be)->ctx->stream); /* stream-ordered: queued ops that use it finish first */
     b->data = NULL;
 }
 
@@ -340,7 +346,21 @@ static int cu_batch_begin(dsv4_backend *be, const dsv4_batch *b, dsv4_err *err) 
     return batch_upload(cube(be), b, err);
 }
 
-static int cu_sync(dsv4_backend *be, dsv4_err *err) { return dsv4_cuda_sync(cube(be)->ctx, err); }
+/* Synchronise, then report (and clear) the deferred input errors of the ops since the last sync. */
+static int cu_sync(dsv4_backend *be, dsv4_err *err) {
+    cu_be *cb = cube(be);
+    int rc = dsv4_cuda_sync(cb->ctx, err);
+    if (rc) return rc;
+    int h = 0;
+    CU_TRY(cudaMemcpy(&h, cb->d_flags, sizeof h, cudaMemcpyDeviceToHost), err, "deferred flags");
+    if (!h) return DSV4_OK;
+    CU_TRY(cudaMemset(cb->d_flags, 0, sizeof h), err, "deferred flags");
+    return cu_err(err, DSV4_EINVAL, "moe_route: tid2eid holds an expert id outside the expert range");
+}
+
+static int cu_hc_mean(dsv4_backend *be, const dsv4_buf *X, int n_hc, dsv4_buf *y, int64_t col0, dsv4_err *err) {
+    return cu_be_hc_mean(be, X, n_hc, y, col0, err);
+}
 
 /* ----------------------------------------------------------------- linears */
 
@@ -457,13 +477,13 @@ static int cu_moe_route(dsv4_backend *be, const dsv4_buf *x, const dsv4_linear *
     /* logits in fp32 (exact fp32 dot, as the CPU reference), in a buffer of our own:
      * the workspace is used by the route tail's error flag */
     void *lg = NULL;
-    if ((rc = dsv4_cuda_alloc(cb->ctx, (size_t)T * E * 4, &lg, err))) return rc;
+    cudaStream_t st = cb->ctx->stream;
+    CU_TRY(cudaMallocAsync(&lg, (size_t)T * E * 4, st), err, "moe_route logits");
     rc = dot_rows(cb, l, (const float *)x->data, l->in, T, E, (float *)lg, err);
     if (!rc)
         rc = cu_be_route_tail(be, (const float *)lg, T, E, bias && bias->data ? bias : NULL, hash ? tid2eid : NULL,
                               tok, k, route_scale, (int32_t *)ids->data, (float *)weights->data, err);
-    cudaStreamSynchronize(cb->ctx->stream);
-    dsv4_cuda_free(cb->ctx, lg);
+    cudaFreeAsync(lg, st); /* stream-ordered: no synchronisation inside the layer */
     return rc;
 }
 
@@ -572,9 +592,17 @@ static int cu_moe_experts(dsv4_backend *be, const dsv4_buf *x, const dsv4_linear
     if ((rc = moe_set(cb, w1, w3, w2, n_exp, &ex, err))) return rc;
     if (ex->d_model != d) return cu_err(err, DSV4_EINVAL, "cuda: moe_experts: x has %lld columns, experts %lld",
                                         (long long)d, (long long)ex->d_model);
-    /* ids outside [0, n_exp) are skipped by the kernel (the CPU reference rejects them) */
-    return dsv4_cuda_moe(cb->ctx, ex, (const float *)x->data, (int)T, (const int32_t *)ids->data,
-                         (const float *)weights->data, (int)ids->cols, NULL, (float *)y->data, 0, err);
+    /* ids outside [0, n_exp) are skipped by the kernel (the CPU reference rejects them).
+     * The kernel groups at most 8192 (token, expert) entries per call, so a
+     * prefill chunk (e.g. 8192 tokens x top-6) runs as consecutive row ranges:
+     * rows are independent, and the calls are stream-ordered on one workspace. */
+    const int64_t k = ids->cols, per = k > 0 ? (int64_t)(32 * 1024 / sizeof(int)) / k : T;
+    for (int64_t r0 = 0; r0 < T && !rc; r0 += per) {
+        int64_t n = T - r0 < per ? T - r0 : per;
+        rc = dsv4_cuda_moe(cb->ctx, ex, (const float *)x->data + r0 * d, (int)n, (const int32_t *)ids->data + r0 * k,
+                           (const float *)weights->data + r0 * k, (int)k, NULL, (float *)y->data + r0 * d, 0, err);
+    }
+    return rc;
 }
 
 /* ------------------------------------------------------------------ create */
@@ -593,6 +621,25 @@ extern "C" dsv4_backend *dsv4_backend_cuda_create(dsv4_numerics numerics, int de
         free(cb);
         return NULL;
     }
+    /* Keep memory freed by buf_free in the device pool (never trimmed at sync
+     * points), so steady-state forwards allocate scratch without the driver. */
+    cudaMemPool_t pool;
+    if (cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess) {
+        uint64_t keep = UINT64_MAX;
+        cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+    }
+    void *flags = NULL;
+    int frc = dsv4_cuda_alloc(cb->ctx, sizeof(int), &flags, err);
+    if (!frc && cudaMemset(flags, 0, sizeof(int)) != cudaSuccess)
+        frc = cu_err(err, DSV4_EBACKEND, "cuda backend: clearing the flags failed");
+    if (frc) {
+        dsv4_cuda_free(cb->ctx, flags);
+        dsv4_cuda_ctx_free(cb->ctx);
+        free(be);
+        free(cb);
+        return NULL;
+    }
+    cb->d_flags = (int *)flags;
     snprintf(cb->name, sizeof cb->name, "cuda:%d", device);
     be->name = cb->name;
     be->numerics = numerics;
@@ -626,6 +673,7 @@ extern "C" dsv4_backend *dsv4_backend_cuda_create(dsv4_numerics numerics, int de
     be->moe_route = cu_moe_route;
     be->moe_experts = cu_moe_experts;
     be->swiglu = cu_be_swiglu;
+    be->hc_mean = cu_hc_mean;
     be->fill_dummy = cu_be_fill_dummy;
     be->fill_dummy_linear = cu_be_fill_dummy_linear;
     return be;

@@ -25,6 +25,10 @@ typedef struct cu_be {
     int batch_cap;
     const int32_t *h_token, *h_pos; /* host arrays the mirror was made from */
     int n_rows;
+    /* Deferred input errors (a kernel sets it; `sync` reports and clears it),
+     * so no op needs a host round trip in the middle of a forward. Bit 0:
+     * moe_route found a tid2eid id outside [0, n_exp). */
+    int *d_flags;
 } cu_be;
 
 static inline cu_be *cube(dsv4_backend *be) { return (cu_be *)be->ctx; }
@@ -102,6 +106,9 @@ int cu_be_hc_head(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn, con
                   const dsv4_tview *scale, int n_hc, float eps, dsv4_buf *y, dsv4_err *err);
 int cu_be_win_store(dsv4_backend *be, dsv4_win_state *ws, const dsv4_buf *kv, const dsv4_batch *b,
                     dsv4_err *err);
+/* Mean over the n_hc streams of X [T][n_hc*d] into columns [col0, col0+d)
+ * of y [T][ycols] (the DSpark target taps, backend.h hc_mean). */
+int cu_be_hc_mean(dsv4_backend *be, const dsv4_buf *X, int n_hc, dsv4_buf *y, int64_t col0, dsv4_err *err);
 /* Router tail: logits [T][E] (fp32) -> ids, weights (§3.5). bias may be NULL;
  * tid2eid (I64 [V][k], device) selects hash routing; tokens are the device batch. */
 /* The attention-state ops (cuda_compress.cu, cuda_indexer.cu, cuda_attn.cu). */

@@ -508,24 +508,43 @@ int cu_be_route_tail(dsv4_backend *be, const float *logits, int T, int E, const 
                      const dsv4_tview *tid2eid, const int32_t *d_token, int k, float route_scale, int32_t *ids,
                      float *weights, dsv4_err *err) {
     cu_be *cb = cube(be);
-    int *bad = NULL;
-    int rc = DSV4_OK;
-    if (tid2eid) {
-        void *w = NULL;
-        if ((rc = cu_workspace(cb->ctx, 256, &w, err))) return rc;
-        bad = (int *)w;
-        CU_TRY(cudaMemsetAsync(bad, 0, sizeof(int), cb->ctx->stream), err, "moe_route flag");
-    }
+    /* hash routing: a bad table entry sets the backend's deferred flag, reported by `sync` */
+    int *bad = tid2eid ? cb->d_flags : NULL;
     k_route<<<nblk(T, 64), 64, 0, cb->ctx->stream>>>(logits, T, E, bias ? bias->data : NULL,
                                                      bias && bias->dtype == DSV4_DT_BF16,
                                                      tid2eid ? (const int64_t *)tid2eid->data : NULL, d_token, k,
                                                      route_scale, ids, weights, bad);
     LAUNCHED("moe_route");
-    if (bad) { /* hash routing only: a bad table entry is an input error, reported now */
-        int h = 0;
-        CU_TRY(cudaMemcpyAsync(&h, bad, sizeof h, cudaMemcpyDeviceToHost, cb->ctx->stream), err, "moe_route flag");
-        CU_TRY(cudaStreamSynchronize(cb->ctx->stream), err, "moe_route (synchronize)");
-        if (h) return cu_err(err, DSV4_EINVAL, "moe_route: tid2eid holds an expert id outside [0,%d)", E);
+    return DSV4_OK;
+}
+
+/* ---------------------------------------------------------------- hc_mean */
+
+/* y[t][col0 + k] = (Σ_h X[t][h*d + k]) / n_hc, summed in h order like the CPU path. */
+__global__ void k_hc_mean(const float *X, int n_hc, int64_t d, float *y, int64_t ycols, int64_t col0) {
+    const int64_t t = blockIdx.y;
+    for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < d; k += (int64_t)gridDim.x * blockDim.x) {
+        const float *x = X + t * n_hc * d + k;
+        float acc = 0.f;
+        for (int h = 0; h < n_hc; h++) acc += x[h * d];
+        y[t * ycols + col0 + k] = acc / (float)n_hc;
     }
+}
+
+int cu_be_hc_mean(dsv4_backend *be, const dsv4_buf *X, int n_hc, dsv4_buf *y, int64_t col0, dsv4_err *err) {
+    int rc = cu_be_check(X, DSV4_DT_F32, -1, -1, "hc_mean X", err);
+    if (!rc) rc = cu_be_check(y, DSV4_DT_F32, X->rows, -1, "hc_mean y", err);
+    if (rc) return rc;
+    if (n_hc <= 0 || X->cols % n_hc) return cu_err(err, DSV4_EINVAL, "cuda: hc_mean: %lld columns, %d streams",
+                                                   (long long)X->cols, n_hc);
+    int64_t d = X->cols / n_hc;
+    if (col0 < 0 || col0 + d > y->cols)
+        return cu_err(err, DSV4_EINVAL, "cuda: hc_mean: columns [%lld,%lld) outside y (%lld)", (long long)col0,
+                      (long long)(col0 + d), (long long)y->cols);
+    if (!X->rows || !d) return DSV4_OK;
+    dim3 grid((unsigned)((d + 255) / 256 < 16 ? (d + 255) / 256 : 16), (unsigned)X->rows);
+    k_hc_mean<<<grid, 256, 0, cube(be)->ctx->stream>>>((const float *)X->data, n_hc, d, (float *)y->data, y->cols,
+                                                       col0);
+    LAUNCHED("hc_mean");
     return DSV4_OK;
 }

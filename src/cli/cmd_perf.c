@@ -1,0 +1,331 @@
+/*
+ * dsv4 perf — step times of the model runner, next to their HBM roofline
+ * (issue 7; spec/PERFORMANCE.md §2-§4).
+ *
+ * Why a tool apart from `dsv4 bench`: bench measures a server end to end
+ * (HTTP, scheduling, sampling); this times only the forward the engine would
+ * issue — the runner's `forward` with the batch shapes the engine builds —
+ * so a kernel change shows up as milliseconds per step without the noise of
+ * the rest, and each line says how far it is from reading the step's bytes
+ * at 4.58 TB/s (the measured H200 streaming rate, PERFORMANCE.md §1).
+ *
+ * The state is not prefilled: every piece of per-request state is
+ * position-addressed (spec/MODEL.md §4.1), so a segment starting at position
+ * N reads N positions of window / compressed / indexer rows whatever they
+ * hold — the kernels move exactly the bytes of a real context of N tokens,
+ * while filling it would cost a prefill per slot. Rows of one step are
+ * written at positions N..N+rows-1 and rewritten by the next step (as a
+ * rejected verify would be). Timing is wall clock around the forward, which
+ * ends with the logits read (a synchronisation), after --warmup untimed steps.
+ * What is timed is the bare target forward (dsv4_forward: logits of every
+ * row, no drafter features or streams copied out), so MTP / DSpark
+ * checkpoints time the same work as target-only ones.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli/cli.h"
+#include "engine/model_runner.h"
+#include "engine/step_bytes.h"
+#include "model/forward.h"
+
+#define PERF_MAX_LIST 16
+#define PERF_HBM_BPS 4.58e12 /* bytes/s, PERFORMANCE.md §1 */
+
+typedef struct perf_opts {
+    const char *dir, *load_format, *hf_overrides;
+    dsv4_device device;
+    int batch[PERF_MAX_LIST], n_batch;
+    int rows[PERF_MAX_LIST], n_rows;
+    int64_t context;
+    int steps, warmup, prefill;
+} perf_opts;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: dsv4 perf [MODEL_DIR] [options]\n"
+            "Time forward steps of the model runner and compare them with the HBM roofline\n"
+            "(dense weights once + routed experts selected + state read, at 4.58 TB/s).\n"
+            "  --device D            auto (default) | cpu | cuda\n"
+            "  --batch LIST          requests per step, e.g. 1,2,4,8,16,32,64 (default 1)\n"
+            "  --rows-per-seq LIST   rows per request: 1 = decode, 6 = verify with k=5 (default 1,6)\n"
+            "  --context N           positions already in each request's state (default 64)\n"
+            "  --steps S             timed steps per shape (default 5)\n"
+            "  --warmup W            untimed steps per shape first (default 1)\n"
+            "  --prefill N           also time one prefill chunk of N tokens (default 0 = off)\n"
+            "  --load-format F       auto (the checkpoint's weights) | dummy\n"
+            "  --hf-overrides JSON   config overrides (with --load-format dummy)\n"
+            "MODEL_DIR defaults to the embedded default model (%s).\n",
+            dsv4_default_model_dir());
+}
+
+static int parse_list(const char *s, int *out, int *n, const char *flag) {
+    *n = 0;
+    while (*s) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 1 || v > 1 << 20 || *n == PERF_MAX_LIST) {
+            fprintf(stderr, "dsv4 perf: %s: '%s' is not a list of positive counts (at most %d)\n", flag, s,
+                    PERF_MAX_LIST);
+            return 2;
+        }
+        out[(*n)++] = (int)v;
+        s = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') {
+            fprintf(stderr, "dsv4 perf: %s: unexpected '%s'\n", flag, end);
+            return 2;
+        }
+    }
+    return *n ? 0 : 2;
+}
+
+static int parse_count(const char *flag, const char *s, long lo, long hi, long *v) {
+    char *end;
+    *v = strtol(s, &end, 10);
+    if (*end || end == s || *v < lo || *v > hi) {
+        fprintf(stderr, "dsv4 perf: %s: '%s' is not a count in [%ld, %ld]\n", flag, s, lo, hi);
+        return 2;
+    }
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, perf_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->device = DSV4_DEVICE_AUTO;
+    o->load_format = "auto";
+    o->batch[0] = 1;
+    o->n_batch = 1;
+    o->rows[0] = 1;
+    o->rows[1] = 6;
+    o->n_rows = 2;
+    o->context = 64;
+    o->steps = 5;
+    o->warmup = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        long n;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return -1;
+        } else if (a[0] != '-') {
+            if (o->dir) {
+                fprintf(stderr, "dsv4 perf: more than one model directory ('%s')\n", a);
+                return 2;
+            }
+            o->dir = a;
+            continue;
+        } else if (!v) {
+            fprintf(stderr, "dsv4 perf: unknown or incomplete option '%s' (see --help)\n", a);
+            return 2;
+        }
+        i++;
+        if (!strcmp(a, "--device")) {
+            dsv4_err e = {0};
+            if (dsv4_device_parse(v, &o->device, &e)) {
+                fprintf(stderr, "dsv4 perf: %s\n", e.msg);
+                return 2;
+            }
+        } else if (!strcmp(a, "--batch")) {
+            if (parse_list(v, o->batch, &o->n_batch, a)) return 2;
+        } else if (!strcmp(a, "--rows-per-seq")) {
+            if (parse_list(v, o->rows, &o->n_rows, a)) return 2;
+        } else if (!strcmp(a, "--context")) {
+            if (parse_count(a, v, 0, 1 << 24, &n)) return 2;
+            o->context = n;
+        } else if (!strcmp(a, "--steps")) {
+            if (parse_count(a, v, 1, 100000, &n)) return 2;
+            o->steps = (int)n;
+        } else if (!strcmp(a, "--warmup")) {
+            if (parse_count(a, v, 0, 1000, &n)) return 2;
+            o->warmup = (int)n;
+        } else if (!strcmp(a, "--prefill")) {
+            if (parse_count(a, v, 0, 1 << 20, &n)) return 2;
+            o->prefill = (int)n;
+        } else if (!strcmp(a, "--load-format")) {
+            if (strcmp(v, "auto") && strcmp(v, "dummy") && strcmp(v, "safetensors")) {
+                fprintf(stderr, "dsv4 perf: --load-format: '%s' (expected auto or dummy)\n", v);
+                return 2;
+            }
+            o->load_format = v;
+        } else if (!strcmp(a, "--hf-overrides")) {
+            o->hf_overrides = v;
+        } else {
+            fprintf(stderr, "dsv4 perf: unknown option '%s' (see --help)\n", a);
+            return 2;
+        }
+    }
+    if (!o->dir) o->dir = dsv4_default_model_dir();
+    return 0;
+}
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* Host metadata of one step: n_seqs requests (slots 0..n-1) of `rows` rows at positions pos0.. */
+typedef struct perf_batch {
+    int32_t *token, *pos, *slot, *seq_idx, *cu, *seq_slot, *seq_pos0, *logit_rows;
+    dsv4_batch b;
+    int n_logits;
+} perf_batch;
+
+static void batch_free(perf_batch *p) {
+    free(p->token);
+    memset(p, 0, sizeof *p);
+}
+
+/* logits for every row (verify needs all; decode has one row per request). */
+static int batch_make(perf_batch *p, int n_seqs, int rows, int64_t pos0, int vocab, int last_only) {
+    int T = n_seqs * rows;
+    memset(p, 0, sizeof *p);
+    int32_t *m = malloc(sizeof(int32_t) * (size_t)(5 * T + 3 * n_seqs + 1));
+    if (!m) return DSV4_ENOMEM;
+    p->token = m;
+    p->pos = m + T;
+    p->slot = m + 2 * T;
+    p->seq_idx = m + 3 * T;
+    p->logit_rows = m + 4 * T;
+    p->cu = m + 5 * T;
+    p->seq_slot = p->cu + n_seqs + 1;
+    p->seq_pos0 = p->seq_slot + n_seqs;
+    uint32_t x = 12345;
+    for (int s = 0; s < n_seqs; s++) {
+        p->cu[s] = s * rows;
+        p->seq_slot[s] = s;
+        p->seq_pos0[s] = (int32_t)pos0;
+        for (int r = 0; r < rows; r++) {
+            int t = s * rows + r;
+            x = x * 1664525u + 1013904223u;
+            p->token[t] = (int32_t)((x >> 8) % (uint32_t)vocab);
+            p->pos[t] = (int32_t)(pos0 + r);
+            p->slot[t] = s;
+            p->seq_idx[t] = s;
+        }
+    }
+    p->cu[n_seqs] = T;
+    if (last_only) {
+        p->logit_rows[0] = T - 1;
+        p->n_logits = 1;
+    } else {
+        for (int t = 0; t < T; t++) p->logit_rows[t] = t;
+        p->n_logits = T;
+    }
+    p->b = (dsv4_batch){T, n_seqs, p->token, p->pos, p->slot, p->seq_idx, p->cu, p->seq_slot, p->seq_pos0};
+    return DSV4_OK;
+}
+
+/* Mean ms of `steps` target forwards (after `warmup`). */
+static int time_steps(dsv4_model *m, dsv4_state *st, perf_batch *pb, int warmup, int steps, float *logits,
+                      double *ms, dsv4_err *err) {
+    for (int i = 0; i < warmup; i++) {
+        int rc = dsv4_forward(m, st, &pb->b, pb->logit_rows, pb->n_logits, logits, NULL, err);
+        if (rc) return rc;
+    }
+    double t0 = now_s();
+    for (int i = 0; i < steps; i++) {
+        int rc = dsv4_forward(m, st, &pb->b, pb->logit_rows, pb->n_logits, logits, NULL, err);
+        if (rc) return rc;
+    }
+    *ms = (now_s() - t0) * 1e3 / steps;
+    return DSV4_OK;
+}
+
+int dsv4_cmd_perf(int argc, char **argv) {
+    perf_opts o;
+    int prc = parse_args(argc, argv, &o);
+    if (prc) return prc < 0 ? 0 : prc;
+    int max_b = 0, max_r = 0;
+    for (int i = 0; i < o.n_batch; i++) max_b = o.batch[i] > max_b ? o.batch[i] : max_b;
+    for (int i = 0; i < o.n_rows; i++) max_r = o.rows[i] > max_r ? o.rows[i] : max_r;
+    int64_t max_len = o.context + max_r + 1;
+    if (o.prefill + 1 > max_len) max_len = o.prefill + 1;
+    if (max_len > (1 << 30)) {
+        fprintf(stderr, "dsv4 perf: context too long\n");
+        return 2;
+    }
+    dsv4_err err = {0};
+    dsv4_model_runner *mr = NULL;
+    /* max_spec = rows-1: the state's rings are sized for verify rows that may be rejected */
+    dsv4_model_runner_opts mo = {.n_slots = max_b, .max_len = (int)max_len, .max_spec = max_r - 1,
+                                 .numerics = DSV4_NUMERICS_REFERENCE, .device = o.device};
+    double t0 = now_s();
+    const dsv4_config *cfg = NULL;
+    dsv4_load_opts lo = {.dummy = strcmp(o.load_format, "dummy") == 0, .hf_overrides = o.hf_overrides};
+    int rc = dsv4_model_runner_open_ex(o.dir, &mo, &lo, &mr, &err);
+    if (rc) {
+        fprintf(stderr, "dsv4 perf: %s: %s\n", dsv4_status_name(rc), err.msg);
+        return 1;
+    }
+    cfg = dsv4_model_runner_config(mr);
+    dsv4_model *model;
+    dsv4_state *state;
+    dsv4_model_runner_target(mr, &model, &state);
+    /* paged state (the engine's pool): map every slot's pages, as the engine
+     * would for requests of max_len positions (the pool is sized for that) */
+    dsv4_runner run = dsv4_model_runner_iface(mr);
+    if (run.page_tokens > 0 && run.set_pages) {
+        int per = (int)((max_len + run.page_tokens - 1) / run.page_tokens);
+        int32_t *ids = malloc(sizeof(int32_t) * (size_t)(per > 0 ? per : 1));
+        if (!ids) rc = dsv4_err_set(&err, DSV4_ENOMEM, "out of memory");
+        for (int s = 0; s < max_b && !rc; s++) {
+            for (int j = 0; j < per; j++) ids[j] = s * per + j;
+            if ((int64_t)(s + 1) * per > run.n_pages)
+                rc = dsv4_err_set(&err, DSV4_ERANGE, "state pool of %d pages < %d slots x %d", run.n_pages, max_b, per);
+            else rc = run.set_pages(run.ctx, s, per, ids, &err);
+        }
+        free(ids);
+    }
+    printf("# dsv4 perf: %s%s on %s, %d layers, context %lld, %d steps (+%d warmup), load %.1f s\n", o.dir,
+           lo.dummy ? " (dummy weights)" : "", dsv4_model_runner_backend(mr)->name, cfg->num_hidden_layers,
+           (long long)o.context, o.steps, o.warmup, now_s() - t0);
+    printf("# roofline = (dense weights once + expected distinct routed experts + gathered rows + F32 state read)"
+           " / 4.58 TB/s\n");
+    printf("# logits of every row come back to the host (as the engine's sampler needs): D2H_MB per step\n");
+    printf("%-6s %-5s %-6s %10s %12s %10s %12s %8s %8s\n", "batch", "rows", "T", "ms/step", "rows/s", "GB/step",
+           "roofline_ms", "ratio", "D2H_MB");
+    size_t logit_cap = (size_t)max_b * (size_t)max_r;
+    float *logits = malloc(sizeof(float) * logit_cap * (size_t)cfg->vocab_size);
+    if (!logits) rc = dsv4_err_set(&err, DSV4_ENOMEM, "out of memory for logits");
+    for (int ri = 0; ri < o.n_rows && !rc; ri++)
+        for (int bi = 0; bi < o.n_batch && !rc; bi++) {
+            int B = o.batch[bi], R = o.rows[ri];
+            perf_batch pb;
+            if (batch_make(&pb, B, R, o.context, cfg->vocab_size, 0)) {
+                rc = dsv4_err_set(&err, DSV4_ENOMEM, "out of memory for the batch");
+                break;
+            }
+            double ms = 0;
+            rc = time_steps(model, state, &pb, o.warmup, o.steps, logits, &ms, &err);
+            dsv4_step_bytes sb;
+            if (!rc) rc = dsv4_step_bytes_compute(cfg, B, R, o.context, 4, &sb, &err);
+            if (!rc) {
+                double roof = sb.total / PERF_HBM_BPS * 1e3;
+                printf("%-6d %-5d %-6d %10.3f %12.1f %10.4g %12.6g %8.2f %8.1f\n", B, R, B * R, ms,
+                       B * R / (ms * 1e-3), sb.total / 1e9, roof, ms / roof,
+                       (double)B * R * cfg->vocab_size * 4 / 1e6);
+                fflush(stdout);
+            }
+            batch_free(&pb);
+        }
+    if (!rc && o.prefill > 0) {
+        perf_batch pb;
+        if (batch_make(&pb, 1, o.prefill, 0, cfg->vocab_size, 1)) {
+            rc = dsv4_err_set(&err, DSV4_ENOMEM, "out of memory for the batch");
+        } else {
+            double ms = 0;
+            rc = time_steps(model, state, &pb, o.warmup, o.steps, logits, &ms, &err);
+            if (!rc)
+                printf("prefill chunk of %d tokens: %.3f ms, %.1f tokens/s (compute-bound: no HBM roofline)\n",
+                       o.prefill, ms, o.prefill / (ms * 1e-3));
+            batch_free(&pb);
+        }
+    }
+    if (rc) fprintf(stderr, "dsv4 perf: %s: %s\n", dsv4_status_name(rc), err.msg);
+    free(logits);
+    dsv4_model_runner_free(mr);
+    return rc ? 1 : 0;
+}

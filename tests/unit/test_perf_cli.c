@@ -1,0 +1,69 @@
+/*
+ * `dsv4 perf` on the tiny checkpoint, CPU backend, one step per shape: the
+ * table has one line per (rows, batch) with T = batch·rows, a positive step
+ * time, and a roofline column equal to the step-bytes model's total / 4.58
+ * TB/s; bad arguments are refused with exit 2.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "engine/step_bytes.h"
+#include "test.h"
+
+/* Run dsv4 perf with stdout captured into buf. */
+static int run_perf(char **argv, int argc, char *buf, size_t cap) {
+    char path[] = "/tmp/dsv4_perf_XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0) return -100;
+    fflush(stdout);
+    int saved = dup(1);
+    dup2(fd, 1);
+    int rc = dsv4_cmd_perf(argc, argv);
+    fflush(stdout);
+    dup2(saved, 1);
+    close(saved);
+    lseek(fd, 0, SEEK_SET);
+    ssize_t n = read(fd, buf, cap - 1);
+    buf[n > 0 ? n : 0] = 0;
+    close(fd);
+    unlink(path);
+    return rc;
+}
+
+int main(void) {
+    static char out[16384];
+    char *argv[] = {"perf", "models/tiny-flash", "--device", "cpu", "--batch", "1,2", "--rows-per-seq", "1,3",
+                    "--context", "20", "--steps", "1", "--warmup", "0"};
+    int rc = run_perf(argv, (int)(sizeof argv / sizeof argv[0]), out, sizeof out);
+    CHECK_EQ_INT(rc, 0);
+    fputs(out, stderr);
+    dsv4_config cfg;
+    dsv4_err err = {0};
+    CHECK_EQ_INT(dsv4_config_load("models/tiny-flash", &cfg, &err), 0);
+    int want[4][2] = {{1, 1}, {2, 1}, {1, 3}, {2, 3}}, seen = 0;
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+        int B, R, T;
+        double ms, tps, gb, roof, ratio;
+        if (sscanf(line, "%d %d %d %lf %lf %lf %lf %lf", &B, &R, &T, &ms, &tps, &gb, &roof, &ratio) != 8) continue;
+        CHECK(seen < 4);
+        if (seen >= 4) break;
+        CHECK_EQ_INT(B, want[seen][0]);
+        CHECK_EQ_INT(R, want[seen][1]);
+        CHECK_EQ_INT(T, B * R);
+        CHECK(ms > 0);
+        dsv4_step_bytes sb;
+        CHECK_EQ_INT(dsv4_step_bytes_compute(&cfg, B, R, 20, 4, &sb, &err), 0);
+        CHECK_NEAR(roof, sb.total / 4.58e12 * 1e3, 1e-5 * roof);
+        CHECK_NEAR(ratio, ms / (sb.total / 4.58e12 * 1e3), 0.01 * ratio + 0.01);
+        seen++;
+    }
+    CHECK_EQ_INT(seen, 4);
+    char *bad[] = {"perf", "models/tiny-flash", "--batch", "0"};
+    CHECK_EQ_INT(run_perf(bad, 4, out, sizeof out), 2);
+    char *bad2[] = {"perf", "models/tiny-flash", "--device", "tpu"};
+    CHECK_EQ_INT(run_perf(bad2, 4, out, sizeof out), 2);
+    return TEST_REPORT();
+}
