@@ -536,7 +536,7 @@ static void t_moe(moe_set *m, const char *label, int n, int topk, int with_share
     float *dw = dup_up(wts, (size_t)n * topk * 4);
     poison(dy, nx * 4);
     dsv4_err err = {0};
-    DIE_IF(dsv4_cuda_moe(G, &m->dev, dx, n, dids, dw, topk, with_shared ? dsh : NULL, dy, 0, &err), err);
+    DIE_IF(dsv4_cuda_moe(G, &m->dev, dx, n, dids, dw, topk, with_shared ? dsh : NULL, dy, DSV4_CUDA_MOE_BF16, &err), err);
     DIE_IF(dsv4_cuda_sync(G, &err), err);
     down(yg, dy, nx * 4);
     char shape[96];

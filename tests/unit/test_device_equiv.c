@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "engine/model_runner.h"
+#include "model/forward.h"
 #include "test.h"
 
 #define REL_TOL 1.0
@@ -70,6 +71,68 @@ static int all_logits(dsv4_model_runner *mr, const int32_t *tok, float *lg, int 
     return rc;
 }
 
+/*
+ * Where the gap first appears: the prompt's prefill on both backends with a
+ * tap (mean of the hc streams) after every layer, printed per layer as the
+ * largest |cpu - cuda| over the rows relative to the CPU taps' RMS. Then
+ * slot 0 is released, so the logit comparison below starts from scratch.
+ */
+static void layer_gap(const char *dir, dsv4_model_runner *cpu, dsv4_model_runner *gpu, const int32_t *tok) {
+    dsv4_model *m[2];
+    dsv4_state *st[2];
+    dsv4_model_runner_target(cpu, &m[0], &st[0]);
+    dsv4_model_runner_target(gpu, &m[1], &st[1]);
+    const dsv4_config *cfg = dsv4_model_runner_config(cpu);
+    int L = m[0]->n_layers, d = cfg->hidden_size, n = N_PROMPT, V = cfg->vocab_size;
+    CHECK_EQ_INT(m[1]->n_layers, L);
+    int *layers = malloc(sizeof(int) * (size_t)L);
+    float *tp[2], *lg[2];
+    int32_t pos[N_PROMPT], slot[N_PROMPT], sidx[N_PROMPT], rows[N_PROMPT], cu[2] = {0, n}, sslot = 0, spos0 = 0;
+    for (int i = 0; i < n; i++) {
+        pos[i] = i;
+        slot[i] = sidx[i] = 0;
+        rows[i] = i;
+    }
+    for (int l = 0; l < L; l++) layers[l] = l;
+    dsv4_batch b = {n, 1, tok, pos, slot, sidx, cu, &sslot, &spos0};
+    for (int k = 0; k < 2; k++) {
+        dsv4_err err = {0};
+        tp[k] = malloc(sizeof(float) * (size_t)n * L * d);
+        lg[k] = malloc(sizeof(float) * (size_t)n * V);
+        dsv4_fwd_out fo = {rows, n, lg[k], NULL, layers, L, tp[k]};
+        int rc = dsv4_forward_ex(m[k], st[k], &b, &fo, &err);
+        CHECK_MSG(rc == 0, "%s: tapped prefill on %s: %s", dir, k ? "cuda" : "cpu", err.msg);
+        dsv4_runner run = dsv4_model_runner_iface(k ? gpu : cpu);
+        run.release(run.ctx, 0);
+    }
+    printf("%s: prefill of %d rows, per layer max|cpu-cuda|/rms of the hc-mean taps:", dir, n);
+    for (int l = 0; l < L; l++) {
+        double ss = 0, md = 0, md0 = 0;
+        for (int t = 0; t < n; t++)
+            for (int j = 0; j < d; j++) {
+                size_t i = ((size_t)t * L + l) * d + j;
+                ss += (double)tp[0][i] * tp[0][i];
+                double df = fabs((double)tp[0][i] - tp[1][i]);
+                if (df > md) md = df;
+                if (t == 0 && df > md0) md0 = df;
+            }
+        double rms = sqrt(ss / ((double)n * d));
+        printf(" L%d %.3g (row0 %.3g)", l, md / (rms > 0 ? rms : 1), md0 / (rms > 0 ? rms : 1));
+    }
+    double ss = 0, md = 0;
+    for (size_t i = 0; i < (size_t)n * V; i++) {
+        ss += (double)lg[0][i] * lg[0][i];
+        double df = fabs((double)lg[0][i] - lg[1][i]);
+        if (df > md) md = df;
+    }
+    printf("; logits %.3g\n", md / sqrt(ss / ((double)n * V)));
+    for (int k = 0; k < 2; k++) {
+        free(tp[k]);
+        free(lg[k]);
+    }
+    free(layers);
+}
+
 static int argmax(const float *x, int V, float *margin) {
     int b = 0, s = -1;
     for (int v = 1; v < V; v++)
@@ -101,6 +164,7 @@ static void compare(const char *dir) {
     float *a = malloc(sizeof(float) * N_TOK * V), *b = malloc(sizeof(float) * N_TOK * V);
     /* prompt, then the CPU's own greedy continuation (what `dsv4 run` would emit) */
     int32_t tok[N_TOK + 1] = {5, 17, 42, 7, 99, 3, 250, 11, 64, 8};
+    layer_gap(dir, cpu, gpu, tok);
     {
         dsv4_runner run = dsv4_model_runner_iface(cpu);
         float m;
@@ -128,6 +192,8 @@ static void compare(const char *dir) {
         if (rel > worst) worst = rel;
         float mc, mg;
         int ac = argmax(x, V, &mc), ag = argmax(y, V, &mg);
+        printf("%s%.2g", p ? " " : "per-position max|diff|/rms: ", rel);
+        if (p == N_TOK - 1) printf("\n");
         if (ac != ag) {
             n_diff++;
             printf("%s: position %d: argmax cpu %d cuda %d, cpu margin %.3g, largest |diff| %.3g (rms %.3g)\n", dir, p,

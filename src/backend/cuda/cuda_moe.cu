@@ -18,6 +18,7 @@
 #include "backend/cuda/cuda_internal.cuh"
 
 #include <cub/block/block_scan.cuh>
+#include <climits>
 
 enum { FP4_PLAIN = 0, FP4_GATEUP = 1, FP4_DOWN = 2 };
 
@@ -36,7 +37,25 @@ struct Fp4Args {
     int flags;
 };
 
-__device__ __forceinline__ float silu(float v) { return v / (1.0f + __expf(-v)); }
+/*
+ * h = silu(min(g, 10)) · clamp(u, ±10) · w_k (§3.5). Why two storages: the
+ * official code keeps g, u, h and the expert outputs in bf16
+ * (DSV4_CUDA_MOE_BF16); the CPU reference keeps them fp32, and by default so
+ * do we — the bf16 roundings were the largest CPU/CUDA difference of a whole
+ * forward (1e-2 at the op), enough to flip greedy tokens on the tiny
+ * checkpoints (bench/results/2026-11-30-cuda-cpu-equality-h200.md). expf
+ * (not __expf) and the CPU's operation order: dsv4_cpu_swiglu1, then × w_k.
+ */
+__device__ __forceinline__ float moe_h(float g, float u, float wk, int flags) {
+    if (flags & DSV4_CUDA_MOE_BF16) {
+        g = round_bf16(g);
+        u = round_bf16(u);
+    }
+    g = fminf(g, 10.f);
+    u = fminf(fmaxf(u, -10.f), 10.f);
+    const float h = wk * (g / (1.0f + expf(-g)) * u);
+    return (flags & DSV4_CUDA_MOE_BF16) ? round_bf16(h) : h;
+}
 
 /*
  * Block = KW warps on one 16-row tile (blockIdx.x). blockIdx.y is the
@@ -218,13 +237,10 @@ __global__ void __launch_bounds__(256, MINB) k_fp4(Fp4Args a) {
                     if (j >= cnt) continue;
                     float out;
                     if (MODE == FP4_GATEUP) {
-                        /* §3.5: bf16 GEMM outputs, clamp, SwiGLU, × routing weight, bf16 */
-                        float gv = fminf(round_bf16(v[0][i]), 10.f);
-                        float uv = fminf(fmaxf(round_bf16(v[NM - 1][i]), -10.f), 10.f);
-                        out = round_bf16(silu(gv) * uv * a.wts[a.list[off + j]]);
+                        out = moe_h(v[0][i], v[NM - 1][i], a.wts[a.list[off + j]], a.flags);
                     } else {
                         out = v[0][i];
-                        if (MODE == FP4_DOWN || (a.flags & DSV4_CUDA_OUT_BF16)) out = round_bf16(out);
+                        if (a.flags & (MODE == FP4_DOWN ? DSV4_CUDA_MOE_BF16 : DSV4_CUDA_OUT_BF16)) out = round_bf16(out);
                     }
                     a.y[(size_t)(off + j) * a.R + r] = out;
                 }
@@ -401,12 +417,10 @@ __global__ void __launch_bounds__(256) k_moe_fp4(Fp4Args a) {
                     if (jj >= ccnt) continue;
                     float out;
                     if (MODE == FP4_GATEUP) {
-                        /* §3.5: bf16 GEMM outputs, clamp, SwiGLU, × routing weight, bf16 */
-                        const float gv = fminf(round_bf16(r[0][i]), 10.f);
-                        const float uv = fminf(fmaxf(round_bf16(r[NM - 1][i]), -10.f), 10.f);
-                        out = round_bf16(silu(gv) * uv * a.wts[a.list[coff + jj]]);
+                        out = moe_h(r[0][i], r[NM - 1][i], a.wts[a.list[coff + jj]], a.flags);
                     } else {
-                        out = round_bf16(r[0][i]);
+                        out = r[0][i];
+                        if (a.flags & DSV4_CUDA_MOE_BF16) out = round_bf16(out);
                     }
                     a.y[(size_t)(coff + jj) * a.R + r0 + (i >> 1) * 8] = out;
                 }
@@ -550,7 +564,7 @@ __global__ void __launch_bounds__(ROUTE_THREADS) k_route_group(const int *__rest
     }
 }
 
-/* y[t] = Σ_k O[inv[t,k]] (+ shared[t]) in slot order; 4 columns per thread. */
+/* y[t] = Σ_k O[inv[t,k]] (+ shared[t]) in expert order; 4 columns per thread. */
 __global__ void k_moe_combine(const float *__restrict__ O, const int *__restrict__ inv, int n,
                               int topk, int D, const float *__restrict__ shared,
                               float *__restrict__ y, int flags) {
@@ -561,9 +575,16 @@ __global__ void k_moe_combine(const float *__restrict__ O, const int *__restrict
     if (i >= (size_t)n * d4) return;
     const int tok = (int)(i / d4), col = (int)(i % d4) * 4;
     float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int k = 0; k < topk; k++) {
-        const int p = inv[tok * topk + k];
-        if (p < 0) continue;
+    /* in ascending expert id (= ascending position in O), the CPU
+     * reference's order, so the fp32 sums round alike */
+    for (int last = -1;;) {
+        int p = INT_MAX;
+        for (int k = 0; k < topk; k++) {
+            const int q = inv[tok * topk + k];
+            if (q > last && q < p) p = q;
+        }
+        if (p == INT_MAX) break;
+        last = p;
         const float4 o = *(const float4 *)(O + (size_t)p * D + col);
         s.x += o.x; s.y += o.y; s.z += o.z; s.w += o.w;
     }
@@ -653,6 +674,7 @@ static int moe_run(dsv4_cuda_ctx *c, const dsv4_cuda_experts *ex, const float *x
     a.list = list;
     a.topk = topk;
     a.wts = wts;
+    a.flags = flags & DSV4_CUDA_MOE_BF16;
     a.wstride = (size_t)dm * dff / 2;
     a.sstride = (size_t)dm * dff / 32;
     /* w1, w3: [dff, dm] */

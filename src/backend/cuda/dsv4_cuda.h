@@ -35,6 +35,7 @@ typedef struct dsv4_cuda_ctx dsv4_cuda_ctx;
 /* Output flags of the ops. */
 enum {
     DSV4_CUDA_OUT_BF16 = 1, /* round each output element to the nearest bf16 (RNE) */
+    DSV4_CUDA_MOE_BF16 = 2, /* dsv4_cuda_moe: bf16 g, u, h and expert outputs (official) */
 };
 
 /*
@@ -196,10 +197,11 @@ int dsv4_cuda_rmsnorm(dsv4_cuda_ctx *ctx, const float *x, const uint16_t *w, int
  *   ids  [n, topk] int32 expert ids in [0, n_experts) (out-of-range ids are
  *        skipped); wts [n, topk] fp32 routing weights (already × 1.5)
  *   shared [n, d_model] fp32 or NULL: the shared expert's output, added in
- *   y    [n, d_model] fp32 = Σ_k out_{E_k} (+ shared), fp32 sum in slot order;
- *        DSV4_CUDA_OUT_BF16 rounds the sum.
- * Per expert: g = x·w1ᵀ, u = x·w3ᵀ (W8A8, bf16-rounded), h = silu(min(g,10)) ·
- * clamp(u,±10) · w_k rounded to bf16, out = h·w2ᵀ (W8A8 again) rounded to bf16.
+ *   y    [n, d_model] fp32 = Σ_k out_{E_k} (+ shared), fp32 sum in ascending
+ *        expert id (the CPU reference's order); DSV4_CUDA_OUT_BF16 rounds the sum.
+ * Per expert: g = x·w1ᵀ, u = x·w3ᵀ (W8A8), h = silu(min(g,10)) · clamp(u,±10)
+ * · w_k, out = h·w2ᵀ (W8A8 again), all fp32 like the CPU reference; with
+ * DSV4_CUDA_MOE_BF16, g, u, h and out are rounded to bf16 (the official code).
  * Errors: DSV4_EINVAL (shapes, topk > 16, NULL), DSV4_ERANGE, DSV4_EBACKEND.
  */
 int dsv4_cuda_moe(dsv4_cuda_ctx *ctx, const dsv4_cuda_experts *ex, const float *x, int n,
