@@ -8,20 +8,17 @@
  * argmaxes differ with the CPU's top-1/top-2 margin there, which decides
  * whether a different greedy token is a near tie or a real disagreement.
  *
- * Asserts what separates a wiring error from the numerics difference the
- * two backends are known to have: every logit within REL_TOL·rms of the
- * reference, at least half the positions with the same argmax, and every
- * argmax disagreement at a position whose CPU top-1/top-2 margin is below 2x
- * the largest difference of that row (a near tie). Two unrelated logit rows
- * (wrong layer, state slot, RoPE, ...) differ by ~4x rms at their largest
- * element and agree on the argmax 1 time in vocab; the measured difference
- * on H200 (2026-11-30, bench/results) is at most 0.43x rms with 33/34 and
- * 29/34 argmaxes equal. Its source: the CUDA MoE stores g, u, h·w and the
- * expert outputs in bf16 as the official code does, the CPU reference keeps
- * fp32 (1.6e-2 at the op, bench/results/2026-11-30-cuda-backend-conformance-
- * h200.md), and the reference numerics downstream (W8A8 activation
- * quantisation to E4M3, FP8 KV and FP4 indexer round trips, top-k choices)
- * turn small input differences into whole quantisation steps. REL_TOL = 1.
+ * Asserts: every logit within REL_TOL·rms of the reference, and every argmax
+ * disagreement at a position whose CPU top-1/top-2 margin is below 2x the
+ * largest difference of that row (a near tie at fp32 rounding level), and at
+ * least half the positions with the same argmax. Measured on H200
+ * (bench/results/2026-11-30-cuda-cpu-equality-h200.md): with fp32 MoE
+ * intermediates (like the CPU reference) the largest difference is 1.2e-5x
+ * rms and every argmax agrees; with the official bf16 storage
+ * (DSV4_CUDA_MOE_BF16=1) it was 0.43x rms, first visible after layer 0's
+ * MoE and amplified by the E4M3 activation quantisation of every later
+ * linear. REL_TOL = 1e-3 leaves ~100x room for fp32 summation-order noise
+ * and still fails on the bf16 storage (or any wiring error, ~4x rms).
  *
  * Without CUDA in the build or without a GPU it prints why and checks only
  * that --device cuda is refused with a clear error, so it is a real test on
@@ -36,7 +33,7 @@
 #include "model/forward.h"
 #include "test.h"
 
-#define REL_TOL 1.0
+#define REL_TOL 1e-3
 #define N_PROMPT 10
 #define N_TOK 34
 
@@ -178,7 +175,7 @@ static void compare(const char *dir) {
     }
     CHECK_EQ_INT(all_logits(cpu, tok, a, V, &err), 0);
     CHECK_EQ_INT(all_logits(gpu, tok, b, V, &err), 0);
-    double worst = 0;
+    double worst = 0, rels[N_TOK];
     int n_diff = 0;
     for (int p = 0; p < N_TOK; p++) {
         const float *x = a + (size_t)p * V, *y = b + (size_t)p * V;
@@ -192,8 +189,7 @@ static void compare(const char *dir) {
         if (rel > worst) worst = rel;
         float mc, mg;
         int ac = argmax(x, V, &mc), ag = argmax(y, V, &mg);
-        printf("%s%.2g", p ? " " : "per-position max|diff|/rms: ", rel);
-        if (p == N_TOK - 1) printf("\n");
+        rels[p] = rel;
         if (ac != ag) {
             n_diff++;
             printf("%s: position %d: argmax cpu %d cuda %d, cpu margin %.3g, largest |diff| %.3g (rms %.3g)\n", dir, p,
@@ -202,6 +198,9 @@ static void compare(const char *dir) {
         }
         CHECK_MSG(rel <= REL_TOL, "%s position %d: logits differ by %.3g x rms", dir, p, rel);
     }
+    printf("%s: per-position max|diff|/rms:", dir);
+    for (int p = 0; p < N_TOK; p++) printf(" %.2g", rels[p]);
+    printf("\n");
     printf("%s: %d positions, largest |logit diff| / rms = %.3g, argmax differs at %d\n", dir, N_TOK, worst, n_diff);
     CHECK_MSG(2 * n_diff <= N_TOK, "%s: argmax differs at %d of %d positions", dir, n_diff, N_TOK);
     free(a);
