@@ -27,6 +27,9 @@ struct dsv4_service {
     int32_t eos_id;
     int vocab;
     int64_t max_model_len;
+    /* engine counters at the end of warm-up: /metrics reports the counters
+     * minus these, so warm-up tokens and steps never show (§8.5, §3.9) */
+    dsv4_engine_stats warm_base;
 };
 
 /*
@@ -40,6 +43,8 @@ int dsv4_service_is_token_id(const cJSON *it, int vocab);
 /* Everything taken from one request body before it is submitted. */
 typedef struct dsv4_req_params {
     int stream, include_usage, include_reasoning;
+    int continuous_usage;        /* stream_options.continuous_usage_stats (vLLM): usage in every chunk */
+    int skip_special;            /* skip_special_tokens, default 1 (vLLM; §3.6, §4.5) */
     int max_tokens_given;
     dsv4_gen_params gen;
     const char *stops[DSV4_MAX_STOPS];

@@ -57,6 +57,7 @@ typedef struct choice {
 typedef struct job {
     dsv4_service *s;
     int chat, stream, include_usage, include_reasoning;
+    int continuous_usage;    /* stream_options.continuous_usage_stats with include_usage */
     int logprobs, top_logprobs;
     pthread_mutex_t mu;      /* guards every choice's op and q */
     choice *c;
@@ -383,6 +384,12 @@ static void emit_json(job *j, cJSON *o) {
     j->t_out = now_s();
 }
 
+/* stream_options.continuous_usage_stats (vLLM): every chunk carries the
+ * cumulative usage so far (§3.5 item 6). j->mu held. */
+static void add_running_usage(job *j, cJSON *o) {
+    if (j->continuous_usage) cJSON_AddItemToObject(o, "usage", usage_json(j));
+}
+
 /* A chunk for choice c whose delta (chat) or text (completions) is given;
  * *choice_out (may be NULL) receives the choice object. */
 static cJSON *chunk_with(choice *c, cJSON **delta_out, cJSON **choice_out) {
@@ -443,6 +450,7 @@ static void drain_queue_locked(choice *c) {
         if (o) {
             /* the tokens this delta covers (all polled: see the top of the loop) */
             if (j->logprobs) cJSON_ReplaceItemInObject(ch, "logprobs", logprobs_upto(c, x->lp_to));
+            add_running_usage(j, o);
             emit_json(j, o);
         }
         free(x->text);
@@ -467,6 +475,7 @@ static int emit_choice_end_locked(choice *c) {
     /* tokens no delta covered: held back by stop matching, special tokens, EOS */
     if (j->logprobs && c->lp_sent < res->completion_tokens)
         cJSON_ReplaceItemInObject(ch, "logprobs", logprobs_upto(c, res->completion_tokens));
+    add_running_usage(j, o);
     emit_json(j, o);
     return 0;
 }
@@ -509,6 +518,9 @@ static long stream_read(void *ctx, char *buf, size_t max) {
                 } else {
                     cJSON_AddStringToObject(d, "text", j->echo_text ? j->echo_text : "");
                 }
+                pthread_mutex_lock(&j->mu);
+                add_running_usage(j, o);
+                pthread_mutex_unlock(&j->mu);
                 emit_json(j, o);
             }
             j->sent_role = 1;
@@ -564,6 +576,8 @@ void dsv4_service_run_job(dsv4_service *s, int chat, const int32_t *ids, int n_i
     j->chat = chat;
     j->stream = p->stream;
     j->include_usage = p->include_usage;
+    /* vLLM: per-chunk usage only when include_usage is set too */
+    j->continuous_usage = p->include_usage && p->continuous_usage;
     j->include_reasoning = p->include_reasoning;
     j->logprobs = p->logprobs;
     j->top_logprobs = p->top_logprobs;

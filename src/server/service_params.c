@@ -68,7 +68,17 @@ int dsv4_req_params_parse(dsv4_service *s, const cJSON *req, int chat, dsv4_req_
             return 1;
         }
         if (bool_field(so, "include_usage", &p->include_usage, out)) return 1;
+        if (bool_field(so, "continuous_usage_stats", &p->continuous_usage, out)) return 1;
     }
+    /* skip_special_tokens (vLLM, default true): false keeps the text of added
+     * tokens flagged "special" in /v1/completions output (§4.5; chat output
+     * never carries special-token text). spaces_between_special_tokens is
+     * accepted as vLLM does: its fast detokenizer (tokenizers' DecodeStream,
+     * used for DeepSeek's PreTrainedTokenizerFast) ignores it. */
+    p->skip_special = 1;
+    if (bool_field(req, "skip_special_tokens", &p->skip_special, out)) return 1;
+    int sbst = 1;
+    if (bool_field(req, "spaces_between_special_tokens", &sbst, out)) return 1;
     if (bool_field(req, "include_reasoning", &p->include_reasoning, out)) return 1;
 
     /* max_tokens: absent -> the remaining context (the engine clamps) */

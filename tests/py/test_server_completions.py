@@ -1,0 +1,115 @@
+"""/v1/completions details that follow vLLM (spec/SERVING.md §3.5, §3.6, §4.5):
+skip_special_tokens, token-id prompts used as given, per-chunk usage
+(stream_options.continuous_usage_stats) and prompt logprobs (echo + logprobs,
+prompt_logprobs). Expected texts come from the `tokenizers` library decoding
+the same ids, which is what vLLM's fast detokenizer does."""
+import json
+import os
+import urllib.error
+import urllib.request
+
+import pytest
+from tokenizers import Tokenizer
+
+from conftest import DEFAULT_MODEL
+
+TOK = Tokenizer.from_file(os.path.join(DEFAULT_MODEL, "tokenizer.json"))
+PH = TOK.token_to_id("<｜place▁holder▁no▁380｜>")  # added token flagged "special": true
+THINK_CLOSE = TOK.token_to_id("</think>")          # added token flagged "special": false
+BOS = TOK.token_to_id("<｜begin▁of▁sentence｜>")
+
+
+def post(base, path, body):
+    req = urllib.request.Request(base + path, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def stream(base, path, body):
+    """The SSE events of a streamed request, parsed (checks the framing)."""
+    req = urllib.request.Request(base + path, data=json.dumps(dict(body, stream=True)).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        raw = r.read().decode()
+    events = [e for e in raw.split("\n\n") if e and not e.startswith(":")]
+    assert events[-1] == "data: [DONE]"
+    return [json.loads(e[len("data: "):]) for e in events[:-1]]
+
+
+def forced(token_id, **extra):
+    """A completion whose every token is token_id (logit_bias +100 on it)."""
+    return dict({"prompt": "Hello", "max_tokens": 3, "temperature": 0, "ignore_eos": True,
+                 "logit_bias": {str(token_id): 100}}, **extra)
+
+
+@pytest.mark.parametrize("skip", [None, True, False])
+def test_skip_special_tokens_completions(default_server, skip):
+    extra = {} if skip is None else {"skip_special_tokens": skip}
+    want = TOK.decode([PH] * 3, skip_special_tokens=skip is not False)
+    st, body = post(default_server.base, "/v1/completions", forced(PH, **extra))
+    assert st == 200, body
+    assert body["usage"]["completion_tokens"] == 3
+    assert body["choices"][0]["text"] == want
+    chunks = stream(default_server.base, "/v1/completions", forced(PH, **extra))
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == want
+
+
+def test_non_special_added_tokens_kept(default_server):
+    # </think> is an added token but not flagged special: vLLM keeps its text (§3.6)
+    st, body = post(default_server.base, "/v1/completions", forced(THINK_CLOSE))
+    assert st == 200, body
+    assert body["choices"][0]["text"] == TOK.decode([THINK_CLOSE] * 3, skip_special_tokens=True) == "</think>" * 3
+
+
+def test_chat_never_shows_special_tokens(default_server):
+    # §4.5: chat output carries no special-token text whatever skip_special_tokens says
+    for skip in (True, False):
+        st, body = post(default_server.base, "/v1/chat/completions",
+                        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0,
+                         "ignore_eos": True, "logit_bias": {str(PH): 100}, "skip_special_tokens": skip})
+        assert st == 200, body
+        assert "place" not in (body["choices"][0]["message"]["content"] or "")
+
+
+def test_special_token_flags_validated(default_server):
+    for field in ("skip_special_tokens", "spaces_between_special_tokens"):
+        st, body = post(default_server.base, "/v1/completions", {"prompt": "x", "max_tokens": 1, field: "no"})
+        assert st == 400 and body["error"]["param"] == field
+
+
+def test_token_id_prompt_used_as_given(default_server):
+    # vLLM passes prompt_token_ids to the engine unchanged: no BOS is added (§3.6 note)
+    ids = TOK.encode("Hello world", add_special_tokens=False).ids
+    st, body = post(default_server.base, "/v1/completions", {"prompt": ids, "max_tokens": 1, "temperature": 0})
+    assert st == 200, body
+    assert body["usage"]["prompt_tokens"] == len(ids)
+    st, body = post(default_server.base, "/v1/completions", {"prompt": [BOS] + ids, "max_tokens": 1})
+    assert body["usage"]["prompt_tokens"] == len(ids) + 1
+    # text prompts still get BOS (and only one)
+    st, body = post(default_server.base, "/v1/completions", {"prompt": "Hello world", "max_tokens": 1})
+    assert body["usage"]["prompt_tokens"] == len(ids) + 1
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/completions", {"prompt": "Count: one, two,", "max_tokens": 4, "n": 2}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Count"}], "max_tokens": 4}),
+])
+def test_continuous_usage_stats(default_server, path, body):
+    body = dict(body, temperature=0, ignore_eos=True,
+                stream_options={"include_usage": True, "continuous_usage_stats": True})
+    chunks = stream(default_server.base, path, body)
+    assert all("usage" in c for c in chunks)
+    prompt = chunks[0]["usage"]["prompt_tokens"]
+    comp = [c["usage"]["completion_tokens"] for c in chunks]
+    assert comp == sorted(comp) and comp[0] == 0
+    for c in chunks:
+        u = c["usage"]
+        assert u["prompt_tokens"] == prompt and u["total_tokens"] == prompt + u["completion_tokens"]
+    assert chunks[-1]["choices"] == [] and comp[-1] == 4 * body.get("n", 1)
+    # without include_usage nothing is added (vLLM requires both)
+    body["stream_options"] = {"continuous_usage_stats": True}
+    assert all("usage" not in c for c in stream(default_server.base, path, body))
