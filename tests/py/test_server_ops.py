@@ -52,3 +52,31 @@ def test_warm_up_not_counted(server_factory):
     drafts = _metric(m, "vllm:spec_decode_num_drafts_total")
     assert _metric(m, "vllm:spec_decode_num_draft_tokens_total") == 3 * drafts
     assert _metric(m, "vllm:spec_decode_num_accepted_tokens_total") <= 3 * drafts
+
+
+def _raw_get(base, path, extra_header_bytes):
+    """GET with one X-Pad header of the given size over a raw socket: (status, headers, body)."""
+    import http.client
+    import urllib.parse
+    u = urllib.parse.urlparse(base)
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+    try:
+        c.putrequest("GET", path)
+        c.putheader("X-Pad", "a" * extra_header_bytes)
+        c.endheaders()
+        r = c.getresponse()
+        return r.status, r.getheader("Content-Type"), r.read()
+    finally:
+        c.close()
+
+
+def test_large_headers_answered_in_json(default_server):
+    # over libmicrohttpd's default 32 KiB pool but under our 64 KiB limit: served
+    st, ctype, body = _raw_get(default_server.base, "/v1/models", 40 << 10)
+    assert st == 200 and json.loads(body)["object"] == "list"
+    # over our limit: a 431 in OpenAI's error shape, not libmicrohttpd's HTML (§3.8)
+    st, ctype, body = _raw_get(default_server.base, "/v1/models", 200 << 10)
+    err = json.loads(body)["error"]
+    assert st == 431 and ctype == "application/json"
+    assert err["code"] == 431 and err["type"] == "RequestHeaderFieldsTooLargeError" and "limit" in err["message"]
+    assert request(default_server.base, "GET", "/health")[0] == 200
