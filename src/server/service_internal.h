@@ -55,9 +55,16 @@ typedef struct dsv4_req_params {
     int echo;                    /* /v1/completions */
     int n;                       /* choices, 1..8 (§3.3) */
     int logprobs, top_logprobs;  /* chat logprobs/top_logprobs; completions logprobs=N -> 1, N */
+    int prompt_logprobs;         /* completions `prompt_logprobs` (vLLM): alternatives, -1 = not asked */
     int32_t *bias_ids;           /* logit_bias, owned */
     float *bias_vals;
 } dsv4_req_params;
+
+/* Longest prompt whose log-probabilities are returned (echo + logprobs,
+ * prompt_logprobs): the response lists every prompt token, so this bounds
+ * its size (~10 MB of JSON) and the per-token records (~170 B each). The
+ * logits buffer is bounded separately (DSV4_PROMPT_LOGPROB_CHUNK rows). */
+#define DSV4_MAX_PROMPT_LOGPROB_TOKENS 32768
 
 /*
  * Read the sampling/limit/stream fields shared by both endpoints

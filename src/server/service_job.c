@@ -13,6 +13,7 @@
  * records of the tokens fed to the parser up to the delta it shows, and the
  * final chunk whatever is left (tokens held back by stop matching, EOS).
  */
+#include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -59,6 +60,13 @@ typedef struct job {
     int chat, stream, include_usage, include_reasoning;
     int continuous_usage;    /* stream_options.continuous_usage_stats with include_usage */
     int logprobs, top_logprobs;
+    /* prompt log-probabilities (completions): echo_lp = echo + logprobs
+     * (legacy lists, prompt first); plp_n = prompt_logprobs N or -1. Taken
+     * from choice 0's engine request (HTTP thread only). */
+    int echo_lp, plp_n;
+    dsv4_token_logprob *plp;
+    int32_t *prank;
+    int n_plp;               /* records fetched (n_prompt), 0 = not yet */
     pthread_mutex_t mu;      /* guards every choice's op and q */
     choice *c;
     int n;
@@ -212,6 +220,8 @@ static void job_free(job *j) {
     pthread_mutex_destroy(&j->mu);
     free(j->out);
     free(j->echo_text);
+    free(j->plp);
+    free(j->prank);
     free(j);
 }
 
@@ -285,6 +295,79 @@ static cJSON *logprobs_upto(choice *c, int upto) {
     return o;
 }
 
+/* Wait until choice 0's prefill has produced the prompt records (or it
+ * ended without them: engine error). HTTP thread, j->mu NOT held. */
+static void fetch_prompt_logprobs(job *j) {
+    if (j->n_plp || (!j->echo_lp && j->plp_n < 0)) return;
+    j->plp = malloc(sizeof *j->plp * (size_t)j->n_prompt);
+    j->prank = malloc(sizeof *j->prank * (size_t)j->n_prompt);
+    if (!j->plp || !j->prank) return;
+    for (;;) {
+        j->n_plp = dsv4_request_prompt_logprobs(j->c[0].req, j->plp, j->prank, j->n_prompt);
+        if (j->n_plp || j->c[0].ended) break;
+        int32_t none[1];
+        dsv4_finish f = DSV4_FINISH_NONE;
+        /* a zero-length poll only waits for the engine's next step */
+        if (dsv4_request_poll(j->c[0].req, none, 0, &f, 50) == 0 && f != DSV4_FINISH_NONE) {
+            j->n_plp = dsv4_request_prompt_logprobs(j->c[0].req, j->plp, j->prank, j->n_prompt);
+            break;
+        }
+    }
+}
+
+/* Append every element of src's arrays to the same-named arrays of dst; frees src. */
+static void append_lists(cJSON *dst, cJSON *src) {
+    cJSON *a;
+    cJSON_ArrayForEach(a, src) {
+        cJSON *d = cJSON_GetObjectItemCaseSensitive(dst, a->string);
+        while (cJSON_GetArraySize(a) > 0) cJSON_AddItemToArray(d, cJSON_DetachItemFromArray(a, 0));
+    }
+    cJSON_Delete(src);
+}
+
+/* echo + logprobs (vLLM): the legacy lists of the prompt tokens, offsets from
+ * 0 and the first token's logprob and alternatives null (no context). Sets
+ * c->text_off to continue after them. NULL when the records are missing. */
+static cJSON *prompt_legacy_logprobs(choice *c) {
+    job *j = c->j;
+    if (!j->echo_lp || !j->n_plp) return NULL;
+    long off = 0;
+    cJSON *o = dsv4_completion_logprobs_json(j->s, j->plp, j->n_plp, j->top_logprobs, &off);
+    cJSON_ReplaceItemInArray(cJSON_GetObjectItemCaseSensitive(o, "token_logprobs"), 0, cJSON_CreateNull());
+    cJSON_ReplaceItemInArray(cJSON_GetObjectItemCaseSensitive(o, "top_logprobs"), 0, cJSON_CreateNull());
+    c->text_off = off;
+    return o;
+}
+
+/* prompt_logprobs=N (vLLM): [null, {"<id>": {"logprob", "rank", "decoded_token"}}, ...]
+ * holding the prompt token and the N most likely ones at each position. */
+static cJSON *prompt_logprobs_list(job *j) {
+    if (j->plp_n < 0 || !j->n_plp) return cJSON_CreateNull();
+    cJSON *arr = cJSON_CreateArray();
+    cJSON_AddItemToArray(arr, cJSON_CreateNull());
+    for (int i = 1; i < j->n_plp; i++) {
+        const dsv4_token_logprob *r = &j->plp[i];
+        cJSON *d = cJSON_CreateObject();
+        for (int t = -1; t < r->n_top && t < j->plp_n; t++) {
+            int32_t id = t < 0 ? r->token : r->top_ids[t];
+            char key[16], *txt = NULL;
+            size_t tl = 0;
+            snprintf(key, sizeof key, "%d", (int)id);
+            if (cJSON_GetObjectItemCaseSensitive(d, key)) continue;
+            const char *b = dsv4_tokenizer_token_bytes(j->s->tok, id, &tl);
+            if (dsv4_utf8_lossy(b ? b : "", b ? tl : 0, &txt, &tl)) txt = NULL;
+            cJSON *e = cJSON_AddObjectToObject(d, key);
+            float lp = t < 0 ? r->logprob : r->top_logprobs[t];
+            cJSON_AddNumberToObject(e, "logprob", isfinite(lp) ? lp : -9999.0);
+            cJSON_AddNumberToObject(e, "rank", t < 0 ? j->prank[i] : t + 1);
+            cJSON_AddStringToObject(e, "decoded_token", txt ? txt : "");
+            free(txt);
+        }
+        cJSON_AddItemToArray(arr, d);
+    }
+    return arr;
+}
+
 /* One choice of the non-streaming body (j->mu held). */
 static cJSON *final_choice(choice *c) {
     job *j = c->j;
@@ -327,7 +410,12 @@ static cJSON *final_choice(choice *c) {
         free(text);
     }
     /* every kept token: reasoning, </think>, content, markup, EOS (usage counts the same) */
-    cJSON_AddItemToObject(o, "logprobs", logprobs_upto(c, res->completion_tokens));
+    cJSON *plp = j->chat ? NULL : prompt_legacy_logprobs(c);
+    cJSON *glp = logprobs_upto(c, res->completion_tokens);
+    if (plp && cJSON_IsObject(glp)) append_lists(plp, glp);
+    else if (plp) cJSON_Delete(glp);
+    cJSON_AddItemToObject(o, "logprobs", plp ? plp : glp);
+    if (!j->chat && j->plp_n >= 0) cJSON_AddItemToObject(o, "prompt_logprobs", prompt_logprobs_list(j));
     cJSON_AddStringToObject(o, "finish_reason", res->finish_reason ? res->finish_reason : "stop");
     add_stop_reason(o, res);
     return o;
@@ -335,6 +423,7 @@ static cJSON *final_choice(choice *c) {
 
 /* The non-streaming body (§3.4, §3.6). */
 static void final_body(job *j, dsv4_reply *out) {
+    fetch_prompt_logprobs(j);
     pthread_mutex_lock(&j->mu);
     int failed = 0;
     for (int i = 0; i < j->n; i++) {
@@ -510,13 +599,17 @@ static long stream_read(void *ctx, char *buf, size_t max) {
         j->out_off = j->out_len = 0;
         if (j->sent_done) return -1;
         if (!j->sent_role) {
+            fetch_prompt_logprobs(j); /* the first chunk carries the prompt's logprobs */
             for (int i = 0; i < j->n; i++) {
-                cJSON *d, *o = chunk_with(&j->c[i], &d, NULL);
+                cJSON *d, *ch, *o = chunk_with(&j->c[i], &d, &ch);
                 if (j->chat) {
                     cJSON_AddStringToObject(d, "role", "assistant");
                     cJSON_AddStringToObject(d, "content", "");
                 } else {
                     cJSON_AddStringToObject(d, "text", j->echo_text ? j->echo_text : "");
+                    cJSON *plp = prompt_legacy_logprobs(&j->c[i]);
+                    if (plp) cJSON_ReplaceItemInObject(ch, "logprobs", plp);
+                    if (j->plp_n >= 0) cJSON_AddItemToObject(ch, "prompt_logprobs", prompt_logprobs_list(j));
                 }
                 pthread_mutex_lock(&j->mu);
                 add_running_usage(j, o);
@@ -581,6 +674,8 @@ void dsv4_service_run_job(dsv4_service *s, int chat, const int32_t *ids, int n_i
     j->include_reasoning = p->include_reasoning;
     j->logprobs = p->logprobs;
     j->top_logprobs = p->top_logprobs;
+    j->echo_lp = !chat && p->echo && p->logprobs;
+    j->plp_n = chat ? -1 : p->prompt_logprobs;
     j->n_prompt = n_ids;
     j->t0 = j->t_out = now_s();
     j->created = (long)time(NULL);
@@ -605,6 +700,9 @@ void dsv4_service_run_job(dsv4_service *s, int chat, const int32_t *ids, int n_i
         p->gen.on_tokens = on_tokens;
         p->gen.user = c;
         p->gen.sampling.seed = seed + (uint64_t)i; /* choice i: seed + i (§3.3 `n`) */
+        /* prompt records from choice 0 only: the prompt is shared */
+        p->gen.prompt_logprobs = i == 0 && (j->echo_lp || j->plp_n >= 0);
+        p->gen.prompt_top_logprobs = j->plp_n > j->top_logprobs ? j->plp_n : j->top_logprobs;
         if (dsv4_engine_submit(s->engine, ids, n_ids, &p->gen, &c->req, &err)) {
             if (err.code == DSV4_ERANGE) dsv4_reply_error(out, 400, chat ? "messages" : "prompt", "%s", err.msg);
             else dsv4_reply_error(out, err.code == DSV4_EINVAL ? 400 : 500, NULL, "%s", err.msg);

@@ -227,7 +227,15 @@ int dsv4_req_params_parse(dsv4_service *s, const cJSON *req, int chat, dsv4_req_
     p->n = (int)ll;
     /* logprobs: chat `logprobs` bool + `top_logprobs` 0..20; completions the
      * legacy `logprobs` int 0..5 (§3.3, §3.6). Raw target values (§7.2). */
+    p->prompt_logprobs = -1;
     if (chat) {
+        const cJSON *pl = cJSON_GetObjectItemCaseSensitive(req, "prompt_logprobs");
+        if (pl && !cJSON_IsNull(pl)) {
+            dsv4_reply_error(out, 400, "prompt_logprobs",
+                             "`prompt_logprobs` is supported on /v1/completions only (send the rendered prompt "
+                             "from /tokenize there)");
+            return 1;
+        }
         if (bool_field(req, "logprobs", &p->logprobs, out)) return 1;
         ll = 0;
         if (int_field(req, "top_logprobs", 0, DSV4_MAX_TOP_LOGPROBS, &ll, out)) return 1;
@@ -279,10 +287,12 @@ int dsv4_req_params_parse(dsv4_service *s, const cJSON *req, int chat, dsv4_req_
         }
     } else {
         if (bool_field(req, "echo", &p->echo, out)) return 1;
-        if (p->echo && p->logprobs) {
-            dsv4_reply_error(out, 400, "echo", "`echo` with `logprobs` (prompt log-probabilities) is not supported yet");
-            return 1;
-        }
+        /* echo + logprobs: the prompt tokens' log-probabilities come first,
+         * the first one null (vLLM); prompt_logprobs=N: vLLM's per-choice
+         * list of {id: {logprob, rank, decoded_token}} */
+        ll = -1;
+        if (int_field(req, "prompt_logprobs", 0, DSV4_MAX_TOP_LOGPROBS, &ll, out)) return 1;
+        p->prompt_logprobs = (int)ll;
         const cJSON *suf = cJSON_GetObjectItemCaseSensitive(req, "suffix");
         if (suf && !cJSON_IsNull(suf)) {
             dsv4_reply_error(out, 400, "suffix", "`suffix` is not supported");

@@ -122,12 +122,23 @@ static int completion_prompt(dsv4_service *s, const cJSON *req, dsv4_tokvec *ids
     return 0;
 }
 
+/* echo + logprobs and prompt_logprobs list every prompt token: bounded (§3.6). */
+static int prompt_logprobs_ok(const dsv4_req_params *p, int n_prompt, dsv4_reply *out) {
+    if (!(p->echo && p->logprobs) && p->prompt_logprobs < 0) return 1;
+    if (n_prompt <= DSV4_MAX_PROMPT_LOGPROB_TOKENS) return 1;
+    dsv4_reply_error(out, 400, p->prompt_logprobs >= 0 ? "prompt_logprobs" : "echo",
+                     "prompt log-probabilities (%s) are limited to prompts of %d tokens; this prompt has %d",
+                     p->prompt_logprobs >= 0 ? "`prompt_logprobs`" : "`echo` with `logprobs`",
+                     DSV4_MAX_PROMPT_LOGPROB_TOKENS, n_prompt);
+    return 0;
+}
+
 static void handle_completions(dsv4_service *s, const cJSON *req, dsv4_reply *out) {
     dsv4_req_params p;
     dsv4_tokvec ids = {0};
     char *text = NULL;
     if (!dsv4_req_params_parse(s, req, 0, &p, out) && !completion_prompt(s, req, &ids, &text, out) &&
-        context_ok(s, (int)ids.n, &p, 0, out)) {
+        context_ok(s, (int)ids.n, &p, 0, out) && prompt_logprobs_ok(&p, (int)ids.n, out)) {
         dsv4_outparse_config pc;
         parser_config(s, &p, req, &pc);
         pc.raw = 1;

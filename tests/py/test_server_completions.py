@@ -113,3 +113,75 @@ def test_continuous_usage_stats(default_server, path, body):
     # without include_usage nothing is added (vLLM requires both)
     body["stream_options"] = {"continuous_usage_stats": True}
     assert all("usage" not in c for c in stream(default_server.base, path, body))
+
+
+LONG = "The quick brown fox jumps over the lazy dog. " * 12  # > 64 tokens: several prefill chunks
+
+
+@pytest.mark.parametrize("text", ["Hello world, how are", LONG])
+def test_echo_logprobs_match_generation_logprobs(default_server, text):
+    """echo + logprobs (vLLM): the prompt tokens' logprobs come first, the first one null.
+    The prompt logprob of a token equals the logprob the same token got when it was
+    generated from the same context (same logits row), here for the greedy token g."""
+    base = default_server.base
+    g = TOK.encode(" you", add_special_tokens=False).ids[0]
+    # logit_bias forces g; logprobs are of the raw logits (before the bias, §7.2)
+    st, gen = post(base, "/v1/completions", {"prompt": text, "max_tokens": 1, "temperature": 0, "logprobs": 2,
+                                             "logit_bias": {str(g): 100}})
+    assert st == 200, gen
+    assert gen["choices"][0]["logprobs"]["tokens"][0] == TOK.decode([g])
+    g_lp = gen["choices"][0]["logprobs"]["token_logprobs"][0]
+    ids = [BOS] + TOK.encode(text, add_special_tokens=False).ids
+    st, body = post(base, "/v1/completions", {"prompt": ids + [g], "max_tokens": 2, "temperature": 0,
+                                              "echo": True, "logprobs": 2})
+    assert st == 200, body
+    c = body["choices"][0]
+    lp = c["logprobs"]
+    n = len(ids) + 1
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == n + 2
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    assert lp["tokens"][:n] == [TOK.decode([i], skip_special_tokens=False) for i in ids + [g]]
+    assert lp["token_logprobs"][n - 1] == pytest.approx(g_lp, abs=1e-4)
+    assert all(x <= 0 for x in lp["token_logprobs"][1:])
+    assert all(len(t) >= 1 for t in lp["top_logprobs"][1:])  # up to 2 alternatives + the token
+    assert lp["text_offset"] == sorted(lp["text_offset"]) and lp["text_offset"][0] == 0
+    assert c["text"].startswith(TOK.decode(ids + [g], skip_special_tokens=True))
+    assert body["usage"]["completion_tokens"] == 2
+    # streaming: the first chunk carries the prompt part
+    chunks = stream(base, "/v1/completions", {"prompt": ids + [g], "max_tokens": 2, "temperature": 0, "echo": True,
+                                              "logprobs": 2})
+    first = chunks[0]["choices"][0]["logprobs"]
+    assert first["tokens"] == lp["tokens"][:n] and first["token_logprobs"] == lp["token_logprobs"][:n]
+    streamed = [t for ch in chunks[1:] for x in ch["choices"] if x.get("logprobs") for t in x["logprobs"]["tokens"]]
+    assert streamed == lp["tokens"][n:]
+
+
+def test_prompt_logprobs_vllm_form(default_server):
+    ids = [BOS] + TOK.encode(LONG, add_special_tokens=False).ids
+    st, body = post(default_server.base, "/v1/completions",
+                    {"prompt": ids, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 3, "n": 2})
+    assert st == 200, body
+    st, ref = post(default_server.base, "/v1/completions",
+                   {"prompt": ids, "max_tokens": 1, "temperature": 0, "echo": True, "logprobs": 3})
+    for c in body["choices"]:
+        pl = c["prompt_logprobs"]
+        assert len(pl) == len(ids) and pl[0] is None
+        for i in range(1, len(ids)):
+            d = pl[i]
+            assert str(ids[i]) in d and 3 <= len(d) <= 4
+            mine = d[str(ids[i])]
+            assert mine["logprob"] == pytest.approx(ref["choices"][0]["logprobs"]["token_logprobs"][i], abs=1e-5)
+            ranks = sorted(v["rank"] for k, v in d.items() if k != str(ids[i]) or v["rank"] <= 3)
+            assert ranks[:3] == [1, 2, 3]
+            best = max(d.values(), key=lambda v: v["logprob"])
+            assert best["rank"] == 1 and mine["rank"] >= 1
+            assert (mine["rank"] == 1) == (mine["logprob"] >= best["logprob"])
+    assert body["choices"][0]["prompt_logprobs"] == body["choices"][1]["prompt_logprobs"]
+
+
+def test_prompt_logprobs_refusals(default_server):
+    st, body = post(default_server.base, "/v1/chat/completions",
+                    {"messages": [{"role": "user", "content": "x"}], "prompt_logprobs": 1})
+    assert st == 400 and body["error"]["param"] == "prompt_logprobs"
+    st, body = post(default_server.base, "/v1/completions", {"prompt": "x", "prompt_logprobs": 21})
+    assert st == 400 and body["error"]["param"] == "prompt_logprobs"
