@@ -134,6 +134,10 @@ class Fuzzer:
         else:
             path = "/v1/completions"
             b["prompt"] = r.choice(PROMPTS)
+            if r.random() < 0.15:
+                b["echo"] = True
+            if r.random() < 0.1:
+                b["prompt_logprobs"] = r.randint(0, 3)
         valid = True
         if r.random() < 0.06:  # an invalid request: a 400, never a 5xx
             valid = False
@@ -214,7 +218,12 @@ class Fuzzer:
                 if body.get("logprobs"):
                     n_lp += len(c["logprobs"]["content"])
             else:
-                e = self.check_text("text", c["text"], False) or self.check_stop(body, c["text"], c.get("stop_reason"))
+                text = c["text"]
+                if body.get("echo"):
+                    if not text.startswith(body["prompt"]):
+                        return f"echo: text does not start with the prompt: {text!r}"
+                    text = text[len(body["prompt"]):]
+                e = self.check_text("text", text, False) or self.check_stop(body, text, c.get("stop_reason"))
                 if e:
                     return e
                 if "logprobs" in body:
@@ -222,6 +231,14 @@ class Fuzzer:
                     if len(lp["tokens"]) != len(lp["token_logprobs"]) or len(lp["tokens"]) != len(lp["text_offset"]):
                         return f"legacy logprobs lists differ in length: {lp}"
                     n_lp += len(lp["tokens"])
+                    if body.get("echo"):  # prompt tokens first, the first one null
+                        if lp["token_logprobs"][0] is not None:
+                            return "echo logprobs: the first prompt token has a logprob"
+                        n_lp -= resp["usage"]["prompt_tokens"]
+                if "prompt_logprobs" in body:
+                    pl = c.get("prompt_logprobs")
+                    if not isinstance(pl, list) or len(pl) != resp["usage"]["prompt_tokens"] or pl[0] is not None:
+                        return "prompt_logprobs malformed: " + str(pl)[:200]
         has_lp = body.get("logprobs") if chat else "logprobs" in body
         return self.check_usage(resp.get("usage"), n_lp if has_lp else None)
 
@@ -270,6 +287,8 @@ class Fuzzer:
                     text[i] += x["text"]
                     if x.get("logprobs"):
                         n_lp += len(x["logprobs"]["tokens"])
+                        if body.get("echo") and x["logprobs"]["token_logprobs"][:1] == [None]:
+                            n_lp -= len(x["logprobs"]["tokens"])  # the prompt part (first chunk)
                 if x.get("finish_reason") is not None:
                     finals[i] += 1
                     if x["finish_reason"] not in ("stop", "length", "tool_calls"):
@@ -277,6 +296,10 @@ class Fuzzer:
         if any(v != 1 for v in finals.values()):
             return f"final chunks per choice: {finals}"
         for t in text.values():
+            if body.get("echo"):
+                if not t.startswith(body["prompt"]):
+                    return f"echo: streamed text does not start with the prompt: {t!r}"
+                t = t[len(body["prompt"]):]
             e = self.check_text("streamed text", t, chat) or self.check_stop(body, t, None)
             if e:
                 return e

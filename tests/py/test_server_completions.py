@@ -185,3 +185,14 @@ def test_prompt_logprobs_refusals(default_server):
     assert st == 400 and body["error"]["param"] == "prompt_logprobs"
     st, body = post(default_server.base, "/v1/completions", {"prompt": "x", "prompt_logprobs": 21})
     assert st == 400 and body["error"]["param"] == "prompt_logprobs"
+
+
+def test_prompt_logprobs_length_cap(server_factory):
+    """Prompt log-probabilities list every prompt token: refused (400, clear message) beyond
+    32768 prompt tokens; a server whose context allows it is needed to get past the context check."""
+    s = server_factory(DEFAULT_MODEL, "--max-model-len", "33000", "--max-num-seqs", "1", ready=True)
+    ids = [BOS] + [100] * 32768
+    for extra, param in (({"echo": True, "logprobs": 1}, "echo"), ({"prompt_logprobs": 0}, "prompt_logprobs")):
+        st, body = post(s.base, "/v1/completions", dict({"prompt": ids, "max_tokens": 1}, **extra))
+        assert st == 400 and body["error"]["param"] == param
+        assert "limited to prompts of 32768 tokens" in body["error"]["message"] and "32769" in body["error"]["message"]
