@@ -29,6 +29,7 @@ struct dsv4_request {
     dsv4_token_logprob *lp; /* [cap - n_prompt] per generated token, or NULL (not asked) */
     dsv4_token_logprob *plp; /* [n_prompt] per prompt token, or NULL (prompt_logprobs not asked) */
     int32_t *prank;       /* [n_prompt] rank of each prompt token (with plp) */
+    int plp_ready;        /* every prompt record is filled */
     float *q;             /* [spec_k][vocab] draft distributions, or NULL (argmax drafts) */
     int q_valid;
     int n_cached;         /* prompt positions reused from the prefix cache */
@@ -260,7 +261,7 @@ int dsv4_request_logprobs(dsv4_request *r, int first, int n, dsv4_token_logprob 
 
 int dsv4_request_prompt_logprobs(dsv4_request *r, dsv4_token_logprob *out, int32_t *rank, int cap) {
     pthread_mutex_lock(&r->e->mu);
-    int n = r->plp && cap >= r->n_prompt && r->st != RQ_WAITING && r->st != RQ_PREFILL ? r->n_prompt : 0;
+    int n = r->plp && r->plp_ready && cap >= r->n_prompt ? r->n_prompt : 0;
     if (n) memcpy(out, r->plp, sizeof *out * (size_t)n);
     if (n && rank) memcpy(rank, r->prank, sizeof *rank * (size_t)n);
     pthread_mutex_unlock(&r->e->mu);
@@ -499,6 +500,7 @@ static void prompt_logprobs_locked(dsv4_engine *e, const seg *sg, int64_t p0) {
         for (int v = 0; v < e->run.vocab; v++) rank += lg[v] > lg[r->tok[t]];
         r->prank[t] = rank;
     }
+    if (p0 + sg->nrows >= r->n_prompt) r->plp_ready = 1;
 }
 
 /* Sample or verify one decode segment; returns the number of emitted tokens. */

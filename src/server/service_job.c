@@ -67,6 +67,7 @@ typedef struct job {
     dsv4_token_logprob *plp;
     int32_t *prank;
     int n_plp;               /* records fetched (n_prompt), 0 = not yet */
+    int plp_gone;            /* the records will never come (request ended without them) */
     pthread_mutex_t mu;      /* guards every choice's op and q */
     choice *c;
     int n;
@@ -295,23 +296,30 @@ static cJSON *logprobs_upto(choice *c, int upto) {
     return o;
 }
 
-/* Wait until choice 0's prefill has produced the prompt records (or it
- * ended without them: engine error). HTTP thread, j->mu NOT held. */
-static void fetch_prompt_logprobs(job *j) {
-    if (j->n_plp || (!j->echo_lp && j->plp_n < 0)) return;
-    j->plp = malloc(sizeof *j->plp * (size_t)j->n_prompt);
-    j->prank = malloc(sizeof *j->prank * (size_t)j->n_prompt);
-    if (!j->plp || !j->prank) return;
+/* Wait up to timeout_ms (-1: no limit) for choice 0's prefill to produce the
+ * prompt records. Returns 1 when there is nothing more to wait for (fetched,
+ * not asked, or the request ended without them: cancelled or failed), 0 on
+ * timeout. HTTP thread, j->mu NOT held. */
+static int fetch_prompt_logprobs(job *j, int timeout_ms) {
+    if (j->n_plp || j->plp_gone || (!j->echo_lp && j->plp_n < 0)) return 1;
+    if (!j->plp) j->plp = malloc(sizeof *j->plp * (size_t)j->n_prompt);
+    if (!j->prank) j->prank = malloc(sizeof *j->prank * (size_t)j->n_prompt);
+    if (!j->plp || !j->prank) return j->plp_gone = 1;
+    double t_end = now_s() + timeout_ms / 1000.0;
     for (;;) {
         j->n_plp = dsv4_request_prompt_logprobs(j->c[0].req, j->plp, j->prank, j->n_prompt);
-        if (j->n_plp || j->c[0].ended) break;
+        if (j->n_plp) return 1;
+        if (j->c[0].ended) return j->plp_gone = 1;
         int32_t none[1];
         dsv4_finish f = DSV4_FINISH_NONE;
-        /* a zero-length poll only waits for the engine's next step */
-        if (dsv4_request_poll(j->c[0].req, none, 0, &f, 50) == 0 && f != DSV4_FINISH_NONE) {
+        /* a zero-length poll just waits for the engine's next step (or the end) */
+        dsv4_request_poll(j->c[0].req, none, 0, &f, 50);
+        if (f != DSV4_FINISH_NONE) {
             j->n_plp = dsv4_request_prompt_logprobs(j->c[0].req, j->plp, j->prank, j->n_prompt);
-            break;
+            if (!j->n_plp) j->plp_gone = 1;
+            return 1;
         }
+        if (timeout_ms >= 0 && now_s() >= t_end) return 0;
     }
 }
 
@@ -423,7 +431,7 @@ static cJSON *final_choice(choice *c) {
 
 /* The non-streaming body (§3.4, §3.6). */
 static void final_body(job *j, dsv4_reply *out) {
-    fetch_prompt_logprobs(j);
+    fetch_prompt_logprobs(j, -1);
     pthread_mutex_lock(&j->mu);
     int failed = 0;
     for (int i = 0; i < j->n; i++) {
@@ -599,7 +607,13 @@ static long stream_read(void *ctx, char *buf, size_t max) {
         j->out_off = j->out_len = 0;
         if (j->sent_done) return -1;
         if (!j->sent_role) {
-            fetch_prompt_logprobs(j); /* the first chunk carries the prompt's logprobs */
+            /* the first chunk carries the prompt's logprobs: wait for the
+             * prefill, with keep-alives as any stream does (§3.5) */
+            if (!fetch_prompt_logprobs(j, 14500)) {
+                emit(j, ": keep-alive\n\n");
+                j->t_out = now_s();
+                continue;
+            }
             for (int i = 0; i < j->n; i++) {
                 cJSON *d, *ch, *o = chunk_with(&j->c[i], &d, &ch);
                 if (j->chat) {
