@@ -481,10 +481,17 @@ static void emit_json(job *j, cJSON *o) {
     j->t_out = now_s();
 }
 
-/* stream_options.continuous_usage_stats (vLLM): every chunk carries the
- * cumulative usage so far (§3.5 item 6). j->mu held. */
-static void add_running_usage(job *j, cJSON *o) {
-    if (j->continuous_usage) cJSON_AddItemToObject(o, "usage", usage_json(j));
+/* stream_options.continuous_usage_stats (vLLM): every chunk carries the usage
+ * so far of the choice it belongs to (vLLM counts per choice; the final usage
+ * chunk sums them), §3.5 item 6. comp: the choice's tokens up to this chunk
+ * (0 in the role chunk, the delta's lp_to, the final count at the end). */
+static void add_running_usage(choice *c, cJSON *o, int comp) {
+    job *j = c->j;
+    if (!j->continuous_usage) return;
+    cJSON *u = cJSON_AddObjectToObject(o, "usage");
+    cJSON_AddNumberToObject(u, "prompt_tokens", j->n_prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", comp);
+    cJSON_AddNumberToObject(u, "total_tokens", j->n_prompt + comp);
 }
 
 /* A chunk for choice c whose delta (chat) or text (completions) is given;
@@ -547,7 +554,7 @@ static void drain_queue_locked(choice *c) {
         if (o) {
             /* the tokens this delta covers (all polled: see the top of the loop) */
             if (j->logprobs) cJSON_ReplaceItemInObject(ch, "logprobs", logprobs_upto(c, x->lp_to));
-            add_running_usage(j, o);
+            add_running_usage(c, o, x->lp_to);
             emit_json(j, o);
         }
         free(x->text);
@@ -572,7 +579,7 @@ static int emit_choice_end_locked(choice *c) {
     /* tokens no delta covered: held back by stop matching, special tokens, EOS */
     if (j->logprobs && c->lp_sent < res->completion_tokens)
         cJSON_ReplaceItemInObject(ch, "logprobs", logprobs_upto(c, res->completion_tokens));
-    add_running_usage(j, o);
+    add_running_usage(c, o, res->completion_tokens);
     emit_json(j, o);
     return 0;
 }
@@ -625,9 +632,7 @@ static long stream_read(void *ctx, char *buf, size_t max) {
                     if (plp) cJSON_ReplaceItemInObject(ch, "logprobs", plp);
                     if (j->plp_n >= 0) cJSON_AddItemToObject(ch, "prompt_logprobs", prompt_logprobs_list(j));
                 }
-                pthread_mutex_lock(&j->mu);
-                add_running_usage(j, o);
-                pthread_mutex_unlock(&j->mu);
+                add_running_usage(&j->c[i], o, 0);
                 emit_json(j, o);
             }
             j->sent_role = 1;

@@ -104,12 +104,15 @@ def test_continuous_usage_stats(default_server, path, body):
     chunks = stream(default_server.base, path, body)
     assert all("usage" in c for c in chunks)
     prompt = chunks[0]["usage"]["prompt_tokens"]
-    comp = [c["usage"]["completion_tokens"] for c in chunks]
-    assert comp == sorted(comp) and comp[0] == 0
     for c in chunks:
         u = c["usage"]
         assert u["prompt_tokens"] == prompt and u["total_tokens"] == prompt + u["completion_tokens"]
-    assert chunks[-1]["choices"] == [] and comp[-1] == 4 * body.get("n", 1)
+    # vLLM counts per choice in the choice chunks: from 0 up to its 4 tokens
+    for i in range(body.get("n", 1)):
+        comp = [c["usage"]["completion_tokens"] for c in chunks if c["choices"] and c["choices"][0]["index"] == i]
+        assert comp == sorted(comp) and comp[0] == 0 and comp[-1] == 4
+    # the final usage chunk sums the choices
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 4 * body.get("n", 1)
     # without include_usage nothing is added (vLLM requires both)
     body["stream_options"] = {"continuous_usage_stats": True}
     assert all("usage" not in c for c in stream(default_server.base, path, body))
