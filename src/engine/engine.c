@@ -27,6 +27,9 @@ struct dsv4_request {
     int n_drafts;         /* drafts to verify in the next step */
     int32_t drafts[DSV4_MAX_SPEC_K];
     dsv4_token_logprob *lp; /* [cap - n_prompt] per generated token, or NULL (not asked) */
+    dsv4_token_logprob *plp; /* [n_prompt] per prompt token, or NULL (prompt_logprobs not asked) */
+    int32_t *prank;       /* [n_prompt] rank of each prompt token (with plp) */
+    int plp_ready;        /* every prompt record is filled */
     float *q;             /* [spec_k][vocab] draft distributions, or NULL (argmax drafts) */
     int q_valid;
     int n_cached;         /* prompt positions reused from the prefix cache */
@@ -178,6 +181,8 @@ static void req_free(dsv4_request *r) {
     free(r->bias_vals);
     free(r->q);
     free(r->lp);
+    free(r->plp);
+    free(r->prank);
     free(r);
 }
 
@@ -202,6 +207,9 @@ int dsv4_engine_submit(dsv4_engine *e, const int32_t *prompt, int n, const dsv4_
     if (params->max_tokens < 1)
         return dsv4_err_set(err, DSV4_EINVAL, "max_tokens must be at least 1, got %d", params->max_tokens);
     if (dsv4_sampling_validate(&params->sampling, e->run.vocab, err)) return err ? err->code : DSV4_EINVAL;
+    if (params->prompt_top_logprobs < 0 || params->prompt_top_logprobs > DSV4_MAX_TOP_LOGPROBS)
+        return dsv4_err_set(err, DSV4_EINVAL, "prompt_logprobs must be in [0, %d], got %d", DSV4_MAX_TOP_LOGPROBS,
+                            params->prompt_top_logprobs);
     if (params->top_logprobs < 0 || params->top_logprobs > DSV4_MAX_TOP_LOGPROBS)
         return dsv4_err_set(err, DSV4_EINVAL, "top_logprobs must be in [0, %d], got %d", DSV4_MAX_TOP_LOGPROBS,
                             params->top_logprobs);
@@ -232,6 +240,11 @@ int dsv4_engine_submit(dsv4_engine *e, const int32_t *prompt, int n, const dsv4_
     }
     if (e->has_drafter) r->q = malloc(sizeof(float) * (size_t)e->run.vocab * (size_t)e->o.spec_k);
     if (r->p.logprobs) r->lp = malloc(sizeof(dsv4_token_logprob) * (size_t)(r->cap - n));
+    if (r->p.prompt_logprobs && (!(r->plp = calloc((size_t)n, sizeof(dsv4_token_logprob))) ||
+                                 !(r->prank = calloc((size_t)n, sizeof(int32_t))))) {
+        req_free(r);
+        return dsv4_err_set(err, DSV4_ENOMEM, "out of memory for the prompt logprobs of %d tokens", n);
+    }
     if (!r->tok || (r->p.logprobs && !r->lp) || (r->p.n_stop_ids && !r->stop_ids) || (r->p.sampling.n_bias && (!r->bias_ids || !r->bias_vals)) ||
         (e->has_drafter && !r->q)) {
         req_free(r);
@@ -292,6 +305,15 @@ int dsv4_request_logprobs(dsv4_request *r, int first, int n, dsv4_token_logprob 
     if (n > 0) memcpy(out, r->lp + first, sizeof *out * (size_t)n);
     pthread_mutex_unlock(&r->e->mu);
     return n > 0 ? n : 0;
+}
+
+int dsv4_request_prompt_logprobs(dsv4_request *r, dsv4_token_logprob *out, int32_t *rank, int cap) {
+    pthread_mutex_lock(&r->e->mu);
+    int n = r->plp && r->plp_ready && cap >= r->n_prompt ? r->n_prompt : 0;
+    if (n) memcpy(out, r->plp, sizeof *out * (size_t)n);
+    if (n && rank) memcpy(rank, r->prank, sizeof *rank * (size_t)n);
+    pthread_mutex_unlock(&r->e->mu);
+    return n;
 }
 
 void dsv4_request_cancel(dsv4_request *r) {
@@ -434,7 +456,7 @@ static int take_free(dsv4_engine *e, int i) {
 static void admit_locked(dsv4_engine *e, dsv4_request *r) {
     int best = -1;
     int64_t R = 0;
-    if (e->caching) {
+    if (e->caching && !r->plp) { /* prompt logprobs need every row computed */
         if (r->n_tok == r->n_prompt) e->st.prefix_queries += (uint64_t)r->n_prompt;
         for (int i = 0; i < e->n_free; i++) {
             int64_t x = cache_match(e, e->free_slots[i], r);
@@ -589,6 +611,7 @@ typedef struct seg {
     int decode;        /* 1: decode/verify rows; 0: prefill chunk */
     int logit0;        /* first index into the logits rows, -1 if none */
     int k;             /* drafts verified in this segment */
+    int plog0;         /* prefill with prompt logprobs: logits index of its first row (all rows kept), else -1 */
 } seg;
 
 /* The row a request samples from: the raw logits, or a copy masked by the
@@ -598,6 +621,22 @@ static const float *sample_row(dsv4_engine *e, dsv4_request *r, const float *lg)
     memcpy(e->mlogits, lg, sizeof(float) * (size_t)e->run.vocab);
     r->p.logits_proc(r->p.proc_user, r->tok + r->n_prompt, r->n_tok - r->n_prompt, e->mlogits, e->run.vocab);
     return e->mlogits;
+}
+
+/* Prompt logprobs of a computed prefill chunk (lock held): row i (position
+ * p0 + i) predicts prompt token p0 + i + 1 (gen_params.prompt_logprobs). */
+static void prompt_logprobs_locked(dsv4_engine *e, const seg *sg, int64_t p0) {
+    dsv4_request *r = sg->r;
+    for (int i = 0; i < sg->nrows; i++) {
+        int64_t t = p0 + i + 1;
+        if (t >= r->n_prompt) break;
+        const float *lg = e->logits + (size_t)(sg->plog0 + i) * (size_t)e->run.vocab;
+        dsv4_token_logprob_compute(lg, e->run.vocab, r->tok[t], r->p.prompt_top_logprobs, &r->plp[t]);
+        int32_t rank = 1;
+        for (int v = 0; v < e->run.vocab; v++) rank += lg[v] > lg[r->tok[t]];
+        r->prank[t] = rank;
+    }
+    if (p0 + sg->nrows >= r->n_prompt) r->plp_ready = 1;
 }
 
 /* Sample or verify one decode segment; returns the number of emitted tokens. */
@@ -744,16 +783,23 @@ replan:
             if (pass == 0 && r->st == RQ_DECODE) {
                 int k = r->n_drafts;
                 if (1 + k > budget) k = 0; /* no room to verify: plain decode this step */
-                segs[nseg++] = (seg){r, nrows, 1 + k, 1, nlog, k};
+                segs[nseg++] = (seg){r, nrows, 1 + k, 1, nlog, k, -1};
                 nrows += 1 + k;
                 nlog += 1 + k;
                 budget -= 1 + k;
             } else if (pass == 1 && r->st == RQ_PREFILL) {
                 int left = (int)(r->n_prefill - r->n_computed), chunk = left < budget ? left : budget;
+                int plp = r->plp && r->n_tok == r->n_prompt; /* a resumed request has its prompt records */
+                if (plp && chunk > DSV4_PROMPT_LOGPROB_CHUNK) chunk = DSV4_PROMPT_LOGPROB_CHUNK;
                 int last = chunk == left && r->n_tok == r->n_prompt; /* a resumed request already has its token */
-                segs[nseg++] = (seg){r, nrows, chunk, 0, last ? nlog : -1, 0};
+                if (plp) { /* logits for every row; the last one also samples */
+                    segs[nseg++] = (seg){r, nrows, chunk, 0, last ? nlog + chunk - 1 : -1, 0, nlog};
+                    nlog += chunk;
+                } else {
+                    segs[nseg++] = (seg){r, nrows, chunk, 0, last ? nlog : -1, 0, -1};
+                    nlog += last;
+                }
                 nrows += chunk;
-                nlog += last;
                 budget -= chunk;
             }
         }
@@ -813,6 +859,8 @@ replan:
             slot[row] = r->slot;
             sidx[row] = s;
         }
+        if (segs[s].plog0 >= 0)
+            for (int i = 0; i < segs[s].nrows; i++) lrows[segs[s].plog0 + i] = segs[s].row0 + i;
         if (segs[s].logit0 >= 0) {
             if (segs[s].decode)
                 for (int i = 0; i < segs[s].nrows; i++) lrows[segs[s].logit0 + i] = segs[s].row0 + i;
@@ -848,6 +896,7 @@ replan:
             r->n_computed = P + n; /* anchor + accepted drafts are committed */
             r->n_drafts = 0;
         } else {
+            if (sg->plog0 >= 0) prompt_logprobs_locked(e, sg, r->n_computed);
             r->n_computed += sg->nrows;
             if (r->n_tok == r->n_prompt) e->st.prompt_tokens += (uint64_t)sg->nrows;
             else if (r->n_computed == r->n_prefill) r->st = RQ_DECODE; /* resumed after a preemption */

@@ -79,6 +79,13 @@ typedef struct dsv4_gen_params {
     int logprobs;            /* nonzero: keep a dsv4_token_logprob per generated token
                               * (dsv4_request_logprobs); off = no extra work per step */
     int top_logprobs;        /* 0..DSV4_MAX_TOP_LOGPROBS alternatives per token (needs logprobs) */
+    /* Prompt logprobs (vLLM prompt_logprobs, /v1/completions echo+logprobs):
+     * nonzero = keep a record per prompt token from logits of every prompt
+     * row (dsv4_request_prompt_logprobs). Such a request is never served from
+     * the prefix cache (every row must be computed) and prefills in chunks of
+     * at most DSV4_PROMPT_LOGPROB_CHUNK rows (bounds the logits buffer). */
+    int prompt_logprobs;
+    int prompt_top_logprobs; /* 0..DSV4_MAX_TOP_LOGPROBS alternatives per prompt token */
     dsv4_on_tokens_fn on_tokens;
     void *user;
     /* Constrained decoding (spec/SERVING.md §4.6, src/engine/constrain.h):
@@ -154,6 +161,20 @@ int dsv4_request_poll(dsv4_request *r, int32_t *buf, int cap, dsv4_finish *finis
  * Returns the number copied (0 when the request did not ask for logprobs).
  */
 int dsv4_request_logprobs(dsv4_request *r, int first, int n, dsv4_token_logprob *out);
+
+/* Rows per prefill step of a request with prompt_logprobs (logits kept: rows x vocab floats). */
+#define DSV4_PROMPT_LOGPROB_CHUNK 64
+
+/*
+ * dsv4_request_prompt_logprobs — once the request's prefill is complete,
+ * copy its prompt records to out [n_prompt]: out[i] (i >= 1) is prompt token
+ * i under the raw logits of row i - 1; out[0] (no context) is zeroed. rank
+ * (may be NULL) [n_prompt] receives each token's rank under those logits
+ * (1 = most likely; vLLM's "rank"; rank[0] = 0). Returns n_prompt, or 0
+ * while the prefill runs, when the request did not ask
+ * (gen_params.prompt_logprobs) or when cap < n_prompt.
+ */
+int dsv4_request_prompt_logprobs(dsv4_request *r, dsv4_token_logprob *out, int32_t *rank, int cap);
 
 /* Ask the engine to stop a request; its slot is freed in the next step. */
 void dsv4_request_cancel(dsv4_request *r);

@@ -493,35 +493,79 @@ int dsv4_weights_bind(const dsv4_config *cfg, const dsv4_ckpt *ckpt, dsv4_weight
 
 /* ---- value scan (dsv4 check --scan) ---- */
 
-static int64_t first_bad(const dsv4_tview *v) {
-    const uint8_t *p = v->data;
-    size_t n = v->nbytes;
+/* First illegal element of v's bytes [off, off + n) (off and n multiples of
+ * the element size), as a flat element index of v, or -1. */
+static int64_t first_bad_range(const dsv4_tview *v, size_t off, size_t n) {
+    const uint8_t *p = (const uint8_t *)v->data + off;
+    int64_t base = (int64_t)off;
     switch (v->dtype) {
     case DSV4_DT_F8_E8M0:
         for (size_t i = 0; i < n; i++)
-            if (p[i] == 0xff) return (int64_t)i;
+            if (p[i] == 0xff) return base + (int64_t)i;
         return -1;
     case DSV4_DT_F8_E4M3:
         for (size_t i = 0; i < n; i++)
-            if ((p[i] & 0x7f) == 0x7f) return (int64_t)i;
+            if ((p[i] & 0x7f) == 0x7f) return base + (int64_t)i;
         return -1;
     case DSV4_DT_BF16:
         for (size_t i = 0; i + 1 < n; i += 2) {
             uint16_t h;
             memcpy(&h, p + i, 2);
-            if ((h & 0x7f80) == 0x7f80) return (int64_t)(i / 2); /* Inf or NaN */
+            if ((h & 0x7f80) == 0x7f80) return (base + (int64_t)i) / 2; /* Inf or NaN */
         }
         return -1;
     case DSV4_DT_F32:
         for (size_t i = 0; i + 3 < n; i += 4) {
             uint32_t u;
             memcpy(&u, p + i, 4);
-            if ((u & 0x7f800000u) == 0x7f800000u) return (int64_t)(i / 4);
+            if ((u & 0x7f800000u) == 0x7f800000u) return (base + (int64_t)i) / 4;
         }
         return -1;
     default:
         return -1; /* integers and packed FP4: every code is a value */
     }
+}
+
+static int64_t first_bad(const dsv4_tview *v) { return first_bad_range(v, 0, v->nbytes); }
+
+/*
+ * The sampled check: tensors up to full_max bytes (norms, biases, gates,
+ * small scales) entirely; larger ones in n_win windows of win bytes spread
+ * evenly from the first byte to the last. Why sample: a conversion that
+ * produced NaN usually did so for a whole tensor or a large block of it,
+ * which any window sees, while reading every byte of the real checkpoint
+ * takes minutes (--scan does that).
+ */
+static int64_t first_bad_sampled(const dsv4_tview *v, size_t full_max, int n_win, size_t win) {
+    size_t es = v->dtype == DSV4_DT_BF16 ? 2 : v->dtype == DSV4_DT_F32 ? 4 : 1;
+    if (v->nbytes <= full_max || n_win < 1) return first_bad(v);
+    win -= win % es;
+    if (win < es) win = es;
+    size_t last = (v->nbytes - win) / es * es; /* start of the last window */
+    for (int k = 0; k < n_win; k++) {
+        size_t off = k == n_win - 1 ? last : last / (size_t)(n_win - 1) * (size_t)k;
+        off -= off % es;
+        int64_t bad = first_bad_range(v, off, win);
+        if (bad >= 0) return bad;
+    }
+    return -1;
+}
+
+int dsv4_weights_scan_sampled(const dsv4_ckpt *ckpt, size_t full_max, int n_windows, size_t window_bytes,
+                              size_t *n_checked, dsv4_err *err) {
+    size_t n = dsv4_ckpt_count(ckpt);
+    for (size_t i = 0; i < n; i++) {
+        const dsv4_tview *v = dsv4_ckpt_at(ckpt, i);
+        int64_t bad = first_bad_sampled(v, full_max, n_windows, window_bytes);
+        if (bad >= 0)
+            return dsv4_err_set(err, DSV4_EFORMAT,
+                                "tensor '%s' in %s: element %lld is not a legal %s value (NaN/Inf)%s",
+                                v->name, dsv4_ckpt_file_of(ckpt, v), (long long)bad, dsv4_dtype_name(v->dtype),
+                                v->nbytes > full_max ? " (found by sampling; `dsv4 check --scan` reads every value)"
+                                                     : "");
+    }
+    if (n_checked) *n_checked = n;
+    return DSV4_OK;
 }
 
 int dsv4_weights_scan(const dsv4_ckpt *ckpt, size_t *n_checked, dsv4_err *err) {

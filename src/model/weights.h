@@ -176,6 +176,18 @@ void dsv4_weights_free(dsv4_weights *w);
  */
 int dsv4_weights_scan(const dsv4_ckpt *ckpt, size_t *n_checked, dsv4_err *err);
 
+/*
+ * dsv4_weights_scan_sampled — the cheap default of `dsv4 check`: the same
+ * value rules as dsv4_weights_scan, applied to every byte of tensors of at
+ * most full_max bytes (norms, biases, small scales) and to n_windows windows
+ * of window_bytes spread evenly over each larger tensor (first and last
+ * bytes included). Catches a tensor that is NaN throughout or in a large
+ * block; an isolated bad value in a big tensor needs the full scan. Error
+ * DSV4_EFORMAT as dsv4_weights_scan. *n_checked (optional): tensors visited.
+ */
+int dsv4_weights_scan_sampled(const dsv4_ckpt *ckpt, size_t full_max, int n_windows, size_t window_bytes,
+                              size_t *n_checked, dsv4_err *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -27,7 +27,29 @@ typedef struct conn_state {
     char *buf;
     size_t len, cap;
     int too_large;
+    size_t header_bytes; /* request line + headers; > DSV4_MAX_HEADER_BYTES -> 431 */
 } conn_state;
+
+/*
+ * Header limits. libmicrohttpd answers requests whose headers do not fit in
+ * a connection's memory pool itself, with a fixed HTML body (its
+ * REQUEST_TOO_BIG text, 431) that no option or callback can replace; the
+ * same holds for the few requests it rejects before calling us (a malformed
+ * request line, HTTP/1.1 without Host: 400; an unknown HTTP version: 505).
+ * So the pool is made large enough (MHD_POOL_BYTES) to hold headers well
+ * beyond our own limit, and we refuse headers over DSV4_MAX_HEADER_BYTES
+ * with a JSON 431 in OpenAI's shape (§3.8). Only headers beyond the pool
+ * (about 1 MiB) still get libmicrohttpd's HTML. The pool is mmap'ed, so
+ * untouched pages cost nothing.
+ */
+#define DSV4_MAX_HEADER_BYTES ((size_t)64 << 10)
+#define MHD_POOL_BYTES ((size_t)1 << 20)
+
+static enum MHD_Result add_header_bytes(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    size_t *n = cls;
+    *n += (key ? strlen(key) : 0) + (value ? strlen(value) : 0) + 4; /* ": " and CRLF */
+    return MHD_YES;
+}
 
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     dsv4_stream_src *s = cls;
@@ -86,6 +108,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         st = calloc(1, sizeof *st);
         if (!st) return MHD_NO;
         *con_cls = st;
+        st->header_bytes = strlen(method) + strlen(url) + strlen(version) + 4;
+        MHD_get_connection_values(c, MHD_HEADER_KIND, add_header_bytes, &st->header_bytes);
+        if (st->header_bytes > DSV4_MAX_HEADER_BYTES) st->too_large = 1; /* keep no body; answered 431 */
         return MHD_YES;
     }
     if (*upload_size) { /* a chunk of the body */
@@ -112,7 +137,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         r.client_gone = client_gone;
         r.gone_ctx = (void *)(intptr_t)ci->connect_fd;
     }
-    if (st->too_large) {
+    if (st->header_bytes > DSV4_MAX_HEADER_BYTES) {
+        dsv4_reply_error(&r, 431, NULL, "request headers are %zu bytes; the limit is %zu bytes", st->header_bytes,
+                         DSV4_MAX_HEADER_BYTES);
+    } else if (st->too_large) {
         dsv4_reply_error(&r, 413, NULL, "request body exceeds the limit of %zu bytes", srv->max_body);
     } else {
         const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
@@ -154,7 +182,8 @@ int dsv4_server_start(dsv4_router *rt, const dsv4_server_opts *opts, dsv4_server
                               (uint16_t)opts->port, NULL, NULL, on_request, srv, MHD_OPTION_SOCK_ADDR,
                               (struct sockaddr *)&addr, MHD_OPTION_NOTIFY_COMPLETED, on_done, NULL,
                               MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600, MHD_OPTION_CONNECTION_LIMIT,
-                              (unsigned)4096, MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)1024, MHD_OPTION_END);
+                              (unsigned)4096, MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)1024,
+                              MHD_OPTION_CONNECTION_MEMORY_LIMIT, MHD_POOL_BYTES, MHD_OPTION_END);
     if (!srv->d) {
         free(srv);
         return dsv4_err_set(err, DSV4_EIO, "cannot listen on %s:%d (port in use or not permitted)", opts->host,

@@ -26,6 +26,7 @@ static const char *error_type(int status) {
     case 405: return "MethodNotAllowedError";
     case 413: return "RequestEntityTooLargeError";
     case 429: return "TooManyRequestsError";
+    case 431: return "RequestHeaderFieldsTooLargeError";
     case 503: return "ServiceUnavailableError";
     default: return "InternalServerError";
     }

@@ -291,6 +291,41 @@ static route_id match_route(const char *path, const char **id, const char **want
     return R_NONE;
 }
 
+/* Build facts for /version: DSV4_GIT_COMMIT and DSV4_BUILD_TYPE come from
+ * CMake (set when the build was configured); CUDA from DSV4_HAVE_CUDA. */
+#ifndef DSV4_GIT_COMMIT
+#define DSV4_GIT_COMMIT ""
+#endif
+#ifndef DSV4_BUILD_TYPE
+#define DSV4_BUILD_TYPE ""
+#endif
+#ifdef DSV4_HAVE_CUDA
+#define DSV4_BUILD_CUDA 1
+#else
+#define DSV4_BUILD_CUDA 0
+#endif
+
+/* GET /version (SERVING.md §3.7): vLLM's {"version"} plus additive keys. The
+ * profile is null while the model is loading. */
+static void route_version(dsv4_router *rt, dsv4_reply *out) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "version", "0.1.0-dev");
+    const char *commit = DSV4_GIT_COMMIT, *type = DSV4_BUILD_TYPE;
+    char build[160];
+    snprintf(build, sizeof build, "%s%s%s%s", commit[0] ? commit : "unknown", type[0] ? " " : "", type,
+             DSV4_BUILD_CUDA ? " cuda" : " cpu-only");
+    cJSON_AddStringToObject(o, "build", build);
+    if (commit[0]) cJSON_AddStringToObject(o, "git_commit", commit);
+    else cJSON_AddNullToObject(o, "git_commit");
+    cJSON_AddStringToObject(o, "build_type", type[0] ? type : "unspecified");
+    cJSON_AddBoolToObject(o, "cuda", DSV4_BUILD_CUDA);
+    cJSON_AddStringToObject(o, "checkpoint", rt->opts.model_root ? rt->opts.model_root : "");
+    dsv4_service *svc = get_service(rt);
+    if (svc) cJSON_AddStringToObject(o, "reasoning_effort_profile", dsv4_service_profile_name(svc));
+    else cJSON_AddNullToObject(o, "reasoning_effort_profile");
+    dsv4_reply_json(out, 200, o);
+}
+
 void dsv4_router_handle(dsv4_router *rt, const char *method, const char *path, const char *auth,
                         const char *body, size_t len, dsv4_reply *out) {
     int (*gone)(void *) = out->client_gone;
@@ -318,10 +353,7 @@ void dsv4_router_handle(dsv4_router *rt, const char *method, const char *path, c
     case R_MODELS: route_models(rt, NULL, out); return;
     case R_MODEL_ID: route_models(rt, id, out); return;
     case R_VERSION: {
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddStringToObject(o, "version", "0.1.0-dev");
-        cJSON_AddStringToObject(o, "checkpoint", rt->opts.model_root ? rt->opts.model_root : "");
-        dsv4_reply_json(out, 200, o);
+        route_version(rt, out);
         return;
     }
     case R_CHAT: route_generate(rt, DSV4_SVC_CHAT, body, len, out); return;

@@ -172,6 +172,7 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
              run.n_pages, run.page_tokens, dsv4_kv_dtype_name(kvt), o->spec_k ? "dspark" : "off", o->spec_k,
              o->enable_prefix_caching ? "on" : "off");
     if ((rc = warm_up(s, err))) goto fail;
+    dsv4_engine_get_stats(s->engine, &s->warm_base);
     *out = s;
     return DSV4_OK;
 fail_flag:
@@ -195,8 +196,25 @@ void dsv4_service_free(dsv4_service *s) {
 
 int64_t dsv4_service_max_model_len(const dsv4_service *s) { return s->max_model_len; }
 
+const char *dsv4_service_profile_name(const dsv4_service *s) {
+    return dsv4_profile_name(s->enc.thinking.profile);
+}
+
 char *dsv4_service_metrics(dsv4_service *s) {
     dsv4_engine_stats st;
     dsv4_engine_get_stats(s->engine, &st);
+    /* counters since warm-up ended (gauges running/waiting are live values) */
+    const dsv4_engine_stats *b = &s->warm_base;
+    st.steps -= b->steps;
+    st.prompt_tokens -= b->prompt_tokens;
+    st.generation_tokens -= b->generation_tokens;
+    st.spec_drafts -= b->spec_drafts;
+    st.spec_draft_tokens -= b->spec_draft_tokens;
+    st.spec_accepted_tokens -= b->spec_accepted_tokens;
+    for (int i = 0; i < DSV4_MAX_SPEC_K; i++) st.spec_accepted_per_pos[i] -= b->spec_accepted_per_pos[i];
+    st.spec_draft_failures -= b->spec_draft_failures;
+    st.prefix_queries -= b->prefix_queries;
+    st.prefix_hits -= b->prefix_hits;
+    st.prefix_snapshots -= b->prefix_snapshots;
     return dsv4_metrics_render(s->metrics, &st);
 }

@@ -67,6 +67,9 @@ void dsv4_service_free(dsv4_service *s);
 /* The effective max_model_len (after backend defaults), for /v1/models. */
 int64_t dsv4_service_max_model_len(const dsv4_service *s);
 
+/* The reasoning-effort profile in use ("preview" or "0731", SERVING.md §1.10), for /version. */
+const char *dsv4_service_profile_name(const dsv4_service *s);
+
 /* Route ids the router hands over. */
 typedef enum { DSV4_SVC_CHAT, DSV4_SVC_COMPLETIONS, DSV4_SVC_TOKENIZE, DSV4_SVC_DETOKENIZE } dsv4_svc_route;
 

@@ -31,6 +31,9 @@ struct dsv4_service {
     int64_t max_model_len;
     dsv4_gvocab *gvocab;   /* token trie for constrained decoding (engine/grammar.h) */
     int32_t think_end;     /* </think>: the constraint arms after it */
+    /* engine counters at the end of warm-up: /metrics reports the counters
+     * minus these, so warm-up tokens and steps never show (§8.5, §3.9) */
+    dsv4_engine_stats warm_base;
 };
 
 /*
@@ -44,6 +47,8 @@ int dsv4_service_is_token_id(const cJSON *it, int vocab);
 /* Everything taken from one request body before it is submitted. */
 typedef struct dsv4_req_params {
     int stream, include_usage, include_reasoning;
+    int continuous_usage;        /* stream_options.continuous_usage_stats (vLLM): usage in every chunk */
+    int skip_special;            /* skip_special_tokens, default 1 (vLLM; §3.6, §4.5) */
     int max_tokens_given;
     dsv4_gen_params gen;
     const char *stops[DSV4_MAX_STOPS];
@@ -54,10 +59,17 @@ typedef struct dsv4_req_params {
     int echo;                    /* /v1/completions */
     int n;                       /* choices, 1..8 (§3.3) */
     int logprobs, top_logprobs;  /* chat logprobs/top_logprobs; completions logprobs=N -> 1, N */
+    int prompt_logprobs;         /* completions `prompt_logprobs` (vLLM): alternatives, -1 = not asked */
     int32_t *bias_ids;           /* logit_bias, owned */
     float *bias_vals;
     dsv4_grammar *grammar;       /* response_format / tool_choice constraint, owned (NULL = none) */
 } dsv4_req_params;
+
+/* Longest prompt whose log-probabilities are returned (echo + logprobs,
+ * prompt_logprobs): the response lists every prompt token, so this bounds
+ * its size (~10 MB of JSON) and the per-token records (~170 B each). The
+ * logits buffer is bounded separately (DSV4_PROMPT_LOGPROB_CHUNK rows). */
+#define DSV4_MAX_PROMPT_LOGPROB_TOKENS 32768
 
 /*
  * Read the sampling/limit/stream fields shared by both endpoints

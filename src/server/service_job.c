@@ -13,6 +13,7 @@
  * records of the tokens fed to the parser up to the delta it shows, and the
  * final chunk whatever is left (tokens held back by stop matching, EOS).
  */
+#include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -59,7 +60,16 @@ typedef struct choice {
 typedef struct job {
     dsv4_service *s;
     int chat, stream, include_usage, include_reasoning;
+    int continuous_usage;    /* stream_options.continuous_usage_stats with include_usage */
     int logprobs, top_logprobs;
+    /* prompt log-probabilities (completions): echo_lp = echo + logprobs
+     * (legacy lists, prompt first); plp_n = prompt_logprobs N or -1. Taken
+     * from choice 0's engine request (HTTP thread only). */
+    int echo_lp, plp_n;
+    dsv4_token_logprob *plp;
+    int32_t *prank;
+    int n_plp;               /* records fetched (n_prompt), 0 = not yet */
+    int plp_gone;            /* the records will never come (request ended without them) */
     pthread_mutex_t mu;      /* guards every choice's op and q */
     choice *c;
     int n;
@@ -216,6 +226,8 @@ static void job_free(job *j) {
     pthread_mutex_destroy(&j->mu);
     free(j->out);
     free(j->echo_text);
+    free(j->plp);
+    free(j->prank);
     free(j);
 }
 
@@ -289,6 +301,86 @@ static cJSON *logprobs_upto(choice *c, int upto) {
     return o;
 }
 
+/* Wait up to timeout_ms (-1: no limit) for choice 0's prefill to produce the
+ * prompt records. Returns 1 when there is nothing more to wait for (fetched,
+ * not asked, or the request ended without them: cancelled or failed), 0 on
+ * timeout. HTTP thread, j->mu NOT held. */
+static int fetch_prompt_logprobs(job *j, int timeout_ms) {
+    if (j->n_plp || j->plp_gone || (!j->echo_lp && j->plp_n < 0)) return 1;
+    if (!j->plp) j->plp = malloc(sizeof *j->plp * (size_t)j->n_prompt);
+    if (!j->prank) j->prank = malloc(sizeof *j->prank * (size_t)j->n_prompt);
+    if (!j->plp || !j->prank) return j->plp_gone = 1;
+    double t_end = now_s() + timeout_ms / 1000.0;
+    for (;;) {
+        j->n_plp = dsv4_request_prompt_logprobs(j->c[0].req, j->plp, j->prank, j->n_prompt);
+        if (j->n_plp) return 1;
+        if (j->c[0].ended) return j->plp_gone = 1;
+        int32_t none[1];
+        dsv4_finish f = DSV4_FINISH_NONE;
+        /* a zero-length poll just waits for the engine's next step (or the end) */
+        dsv4_request_poll(j->c[0].req, none, 0, &f, 50);
+        if (f != DSV4_FINISH_NONE) {
+            j->n_plp = dsv4_request_prompt_logprobs(j->c[0].req, j->plp, j->prank, j->n_prompt);
+            if (!j->n_plp) j->plp_gone = 1;
+            return 1;
+        }
+        if (timeout_ms >= 0 && now_s() >= t_end) return 0;
+    }
+}
+
+/* Append every element of src's arrays to the same-named arrays of dst; frees src. */
+static void append_lists(cJSON *dst, cJSON *src) {
+    cJSON *a;
+    cJSON_ArrayForEach(a, src) {
+        cJSON *d = cJSON_GetObjectItemCaseSensitive(dst, a->string);
+        while (cJSON_GetArraySize(a) > 0) cJSON_AddItemToArray(d, cJSON_DetachItemFromArray(a, 0));
+    }
+    cJSON_Delete(src);
+}
+
+/* echo + logprobs (vLLM): the legacy lists of the prompt tokens, offsets from
+ * 0 and the first token's logprob and alternatives null (no context). Sets
+ * c->text_off to continue after them. NULL when the records are missing. */
+static cJSON *prompt_legacy_logprobs(choice *c) {
+    job *j = c->j;
+    if (!j->echo_lp || !j->n_plp) return NULL;
+    long off = 0;
+    cJSON *o = dsv4_completion_logprobs_json(j->s, j->plp, j->n_plp, j->top_logprobs, &off);
+    cJSON_ReplaceItemInArray(cJSON_GetObjectItemCaseSensitive(o, "token_logprobs"), 0, cJSON_CreateNull());
+    cJSON_ReplaceItemInArray(cJSON_GetObjectItemCaseSensitive(o, "top_logprobs"), 0, cJSON_CreateNull());
+    c->text_off = off;
+    return o;
+}
+
+/* prompt_logprobs=N (vLLM): [null, {"<id>": {"logprob", "rank", "decoded_token"}}, ...]
+ * holding the prompt token and the N most likely ones at each position. */
+static cJSON *prompt_logprobs_list(job *j) {
+    if (j->plp_n < 0 || !j->n_plp) return cJSON_CreateNull();
+    cJSON *arr = cJSON_CreateArray();
+    cJSON_AddItemToArray(arr, cJSON_CreateNull());
+    for (int i = 1; i < j->n_plp; i++) {
+        const dsv4_token_logprob *r = &j->plp[i];
+        cJSON *d = cJSON_CreateObject();
+        for (int t = -1; t < r->n_top && t < j->plp_n; t++) {
+            int32_t id = t < 0 ? r->token : r->top_ids[t];
+            char key[16], *txt = NULL;
+            size_t tl = 0;
+            snprintf(key, sizeof key, "%d", (int)id);
+            if (cJSON_GetObjectItemCaseSensitive(d, key)) continue;
+            const char *b = dsv4_tokenizer_token_bytes(j->s->tok, id, &tl);
+            if (dsv4_utf8_lossy(b ? b : "", b ? tl : 0, &txt, &tl)) txt = NULL;
+            cJSON *e = cJSON_AddObjectToObject(d, key);
+            float lp = t < 0 ? r->logprob : r->top_logprobs[t];
+            cJSON_AddNumberToObject(e, "logprob", isfinite(lp) ? lp : -9999.0);
+            cJSON_AddNumberToObject(e, "rank", t < 0 ? j->prank[i] : t + 1);
+            cJSON_AddStringToObject(e, "decoded_token", txt ? txt : "");
+            free(txt);
+        }
+        cJSON_AddItemToArray(arr, d);
+    }
+    return arr;
+}
+
 /* One choice of the non-streaming body (j->mu held). */
 static cJSON *final_choice(choice *c) {
     job *j = c->j;
@@ -331,7 +423,12 @@ static cJSON *final_choice(choice *c) {
         free(text);
     }
     /* every kept token: reasoning, </think>, content, markup, EOS (usage counts the same) */
-    cJSON_AddItemToObject(o, "logprobs", logprobs_upto(c, res->completion_tokens));
+    cJSON *plp = j->chat ? NULL : prompt_legacy_logprobs(c);
+    cJSON *glp = logprobs_upto(c, res->completion_tokens);
+    if (plp && cJSON_IsObject(glp)) append_lists(plp, glp);
+    else if (plp) cJSON_Delete(glp);
+    cJSON_AddItemToObject(o, "logprobs", plp ? plp : glp);
+    if (!j->chat && j->plp_n >= 0) cJSON_AddItemToObject(o, "prompt_logprobs", prompt_logprobs_list(j));
     cJSON_AddStringToObject(o, "finish_reason", res->finish_reason ? res->finish_reason : "stop");
     add_stop_reason(o, res);
     return o;
@@ -339,6 +436,7 @@ static cJSON *final_choice(choice *c) {
 
 /* The non-streaming body (§3.4, §3.6). */
 static void final_body(job *j, dsv4_reply *out) {
+    fetch_prompt_logprobs(j, -1);
     pthread_mutex_lock(&j->mu);
     int failed = 0;
     for (int i = 0; i < j->n; i++) {
@@ -386,6 +484,19 @@ static void emit_json(job *j, cJSON *o) {
     if (s) emit(j, "data: %s\n\n", s);
     free(s);
     j->t_out = now_s();
+}
+
+/* stream_options.continuous_usage_stats (vLLM): every chunk carries the usage
+ * so far of the choice it belongs to (vLLM counts per choice; the final usage
+ * chunk sums them), §3.5 item 6. comp: the choice's tokens up to this chunk
+ * (0 in the role chunk, the delta's lp_to, the final count at the end). */
+static void add_running_usage(choice *c, cJSON *o, int comp) {
+    job *j = c->j;
+    if (!j->continuous_usage) return;
+    cJSON *u = cJSON_AddObjectToObject(o, "usage");
+    cJSON_AddNumberToObject(u, "prompt_tokens", j->n_prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", comp);
+    cJSON_AddNumberToObject(u, "total_tokens", j->n_prompt + comp);
 }
 
 /* A chunk for choice c whose delta (chat) or text (completions) is given;
@@ -448,6 +559,7 @@ static void drain_queue_locked(choice *c) {
         if (o) {
             /* the tokens this delta covers (all polled: see the top of the loop) */
             if (j->logprobs) cJSON_ReplaceItemInObject(ch, "logprobs", logprobs_upto(c, x->lp_to));
+            add_running_usage(c, o, x->lp_to);
             emit_json(j, o);
         }
         free(x->text);
@@ -472,6 +584,7 @@ static int emit_choice_end_locked(choice *c) {
     /* tokens no delta covered: held back by stop matching, special tokens, EOS */
     if (j->logprobs && c->lp_sent < res->completion_tokens)
         cJSON_ReplaceItemInObject(ch, "logprobs", logprobs_upto(c, res->completion_tokens));
+    add_running_usage(c, o, res->completion_tokens);
     emit_json(j, o);
     return 0;
 }
@@ -506,14 +619,25 @@ static long stream_read(void *ctx, char *buf, size_t max) {
         j->out_off = j->out_len = 0;
         if (j->sent_done) return -1;
         if (!j->sent_role) {
+            /* the first chunk carries the prompt's logprobs: wait for the
+             * prefill, with keep-alives as any stream does (§3.5) */
+            if (!fetch_prompt_logprobs(j, 14500)) {
+                emit(j, ": keep-alive\n\n");
+                j->t_out = now_s();
+                continue;
+            }
             for (int i = 0; i < j->n; i++) {
-                cJSON *d, *o = chunk_with(&j->c[i], &d, NULL);
+                cJSON *d, *ch, *o = chunk_with(&j->c[i], &d, &ch);
                 if (j->chat) {
                     cJSON_AddStringToObject(d, "role", "assistant");
                     cJSON_AddStringToObject(d, "content", "");
                 } else {
                     cJSON_AddStringToObject(d, "text", j->echo_text ? j->echo_text : "");
+                    cJSON *plp = prompt_legacy_logprobs(&j->c[i]);
+                    if (plp) cJSON_ReplaceItemInObject(ch, "logprobs", plp);
+                    if (j->plp_n >= 0) cJSON_AddItemToObject(ch, "prompt_logprobs", prompt_logprobs_list(j));
                 }
+                add_running_usage(&j->c[i], o, 0);
                 emit_json(j, o);
             }
             j->sent_role = 1;
@@ -569,9 +693,13 @@ void dsv4_service_run_job(dsv4_service *s, int chat, const int32_t *ids, int n_i
     j->chat = chat;
     j->stream = p->stream;
     j->include_usage = p->include_usage;
+    /* vLLM: per-chunk usage only when include_usage is set too */
+    j->continuous_usage = p->include_usage && p->continuous_usage;
     j->include_reasoning = p->include_reasoning;
     j->logprobs = p->logprobs;
     j->top_logprobs = p->top_logprobs;
+    j->echo_lp = !chat && p->echo && p->logprobs;
+    j->plp_n = chat ? -1 : p->prompt_logprobs;
     j->n_prompt = n_ids;
     j->t0 = j->t_out = now_s();
     j->created = (long)time(NULL);
@@ -607,6 +735,9 @@ void dsv4_service_run_job(dsv4_service *s, int chat, const int32_t *ids, int n_i
             p->gen.proc_user = c->con;
         }
         p->gen.sampling.seed = seed + (uint64_t)i; /* choice i: seed + i (§3.3 `n`) */
+        /* prompt records from choice 0 only: the prompt is shared */
+        p->gen.prompt_logprobs = i == 0 && (j->echo_lp || j->plp_n >= 0);
+        p->gen.prompt_top_logprobs = j->plp_n > j->top_logprobs ? j->plp_n : j->top_logprobs;
         if (dsv4_engine_submit(s->engine, ids, n_ids, &p->gen, &c->req, &err)) {
             if (err.code == DSV4_ERANGE) dsv4_reply_error(out, 400, chat ? "messages" : "prompt", "%s", err.msg);
             else dsv4_reply_error(out, err.code == DSV4_EINVAL ? 400 : 500, NULL, "%s", err.msg);

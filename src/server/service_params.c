@@ -70,7 +70,17 @@ int dsv4_req_params_parse(dsv4_service *s, const cJSON *req, int chat, dsv4_req_
             return 1;
         }
         if (bool_field(so, "include_usage", &p->include_usage, out)) return 1;
+        if (bool_field(so, "continuous_usage_stats", &p->continuous_usage, out)) return 1;
     }
+    /* skip_special_tokens (vLLM, default true): false keeps the text of added
+     * tokens flagged "special" in /v1/completions output (§4.5; chat output
+     * never carries special-token text). spaces_between_special_tokens is
+     * accepted as vLLM does: its fast detokenizer (tokenizers' DecodeStream,
+     * used for DeepSeek's PreTrainedTokenizerFast) ignores it. */
+    p->skip_special = 1;
+    if (bool_field(req, "skip_special_tokens", &p->skip_special, out)) return 1;
+    int sbst = 1;
+    if (bool_field(req, "spaces_between_special_tokens", &sbst, out)) return 1;
     if (bool_field(req, "include_reasoning", &p->include_reasoning, out)) return 1;
 
     /* max_tokens: absent -> the remaining context (the engine clamps) */
@@ -219,7 +229,15 @@ int dsv4_req_params_parse(dsv4_service *s, const cJSON *req, int chat, dsv4_req_
     p->n = (int)ll;
     /* logprobs: chat `logprobs` bool + `top_logprobs` 0..20; completions the
      * legacy `logprobs` int 0..5 (§3.3, §3.6). Raw target values (§7.2). */
+    p->prompt_logprobs = -1;
     if (chat) {
+        const cJSON *pl = cJSON_GetObjectItemCaseSensitive(req, "prompt_logprobs");
+        if (pl && !cJSON_IsNull(pl)) {
+            dsv4_reply_error(out, 400, "prompt_logprobs",
+                             "`prompt_logprobs` is supported on /v1/completions only (send the rendered prompt "
+                             "from /tokenize there)");
+            return 1;
+        }
         if (bool_field(req, "logprobs", &p->logprobs, out)) return 1;
         ll = 0;
         if (int_field(req, "top_logprobs", 0, DSV4_MAX_TOP_LOGPROBS, &ll, out)) return 1;
@@ -243,10 +261,12 @@ int dsv4_req_params_parse(dsv4_service *s, const cJSON *req, int chat, dsv4_req_
     /* Known fields this build cannot honour: refuse rather than ignore (§3.3). */
     if (!chat) {
         if (bool_field(req, "echo", &p->echo, out)) return 1;
-        if (p->echo && p->logprobs) {
-            dsv4_reply_error(out, 400, "echo", "`echo` with `logprobs` (prompt log-probabilities) is not supported yet");
-            return 1;
-        }
+        /* echo + logprobs: the prompt tokens' log-probabilities come first,
+         * the first one null (vLLM); prompt_logprobs=N: vLLM's per-choice
+         * list of {id: {logprob, rank, decoded_token}} */
+        ll = -1;
+        if (int_field(req, "prompt_logprobs", 0, DSV4_MAX_TOP_LOGPROBS, &ll, out)) return 1;
+        p->prompt_logprobs = (int)ll;
         const cJSON *suf = cJSON_GetObjectItemCaseSensitive(req, "suffix");
         if (suf && !cJSON_IsNull(suf)) {
             dsv4_reply_error(out, 400, "suffix", "`suffix` is not supported");

@@ -47,6 +47,9 @@ static void parser_config(dsv4_service *s, const dsv4_req_params *p, const cJSON
     pc->n_stop_token_ids = p->n_stop_ids;
 }
 
+/* outparse's is_special hook: tokenizer.json's "special" flag (§3.6). */
+static int tok_is_special(void *ctx, int32_t id) { return dsv4_tokenizer_is_special(ctx, id); }
+
 static void handle_chat(dsv4_service *s, const cJSON *req, const char *raw, size_t len, dsv4_reply *out) {
     dsv4_req_params p;
     if (dsv4_req_params_parse(s, req, 1, &p, out)) {
@@ -94,8 +97,10 @@ static int completion_prompt(dsv4_service *s, const cJSON *req, dsv4_tokvec *ids
             return 1;
         }
     } else if (cJSON_IsArray(pr) && cJSON_GetArraySize(pr) > 0) {
+        /* Token ids are used exactly as given, no BOS added: vLLM passes
+         * prompt_token_ids straight to the engine (its tokenizer, which adds
+         * BOS, only runs on text). SERVING.md §3.6 speaks of text prompts. */
         const cJSON *it;
-        int first = 1;
         cJSON_ArrayForEach(it, pr) {
             if (!dsv4_service_is_token_id(it, s->vocab)) {
                 dsv4_reply_error(out, 400, "prompt",
@@ -105,8 +110,6 @@ static int completion_prompt(dsv4_service *s, const cJSON *req, dsv4_tokvec *ids
                                  s->vocab);
                 return 1;
             }
-            if (first && (int32_t)it->valuedouble != bos && bos >= 0) dsv4_tokvec_push(ids, bos);
-            first = 0;
             dsv4_tokvec_push(ids, (int32_t)it->valuedouble);
         }
         char *dec = NULL;
@@ -119,15 +122,29 @@ static int completion_prompt(dsv4_service *s, const cJSON *req, dsv4_tokvec *ids
     return 0;
 }
 
+/* echo + logprobs and prompt_logprobs list every prompt token: bounded (§3.6). */
+static int prompt_logprobs_ok(const dsv4_req_params *p, int n_prompt, dsv4_reply *out) {
+    if (!(p->echo && p->logprobs) && p->prompt_logprobs < 0) return 1;
+    if (n_prompt <= DSV4_MAX_PROMPT_LOGPROB_TOKENS) return 1;
+    dsv4_reply_error(out, 400, p->prompt_logprobs >= 0 ? "prompt_logprobs" : "echo",
+                     "prompt log-probabilities (%s) are limited to prompts of %d tokens; this prompt has %d",
+                     p->prompt_logprobs >= 0 ? "`prompt_logprobs`" : "`echo` with `logprobs`",
+                     DSV4_MAX_PROMPT_LOGPROB_TOKENS, n_prompt);
+    return 0;
+}
+
 static void handle_completions(dsv4_service *s, const cJSON *req, dsv4_reply *out) {
     dsv4_req_params p;
     dsv4_tokvec ids = {0};
     char *text = NULL;
     if (!dsv4_req_params_parse(s, req, 0, &p, out) && !completion_prompt(s, req, &ids, &text, out) &&
-        context_ok(s, (int)ids.n, &p, 0, out)) {
+        context_ok(s, (int)ids.n, &p, 0, out) && prompt_logprobs_ok(&p, (int)ids.n, out)) {
         dsv4_outparse_config pc;
         parser_config(s, &p, req, &pc);
         pc.raw = 1;
+        pc.is_special = tok_is_special;
+        pc.special_ctx = s->tok;
+        pc.keep_special_text = !p.skip_special;
         int32_t think = dsv4_tokenizer_special_id(s->tok, DSV4_TOK_THINK);
         pc.thinking = ids.n > 0 && ids.ids[ids.n - 1] == think; /* the guard arms after a raw <think> */
         dsv4_service_run_job(s, 0, ids.ids, (int)ids.n, &p, &pc, text, out);

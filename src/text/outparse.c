@@ -59,6 +59,9 @@ typedef struct op_delta_rec {
 struct dsv4_outparse {
     /* configuration */
     int thinking, tools_enabled, stop_in_reasoning, unterminated_as_content, raw;
+    int (*is_special)(void *ctx, int32_t id);
+    void *special_ctx;
+    int keep_special_text;
     cJSON *tools;
     int32_t *stop_ids;
     int n_stop_ids;
@@ -325,6 +328,9 @@ dsv4_outparse *dsv4_outparse_create(const dsv4_outparse_config *cfg, const dsv4_
     p->stop_in_reasoning = cfg->stop_in_reasoning != 0;
     p->unterminated_as_content = cfg->unterminated_reasoning_as_content != 0;
     p->raw = cfg->raw != 0;
+    p->is_special = cfg->is_special;
+    p->special_ctx = cfg->special_ctx;
+    p->keep_special_text = cfg->keep_special_text != 0;
     p->in_reasoning = p->thinking && !p->raw; /* §4.1: from the resolved mode only */
     /* §3.6: raw completions never split reasoning; a prompt ending in
      * <think> arms the stop guard until </think> instead */
@@ -411,11 +417,13 @@ static void push_text(dsv4_outparse *p, const char *s, size_t n) {
 /* Raw mode (§3.6): special-token text other than BOS/EOS/pad is output
  * verbatim. <think>/</think> are never stop candidates (§6.2): held text is
  * released first, then the token's text is emitted outside the matcher. */
-static void push_special_raw(dsv4_outparse *p, dsv4_special_kind kind, const char *text, size_t len) {
+static void push_special_raw(dsv4_outparse *p, int32_t id, dsv4_special_kind kind, const char *text, size_t len) {
+    /* skip_special_tokens (vLLM default true) drops the tokens tokenizer.json
+     * flags "special" (BOS, pad, place-holders); false keeps their text */
+    int flagged = p->is_special ? id >= 0 && p->is_special(p->special_ctx, id)
+                                : kind == DSV4_SPECIAL_BOS || kind == DSV4_SPECIAL_PAD;
+    if (flagged && !p->keep_special_text) return;
     switch (kind) {
-    case DSV4_SPECIAL_BOS:
-    case DSV4_SPECIAL_PAD:
-        return;
     case DSV4_SPECIAL_THINK_OPEN:
     case DSV4_SPECIAL_THINK_CLOSE:
         if (p->end == DSV4_END_NONE) op_stops_flush(&p->stops, emit_final, p);
@@ -518,7 +526,7 @@ static int process_token(dsv4_outparse *p, int32_t id, const dsv4_detok_out *o) 
         if (o->len) push_text(p, o->text, o->len);
         if (p->end == DSV4_END_NONE && o->special == DSV4_SPECIAL_EOS) finalize(p, DSV4_END_EOS);
         else if (p->end == DSV4_END_NONE && o->special != DSV4_SPECIAL_NONE && p->raw)
-            push_special_raw(p, o->special, o->special_text, o->special_len);
+            push_special_raw(p, id, o->special, o->special_text, o->special_len);
         else if (p->end == DSV4_END_NONE && o->special != DSV4_SPECIAL_NONE)
             push_special(p, o->special, o->special_text, o->special_len);
     }

@@ -71,6 +71,16 @@ typedef struct dsv4_outparse_config {
      * output verbatim, BOS/EOS/pad never. With `thinking` set (the raw
      * prompt's last token is <think>) stops are dormant until </think>. */
     int raw;
+    /* Raw mode only (§3.6, §4.5; vLLM skip_special_tokens). is_special(ctx,
+     * id) says whether id is an added token flagged "special" in
+     * tokenizer.json (BOS, EOS, pad, the place-holder tokens; not <think>,
+     * </think>, ｜DSML｜ or role markers). With keep_special_text = 0 (the
+     * default, skip_special_tokens true) such tokens are dropped from the
+     * text; with 1 their text is kept (EOS still ends generation unseen).
+     * is_special NULL: only BOS and pad are dropped. */
+    int (*is_special)(void *ctx, int32_t id);
+    void *special_ctx;
+    int keep_special_text;
     /* Tool-call ids: 0 = random from the OS (unguessable, §3.4); nonzero =
      * deterministic ids derived from this seed (tests only). */
     uint64_t id_seed;

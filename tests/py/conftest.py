@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DSV4 = os.path.join(ROOT, "build", "dsv4")
+DSV4 = os.environ.get("DSV4_BIN", os.path.join(ROOT, "build", "dsv4"))  # DSV4_BIN: e.g. an ASan build
 DEFAULT_MODEL = os.path.join(ROOT, "models", "default")
 
 

@@ -403,7 +403,7 @@ def test_fp8_experts_flash_base(models, tmp_path):
 
 def test_scan_values(models, tmp_path):
     """--scan reads every value: a NaN E8M0 scale (0xFF) is found and named; the pristine
-    checkpoints scan clean. Without --scan the (layout-only) check still passes."""
+    checkpoints scan clean. The default check finds it too: a scale this small is read in full."""
     for name in ("tiny-dspark", "tiny-flash-bf16"):
         p = subprocess.run([DSV4, "check", "--scan", models[name]], capture_output=True,
                            text=True, timeout=120)
@@ -417,10 +417,40 @@ def test_scan_values(models, tmp_path):
         t[3] = bytes(b)
 
     edit_tensor(d, name, f)
-    assert check(d)[0] == 0
+    rejected(d, f"'{name}'", "element 5")
     p = subprocess.run([DSV4, "check", "--scan", str(d)], capture_output=True, text=True, timeout=120)
     assert p.returncode == 1
     assert f"'{name}'" in p.stderr and "element 5" in p.stderr and shard_of(d, name) in p.stderr
+
+
+def _set_bf16(t, elems, value=0x7FC0):
+    b = bytearray(t[3])
+    for i in elems:
+        b[2 * i:2 * i + 2] = struct.pack("<H", value)
+    t[3] = bytes(b)
+
+
+@pytest.mark.parametrize("name,value", [("layers.0.attn_norm.weight", 0x7FC0),  # NaN in a norm
+                                        ("layers.1.attn.q_norm.weight", 0xFF80)])  # -Inf
+def test_default_check_finds_nan_in_small_tensors(models, tmp_path, name, value):
+    """Without --scan, small tensors (norms, biases, scales) are still read in full."""
+    d = clone(models["tiny-dspark"], tmp_path / "m")
+    edit_tensor(d, name, lambda t: _set_bf16(t, [7], value))
+    rejected(d, f"'{name}'", "element 7", shard_of(d, name))
+
+
+def test_default_check_samples_large_tensors(models, tmp_path):
+    """A large tensor that is NaN throughout is caught by the default (sampled) check; one
+    NaN in its middle, away from the sampled windows, needs --scan (which finds it)."""
+    name = "embed.weight"  # 262144 bytes of BF16: above the 64 KiB read in full
+    d = clone(models["tiny-dspark"], tmp_path / "all")
+    edit_tensor(d, name, lambda t: _set_bf16(t, range(len(t[3]) // 2)))
+    err = rejected(d, f"'{name}'", "element 0", "sampling")
+    d = clone(models["tiny-dspark"], tmp_path / "one")
+    edit_tensor(d, name, lambda t: _set_bf16(t, [50000]))  # byte 100000: in no 1 KiB window
+    assert check(d)[0] == 0
+    p = subprocess.run([DSV4, "check", "--scan", str(d)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1 and f"'{name}'" in p.stderr and "element 50000" in p.stderr, p.stderr
 
 
 # spec/DSPARK.md §3.3: the 12 tensors the seed stack's draft loader dropped silently.

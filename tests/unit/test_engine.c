@@ -885,7 +885,67 @@ static void test_prefix_concurrent(int k) {
     dsv4_engine_free(e);
 }
 
+/* Prompt logprobs (gen_params.prompt_logprobs; SERVING.md §3.6 echo + logprobs):
+ * every record i >= 1 is log_softmax of the toy logits after prompt[0..i) at
+ * prompt[i], with its rank; the prefill runs in chunks of at most
+ * DSV4_PROMPT_LOGPROB_CHUNK rows and is never served from the prefix cache,
+ * and a plain request batched alongside is unaffected. */
+static void test_prompt_logprobs(int k) {
+    enum { N = 150 };
+    dsv4_engine *e = make_ex(2, 256, k, 1 << 20, -1, 1);
+    int32_t p[N], q[20], out[4096], ref[64];
+    prompt_of(900, N, p);
+    prompt_of(901, 20, q);
+    CHECK_EQ_INT(run_one(e, p, N, 4), 0); /* cold: the prompt's state is now cached */
+    dsv4_request *r, *other;
+    dsv4_err err = {0};
+    dsv4_gen_params gp;
+    dsv4_gen_params_default(&gp);
+    gp.sampling.temperature = 0;
+    gp.max_tokens = 6;
+    CHECK_EQ_INT(dsv4_engine_submit(e, q, 20, &gp, &other, &err), 0);
+    gp.prompt_logprobs = 1;
+    gp.prompt_top_logprobs = 3;
+    CHECK_EQ_INT(dsv4_engine_submit(e, p, N, &gp, &r, &err), 0);
+    dsv4_token_logprob *lp = calloc(N, sizeof *lp);
+    int32_t rank[N];
+    CHECK_EQ_INT(dsv4_request_prompt_logprobs(r, lp, rank, N), 0); /* not prefilled yet */
+    int steps0 = T.steps;
+    run_idle(e);
+    for (int s = steps0; s < steps0 + 3 && s < 1024; s++)
+        CHECK_MSG(T.rows_per_step[s] <= DSV4_PROMPT_LOGPROB_CHUNK + 20, "step %d: %d rows", s, T.rows_per_step[s]);
+    CHECK_EQ_INT(dsv4_request_cached_tokens(r), 0);
+    CHECK_EQ_INT(dsv4_request_prompt_logprobs(r, lp, rank, N - 1), 0); /* too small a buffer */
+    CHECK_EQ_INT(dsv4_request_prompt_logprobs(r, lp, rank, N), N);
+    int bad = 0;
+    for (int i = 1; i < N; i++) {
+        float lg[VOCAB];
+        toy_logits(p, i, lg);
+        double mx = lg[0], sum = 0;
+        for (int v = 1; v < VOCAB; v++) mx = lg[v] > mx ? lg[v] : mx;
+        for (int v = 0; v < VOCAB; v++) sum += exp((double)lg[v] - mx);
+        int above = 0;
+        for (int v = 0; v < VOCAB; v++) above += lg[v] > lg[p[i]];
+        bad += lp[i].token != p[i] || fabs(lp[i].logprob - (lg[p[i]] - mx - log(sum))) > 1e-5 ||
+               rank[i] != above + 1 || lp[i].n_top != 3 || lp[i].top_ids[0] != argmax(lg);
+    }
+    CHECK_MSG(bad == 0, "k=%d: %d prompt logprob records wrong", k, bad);
+    dsv4_finish f;
+    int n = drain(r, out, &f), nref = reference(p, N, 6, -1, ref);
+    CHECK(n == nref && !memcmp(out, ref, sizeof(int32_t) * (size_t)n));
+    n = drain(other, out, &f);
+    nref = reference(q, 20, 6, -1, ref);
+    CHECK(n == nref && !memcmp(out, ref, sizeof(int32_t) * (size_t)n));
+    CHECK_EQ_INT(dsv4_request_prompt_logprobs(other, lp, rank, N), 0); /* not asked */
+    free(lp);
+    dsv4_request_release(r);
+    dsv4_request_release(other);
+    dsv4_engine_free(e);
+}
+
 int main(void) {
+    test_prompt_logprobs(0);
+    test_prompt_logprobs(3);
     test_prefix_cache(0);
     test_prefix_cache(4);
     test_prefix_evict();
