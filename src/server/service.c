@@ -98,8 +98,6 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
                                  .kv_dtype = (int)kvt};
     dsv4_load_opts lo = {.dummy = o->load_dummy, .hf_overrides = o->hf_overrides};
     if (o->tensor_parallel_size > 1) { /* ranks as threads of this process (src/parallel/tp_runner.h) */
-        /* the TP runner does not map pool pages yet: per-slot state on every rank */
-        mo.n_pages = -1;
         dsv4_tp_runner_opts to = {.tp_size = o->tensor_parallel_size};
         if ((rc = dsv4_tp_runner_open(o->model_dir, &mo, &lo, &to, &s->tp, err))) goto fail;
     } else if ((rc = dsv4_model_runner_open_ex(o->model_dir, &mo, &lo, &s->mr, err))) {
