@@ -372,7 +372,9 @@ static void slot_drop(dsv4_engine *e, int slot) {
  * Map pages so that `slot` covers positions [0, npos) (issue 5). Takes free
  * pages first, then evicts the least recently used cached history of a free
  * slot (its pages are only a cache). Returns 0, or -1 when the pool has no
- * page left for it (the caller preempts). Pages already mapped are kept.
+ * page left for it (the caller preempts), -2 when the runner failed to map
+ * them (a TP rank or its communicator failed: preempting would retry forever,
+ * so the caller fails the request). Pages already mapped are kept.
  */
 static int pages_ensure(dsv4_engine *e, int slot, int64_t npos) {
     if (!e->paged) return 0;
@@ -395,7 +397,7 @@ static int pages_ensure(dsv4_engine *e, int slot, int64_t npos) {
     dsv4_err err = {0};
     if (e->run.set_pages(e->run.ctx, slot, e->snp[slot], e->spages + (size_t)slot * e->slot_max_pages, &err)) {
         dsv4_log(DSV4_LOG_ERROR, "mapping the pages of slot %d: %s", slot, err.msg);
-        return -1;
+        return -2;
     }
     return e->snp[slot] >= need ? 0 : -1;
 }
@@ -808,9 +810,15 @@ replan:
     for (int s = 0; e->paged && s < nseg; s++) {
         dsv4_request *r = segs[s].r;
         int64_t end = segs[s].decode ? r->n_tok - 1 + segs[s].nrows : r->n_computed + segs[s].nrows;
-        if (!pages_ensure(e, r->slot, end)) continue;
-        if (segs[s].decode && segs[s].k > 0 && !pages_ensure(e, r->slot, r->n_tok)) {
+        int pr = pages_ensure(e, r->slot, end);
+        if (!pr) continue;
+        if (pr == -1 && segs[s].decode && segs[s].k > 0) pr = pages_ensure(e, r->slot, r->n_tok);
+        if (!pr) {
             r->n_drafts = 0; /* only the drafts lacked room: decode without them rather than preempt */
+            goto replan;
+        }
+        if (pr == -2) { /* the runner could not map pages: fail this request, as a failed forward does */
+            finish_locked(e, r, DSV4_FINISH_ERROR);
             goto replan;
         }
         dsv4_request *victim = NULL;

@@ -204,8 +204,9 @@ int dsv4_model_runner_open_tp(const char *dir, const dsv4_model_runner_opts *o, 
         goto fail;
     }
     int64_t pb = dsv4_state_page_bytes(&mr->cfg, ratios, L, bs, (dsv4_kv_dtype)o->kv_dtype), np = 0;
-    /* TP ranks keep per-slot state: the TP runner does not forward the pool's set_pages yet */
-    if (o->n_pages >= 0 && tp_size <= 1) {
+    /* TP: every rank sizes the pool from the same whole-model config and options, so all hold the
+     * same page ids and the engine's one set_pages (forwarded by the TP runner) maps them all */
+    if (o->n_pages >= 0) {
         int64_t per_slot = (o->max_len + bs - 1) / bs;
         np = o->n_pages > 0 ? o->n_pages
              : o->kv_cache_bytes > 0 ? (pb > 0 ? o->kv_cache_bytes / pb : per_slot * o->n_slots)

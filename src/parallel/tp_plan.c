@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { PLAN_FORWARD = 1, PLAN_RELEASE, PLAN_RESUME, PLAN_COPY, PLAN_QUIT };
+enum { PLAN_FORWARD = 1, PLAN_RELEASE, PLAN_RESUME, PLAN_COPY, PLAN_PAGES, PLAN_QUIT };
 enum { H_OP, H_ROWS, H_SEQS, H_LOGITS, H_A, H_B, H_C, H_BYTES, H_N };
 
 struct dsv4_plan_leader {
@@ -89,6 +89,17 @@ static int lead_copy(void *ctx, int src, int dst, dsv4_err *err) {
     return rc ? rc : l->inner.copy_slot(l->inner.ctx, src, dst, err);
 }
 
+static int lead_set_pages(void *ctx, int slot, int n, const int32_t *ids, dsv4_err *err) {
+    dsv4_plan_leader *l = ctx;
+    if (n < 0) return dsv4_err_set(err, DSV4_EINVAL, "step plan: set_pages: %d page ids", n);
+    int rc = grow(&l->buf, &l->cap, (size_t)n + 1, err);
+    if (rc) return rc;
+    if (n) memcpy(l->buf, ids, sizeof(int32_t) * (size_t)n);
+    int64_t h[H_N] = {PLAN_PAGES, 0, 0, 0, slot, n, 0, (int64_t)n * (int64_t)sizeof(int32_t)};
+    if ((rc = send_plan(l, h, err))) return rc;
+    return l->inner.set_pages(l->inner.ctx, slot, n, ids, err);
+}
+
 int dsv4_plan_leader_create(dsv4_comm *c, const dsv4_runner *inner, int max_len, dsv4_plan_leader **out,
                             dsv4_runner *out_runner, dsv4_err *err) {
     *out = NULL;
@@ -98,7 +109,7 @@ int dsv4_plan_leader_create(dsv4_comm *c, const dsv4_runner *inner, int max_len,
     l->c = c;
     l->inner = *inner;
     l->max_len = max_len;
-    /* page_tokens 0: the followers' state is per slot (no pool pages to map) */
+    /* the pool: rank 0's sizes; the followers hold the same pool and get every set_pages as a plan */
     *out_runner = (dsv4_runner){.ctx = l,
                                 .vocab = inner->vocab,
                                 .n_slots = inner->n_slots,
@@ -107,6 +118,12 @@ int dsv4_plan_leader_create(dsv4_comm *c, const dsv4_runner *inner, int max_len,
                                 .reusable = inner->reusable ? lead_reusable : NULL,
                                 .resume = inner->resume ? lead_resume : NULL,
                                 .copy_slot = inner->copy_slot ? lead_copy : NULL};
+    if (inner->set_pages) {
+        out_runner->page_tokens = inner->page_tokens;
+        out_runner->n_pages = inner->n_pages;
+        out_runner->page_bytes = inner->page_bytes;
+        out_runner->set_pages = lead_set_pages;
+    }
     *out = l;
     return 0;
 }
@@ -131,7 +148,8 @@ int dsv4_plan_follow(dsv4_comm *c, const dsv4_runner *inner, dsv4_err *err) {
         int64_t T = h[H_ROWS], S = h[H_SEQS], L = h[H_LOGITS];
         if (h[H_OP] == PLAN_QUIT) break;
         if (h[H_BYTES] < 0 || T < 0 || S < 0 || L < 0 || h[H_BYTES] > ((int64_t)1 << 34) ||
-            (h[H_OP] == PLAN_FORWARD && (size_t)h[H_BYTES] != payload_ints(T, S, L) * sizeof(int32_t))) {
+            (h[H_OP] == PLAN_FORWARD && (size_t)h[H_BYTES] != payload_ints(T, S, L) * sizeof(int32_t)) ||
+            (h[H_OP] == PLAN_PAGES && (h[H_B] < 0 || h[H_BYTES] != h[H_B] * (int64_t)sizeof(int32_t)))) {
             rc = dsv4_err_set(err, DSV4_EFORMAT, "step plan: malformed header (op %lld, %lld bytes)",
                               (long long)h[H_OP], (long long)h[H_BYTES]);
             break;
@@ -165,6 +183,10 @@ int dsv4_plan_follow(dsv4_comm *c, const dsv4_runner *inner, dsv4_err *err) {
             break;
         case PLAN_COPY:
             if (inner->copy_slot) rc = inner->copy_slot(inner->ctx, (int)h[H_A], (int)h[H_B], err);
+            break;
+        case PLAN_PAGES:
+            rc = inner->set_pages ? inner->set_pages(inner->ctx, (int)h[H_A], (int)h[H_B], buf, err)
+                                  : dsv4_err_set(err, DSV4_EINVAL, "step plan: pages mapped but this rank has no KV pool");
             break;
         default:
             rc = dsv4_err_set(err, DSV4_EFORMAT, "step plan: unknown op %lld", (long long)h[H_OP]);

@@ -4,7 +4,7 @@
  * runs the HTTP server and the scheduler and broadcasts each step plan").
  *
  * The leader wraps rank 0's runner: every call (forward, release, resume,
- * copy_slot) is first serialised and broadcast over the communicator, then
+ * copy_slot, set_pages) is first serialised and broadcast over the communicator, then
  * run locally. A follower loops: receive a plan, run the same call on its own
  * runner (its slice of the model), until the leader quits. Because the plan
  * broadcast and the forward's all-reduces go through one communicator in the
@@ -14,7 +14,9 @@
  * which the rendezvous checks): a header of 8 int64 {op, n_rows, n_seqs,
  * n_logits, a, b, c, payload bytes}, then for a forward the payload
  * token, pos, slot, seq_idx [n_rows], cu_seqlens [n_seqs+1], seq_slot,
- * seq_pos0 [n_seqs], logit rows [n_logits] (int32).
+ * seq_pos0 [n_seqs], logit rows [n_logits] (int32); for a set_pages a =
+ * slot, b = n and the payload the n page ids (int32). Every node sizes its
+ * KV pool from the same options, so the ids mean the same pages everywhere.
  */
 #ifndef DSV4_PARALLEL_TP_PLAN_H
 #define DSV4_PARALLEL_TP_PLAN_H

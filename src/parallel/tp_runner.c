@@ -18,7 +18,7 @@
 
 #include "parallel/tp_shard.h"
 
-enum { JOB_OPEN = 1, JOB_FORWARD, JOB_RELEASE, JOB_RESUME, JOB_COPY, JOB_QUIT };
+enum { JOB_OPEN = 1, JOB_FORWARD, JOB_RELEASE, JOB_RESUME, JOB_COPY, JOB_PAGES, JOB_QUIT };
 
 typedef struct tp_rank {
     struct dsv4_tp_runner *t;
@@ -52,7 +52,8 @@ struct dsv4_tp_runner {
         const dsv4_batch *b;
         const int32_t *rows;
         int n_logits;
-        int slot, src, dst;
+        int slot, src, dst, n_ids;
+        const int32_t *ids;
         int64_t pos;
     } job;
 };
@@ -102,6 +103,9 @@ static void run_job(dsv4_tp_runner *t, tp_rank *r, float *logits0) {
         break;
     case JOB_COPY:
         if (r->it.copy_slot) r->rc = r->it.copy_slot(r->it.ctx, t->job.src, t->job.dst, &r->err);
+        break;
+    case JOB_PAGES:
+        r->rc = r->it.set_pages(r->it.ctx, t->job.slot, t->job.n_ids, t->job.ids, &r->err);
         break;
     default:
         break;
@@ -228,6 +232,16 @@ static int tp_copy_slot(void *ctx, int src, int dst, dsv4_err *err) {
     return dispatch(t, NULL, err);
 }
 
+/* Every rank holds the same pool (same sizes, same ids): the engine's mapping goes to all of them. */
+static int tp_set_pages(void *ctx, int slot, int n, const int32_t *ids, dsv4_err *err) {
+    dsv4_tp_runner *t = ctx;
+    t->job.op = JOB_PAGES;
+    t->job.slot = slot;
+    t->job.n_ids = n;
+    t->job.ids = ids;
+    return dispatch(t, NULL, err);
+}
+
 void dsv4_tp_runner_free(dsv4_tp_runner *t) {
     if (!t) return;
     int started = 0;
@@ -278,7 +292,6 @@ int dsv4_tp_runner_open(const char *dir, const dsv4_model_runner_opts *o, const 
     t->check = tp->check_ranks;
     t->dir = dir;
     t->mo = *o;
-    t->mo.n_pages = -1; /* per-slot state on every rank: the pool's set_pages is not forwarded to ranks yet */
     if (lo) {
         t->lo = *lo;
         t->has_lo = 1;
@@ -317,12 +330,20 @@ int dsv4_tp_runner_open(const char *dir, const dsv4_model_runner_opts *o, const 
         return rc;
     }
     t->it0 = t->ranks[0].it;
+    for (int i = 1; i < n; i++) /* the engine maps pages once for all ranks: their pools must agree */
+        if (t->ranks[i].it.page_tokens != t->it0.page_tokens || t->ranks[i].it.n_pages != t->it0.n_pages) {
+            rc = dsv4_err_set(err, DSV4_EINTERNAL,
+                              "tensor parallel: rank %d's KV pool (%d pages of %d) differs from rank 0's (%d of %d)", i,
+                              t->ranks[i].it.n_pages, t->ranks[i].it.page_tokens, t->it0.n_pages, t->it0.page_tokens);
+            dsv4_tp_runner_free(t);
+            return rc;
+        }
     *out = t;
     return 0;
 }
 
 dsv4_runner dsv4_tp_runner_iface(dsv4_tp_runner *t) {
-    /* page_tokens 0: ranks keep per-slot state (the pool's set_pages is not forwarded yet) */
+    /* the pool: rank 0's sizes (every rank's are the same), set_pages forwarded to every rank */
     dsv4_runner r = {.ctx = t,
                      .vocab = t->it0.vocab,
                      .n_slots = t->it0.n_slots,
@@ -331,6 +352,12 @@ dsv4_runner dsv4_tp_runner_iface(dsv4_tp_runner *t) {
                      .reusable = t->it0.reusable ? tp_reusable : NULL,
                      .resume = tp_resume,
                      .copy_slot = tp_copy_slot};
+    if (t->it0.set_pages) {
+        r.page_tokens = t->it0.page_tokens;
+        r.n_pages = t->it0.n_pages;
+        r.page_bytes = t->it0.page_bytes;
+        r.set_pages = tp_set_pages;
+    }
     return r;
 }
 

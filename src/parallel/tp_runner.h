@@ -8,8 +8,10 @@
  * Threads: rank 0 runs on the calling (engine) thread, ranks 1..N-1 each on
  * a worker thread that lives as long as the runner, so a rank's backend is
  * only ever used from one thread (a CUDA rank binds its device there). Every
- * forward / release / resume / copy_slot runs the same call with the same
- * host batch on all ranks; the engine sees rank 0's results. The drafter is
+ * forward / release / resume / copy_slot / set_pages runs the same call with
+ * the same host batch on all ranks; the engine sees rank 0's results. Every
+ * rank sizes the same KV pool (issue 5), so the engine's page ids are valid on
+ * all of them; the interface reports rank 0's pool sizes. The drafter is
  * rank 0's (replicated, not sharded: DSpark stages and the MTP block are a
  * small part of a step, and rank 0 holds the full target features they read).
  */

@@ -99,8 +99,6 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
                                  .kv_dtype = (int)kvt};
     dsv4_load_opts lo = {.dummy = o->load_dummy, .hf_overrides = o->hf_overrides};
     if (o->tensor_parallel_size > 1) { /* ranks as threads of this process (src/parallel/tp_runner.h) */
-        /* the TP runner does not map pool pages yet: per-slot state on every rank */
-        mo.n_pages = -1;
         mo.device = DSV4_DEVICE_CPU; /* ranks are CPU backends until TP is wired to CUDA + NCCL */
         dsv4_tp_runner_opts to = {.tp_size = o->tensor_parallel_size};
         if ((rc = dsv4_tp_runner_open(o->model_dir, &mo, &lo, &to, &s->tp, err))) goto fail;
@@ -163,11 +161,12 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
     }
     dsv4_metrics_set_cache_config(s->metrics, o->kv_cache_dtype ? o->kv_cache_dtype : "auto", o->enable_prefix_caching);
     dsv4_log(DSV4_LOG_INFO,
-             "model %s: %s, %d layers, vocab %d, profile %s; CPU backend, tensor parallel %d; max_model_len %lld, "
+             "model %s: %s, %d layers, vocab %d, profile %s; %s backend, tensor parallel %d; max_model_len %lld, "
              "max_num_seqs %d (%d request slots; KV pool %d pages of %d, kv dtype %s); speculation %s k=%d; "
              "prefix caching %s",
              o->model_dir, dsv4_config_kind_name(cfg), cfg->num_hidden_layers, cfg->vocab_size,
-             dsv4_profile_name(profile), o->tensor_parallel_size > 1 ? o->tensor_parallel_size : 1,
+             dsv4_profile_name(profile), s->mr ? dsv4_model_runner_backend(s->mr)->name : "cpu",
+             o->tensor_parallel_size > 1 ? o->tensor_parallel_size : 1,
              (long long)s->max_model_len, o->max_num_seqs, o->max_num_seqs + cache_slots,
              run.n_pages, run.page_tokens, dsv4_kv_dtype_name(kvt), o->spec_k ? "dspark" : "off", o->spec_k,
              o->enable_prefix_caching ? "on" : "off");

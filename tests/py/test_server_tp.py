@@ -2,7 +2,8 @@
 `dsv4 serve --tensor-parallel-size 2 --device cpu` runs two ranks as threads
 (src/parallel/tp_runner.h) and serves requests whose greedy output equals the
 single-rank server's, with DSpark speculation on too; sizes that do not divide
-the model and multi-node launches are refused at start with the reason."""
+the model and multi-node launches are refused at start with the reason.
+Under TP the engine's paged KV pool is on (its "KV cache pool:" start line)."""
 import json
 import subprocess
 import urllib.request
@@ -38,7 +39,10 @@ def test_tp2_serves_and_matches_tp1(default_server):
         tp.stop()
         tps.stop()
     tp.log.seek(0)
-    assert "tensor parallel 2" in tp.log.read().decode(errors="replace")
+    log = tp.log.read().decode(errors="replace")
+    assert "tensor parallel 2" in log
+    # TP ranks share the engine's paged KV pool (every rank maps the same page ids)
+    assert "KV cache pool:" in log
 
 
 def run_serve(*args):

@@ -7,7 +7,10 @@
  * at every step (the runner's check_ranks); a rank failing inside a
  * collective aborts its peers instead of hanging; and the multi-node step
  * plans (tp_plan.h), where rank 1 learns every call only through the
- * communicator, give the same tokens.
+ * communicator, give the same tokens. With the paged KV pool (issue 5) every
+ * rank holds the same pool and the engine's page mapping reaches all ranks
+ * (through the TP runner, and as step plans): TP = 2 on a pool small enough
+ * to preempt gives TP = 1's greedy tokens on per-slot state.
  *
  * Tolerances. In HF numerics (no W8A8 emulation) a TP rank computes exactly
  * the same products as TP = 1; only the order of the fp32 sums changes (the
@@ -234,8 +237,10 @@ typedef struct {
     int has_dr;
 } opened;
 
-static int open_runner(const char *dir, int tp, int k, dsv4_numerics num, opened *o) {
-    dsv4_model_runner_opts mo = {.n_slots = 4, .max_len = 256, .max_spec = k, .numerics = num, .n_pages = -1};
+/* n_pages < 0: per-slot state; > 0: a pool of that many 128-token pages */
+static int open_runner_pool(const char *dir, int tp, int k, dsv4_numerics num, int n_pages, opened *o) {
+    dsv4_model_runner_opts mo = {
+        .n_slots = 4, .max_len = 256, .max_spec = k, .numerics = num, .block_size = 128, .n_pages = n_pages};
     dsv4_err err = {0};
     memset(o, 0, sizeof *o);
     int rc;
@@ -255,6 +260,10 @@ static int open_runner(const char *dir, int tp, int k, dsv4_numerics num, opened
     }
     if (rc) fprintf(stderr, "open %s TP=%d: %s\n", dir, tp, err.msg);
     return rc;
+}
+
+static int open_runner(const char *dir, int tp, int k, dsv4_numerics num, opened *o) {
+    return open_runner_pool(dir, tp, k, num, -1, o);
 }
 
 static void close_runner(opened *o) {
@@ -355,18 +364,98 @@ static void gen_all(const char *dir, int tp, int k, int32_t out[3][MAXT]) {
     close_runner(&o);
 }
 
+/* ---------- the KV pool under TP: preemption ---------- */
+
+/* Prompts of 100, 120, 140 tokens + PGEN: with POOL pages of 128 tokens the
+ * second request crosses into its second page while the first holds the
+ * other one, so a request is preempted (and recomputed) — checked, not hoped. */
+#define PN 3
+#define PGEN 12
+#define POOL 2
+static const int plens[PN] = {100, 120, 140};
+
+/* All PN requests batched; out[i] their greedy tokens; returns the engine's preemptions. */
+static long pool_run(dsv4_runner *run, const dsv4_drafter *dr, int k, int32_t out[PN][PGEN]) {
+    dsv4_engine_opts eo = {.max_num_seqs = PN, .max_num_batched_tokens = 64, .max_model_len = 256, .spec_k = k, .eos_id = 1};
+    dsv4_engine *e = NULL;
+    dsv4_err err = {0};
+    CHECK_EQ_INT(dsv4_engine_create(&eo, run, dr, &e, &err), 0);
+    if (!e) return -1;
+    dsv4_gen_params gp;
+    dsv4_gen_params_default(&gp);
+    gp.sampling.temperature = 0;
+    gp.max_tokens = PGEN;
+    gp.ignore_eos = 1;
+    dsv4_request *r[PN] = {0};
+    int got[PN] = {0};
+    for (int i = 0; i < PN; i++) {
+        int32_t p[256];
+        for (int j = 0; j < plens[i]; j++) p[j] = 2 + (int32_t)((j * 37 + j * j * 11 + i * 5) % 500);
+        CHECK_EQ_INT(dsv4_engine_submit(e, p, plens[i], &gp, &r[i], &err), 0);
+    }
+    int live;
+    do {
+        live = dsv4_engine_step(e, &err);
+        CHECK_MSG(live >= 0, "engine: %s", err.msg);
+        for (int i = 0; i < PN; i++) {
+            dsv4_finish f;
+            if (r[i]) got[i] += dsv4_request_poll(r[i], out[i] + got[i], PGEN - got[i], &f, 0);
+        }
+    } while (live > 0);
+    for (int i = 0; i < PN; i++) {
+        CHECK_EQ_INT(got[i], PGEN);
+        dsv4_request_release(r[i]);
+    }
+    dsv4_engine_stats st;
+    dsv4_engine_get_stats(e, &st);
+    CHECK_EQ_INT(st.spec_draft_failures, 0);
+    CHECK_EQ_INT(st.kv_pages_used, 0); /* every page given back */
+    dsv4_engine_free(e);
+    return (long)st.preemptions;
+}
+
+/* TP = 1 on per-slot state vs TP = 2 on a POOL-page pool; want gets TP = 1's tokens. */
+static void compare_pool(const char *dir, int k, int32_t want[PN][PGEN]) {
+    static int32_t got[PN][PGEN];
+    memset(want, 0, sizeof(int32_t) * PN * PGEN);
+    memset(got, 0, sizeof got);
+    opened a, b;
+    if (open_runner(dir, 1, k, DSV4_NUMERICS_REFERENCE, &a)) {
+        CHECK(0);
+        return;
+    }
+    CHECK_EQ_INT(a.run.page_tokens, 0);
+    CHECK_EQ_INT((int)pool_run(&a.run, a.has_dr ? &a.dr : NULL, k, want), 0);
+    close_runner(&a);
+    if (open_runner_pool(dir, 2, k, DSV4_NUMERICS_REFERENCE, POOL, &b)) {
+        CHECK(0);
+        return;
+    }
+    /* rank 0's pool, mapped on every rank through the TP runner */
+    CHECK_EQ_INT(b.run.page_tokens, 128);
+    CHECK_EQ_INT(b.run.n_pages, POOL);
+    CHECK(b.run.page_bytes > 0 && b.run.set_pages != NULL);
+    long pre = pool_run(&b.run, b.has_dr ? &b.dr : NULL, k, got);
+    printf("%s k=%d: TP=2 on a %d-page pool: %ld preemptions\n", dir, k, POOL, pre);
+    CHECK_MSG(pre > 0, "%s: no preemption with a %d-page pool", dir, POOL);
+    for (int i = 0; i < PN; i++)
+        CHECK_MSG(!memcmp(got[i], want[i], sizeof got[i]), "%s k=%d prompt %d: pooled TP=2 tokens != TP=1", dir, k, i);
+    close_runner(&b);
+}
+
 /* ---------- step plans: rank 1 sees only what the communicator carries ---------- */
 
 typedef struct {
     dsv4_comm *c;
     const char *dir;
-    int k, rc;
+    int k, n_pages, rc;
     char msg[DSV4_ERR_MSG_MAX];
 } follower;
 
 static void *follow_thread(void *arg) {
     follower *f = arg;
-    dsv4_model_runner_opts mo = {.n_slots = 4, .max_len = 256, .max_spec = f->k, .numerics = DSV4_NUMERICS_REFERENCE, .n_pages = -1};
+    dsv4_model_runner_opts mo = {.n_slots = 4, .max_len = 256, .max_spec = f->k, .numerics = DSV4_NUMERICS_REFERENCE,
+                                 .block_size = 128, .n_pages = f->n_pages};
     dsv4_model_runner *mr = NULL;
     dsv4_err err = {0};
     f->rc = dsv4_model_runner_open_tp(f->dir, &mo, NULL, 1, 2, f->c, &mr, &err);
@@ -379,16 +468,19 @@ static void *follow_thread(void *arg) {
     return NULL;
 }
 
-static void test_step_plans(const char *dir, int k, int32_t want[3][MAXT]) {
-    static int32_t got[3][MAXT];
+/* want: TP = 1's tokens of gen_run (n_pages < 0, per-slot state) or of pool_run (n_pages = POOL, set_pages as plans) */
+static void test_step_plans(const char *dir, int k, int n_pages, int32_t want[3][MAXT], int32_t want_pool[PN][PGEN]) {
+    static int32_t got[3][MAXT], got_pool[PN][PGEN];
     memset(got, 0, sizeof got);
+    memset(got_pool, 0, sizeof got_pool);
     dsv4_comm *c[2];
     dsv4_err err = {0};
     CHECK_EQ_INT(dsv4_comm_local_create(2, c, &err), 0);
-    follower f = {c[1], dir, k, -1, ""};
+    follower f = {c[1], dir, k, n_pages, -1, ""};
     pthread_t th;
     pthread_create(&th, NULL, follow_thread, &f);
-    dsv4_model_runner_opts mo = {.n_slots = 4, .max_len = 256, .max_spec = k, .numerics = DSV4_NUMERICS_REFERENCE, .n_pages = -1};
+    dsv4_model_runner_opts mo = {.n_slots = 4, .max_len = 256, .max_spec = k, .numerics = DSV4_NUMERICS_REFERENCE,
+                                 .block_size = 128, .n_pages = n_pages};
     dsv4_model_runner *mr = NULL;
     int rc = dsv4_model_runner_open_tp(dir, &mo, NULL, 0, 2, c[0], &mr, &err);
     CHECK_MSG(rc == 0, "%s", err.msg);
@@ -399,7 +491,13 @@ static void test_step_plans(const char *dir, int k, int32_t want[3][MAXT]) {
         int has = dsv4_model_runner_drafter(mr, &dr);
         CHECK_EQ_INT(has, k > 0);
         CHECK_EQ_INT(dsv4_plan_leader_create(c[0], &inner, 256, &l, &run, &err), 0);
-        gen_run(&run, has ? &dr : NULL, k, got);
+        if (n_pages > 0) {
+            CHECK_EQ_INT(run.n_pages, n_pages);
+            CHECK(run.set_pages != NULL);
+            CHECK_MSG(pool_run(&run, has ? &dr : NULL, k, got_pool) > 0, "%s: step plans: no preemption", dir);
+        } else {
+            gen_run(&run, has ? &dr : NULL, k, got);
+        }
         /* a bad batch is refused before it is broadcast: the follower keeps following */
         int32_t tok = 3, pos = 256, sl = 0, si = 0, cu[2] = {0, 1}, r0 = 0;
         dsv4_batch bad = {1, 1, &tok, &pos, &sl, &si, cu, &sl, &pos};
@@ -411,9 +509,12 @@ static void test_step_plans(const char *dir, int k, int32_t want[3][MAXT]) {
     if (rc) c[0]->abort(c[0]);
     pthread_join(th, NULL);
     CHECK_MSG(f.rc == 0, "follower: %s", f.msg);
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; n_pages <= 0 && i < 2; i++)
         CHECK_MSG(!memcmp(got[i], want[i], sizeof got[i]), "%s k=%d prompt %d: step-plan TP=2 tokens != TP=1", dir, k,
                   i);
+    for (int i = 0; n_pages > 0 && i < PN; i++)
+        CHECK_MSG(!memcmp(got_pool[i], want_pool[i], sizeof got_pool[i]),
+                  "%s k=%d prompt %d: pooled step-plan TP=2 tokens != TP=1", dir, k, i);
     dsv4_model_runner_free(mr);
     c[0]->free(c[0]);
     c[1]->free(c[1]);
@@ -538,6 +639,10 @@ int main(void) {
     compare_tokens("models/tiny-flash", 0, tp1);
     compare_tokens("models/tiny-flash", 1, tp1); /* MTP drafter on rank 0 */
     compare_tokens("models/tiny-dspark", 3, tp1); /* DSpark drafter on rank 0 */
-    test_step_plans("models/tiny-dspark", 3, tp1);
+    test_step_plans("models/tiny-dspark", 3, -1, tp1, NULL);
+    static int32_t pool1[PN][PGEN];
+    compare_pool("models/tiny-flash", 0, pool1);
+    compare_pool("models/tiny-dspark", 3, pool1); /* DSpark drafter on rank 0, pages on both */
+    test_step_plans("models/tiny-dspark", 3, POOL, tp1, pool1);
     return TEST_REPORT();
 }
