@@ -290,6 +290,9 @@ int cu_be_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, con
         }
         if (n > maxc) maxc = n;
     }
+    /* shape-static (graph capture): the widest list any positions could give;
+     * rows' own counts are read on the device, the extra candidates are -inf */
+    if (be->static_shapes) maxc = ws->window + (cs ? (sel ? sel->cols : cs->max_rows) : 0);
     const int32_t *tok, *pos, *slot, *p0, *r0, *r1;
     if ((rc = cu_be_batch(be, b, &tok, &pos, &slot, err)) || (rc = cu_be_batch_seg(be, b, &p0, &r0, &r1, err)))
         return rc;
