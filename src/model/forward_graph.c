@@ -107,6 +107,8 @@ int dsv4_forward_graph(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const
             return 1;
         }
         g->graph = graph;
+        dsv4_log(DSV4_LOG_INFO, "forward: CUDA graph for %d rows / %d seqs / %d logit rows captured", b->n_rows,
+                 b->n_seqs, n_logits);
     }
     int rc = be->graph_launch(be, g->graph, err);
     dsv4_buf X = g->X, lg = g->lg, taps = g->taps;

@@ -15,6 +15,11 @@ mkdir -p "$OUTD"
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.total --format=csv 2>/dev/null; } 2>&1 | tee "$OUTD/env.txt"
 timeout 120 "$D/bin/test_cuda_graphs" "$D/models/tiny-flash" "$D/models/tiny-dspark" 2>&1 | tee "$OUTD/equal.txt"
 fail=${PIPESTATUS[0]}
+# real shapes (dummy weights, 4 layers) at three state capacities
+for ml in 80 4096 65536; do
+  DSV4_TEST_DUMMY_LAYERS=4 DSV4_TEST_MAX_LEN=$ml timeout 100 "$D/bin/test_cuda_graphs" "$D/configs/deepseek-v4-flash" \
+    2>&1 | grep -v "INFO dsv4: \(device\|--hf\|dummy\|KV\)" || fail=1
+done 2>&1 | tee -a "$OUTD/equal.txt"
 P=5,17,42,7,99,3,250,11,64,8
 for m in tiny-flash tiny-dspark; do
   k=1; [ "$m" = tiny-dspark ] && k=5

@@ -27,7 +27,8 @@
 #define N_SLOTS 4
 #define N_PROMPT 10
 #define N_STEPS 24
-#define MAX_LEN 80
+#define MAX_LEN 80 /* DSV4_TEST_MAX_LEN overrides (state capacity: the static launch sizes grow with it) */
+static int max_len = MAX_LEN;
 
 /* step s: which slots take part and how many rows each (1 = decode, 3 = verify) */
 static int step_slots(int s, int *slots, int *rows_per) {
@@ -44,9 +45,9 @@ static uint32_t tok_of(int slot, int pos) { return (uint32_t)(slot * 7919 + pos 
 static int run_all(dsv4_model_runner *mr, float *lg, int V, dsv4_err *err) {
     dsv4_runner run = dsv4_model_runner_iface(mr);
     if (run.page_tokens > 0 && run.set_pages) {
-        int per = (MAX_LEN + run.page_tokens - 1) / run.page_tokens;
-        int32_t ids[64];
-        if (per > 64 || per * N_SLOTS > run.n_pages) return -dsv4_err_set(err, DSV4_ERANGE, "pool too small");
+        int per = (max_len + run.page_tokens - 1) / run.page_tokens;
+        int32_t ids[1024];
+        if (per > 1024 || per * N_SLOTS > run.n_pages) return -dsv4_err_set(err, DSV4_ERANGE, "pool too small");
         for (int s = 0; s < N_SLOTS; s++) {
             for (int j = 0; j < per; j++) ids[j] = s * per + j;
             int rc = run.set_pages(run.ctx, s, per, ids, err);
@@ -100,19 +101,24 @@ static int run_all(dsv4_model_runner *mr, float *lg, int V, dsv4_err *err) {
 
 static void compare(const char *dir) {
     dsv4_err err = {0};
-    dsv4_model_runner_opts o = {.n_slots = N_SLOTS, .max_len = MAX_LEN, .max_spec = 2,
+    dsv4_model_runner_opts o = {.n_slots = N_SLOTS, .max_len = max_len, .max_spec = 2,
                                 .numerics = DSV4_NUMERICS_REFERENCE, .device = DSV4_DEVICE_CUDA};
     dsv4_model_runner *mr[3] = {NULL, NULL, NULL};
-    int rc = dsv4_model_runner_open(dir, &o, &mr[0], &err);
+    /* DSV4_TEST_DUMMY_LAYERS=N: `dir` is a config folder, dummy weights of its real shapes, N layers */
+    const char *dl = getenv("DSV4_TEST_DUMMY_LAYERS");
+    char ov[64];
+    snprintf(ov, sizeof ov, "{\"num_hidden_layers\": %d}", dl ? atoi(dl) : 0);
+    dsv4_load_opts lo = {.dummy = dl != NULL, .hf_overrides = dl ? ov : NULL};
+    int rc = dsv4_model_runner_open_ex(dir, &o, &lo, &mr[0], &err);
     if (rc) {
         printf("%s: no CUDA (%s): comparing on the CPU backend\n", dir, err.msg);
         o.device = DSV4_DEVICE_CPU;
-        CHECK_EQ_INT(dsv4_model_runner_open(dir, &o, &mr[0], &err), 0);
+        CHECK_EQ_INT(dsv4_model_runner_open_ex(dir, &o, &lo, &mr[0], &err), 0);
     }
     o.cuda_graphs = 1;
-    CHECK_EQ_INT(dsv4_model_runner_open(dir, &o, &mr[1], &err), 0);
+    CHECK_EQ_INT(dsv4_model_runner_open_ex(dir, &o, &lo, &mr[1], &err), 0);
     o.cuda_graphs = 2;
-    CHECK_EQ_INT(dsv4_model_runner_open(dir, &o, &mr[2], &err), 0);
+    CHECK_EQ_INT(dsv4_model_runner_open_ex(dir, &o, &lo, &mr[2], &err), 0);
     if (!mr[0] || !mr[1] || !mr[2]) return;
     int V = dsv4_model_runner_config(mr[0])->vocab_size;
     size_t cap = (size_t)(N_SLOTS * N_PROMPT + N_STEPS * 8) * V;
@@ -133,9 +139,9 @@ static void compare(const char *dir) {
             if (d > md) md = d;
             ss += (double)lg[0][i] * lg[0][i];
         }
-        printf("%s: %d logit rows; graphs vs eager (static shapes): %zu/%zu bit-identical; graphs vs eager "
+        printf("%s (max_len %d): %d logit rows; graphs vs eager (static shapes): %zu/%zu bit-identical; graphs vs eager "
                "(default): %zu/%zu bit-identical, largest |diff| %.3g (rms %.3g)\n",
-               dir, n[0], same_static, N, same_eager, N, md, sqrt(ss / (double)N));
+               dir, max_len, n[0], same_static, N, same_eager, N, md, sqrt(ss / (double)N));
         CHECK_MSG(same_static == N, "%s: graph replay differs from eager at equal launch sizes", dir);
         if (o.device == DSV4_DEVICE_CPU) CHECK_MSG(same_eager == N, "%s: --cuda-graphs changed the CPU backend", dir);
     }
@@ -146,6 +152,8 @@ static void compare(const char *dir) {
 }
 
 int main(int argc, char **argv) {
+    const char *ml = getenv("DSV4_TEST_MAX_LEN");
+    if (ml && atoi(ml) >= MAX_LEN) max_len = atoi(ml);
     if (argc > 1) {
         for (int i = 1; i < argc; i++) compare(argv[i]);
     } else {

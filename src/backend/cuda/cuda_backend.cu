@@ -388,6 +388,9 @@ static int cu_graph_end(dsv4_backend *be, void **graph, dsv4_err *err) {
         cudaGetLastError(); /* capture errors are not sticky: clear the record */
         return cu_err(err, DSV4_EBACKEND, "cuda: graph capture: %s", cudaGetErrorString(e));
     }
+    size_t nodes = 0;
+    cudaGraphGetNodes(g, NULL, &nodes);
+    dsv4_log(DSV4_LOG_INFO, "cuda: captured a graph of %zu nodes", nodes);
     cudaGraphExec_t x = NULL;
     /* auto-free: a replay may start while the previous one's buffers were not freed (error paths) */
     e = cudaGraphInstantiateWithFlags(&x, g, cudaGraphInstantiateFlagAutoFreeOnLaunch);
