@@ -50,8 +50,9 @@ static void usage(FILE *f) {
             "Time forward steps of the model runner and compare them with the HBM roofline\n"
             "(dense weights once + routed experts selected + state read, at 4.58 TB/s).\n"
             "  --device D            auto (default) | cpu | cuda\n"
-            "  --cuda-graphs         replay CUDA graphs captured per step shape (issue 7)\n"
-            "  --enforce-eager       no CUDA graphs (the default)\n"
+            "  --enforce-eager       no CUDA graphs (default: decode / verify steps replay graphs\n"
+            "                        captured per shape on CUDA; the first two steps of a shape\n"
+            "                        run eagerly, so give --warmup 2 to time replays)\n"
             "  --batch LIST          requests per step, e.g. 1,2,4,8,16,32,64 (default 1)\n"
             "  --rows-per-seq LIST   rows per request: 1 = decode, 6 = verify with k=5 (default 1,6)\n"
             "  --context N           positions already in each request's state (default 64)\n"
@@ -106,6 +107,7 @@ static int parse_args(int argc, char **argv, perf_opts *o) {
     o->context = 64;
     o->steps = 5;
     o->warmup = 1;
+    o->cuda_graphs = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long n;

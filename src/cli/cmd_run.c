@@ -41,7 +41,8 @@ static void usage(FILE *f) {
             "  --show-ids           print the prompt and generated token ids to stderr\n"
             "  --device D           auto (default: CUDA when built with it and a GPU answers, else cpu),\n"
             "                       cpu (the reference backend) or cuda\n"
-            "  --cuda-graphs        replay CUDA graphs captured per step shape; --enforce-eager: none (default)\n"
+            "  --enforce-eager      no CUDA graphs (default: decode / verify steps replay CUDA graphs\n"
+            "                       captured per batch shape)\n"
             "  --load-format F      auto | safetensors | dummy (random weights, real shapes: MODEL_DIR\n"
             "                       needs only config.json; no tokenizer.json -> the default model's)\n"
             "  --hf-overrides JSON  merged over config.json, e.g. '{\"num_hidden_layers\": 8}'\n",
@@ -62,6 +63,7 @@ static int parse_args(int argc, char **argv, run_opts *o) {
     o->max_tokens = 32;
     o->numerics = DSV4_NUMERICS_REFERENCE;
     o->device = DSV4_DEVICE_AUTO;
+    o->cuda_graphs = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {

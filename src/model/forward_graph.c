@@ -22,6 +22,7 @@
 
 #define FG_MAX 64     /* captured shapes kept; further shapes run eagerly */
 #define FG_MAX_ROWS 512 /* decode / verify shapes only: prefills run eagerly */
+#define FG_MAX_ROWS_PER_SEQ 16 /* a verify step is k+1 rows per sequence; longer chunks are prefills */
 
 typedef struct fg_entry {
     int T, n_seqs, n_logits, n_taps, streams, epoch, seen, failed;
@@ -60,6 +61,7 @@ int dsv4_forward_graph(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const
     dsv4_backend *be = m->be;
     int n_logits = out->logits ? out->n_logits : 0, n_taps = out->taps ? out->n_taps : 0;
     if (!be->graph_begin || !be->graph_end || !be->graph_launch || m->head_comm || b->n_rows > FG_MAX_ROWS ||
+        b->n_rows > FG_MAX_ROWS_PER_SEQ * b->n_seqs ||
         (n_taps && !be->hc_mean))
         return 1;
     if (!m->graphs && !(m->graphs = calloc(1, sizeof *m->graphs))) return 1;

@@ -24,21 +24,21 @@ P=5,17,42,7,99,3,250,11,64,8
 for m in tiny-flash tiny-dspark; do
   k=1; [ "$m" = tiny-dspark ] && k=5
   for spec in 0 $k; do
-    a=$(timeout 60 "$BIN" run "$D/models/$m" --prompt-ids $P --max-tokens 24 --device cuda --spec $spec 2>/dev/null | tr -d '\n')
-    b=$(timeout 60 "$BIN" run "$D/models/$m" --prompt-ids $P --max-tokens 24 --device cuda --spec $spec --cuda-graphs 2>"$OUTD/run_${m}_$spec.err" | tr -d '\n')
+    a=$(timeout 60 "$BIN" run "$D/models/$m" --prompt-ids $P --max-tokens 24 --device cuda --spec $spec --enforce-eager 2>/dev/null | tr -d '\n')
+    b=$(timeout 60 "$BIN" run "$D/models/$m" --prompt-ids $P --max-tokens 24 --device cuda --spec $spec 2>"$OUTD/run_${m}_$spec.err" | tr -d '\n')
     [ -n "$a" ] && [ "$a" = "$b" ] && r=SAME || r=DIFFER
     echo "$m spec=$spec eager vs graphs: $r"; echo "  eager : $a"; echo "  graphs: $b"
   done
 done 2>&1 | tee "$OUTD/tokens.txt"
 L=${DUMMY_LAYERS:-8}
-for g in --enforce-eager --cuda-graphs; do
-  echo "== $g"
+for g in --enforce-eager "" ; do
+  echo "== ${g:-graphs (default)}"
   timeout ${PERF_TIMEOUT:-100} "$BIN" perf "$D/configs/deepseek-v4-flash" --load-format dummy \
     --hf-overrides "{\"num_hidden_layers\": $L}" --device cuda $g \
     ${PERF_ARGS:---batch 1,8,64 --rows-per-seq 1 --context 4096 --steps 10 --warmup 2} 2>&1
 done | tee "$OUTD/perf_dummy.txt"
-for g in --enforce-eager --cuda-graphs; do
-  echo "== $g"
+for g in --enforce-eager "" ; do
+  echo "== ${g:-graphs (default)}"
   timeout 60 "$BIN" perf "$D/models/tiny-dspark" --device cuda $g --batch 1,8,64 --rows-per-seq 1,6 --context 512 \
     --steps 10 --warmup 2 2>&1
 done | tee "$OUTD/perf_tiny.txt"
