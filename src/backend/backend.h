@@ -224,6 +224,16 @@ struct dsv4_backend {
     dsv4_numerics numerics;      /* read by ops; the forward may change it between calls */
     dsv4_dtype act_dtype;        /* dtype of activation buffers the forward allocates */
     void *ctx;                   /* backend private */
+    /* Shape-static launches (issue 7, CUDA graphs): when set, ops size their
+     * launches and scratch from the batch's shape and the state's capacity
+     * (worst case, kernels exit early per row), never from the host's
+     * positions, so a captured forward stays valid for any positions and
+     * routing of the same (rows, seqs). Numerics may differ in the last bits
+     * from the position-sized launches (attention split-K). 0 = off. */
+    int static_shapes;
+    /* Bumped by the backend whenever device addresses that captured graphs
+     * bake in (the batch mirror) move: graphs of an older epoch are stale. */
+    int graph_epoch;
 
     /* ---- lifetime and memory ---- */
 
@@ -451,6 +461,18 @@ struct dsv4_backend {
                              dsv4_linear *dev, dsv4_err *err);
 
     /* ---- optional ops (NULL = the forward does it on the host) ---- */
+
+    /* ---- graph capture (issue 7; optional: NULL where unsupported, e.g. CPU) ----
+     * graph_begin starts capturing the backend's stream: the ops issued until
+     * graph_end are recorded, not run (buffers allocated meanwhile keep their
+     * addresses on every replay). graph_end stops it and instantiates the
+     * graph (*graph, opaque; NULL on failure, and the capture is discarded).
+     * graph_launch queues one replay; graph_free releases one. Errors:
+     * DSV4_EBACKEND (driver refused: an op that cannot be captured). */
+    int (*graph_begin)(dsv4_backend *be, dsv4_err *err);
+    int (*graph_end)(dsv4_backend *be, void **graph, dsv4_err *err);
+    int (*graph_launch)(dsv4_backend *be, void *graph, dsv4_err *err);
+    void (*graph_free)(dsv4_backend *be, void *graph);
 
     /*
      * Stream mean for the DSpark target taps (spec/DSPARK.md §2.3):

@@ -41,6 +41,7 @@ typedef struct perf_opts {
     int rows[PERF_MAX_LIST], n_rows;
     int64_t context;
     int steps, warmup, prefill;
+    int cuda_graphs;
 } perf_opts;
 
 static void usage(FILE *f) {
@@ -49,6 +50,9 @@ static void usage(FILE *f) {
             "Time forward steps of the model runner and compare them with the HBM roofline\n"
             "(dense weights once + routed experts selected + state read, at 4.58 TB/s).\n"
             "  --device D            auto (default) | cpu | cuda\n"
+            "  --enforce-eager       no CUDA graphs (default: decode / verify steps replay graphs\n"
+            "                        captured per shape on CUDA; the first two steps of a shape\n"
+            "                        run eagerly, so give --warmup 2 to time replays)\n"
             "  --batch LIST          requests per step, e.g. 1,2,4,8,16,32,64 (default 1)\n"
             "  --rows-per-seq LIST   rows per request: 1 = decode, 6 = verify with k=5 (default 1,6)\n"
             "  --context N           positions already in each request's state (default 64)\n"
@@ -103,6 +107,7 @@ static int parse_args(int argc, char **argv, perf_opts *o) {
     o->context = 64;
     o->steps = 5;
     o->warmup = 1;
+    o->cuda_graphs = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long n;
@@ -115,6 +120,9 @@ static int parse_args(int argc, char **argv, perf_opts *o) {
                 return 2;
             }
             o->dir = a;
+            continue;
+        } else if (!strcmp(a, "--cuda-graphs") || !strcmp(a, "--enforce-eager")) {
+            o->cuda_graphs = a[2] == 'c';
             continue;
         } else if (!v) {
             fprintf(stderr, "dsv4 perf: unknown or incomplete option '%s' (see --help)\n", a);
@@ -251,7 +259,8 @@ int dsv4_cmd_perf(int argc, char **argv) {
     dsv4_model_runner *mr = NULL;
     /* max_spec = rows-1: the state's rings are sized for verify rows that may be rejected */
     dsv4_model_runner_opts mo = {.n_slots = max_b, .max_len = (int)max_len, .max_spec = max_r - 1,
-                                 .numerics = DSV4_NUMERICS_REFERENCE, .device = o.device};
+                                 .numerics = DSV4_NUMERICS_REFERENCE, .device = o.device,
+                                 .cuda_graphs = o.cuda_graphs};
     double t0 = now_s();
     const dsv4_config *cfg = NULL;
     dsv4_load_opts lo = {.dummy = strcmp(o.load_format, "dummy") == 0, .hf_overrides = o.hf_overrides};

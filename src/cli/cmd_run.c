@@ -41,6 +41,8 @@ static void usage(FILE *f) {
             "  --show-ids           print the prompt and generated token ids to stderr\n"
             "  --device D           auto (default: CUDA when built with it and a GPU answers, else cpu),\n"
             "                       cpu (the reference backend) or cuda\n"
+            "  --enforce-eager      no CUDA graphs (default: decode / verify steps replay CUDA graphs\n"
+            "                       captured per batch shape)\n"
             "  --load-format F      auto | safetensors | dummy (random weights, real shapes: MODEL_DIR\n"
             "                       needs only config.json; no tokenizer.json -> the default model's)\n"
             "  --hf-overrides JSON  merged over config.json, e.g. '{\"num_hidden_layers\": 8}'\n",
@@ -51,7 +53,7 @@ typedef struct run_opts {
     const char *dir, *prompt, *prompt_ids;
     const char *hf_overrides, *tok_dir, *enc_dir;
     int dummy;
-    int raw, max_tokens, thinking, show_ids, spec_k;
+    int raw, max_tokens, thinking, show_ids, spec_k, cuda_graphs;
     dsv4_numerics numerics;
     dsv4_device device;
 } run_opts;
@@ -61,6 +63,7 @@ static int parse_args(int argc, char **argv, run_opts *o) {
     o->max_tokens = 32;
     o->numerics = DSV4_NUMERICS_REFERENCE;
     o->device = DSV4_DEVICE_AUTO;
+    o->cuda_graphs = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -115,6 +118,8 @@ static int parse_args(int argc, char **argv, run_opts *o) {
             o->thinking = 1;
         } else if (!strcmp(a, "--show-ids")) {
             o->show_ids = 1;
+        } else if (!strcmp(a, "--cuda-graphs") || !strcmp(a, "--enforce-eager")) {
+            o->cuda_graphs = a[2] == 'c';
         } else if (a[0] != '-' && !o->dir) {
             o->dir = a;
         } else {
@@ -218,7 +223,7 @@ int dsv4_cmd_run(int argc, char **argv) {
     int max_len = (int)ids.n + o.max_tokens + o.spec_k + 2;
     if (!rc) {
         dsv4_model_runner_opts mo = {.n_slots = 1, .max_len = max_len, .max_spec = o.spec_k, .numerics = o.numerics,
-                                     .device = o.device};
+                                     .device = o.device, .cuda_graphs = o.cuda_graphs};
         dsv4_load_opts lo = {.dummy = o.dummy, .hf_overrides = o.hf_overrides};
         rc = dsv4_model_runner_open_ex(o.dir, &mo, &lo, &mr, &err);
     }

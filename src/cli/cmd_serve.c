@@ -169,6 +169,7 @@ int dsv4_cmd_serve(int argc, char **argv) {
     dsv4_device dev = DSV4_DEVICE_AUTO;
     dsv4_device_parse(a.device, &dev, NULL); /* validated by the parser */
     so.device = (int)dev;
+    so.cuda_graphs = !a.enforce_eager;
     so.draft_sampled = spec.draft_sampled;
     so.block_size = a.block_size;
     so.num_gpu_blocks_override = a.num_gpu_blocks_override;

@@ -25,7 +25,6 @@ static const struct { const char *name; int has_value; const char *why; } ignore
     {"--uvicorn-log-level", 1, "not a Python server"},
     {"--disable-uvicorn-access-log", 0, "not a Python server"},
     {"--compilation-config", 1, "kernels are compiled ahead of time"},
-    {"--enforce-eager", 0, "nothing is compiled at request time"},
     {"--max-log-len", 1, "requests are not logged by default"},
     {"--tokenizer", 1, "the checkpoint's tokenizer.json is used"},
     {"--seed", 1, "sampling is seeded per request (the `seed` field); unseeded requests get fresh seeds"},
@@ -258,6 +257,7 @@ int dsv4_serve_args_parse(int argc, char **argv, dsv4_serve_args *a, dsv4_err *e
         else if (!strcmp(flag, "--hf-overrides")) { NEED_VALUE(); a->hf_overrides = val; }
         else if (!strcmp(flag, "--enable-prefix-caching")) a->enable_prefix_caching = 1;
         else if (!strcmp(flag, "--no-enable-prefix-caching")) a->enable_prefix_caching = 0;
+        else if (!strcmp(flag, "--enforce-eager")) a->enforce_eager = 1;
         else if (!strcmp(flag, "--default-chat-template-kwargs")) { NEED_VALUE(); a->default_chat_template_kwargs = val; }
         else if (!strcmp(flag, "--reasoning-effort-profile")) {
             NEED_VALUE();

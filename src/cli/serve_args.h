@@ -28,6 +28,7 @@ typedef struct dsv4_serve_args {
     const char *load_format;          /* --load-format: auto | safetensors | dummy */
     const char *hf_overrides;         /* --hf-overrides JSON object merged over config.json */
     int enable_prefix_caching;        /* default on; --no-enable-prefix-caching turns it off */
+    int enforce_eager;                /* --enforce-eager: no CUDA graphs (default: graphs on CUDA) */
     const char *default_chat_template_kwargs; /* JSON object */
     const char *reasoning_effort_profile;     /* auto | preview | 0731 */
     const char *default_thinking;     /* off | low | high | max */

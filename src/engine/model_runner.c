@@ -176,6 +176,10 @@ int dsv4_model_runner_open_tp(const char *dir, const dsv4_model_runner_opts *o, 
                                 &mr->model, err)))
         goto fail;
     for (int l = 0; l < mr->model->n_layers; l++) mr->model->layers[l].comm = comm;
+    if (o->cuda_graphs && mr->be->graph_launch && !comm) { /* issue 7: per-shape graph replay */
+        mr->model->graphs_on = o->cuda_graphs == 1; /* 2: shape-static launches, no graphs (tests) */
+        mr->be->static_shapes = 1;
+    }
     dsv4_model *draft_target = mr->model; /* the drafters read the target's embedding and whole LM head */
     if (mr->shard && mr->shard->head_split) {
         mr->model->head_comm = comm;

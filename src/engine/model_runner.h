@@ -43,6 +43,12 @@ typedef struct dsv4_model_runner_opts {
     int64_t kv_cache_bytes;
     int kv_dtype;           /* dsv4_kv_dtype (src/model/kvcodec.h): storage of window and
                              * compressed rows; 0 = F32 (--kv-cache-dtype auto) */
+    int cuda_graphs;        /* 1: target forwards of up to 512 rows replay CUDA graphs captured per
+                             * batch shape (src/model/forward_graph.c; --cuda-graphs); 0: eager
+                             * (0 here; the CLIs default to 1, --enforce-eager gives 0: bit-identical
+                             * logits either way, bench/results/2026-11-30-cuda-graphs-h200.md);
+                             * 2: eager with the graphs' shape-static launch sizes (backend.h
+                             * static_shapes), to compare replay with eager at equal numerics */
 } dsv4_model_runner_opts;
 
 /* Where the weights come from: vLLM's --load-format and --hf-overrides. */

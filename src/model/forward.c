@@ -42,7 +42,6 @@ int dsv4_forward_ex(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const ds
                     dsv4_err *err) {
     const int32_t *logit_rows = out->logit_rows;
     int n_logits = out->logits ? out->n_logits : 0;
-    float *logits = out->logits, *streams = out->streams;
     const dsv4_config *cfg = m->cfg;
     dsv4_backend *be = m->be;
     int T = b->n_rows, n_hc = cfg->hc_mult, d = cfg->hidden_size;
@@ -68,7 +67,9 @@ int dsv4_forward_ex(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const ds
         return dsv4_err_set(err, DSV4_EUNSUPPORTED, "forward: taps need F32 activations (backend %s)", be->name);
     int rc = be->batch_begin(be, b, err);
     if (rc) return rc;
-    dsv4_buf X = {0}, y = {0}, ysel = {0}, lg = {0}, taps = {0};
+    /* CUDA graphs (issue 7): replay or capture when enabled and eligible; 1 = not handled */
+    if (m->graphs_on && (rc = dsv4_forward_graph(m, st, b, out, err)) != 1) return rc;
+    dsv4_buf X = {0}, lg = {0}, taps = {0};
     /* Taps: a backend with hc_mean keeps them in backend memory until the end
      * (no read in the middle of the forward); otherwise the streams are read
      * back after the tap layer and the mean is taken on the host (CPU). */
@@ -76,7 +77,22 @@ int dsv4_forward_ex(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const ds
     float *host = NULL;
     if (n_taps && !dev_taps && !(host = malloc(sizeof(float) * (size_t)T * n_hc * d)))
         return dsv4_err_set(err, DSV4_ENOMEM, "forward: out of memory");
-    rc = be->buf_alloc(be, be->act_dtype, T, (int64_t)n_hc * d, &X, err);
+    rc = dsv4_forward_launch(m, st, b, out, host, &X, &lg, &taps, err);
+    free(host);
+    return dsv4_forward_finish(m, out, &X, &lg, &taps, rc, err);
+}
+
+int dsv4_forward_launch(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const dsv4_fwd_out *out,
+                        float *host, dsv4_buf *X_, dsv4_buf *lg_, dsv4_buf *taps_, dsv4_err *err) {
+    const int32_t *logit_rows = out->logit_rows;
+    int n_logits = out->logits ? out->n_logits : 0;
+    int n_taps = out->taps ? out->n_taps : 0;
+    const dsv4_config *cfg = m->cfg;
+    dsv4_backend *be = m->be;
+    int T = b->n_rows, n_hc = cfg->hc_mult, d = cfg->hidden_size;
+    int dev_taps = n_taps && be->hc_mean;
+    dsv4_buf X = {0}, y = {0}, ysel = {0}, lg = {0}, taps = {0};
+    int rc = be->buf_alloc(be, be->act_dtype, T, (int64_t)n_hc * d, &X, err);
     if (!rc && dev_taps) rc = be->buf_alloc(be, DSV4_DT_F32, T, (int64_t)n_taps * d, &taps, err);
     if (!rc) rc = be->embed(be, &m->embed, b, n_hc, &X, err);
     for (int l = 0; l < m->n_layers && !rc; l++) {
@@ -92,7 +108,6 @@ int dsv4_forward_ex(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const ds
             if (!rc) tap_mean(host, T, n_hc, d, i, n_taps, out->taps);
         }
     }
-    free(host);
     if (!rc && n_logits > 0) {
         rc = be->buf_alloc(be, be->act_dtype, T, d, &y, err);
         if (!rc) rc = be->hc_head(be, &X, &m->hc_head.fn, &m->hc_head.base, &m->hc_head.scale, n_hc,
@@ -104,15 +119,25 @@ int dsv4_forward_ex(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const ds
         if (!rc) rc = be->linear(be, &ysel, &m->head, &lg, err);
         if (!rc && m->head_comm) rc = gather_vocab(m->head_comm, be, &lg, err);
     }
-    /* every read after the last launch: the step is launch-only up to here */
-    if (!rc && n_logits > 0) rc = be->buf_read(be, &lg, logits, err);
-    if (!rc && dev_taps) rc = be->buf_read(be, &taps, out->taps, err);
-    if (!rc && streams) rc = be->buf_read(be, &X, streams, err);
-    if (!rc) rc = be->sync(be, err);
-    be->buf_free(be, &X);
-    be->buf_free(be, &y);
+    be->buf_free(be, &y); /* stream-ordered: after the ops that read it */
     be->buf_free(be, &ysel);
-    be->buf_free(be, &lg);
-    be->buf_free(be, &taps);
+    *X_ = X;
+    *lg_ = lg;
+    *taps_ = taps;
+    return rc;
+}
+
+int dsv4_forward_finish(dsv4_model *m, const dsv4_fwd_out *out, dsv4_buf *X, dsv4_buf *lg, dsv4_buf *taps, int rc,
+                        dsv4_err *err) {
+    dsv4_backend *be = m->be;
+    int n_logits = out->logits ? out->n_logits : 0;
+    /* every read after the last launch: the step is launch-only up to here */
+    if (!rc && n_logits > 0) rc = be->buf_read(be, lg, out->logits, err);
+    if (!rc && taps->data) rc = be->buf_read(be, taps, out->taps, err);
+    if (!rc && out->streams) rc = be->buf_read(be, X, out->streams, err);
+    if (!rc) rc = be->sync(be, err);
+    be->buf_free(be, X);
+    be->buf_free(be, lg);
+    be->buf_free(be, taps);
     return rc;
 }

@@ -48,6 +48,11 @@ typedef struct dsv4_model {
     dsv4_block_dev *layers;  /* [n_layers] */
     struct dsv4_comm *head_comm; /* tensor parallel, vocabulary-parallel head: `head` holds this rank's
                                     rows and the logits are all-gathered (src/parallel/tp_shard.c); NULL = whole */
+    /* CUDA graphs (issue 7, src/model/forward_graph.c): graphs_on = 1 replays
+     * captured forwards per batch shape (set by the runner; needs a backend
+     * with graph ops); graphs = the captured ones (freed with the model). */
+    int graphs_on;
+    struct dsv4_fwd_graphs *graphs;
 } dsv4_model;
 
 /*
@@ -193,6 +198,27 @@ typedef struct dsv4_fwd_out {
  */
 int dsv4_forward_ex(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const dsv4_fwd_out *out,
                     dsv4_err *err);
+
+/*
+ * The forward in three parts, for graph capture (src/model/forward_graph.c).
+ * dsv4_forward_launch: every launch of dsv4_forward_ex after batch_begin
+ * (embedding, blocks, head); returns the streams X [T][hc*d], the logits lg
+ * [n_logits][V] (F32) and the device taps (F32 [T][n_taps*d], when the backend
+ * has hc_mean) in backend buffers; `host` is a [T][hc*d] F32 scratch used only
+ * without hc_mean. dsv4_forward_finish: reads them into `out`, syncs (reports
+ * `rc` if nonzero instead) and frees them. dsv4_forward_graph: replays (or
+ * captures, then replays) the graph of this batch shape after batch_begin;
+ * returns 1 when it does not handle the batch (shape not eligible, capture
+ * failed or still warming up: the caller runs eagerly), else a status.
+ * dsv4_forward_graphs_free: drops every captured graph (NULL-safe).
+ */
+int dsv4_forward_launch(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const dsv4_fwd_out *out,
+                        float *host, dsv4_buf *X, dsv4_buf *lg, dsv4_buf *taps, dsv4_err *err);
+int dsv4_forward_finish(dsv4_model *m, const dsv4_fwd_out *out, dsv4_buf *X, dsv4_buf *lg, dsv4_buf *taps, int rc,
+                        dsv4_err *err);
+int dsv4_forward_graph(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const dsv4_fwd_out *out,
+                       dsv4_err *err);
+void dsv4_forward_graphs_free(dsv4_model *m);
 
 #ifdef __cplusplus
 }

@@ -139,6 +139,7 @@ int dsv4_model_create(const dsv4_config *cfg, const dsv4_weights *w, dsv4_backen
 
 void dsv4_model_free(dsv4_model *m) {
     if (!m) return;
+    dsv4_forward_graphs_free(m);
     for (int l = 0; l < m->n_layers && m->layers; l++) dsv4_block_dev_free(&m->layers[l]);
     free(m->layers);
     free(m);

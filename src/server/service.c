@@ -93,6 +93,7 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
                                  .numerics = DSV4_NUMERICS_REFERENCE,
                                  .draft_sampled = o->draft_sampled,
                                  .device = (dsv4_device)o->device,
+                                 .cuda_graphs = o->cuda_graphs,
                                  .block_size = o->block_size,
                                  .n_pages = o->num_gpu_blocks_override,
                                  .kv_cache_bytes = o->kv_cache_memory_bytes,

@@ -39,6 +39,7 @@ typedef struct dsv4_service_opts {
     const char *default_chat_template_kwargs; /* JSON object text or NULL */
     int enable_prefix_caching;   /* --enable-prefix-caching (spec/SERVING.md §8.7) */
     int device;                  /* dsv4_device (engine/model_runner.h); 0 = CPU */
+    int cuda_graphs;             /* model_runner_opts.cuda_graphs (--enforce-eager: 0) */
     int draft_sampled;           /* --speculative-config draft_sample_method "probabilistic" */
     /* Weights source (engine/model_runner.h dsv4_load_opts): --load-format dummy,
      * --hf-overrides; and where tokenizer.json / encoding/ are read (NULL = model_dir;

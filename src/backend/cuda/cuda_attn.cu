@@ -58,6 +58,7 @@ typedef struct att_args {
     int t0;
     float *S;            /* [rows of the chunk][H][ld] */
     int64_t ld;
+    int64_t per; /* candidates per split-K part (k_att_pv) */
 } att_args;
 
 /* Key row of candidate j of row t, or NULL when there is none. */
@@ -160,7 +161,7 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) k_att_pv(att_args a, const 
     const int nh = a.H - hg0 < ATT_PHEADS ? a.H - hg0 : ATT_PHEADS;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     const float *S = a.S + ((int64_t)tl * a.H + hg0) * a.ld;
-    const int64_t per = (a.ld + nsplit - 1) / nsplit, c0 = split * per, c1 = c0 + per < a.ld ? c0 + per : a.ld;
+    const int64_t per = a.per, c0 = split * per, c1 = c0 + per < a.ld ? c0 + per : a.ld;
     /* statistics over every candidate of the row */
     for (int h = warp; h < nh; h += nwarps) {
         const float sink = cu_ldf(sinks, sinks_bf16, hg0 + h);
@@ -290,6 +291,10 @@ int cu_be_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, con
         }
         if (n > maxc) maxc = n;
     }
+    /* shape-static (graph capture): the widest list any positions could give;
+     * rows' own counts are read on the device, the extra candidates are -inf */
+    const int64_t ld_s = ws->window + (cs ? (sel ? sel->cols : cs->max_rows) : 0);
+    if (be->static_shapes) maxc = ld_s;
     const int32_t *tok, *pos, *slot, *p0, *r0, *r1;
     if ((rc = cu_be_batch(be, b, &tok, &pos, &slot, err)) || (rc = cu_be_batch_seg(be, b, &p0, &r0, &r1, err)))
         return rc;
@@ -319,8 +324,17 @@ int cu_be_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, con
     if (chunk > 65535) chunk = 65535; /* grid dimension */
     /* split-K over candidates when the grid would be small (decode): partial outputs, then a sum */
     const int64_t pv_blocks = (hd / 128) * ((n_heads + ATT_PHEADS - 1) / ATT_PHEADS) * chunk;
+    /* The split boundaries follow the widest list the state allows (ld_s), not
+     * this batch's: the candidates of a row fall into the same parts whatever
+     * the launch width, so shape-static launches (graphs) and position-sized
+     * ones sum in the same order (bit-identical); a narrower batch just
+     * launches fewer parts. */
     int nsplit = (int)((ATT_TARGET_BLOCKS + pv_blocks - 1) / pv_blocks);
-    if (nsplit > (maxc + 2 * ATT_PCHUNK - 1) / (2 * ATT_PCHUNK)) nsplit = (int)((maxc + 2 * ATT_PCHUNK - 1) / (2 * ATT_PCHUNK));
+    if (nsplit > (ld_s + 2 * ATT_PCHUNK - 1) / (2 * ATT_PCHUNK)) nsplit = (int)((ld_s + 2 * ATT_PCHUNK - 1) / (2 * ATT_PCHUNK));
+    if (nsplit < 1) nsplit = 1;
+    a.per = (ld_s + nsplit - 1) / nsplit;
+    if (a.per < 1) a.per = 1;
+    nsplit = (int)((maxc + a.per - 1) / a.per);
     if (nsplit < 1) nsplit = 1;
     const size_t s_bytes = cu_align((size_t)chunk * n_heads * maxc * sizeof(float));
     const size_t p_bytes = nsplit > 1 ? (size_t)nsplit * chunk * n_heads * hd * sizeof(float) : 0;

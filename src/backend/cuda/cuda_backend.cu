@@ -100,7 +100,7 @@ static void cu_be_free(dsv4_backend *be) {
         }
         dsv4_cuda_free(cb->ctx, cb->d_batch);
         dsv4_cuda_free(cb->ctx, cb->d_flags);
-        free(cb->h_stage);
+        if (cb->h_stage) cudaFreeHost(cb->h_stage);
         dsv4_cuda_ctx_free(cb->ctx);
         free(cb);
     }
@@ -273,18 +273,26 @@ static const char *lin_name(const dsv4_linear *w) { return w->w.name ? w->w.name
 static int batch_upload(cu_be *cb, const dsv4_batch *b, dsv4_err *err) {
     int T = b->n_rows;
     if (T > cb->batch_cap) {
+        /* the mirror moves: graphs captured against the old one are stale */
+        cb->be->graph_epoch++;
+        CU_TRY(cudaStreamSynchronize(cb->ctx->stream), err, "batch mirror (synchronize)");
         dsv4_cuda_free(cb->ctx, cb->d_batch);
-        free(cb->h_stage);
+        if (cb->h_stage) cudaFreeHost(cb->h_stage);
         cb->d_batch = NULL;
         cb->h_stage = NULL;
         cb->batch_cap = 0;
+        /* at least 64 rows: decode batches up to that never move the mirror */
+        const int cap = T < 64 ? 64 : T;
         void *p = NULL;
-        int rc = dsv4_cuda_alloc(cb->ctx, (size_t)6 * T * sizeof(int32_t), &p, err);
+        int rc = dsv4_cuda_alloc(cb->ctx, (size_t)6 * cap * sizeof(int32_t), &p, err);
         if (rc) return rc;
         cb->d_batch = (int32_t *)p;
-        cb->h_stage = (int32_t *)malloc((size_t)6 * T * sizeof(int32_t));
-        if (!cb->h_stage) return cu_err(err, DSV4_ENOMEM, "cuda: batch mirror: out of memory");
-        cb->batch_cap = T;
+        /* pinned: the one host-to-device copy per step is a true async copy */
+        void *h = NULL;
+        if (cudaMallocHost(&h, (size_t)6 * cap * sizeof(int32_t)) != cudaSuccess)
+            return cu_err(err, DSV4_ENOMEM, "cuda: batch mirror: out of pinned memory");
+        cb->h_stage = (int32_t *)h;
+        cb->batch_cap = cap;
     }
     if (T) {
         int32_t *h = cb->h_stage, C = cb->batch_cap;
@@ -299,9 +307,12 @@ static int batch_upload(cu_be *cb, const dsv4_batch *b, dsv4_err *err) {
             h[4 * C + t] = ok ? b->cu_seqlens[s] : t;
             h[5 * C + t] = ok ? b->cu_seqlens[s + 1] : t + 1;
         }
-        /* synchronous copy: the host arrays may change after this returns */
-        int rc = dsv4_cuda_upload(cb->ctx, cb->d_batch, h, (size_t)6 * C * 4, err);
-        if (rc) return rc;
+        /* one copy from the pinned stage into the fixed device mirror, queued
+         * before the step's launches (or graph); the stage is reused only
+         * after the step's closing sync, which orders this copy first */
+        CU_TRY(cudaStreamSynchronize(cb->ctx->stream), err, "batch mirror (stage reuse)");
+        CU_TRY(cudaMemcpyAsync(cb->d_batch, h, (size_t)6 * C * 4, cudaMemcpyHostToDevice, cb->ctx->stream), err,
+               "batch mirror upload");
     }
     cb->h_token = b->token;
     cb->h_pos = b->pos;
@@ -356,6 +367,51 @@ static int cu_sync(dsv4_backend *be, dsv4_err *err) {
     if (!h) return DSV4_OK;
     CU_TRY(cudaMemset(cb->d_flags, 0, sizeof h), err, "deferred flags");
     return cu_err(err, DSV4_EINVAL, "moe_route: tid2eid holds an expert id outside the expert range");
+}
+
+/* ------------------------------------------------------------ graph capture */
+
+/* Thread-local capture: another thread's unrelated CUDA calls (e.g. a second
+ * backend) do not invalidate it, while this thread's unsafe calls (a
+ * synchronisation, cudaMalloc) do, which is what should fail the capture. */
+static int cu_graph_begin(dsv4_backend *be, dsv4_err *err) {
+    CU_TRY(cudaStreamBeginCapture(cube(be)->ctx->stream, cudaStreamCaptureModeThreadLocal), err, "graph capture begin");
+    return DSV4_OK;
+}
+
+static int cu_graph_end(dsv4_backend *be, void **graph, dsv4_err *err) {
+    *graph = NULL;
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture(cube(be)->ctx->stream, &g);
+    if (e != cudaSuccess || !g) {
+        if (g) cudaGraphDestroy(g);
+        cudaGetLastError(); /* capture errors are not sticky: clear the record */
+        return cu_err(err, DSV4_EBACKEND, "cuda: graph capture: %s", cudaGetErrorString(e));
+    }
+    size_t nodes = 0;
+    cudaGraphGetNodes(g, NULL, &nodes);
+    dsv4_log(DSV4_LOG_INFO, "cuda: captured a graph of %zu nodes", nodes);
+    cudaGraphExec_t x = NULL;
+    /* auto-free: a replay may start while the previous one's buffers were not freed (error paths) */
+    e = cudaGraphInstantiateWithFlags(&x, g, cudaGraphInstantiateFlagAutoFreeOnLaunch);
+    cudaGraphDestroy(g);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return cu_err(err, DSV4_EBACKEND, "cuda: graph instantiate: %s", cudaGetErrorString(e));
+    }
+    *graph = (void *)x;
+    return DSV4_OK;
+}
+
+static int cu_graph_launch(dsv4_backend *be, void *graph, dsv4_err *err) {
+    CU_TRY(cudaGraphLaunch((cudaGraphExec_t)graph, cube(be)->ctx->stream), err, "graph launch");
+    return DSV4_OK;
+}
+
+static void cu_graph_free(dsv4_backend *be, void *graph) {
+    if (!graph) return;
+    cudaStreamSynchronize(cube(be)->ctx->stream);
+    cudaGraphExecDestroy((cudaGraphExec_t)graph);
 }
 
 static int cu_hc_mean(dsv4_backend *be, const dsv4_buf *X, int n_hc, dsv4_buf *y, int64_t col0, dsv4_err *err) {
@@ -681,6 +737,11 @@ extern "C" dsv4_backend *dsv4_backend_cuda_create(dsv4_numerics numerics, int de
     be->moe_experts = cu_moe_experts;
     be->swiglu = cu_be_swiglu;
     be->hc_mean = cu_hc_mean;
+    be->graph_begin = cu_graph_begin;
+    be->graph_end = cu_graph_end;
+    be->graph_launch = cu_graph_launch;
+    be->graph_free = cu_graph_free;
+    cb->be = be;
     be->fill_dummy = cu_be_fill_dummy;
     be->fill_dummy_linear = cu_be_fill_dummy_linear;
     return be;

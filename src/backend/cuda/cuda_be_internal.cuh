@@ -12,6 +12,7 @@
 /* The backend's private state (be->ctx). */
 typedef struct cu_be {
     dsv4_cuda_ctx *ctx;
+    dsv4_backend *be; /* the table this state belongs to (graph_epoch, static_shapes) */
     char name[16];
     void **views; /* device copies made by `upload`, freed with the backend */
     int nviews, capviews;

@@ -249,6 +249,10 @@ int cu_be_indexer_select(dsv4_backend *be, const dsv4_buf *qi, const dsv4_buf *g
         if (n > max_vis) n = max_vis;
         if (n > maxn) maxn = n;
     }
+    /* shape-static (graph capture): as if some row saw every row it could;
+     * k_idx_topk bounds each row by its own device position, so the selection
+     * is the same as with the host's maximum */
+    if (be->static_shapes) maxn = max_vis;
     const int32_t *tok, *pos, *slot;
     if ((rc = cu_be_batch(be, b, &tok, &pos, &slot, err))) return rc;
     dsv4_cuda_ctx *ctx = cube(be)->ctx;

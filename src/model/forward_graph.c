@@ -1,0 +1,118 @@
+/*
+ * CUDA-graph replay of the target forward (issue 7).
+ *
+ * Why: a decode step is hundreds of small launches; on the GPU the host's
+ * launch cost (~0.3 ms per layer on the tiny model) dominates. A forward whose
+ * launches depend only on the batch's shape (backend static_shapes: no launch
+ * sized from host positions; MoE grids sized for the worst routing) can be
+ * captured once per shape and replayed: batch_begin writes the step's rows
+ * into the backend's fixed device mirror, then one graph launch runs the rest.
+ *
+ * Key: (rows, seqs, logit rows, taps, streams wanted). The first forward of a
+ * key runs eagerly (warm-up: workspaces grow, expert sets are assembled, none
+ * of which may happen during capture); the second is captured, then every one
+ * replays. Buffers allocated during capture keep their addresses on every
+ * replay, so the key's X / logits / taps buffers are recorded with it and read
+ * after each replay (then freed: the next replay allocates them again).
+ */
+#include "model/forward.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define FG_MAX 64     /* captured shapes kept; further shapes run eagerly */
+#define FG_MAX_ROWS 512 /* decode / verify shapes only: prefills run eagerly */
+#define FG_MAX_ROWS_PER_SEQ 16 /* a verify step is k+1 rows per sequence; longer chunks are prefills */
+
+typedef struct fg_entry {
+    int T, n_seqs, n_logits, n_taps, streams, epoch, seen, failed;
+    int32_t *key;     /* logit rows then tap layers */
+    void *graph;
+    dsv4_buf X, lg, taps; /* buffers the graph allocates (same address every replay) */
+} fg_entry;
+
+struct dsv4_fwd_graphs {
+    fg_entry e[FG_MAX];
+    int n;
+};
+
+void dsv4_forward_graphs_free(dsv4_model *m) {
+    if (!m || !m->graphs) return;
+    for (int i = 0; i < m->graphs->n; i++) {
+        fg_entry *g = &m->graphs->e[i];
+        if (g->graph && m->be->graph_free) m->be->graph_free(m->be, g->graph);
+        free(g->key);
+    }
+    free(m->graphs);
+    m->graphs = NULL;
+}
+
+static int fg_match(const fg_entry *g, const dsv4_batch *b, const dsv4_fwd_out *out, int n_logits, int n_taps) {
+    if (g->T != b->n_rows || g->n_seqs != b->n_seqs || g->n_logits != n_logits || g->n_taps != n_taps ||
+        g->streams != (out->streams != NULL))
+        return 0;
+    if (n_logits && memcmp(g->key, out->logit_rows, sizeof(int32_t) * (size_t)n_logits)) return 0;
+    if (n_taps && memcmp(g->key + n_logits, out->tap_layers, sizeof(int32_t) * (size_t)n_taps)) return 0;
+    return 1;
+}
+
+int dsv4_forward_graph(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const dsv4_fwd_out *out,
+                       dsv4_err *err) {
+    dsv4_backend *be = m->be;
+    int n_logits = out->logits ? out->n_logits : 0, n_taps = out->taps ? out->n_taps : 0;
+    if (!be->graph_begin || !be->graph_end || !be->graph_launch || m->head_comm || b->n_rows > FG_MAX_ROWS ||
+        b->n_rows > FG_MAX_ROWS_PER_SEQ * b->n_seqs ||
+        (n_taps && !be->hc_mean))
+        return 1;
+    if (!m->graphs && !(m->graphs = calloc(1, sizeof *m->graphs))) return 1;
+    struct dsv4_fwd_graphs *G = m->graphs;
+    fg_entry *g = NULL;
+    for (int i = 0; i < G->n && !g; i++)
+        if (fg_match(&G->e[i], b, out, n_logits, n_taps)) g = &G->e[i];
+    if (!g) {
+        if (G->n == FG_MAX) return 1;
+        g = &G->e[G->n];
+        memset(g, 0, sizeof *g);
+        if (!(g->key = malloc(sizeof(int32_t) * (size_t)(n_logits + n_taps + 1)))) return 1;
+        if (n_logits) memcpy(g->key, out->logit_rows, sizeof(int32_t) * (size_t)n_logits);
+        if (n_taps) memcpy(g->key + n_logits, out->tap_layers, sizeof(int32_t) * (size_t)n_taps);
+        g->T = b->n_rows;
+        g->n_seqs = b->n_seqs;
+        g->n_logits = n_logits;
+        g->n_taps = n_taps;
+        g->streams = out->streams != NULL;
+        G->n++;
+    }
+    if (g->failed) return 1;
+    if (g->graph && g->epoch != be->graph_epoch) { /* the batch mirror moved: recapture */
+        be->graph_free(be, g->graph);
+        g->graph = NULL;
+        g->seen = 0;
+    }
+    if (!g->graph) {
+        if (!g->seen++) return 1; /* warm-up: this one runs eagerly */
+        dsv4_err cerr = {0};
+        g->epoch = be->graph_epoch;
+        int rc = be->graph_begin(be, &cerr);
+        if (rc) {
+            g->failed = 1;
+            return 1;
+        }
+        rc = dsv4_forward_launch(m, st, b, out, NULL, &g->X, &g->lg, &g->taps, &cerr);
+        void *graph = NULL;
+        int erc = be->graph_end(be, &graph, &cerr);
+        if (rc || erc || !graph) { /* not capturable: this shape stays eager */
+            if (graph) be->graph_free(be, graph);
+            dsv4_log(DSV4_LOG_WARN, "forward: CUDA graph capture of %d rows / %d seqs failed (%s); eager",
+                     b->n_rows, b->n_seqs, cerr.msg);
+            g->failed = 1;
+            return 1;
+        }
+        g->graph = graph;
+        dsv4_log(DSV4_LOG_INFO, "forward: CUDA graph for %d rows / %d seqs / %d logit rows captured", b->n_rows,
+                 b->n_seqs, n_logits);
+    }
+    int rc = be->graph_launch(be, g->graph, err);
+    dsv4_buf X = g->X, lg = g->lg, taps = g->taps;
+    return dsv4_forward_finish(m, out, &X, &lg, &taps, rc, err);
+}
