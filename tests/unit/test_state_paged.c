@@ -19,7 +19,7 @@ static dsv4_model *model;
 static int run(dsv4_state *st, int slot, int pos0, int n, float (*out)[V], dsv4_err *e) {
     static tu_batch tb;
     tu_batch_init(&tb);
-    tu_batch_add(&tb, slot, pos0, n, toks + pos0);
+    tu_batch_add(&tb, slot, pos0, n, toks); /* indexed by position */
     int32_t rows[N];
     static float lg[N * V];
     for (int t = 0; t < n; t++) rows[t] = t;
