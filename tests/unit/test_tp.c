@@ -39,6 +39,7 @@
 #include "parallel/tp_runner.h"
 #include "parallel/tp_shard.h"
 #include "test.h"
+#include "test_engine_util.h"
 
 #define MAXT 16
 
@@ -316,21 +317,7 @@ static void compare_logits(const char *dir, dsv4_numerics num, double rel_tol, d
 }
 
 static int generate(dsv4_engine *e, const int32_t *p, int n, int max_tokens, int32_t *out) {
-    dsv4_gen_params gp;
-    dsv4_gen_params_default(&gp);
-    gp.sampling.temperature = 0;
-    gp.max_tokens = max_tokens;
-    gp.ignore_eos = 1;
-    dsv4_request *r;
-    dsv4_err err = {0};
-    if (dsv4_engine_submit(e, p, n, &gp, &r, &err)) return -1;
-    int rc;
-    while ((rc = dsv4_engine_step(e, &err)) > 0) {}
-    if (rc < 0) fprintf(stderr, "engine: %s\n", err.msg);
-    dsv4_finish f;
-    int got = dsv4_request_poll(r, out, MAXT, &f, 0);
-    dsv4_request_release(r);
-    return got;
+    return tu_generate_greedy(e, p, n, max_tokens, out, MAXT, NULL);
 }
 
 /* Greedy tokens of 2 prompts (one request after the other, the second reusing a slot) under TP = tp. */
