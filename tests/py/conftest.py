@@ -1,4 +1,5 @@
 """Shared pytest fixtures: paths to the built binary and a running server."""
+import json
 import os
 import socket
 import subprocess
@@ -84,3 +85,14 @@ def default_server():
     s = Server(DEFAULT_MODEL, "--max-model-len", "512", "--max-num-seqs", "8", ready=True)
     yield s
     s.stop()
+
+
+def post(base, path, body):
+    """POST a JSON body; (status, parsed JSON reply) for success and HTTP errors alike."""
+    req = urllib.request.Request(base + path, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())

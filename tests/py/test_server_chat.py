@@ -10,16 +10,7 @@ import urllib.request
 
 import openai
 import pytest
-
-
-def post(base, path, body):
-    req = urllib.request.Request(base + path, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+from conftest import post
 
 
 def sse(base, path, body):

@@ -11,22 +11,12 @@ import urllib.request
 import pytest
 from tokenizers import Tokenizer
 
-from conftest import DEFAULT_MODEL
+from conftest import DEFAULT_MODEL, post
 
 TOK = Tokenizer.from_file(os.path.join(DEFAULT_MODEL, "tokenizer.json"))
 PH = TOK.token_to_id("<｜place▁holder▁no▁380｜>")  # added token flagged "special": true
 THINK_CLOSE = TOK.token_to_id("</think>")          # added token flagged "special": false
 BOS = TOK.token_to_id("<｜begin▁of▁sentence｜>")
-
-
-def post(base, path, body):
-    req = urllib.request.Request(base + path, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 def stream(base, path, body):

@@ -10,18 +10,9 @@ import urllib.error
 import urllib.request
 
 import openai
+from conftest import post
 
 MSG = [{"role": "user", "content": "Name three colours."}]
-
-
-def post(base, path, body):
-    req = urllib.request.Request(base + path, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 def sse(base, path, body):
@@ -107,12 +98,13 @@ def test_chat_and_completions_agree(default_server):
             assert abs(tops[t["token"]] - t["logprob"]) < 1e-4
     offs = lp["text_offset"]
     assert offs[0] == 0 and all(offs[i + 1] == offs[i] + len(lp["tokens"][i]) for i in range(4))
-    # logprobs: 0 -> sampled tokens only; absent -> null; > 5 and echo+logprobs refused
+    # logprobs: 0 -> sampled tokens only; absent -> null; > 5 refused (echo+logprobs is served:
+    # prompt logprobs, tests/py/test_server_completions.py)
     _, z = post(b, "/v1/completions", {"prompt": tk["tokens"], "max_tokens": 2, "temperature": 0, "logprobs": 0})
     assert [list(d) for d in z["choices"][0]["logprobs"]["top_logprobs"]] == [[t] for t in lp["tokens"][:2]]
     _, nn = post(b, "/v1/completions", {"prompt": tk["tokens"], "max_tokens": 2, "temperature": 0})
     assert nn["choices"][0]["logprobs"] is None
-    for extra, field in [({"logprobs": 6}, "logprobs"), ({"logprobs": 1, "echo": True}, "echo")]:
+    for extra, field in [({"logprobs": 6}, "logprobs")]:
         status, e = post(b, "/v1/completions", {"prompt": "x", "max_tokens": 2, **extra})
         assert status == 400 and e["error"]["param"] == field, e
 
