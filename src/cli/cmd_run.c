@@ -201,6 +201,9 @@ static void print_stats(const dsv4_engine_stats *st, int n_prompt, int n_gen, do
     for (int i = 0; i < k; i++)
         fprintf(stderr, " %.3f", drafts ? (double)st->spec_accepted_per_pos[i] / drafts : 0.0);
     fputc('\n', stderr);
+    fprintf(stderr, "drafting %.1f ms, verify steps %.1f ms (%.2f ms per draft, %.2f ms per verify step)\n",
+            1e3 * st->spec_draft_seconds, 1e3 * st->spec_verify_seconds,
+            drafts ? 1e3 * st->spec_draft_seconds / drafts : 0.0, drafts ? 1e3 * st->spec_verify_seconds / drafts : 0.0);
 }
 
 int dsv4_cmd_run(int argc, char **argv) {

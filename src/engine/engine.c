@@ -186,6 +186,14 @@ static void req_free(dsv4_request *r) {
     free(r);
 }
 
+
+/* Monotonic wall clock in seconds (speculation timing, DSPARK.md §5.7). */
+static double mono_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
 /* Drop one reference; the caller holds e->mu. */
 static void req_unref_locked(dsv4_request *r) {
     if (--r->refs == 0) req_free(r);
@@ -674,6 +682,7 @@ static int decode_segment(dsv4_engine *e, seg *s, int32_t *em) {
     e->st.spec_draft_tokens += (uint64_t)k;
     e->st.spec_accepted_tokens += (uint64_t)(n - 1);
     for (int j = 0; j < n - 1; j++) e->st.spec_accepted_per_pos[j]++;
+    for (int j = 0; j < k && j < DSV4_MAX_SPEC_K; j++) e->st.spec_draft_per_pos[j]++;
     return n;
 }
 
@@ -728,7 +737,10 @@ static void drafts_for_next_step_locked(dsv4_engine *e, seg *segs, int nseg) {
         qv[n] = 0;
         n++;
     }
-    if (n && e->dr.propose(e->dr.ctx, n, slot, anchor, len, k, temp, seed, drafts, q, qv, &derr)) {
+    double td = n ? mono_s() : 0;
+    int drc = n ? e->dr.propose(e->dr.ctx, n, slot, anchor, len, k, temp, seed, drafts, q, qv, &derr) : 0;
+    if (n) e->st.spec_draft_seconds += mono_s() - td;
+    if (drc) {
         dsv4_log(DSV4_LOG_WARN, "drafter failed, decoding without drafts: %s", derr.msg);
         e->st.spec_draft_failures++;
         goto out;
@@ -883,10 +895,15 @@ replan:
     pthread_mutex_unlock(&e->mu);
 
     dsv4_err ferr = {0};
+    int has_verify = 0;
+    for (int s = 0; s < nseg; s++) has_verify |= segs[s].k > 0;
+    double tf = mono_s();
     int frc = e->run.forward(e->run.ctx, &b, lrows, nlog, e->logits, &ferr);
+    double fwd_s = mono_s() - tf;
 
     pthread_mutex_lock(&e->mu);
     e->st.steps++;
+    if (has_verify) e->st.spec_verify_seconds += fwd_s;
     int32_t em[DSV4_MAX_SPEC_K + 1];
     for (int s = 0; s < nseg; s++) {
         seg *sg = &segs[s];

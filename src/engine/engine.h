@@ -109,6 +109,10 @@ typedef struct dsv4_engine_stats {
     uint64_t steps, prompt_tokens, generation_tokens;
     uint64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens;
     uint64_t spec_accepted_per_pos[DSV4_MAX_SPEC_K];
+    uint64_t spec_draft_per_pos[DSV4_MAX_SPEC_K]; /* request-steps that verified position i (k varies) */
+    /* DSPARK.md §5.7 timing: wall seconds in the drafter's propose calls, and in
+     * the forwards of steps that verified at least one draft */
+    double spec_draft_seconds, spec_verify_seconds;
     uint64_t spec_draft_failures; /* drafter errors (logged; those steps decode without drafts) */
     /* prefix caching, in tokens (vLLM prefix_cache_queries / _hits): prompt
      * tokens of admitted requests, and the ones whose state was reused */

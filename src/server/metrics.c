@@ -205,11 +205,25 @@ char *dsv4_metrics_render(dsv4_metrics *m, const dsv4_engine_stats *st) {
                (double)st->spec_accepted_tokens);
     put(&b, "# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total Accepted draft tokens by position.\n"
             "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos_total counter\n");
-    for (int i = 0; i < m->spec_k; i++)
+    /* present with speculation off too (zeros over the DSpark block of 5), SERVING.md §9 item 19 */
+    int npos = m->spec_k > 0 ? m->spec_k : 5;
+    for (int i = 0; i < npos; i++)
         put(&b,
             "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"%s\",engine=\"0\",position=\"%d\"} "
             "%llu\n",
             M, i, (unsigned long long)st->spec_accepted_per_pos[i]);
+    put(&b, "# HELP dsv4:spec_decode_num_draft_tokens_per_pos_total Request-steps that verified a draft at this "
+            "position (k varies with the batch size).\n"
+            "# TYPE dsv4:spec_decode_num_draft_tokens_per_pos_total counter\n");
+    for (int i = 0; i < npos; i++)
+        put(&b,
+            "dsv4:spec_decode_num_draft_tokens_per_pos_total{model_name=\"%s\",engine=\"0\",position=\"%d\"} "
+            "%llu\n",
+            M, i, (unsigned long long)st->spec_draft_per_pos[i]);
+    put_scalar(&b, M, "counter", "dsv4:spec_decode_draft_seconds_total", "Wall seconds spent drafting.",
+               st->spec_draft_seconds);
+    put_scalar(&b, M, "counter", "dsv4:spec_decode_verify_seconds_total",
+               "Wall seconds of forwards that verified drafts.", st->spec_verify_seconds);
     put_scalar(&b, M, "counter", "dsv4:reasoning_unterminated_total", "Requests that ended inside reasoning.",
                (double)m->reasoning_unterminated);
     put_scalar(&b, M, "counter", "dsv4:tool_call_parse_failures_total", "Incomplete or malformed tool calls.",

@@ -212,6 +212,9 @@ char *dsv4_service_metrics(dsv4_service *s) {
     st.spec_draft_tokens -= b->spec_draft_tokens;
     st.spec_accepted_tokens -= b->spec_accepted_tokens;
     for (int i = 0; i < DSV4_MAX_SPEC_K; i++) st.spec_accepted_per_pos[i] -= b->spec_accepted_per_pos[i];
+    for (int i = 0; i < DSV4_MAX_SPEC_K; i++) st.spec_draft_per_pos[i] -= b->spec_draft_per_pos[i];
+    st.spec_draft_seconds -= b->spec_draft_seconds;
+    st.spec_verify_seconds -= b->spec_verify_seconds;
     st.spec_draft_failures -= b->spec_draft_failures;
     st.prefix_queries -= b->prefix_queries;
     st.prefix_hits -= b->prefix_hits;

@@ -116,6 +116,10 @@ int main(void) {
         dsv4_engine_get_stats(e, &st);
         CHECK_EQ_INT(st.spec_draft_failures, 0);
         if (k > 0) CHECK(st.spec_drafts > 0 && st.spec_draft_tokens == 3 * st.spec_drafts);
+        /* DSPARK.md §5.7: with one k for all, every verify step verified positions 0..k-1; timing accrues */
+        if (k > 0)
+            CHECK(st.spec_draft_per_pos[0] == st.spec_drafts && st.spec_draft_per_pos[2] == st.spec_drafts &&
+                  st.spec_draft_per_pos[3] == 0 && st.spec_draft_seconds > 0 && st.spec_verify_seconds > 0);
         dsv4_engine_free(e);
         dsv4_model_runner_free(mr);
         mr = NULL;

@@ -16,6 +16,10 @@ int main(void) {
     st.spec_accepted_tokens = 31;
     st.spec_accepted_per_pos[0] = 9;
     st.spec_accepted_per_pos[4] = 2;
+    st.spec_draft_per_pos[0] = 10;
+    st.spec_draft_per_pos[4] = 7;
+    st.spec_draft_seconds = 1.5;
+    st.spec_verify_seconds = 2.25;
     dsv4_metrics_observe_request(m, 0.03, 1.5, 0.0005, 12, 40, 64, "stop");
     dsv4_metrics_observe_request(m, -1, 70, 0.2, 5000, 1, 1, "length");
     dsv4_metrics_observe_request(m, 0.5, 2, 0.1, 12, 3, 8, "tool_calls");
@@ -29,6 +33,10 @@ int main(void) {
                       "position=\"0\"} 9\n");
     CHECK_CONTAINS(t, "position=\"4\"} 2\n");
     CHECK(strstr(t, "position=\"5\"") == NULL);
+    CHECK_CONTAINS(t, "dsv4:spec_decode_num_draft_tokens_per_pos_total{model_name=\"dsv4-test\",engine=\"0\","
+                      "position=\"4\"} 7\n");
+    CHECK_CONTAINS(t, "dsv4:spec_decode_draft_seconds_total{model_name=\"dsv4-test\",engine=\"0\"} 1.5\n");
+    CHECK_CONTAINS(t, "dsv4:spec_decode_verify_seconds_total{model_name=\"dsv4-test\",engine=\"0\"} 2.25\n");
     CHECK_CONTAINS(t, "vllm:request_success_total{model_name=\"dsv4-test\",engine=\"0\",finished_reason=\"stop\"} 2\n");
     CHECK_CONTAINS(t, "finished_reason=\"length\"} 1\n");
     /* TTFT: 0.03 and 0.5 observed (-1 = none): cumulative buckets */
@@ -56,6 +64,9 @@ int main(void) {
     t = dsv4_metrics_render(m0, NULL);
     CHECK_CONTAINS(t, "vllm:spec_decode_num_drafts_total{model_name=\"x\",engine=\"0\"} 0\n");
     CHECK_CONTAINS(t, "vllm:spec_decode_num_accepted_tokens_per_pos_total Accepted");
+    CHECK_CONTAINS(t, "vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"x\",engine=\"0\","
+                      "position=\"4\"} 0\n"); /* present at 0 over the block of 5, SERVING §9 item 19 */
+    CHECK_CONTAINS(t, "dsv4:spec_decode_draft_seconds_total{model_name=\"x\",engine=\"0\"} 0\n");
     free(t);
     dsv4_metrics_free(m0);
     dsv4_metrics_free(m);
