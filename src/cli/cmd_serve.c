@@ -65,8 +65,25 @@ static int parse_spec(const char *json, dsv4_service_opts *so, char *method, siz
                     so->k_schedule[so->n_k_schedule][x] = (int)cJSON_GetNumberValue(cJSON_GetArrayItem(e, x));
                 so->n_k_schedule++;
             }
+        } else if (!strcmp(k, "model") && (cJSON_IsString(it) || cJSON_IsNull(it))) {
+            /* vLLM launchers name the draft checkpoint; DSpark stages and the MTP block live in the target */
+            dsv4_log(DSV4_LOG_INFO, "--speculative-config: \"model\" ignored (the drafter is read from the "
+                                    "checkpoint being served)");
         } else {
-            rc = dsv4_err_set(err, DSV4_EINVAL, "--speculative-config: unsupported key or value \"%s\"", k);
+            static const struct { const char *key, *want; } known[] = {
+                {"method", "a string: \"dspark\", \"mtp\" or \"deepseek_mtp\""},
+                {"num_speculative_tokens", "an integer in [0, 16] (0 = off; DSpark allows up to its block size 5)"},
+                {"draft_sample_method", "\"greedy\" or \"probabilistic\""},
+                {"num_speculative_tokens_per_batch_size", "a list of at most 8 [min_batch, max_batch, k] triples"},
+            };
+            for (size_t q = 0; q < sizeof known / sizeof known[0]; q++)
+                if (!strcmp(k, known[q].key)) {
+                    rc = dsv4_err_set(err, DSV4_EINVAL, "--speculative-config: \"%s\" must be %s", k, known[q].want);
+                    goto out;
+                }
+            rc = dsv4_err_set(err, DSV4_EINVAL,
+                              "--speculative-config: unsupported key \"%s\" (known: method, num_speculative_tokens, "
+                              "draft_sample_method, num_speculative_tokens_per_batch_size, model)", k);
             goto out;
         }
     }

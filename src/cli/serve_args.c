@@ -29,6 +29,9 @@ static const struct { const char *name; int has_value; const char *why; } ignore
     {"--tokenizer", 1, "the checkpoint's tokenizer.json is used"},
     {"--seed", 1, "sampling is seeded per request (the `seed` field); unseeded requests get fresh seeds"},
     {"--quantization", 1, "the number formats are read from the checkpoint's config and tensors"},
+    {"--max-logprobs", 1, "top_logprobs is capped at 20 (chat) and legacy logprobs at 5 (completions), OpenAI's limits"},
+    {"--swap-space", 1, "preempted requests are recomputed, never swapped to host memory"},
+    {"--enable-expert-parallel", 0, "experts are split by their intermediate width under tensor parallelism"},
 };
 
 static int parse_int(const char *flag, const char *v, long lo, long hi, int *out, dsv4_err *err) {
@@ -92,9 +95,11 @@ static void usage(void) {
            "                                CPU backend default: every sequence at max_model_len\n"
            "  --tensor-parallel-size N      GPUs per model (-tp)\n"
            "  --speculative-config JSON     e.g. '{\"method\":\"dspark\",\"num_speculative_tokens\":5}'\n"
-           "  --load-format F               auto | dummy (random weights, real shapes: MODEL_DIR needs\n"
-           "                                only config.json; no tokenizer.json -> the default's)\n"
-           "  --hf-overrides JSON           merged over config.json, e.g. '{\"num_hidden_layers\": 8}'\n"
+           "  --load-format F               auto | safetensors | dummy (dummy: random weights, real shapes;\n"
+           "                                MODEL_DIR needs only config.json; no tokenizer.json -> the default's)\n"
+           "  --hf-overrides JSON           merged over config.json, e.g. '{\"num_hidden_layers\": 8}' (with\n"
+           "                                --load-format dummy: a real checkpoint has the tensors it has)\n"
+           "  --enforce-eager               no CUDA-graph replay of decode/verify steps (default: graphs on CUDA)\n"
            "  --device D                    auto | cpu | cuda (default auto: CUDA when built with it and a\n"
            "                                GPU answers, else the CPU reference backend; the log says which)\n"
            "  --[no-]enable-prefix-caching  automatic prefix caching (default on)\n"
@@ -239,6 +244,16 @@ int dsv4_serve_args_parse(int argc, char **argv, dsv4_serve_args *a, dsv4_err *e
                 return dsv4_err_set(err, DSV4_EINVAL, "%s: '%s' must be a positive byte count (suffix K, M or G)", flag,
                                     val);
             a->kv_cache_memory_bytes = (int64_t)(v * mul);
+        }
+        else if (!strcmp(flag, "--pipeline-parallel-size") || !strcmp(flag, "-pp") ||
+                 !strcmp(flag, "--data-parallel-size") || !strcmp(flag, "-dp")) {
+            NEED_VALUE();
+            int v;
+            if (parse_int(flag, val, 1, 64, &v, err)) return DSV4_EINVAL;
+            if (v != 1)
+                return dsv4_err_set(err, DSV4_EINVAL,
+                                    "%s %d: only tensor parallelism is implemented (--tensor-parallel-size); "
+                                    "run one server per data-parallel replica", flag, v);
         }
         else if (!strcmp(flag, "--tensor-parallel-size") || !strcmp(flag, "-tp")) { NEED_VALUE(); if (parse_int(flag, val, 1, 64, &a->tensor_parallel_size, err)) return DSV4_EINVAL; }
         else if (!strcmp(flag, "--speculative-config")) { NEED_VALUE(); a->speculative_config = val; }

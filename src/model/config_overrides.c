@@ -116,6 +116,13 @@ static int relayer(cJSON *root, const cJSON *ov, int L0, int L, char *note, size
             for (cJSON *x = ids->child; x; x = x->next) cJSON_SetNumberValue(x, x->valuedouble - L0 + L);
             note_add(note, cap, "dspark_target_layer_ids shifted by %d (same distance from the last of %d layers); ",
                      L - L0, L);
+        } else {
+            return dsv4_err_set(err, DSV4_EINVAL,
+                                "--hf-overrides: num_hidden_layers %d is too few to keep the DSpark taps "
+                                "(dspark_target_layer_ids %d layers from the last one); use at least %d layers or "
+                                "give \"dspark_target_layer_ids\" in the override too, e.g. "
+                                "'{\"num_hidden_layers\": %d, \"dspark_target_layer_ids\": [0]}'",
+                                L, L0 - 1 - (int)ids->child->valuedouble, L0 - (int)ids->child->valuedouble, L);
         }
     }
     cJSON *nh = cJSON_GetObjectItemCaseSensitive(root, "num_hash_layers");

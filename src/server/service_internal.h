@@ -105,11 +105,13 @@ void dsv4_service_run_job(dsv4_service *s, int chat, const int32_t *ids, int n_i
  * lp [n]; top = alternatives to list per token (the request's top_logprobs /
  * legacy logprobs). Chat: {"content": [...]}. Completions (legacy): {tokens,
  * token_logprobs, top_logprobs, text_offset}; *text_offset is the character
- * offset of the first token in the choice's text and is advanced past them.
+ * offset of the first token in the choice's text and is advanced past them;
+ * with skip_special, tokens flagged special (BOS, EOS, place-holders) add no
+ * characters, as the returned text does not hold them.
  */
 cJSON *dsv4_chat_logprobs_json(dsv4_service *s, const dsv4_token_logprob *lp, int n, int top);
 cJSON *dsv4_completion_logprobs_json(dsv4_service *s, const dsv4_token_logprob *lp, int n, int top,
-                                     long *text_offset);
+                                     int skip_special, long *text_offset);
 /* Characters (code points) of a UTF-8 string; 0 for NULL. */
 long dsv4_text_chars(const char *str);
 

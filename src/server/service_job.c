@@ -62,6 +62,7 @@ typedef struct job {
     int chat, stream, include_usage, include_reasoning;
     int continuous_usage;    /* stream_options.continuous_usage_stats with include_usage */
     int logprobs, top_logprobs;
+    int skip_special;        /* skip_special_tokens: special tokens add no text (text_offset) */
     /* prompt log-probabilities (completions): echo_lp = echo + logprobs
      * (legacy lists, prompt first); plp_n = prompt_logprobs N or -1. Taken
      * from choice 0's engine request (HTTP thread only). */
@@ -296,7 +297,8 @@ static cJSON *logprobs_upto(choice *c, int upto) {
     if (upto > c->n_lp) upto = c->n_lp;
     int n = upto > c->lp_sent ? upto - c->lp_sent : 0;
     cJSON *o = j->chat ? dsv4_chat_logprobs_json(j->s, c->lp + c->lp_sent, n, j->top_logprobs)
-                       : dsv4_completion_logprobs_json(j->s, c->lp + c->lp_sent, n, j->top_logprobs, &c->text_off);
+                       : dsv4_completion_logprobs_json(j->s, c->lp + c->lp_sent, n, j->top_logprobs, j->skip_special,
+                                                       &c->text_off);
     c->lp_sent += n;
     return o;
 }
@@ -345,7 +347,7 @@ static cJSON *prompt_legacy_logprobs(choice *c) {
     job *j = c->j;
     if (!j->echo_lp || !j->n_plp) return NULL;
     long off = 0;
-    cJSON *o = dsv4_completion_logprobs_json(j->s, j->plp, j->n_plp, j->top_logprobs, &off);
+    cJSON *o = dsv4_completion_logprobs_json(j->s, j->plp, j->n_plp, j->top_logprobs, j->skip_special, &off);
     cJSON_ReplaceItemInArray(cJSON_GetObjectItemCaseSensitive(o, "token_logprobs"), 0, cJSON_CreateNull());
     cJSON_ReplaceItemInArray(cJSON_GetObjectItemCaseSensitive(o, "top_logprobs"), 0, cJSON_CreateNull());
     c->text_off = off;
@@ -699,6 +701,7 @@ void dsv4_service_run_job(dsv4_service *s, int chat, const int32_t *ids, int n_i
     j->logprobs = p->logprobs;
     j->top_logprobs = p->top_logprobs;
     j->echo_lp = !chat && p->echo && p->logprobs;
+    j->skip_special = p->skip_special;
     j->plp_n = chat ? -1 : p->prompt_logprobs;
     j->n_prompt = n_ids;
     j->t0 = j->t_out = now_s();

@@ -67,7 +67,7 @@ static long n_chars(const char *str) {
 long dsv4_text_chars(const char *str) { return str ? n_chars(str) : 0; }
 
 cJSON *dsv4_completion_logprobs_json(dsv4_service *s, const dsv4_token_logprob *lp, int n, int top,
-                                     long *text_offset) {
+                                     int skip_special, long *text_offset) {
     cJSON *o = cJSON_CreateObject();
     cJSON *toks = cJSON_AddArrayToObject(o, "tokens"), *tlp = cJSON_AddArrayToObject(o, "token_logprobs");
     cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs"), *offs = cJSON_AddArrayToObject(o, "text_offset");
@@ -78,7 +78,7 @@ cJSON *dsv4_completion_logprobs_json(dsv4_service *s, const dsv4_token_logprob *
         cJSON_AddItemToArray(toks, cJSON_CreateString(str ? str : ""));
         cJSON_AddItemToArray(tlp, cJSON_CreateNumber(finite_lp(lp[i].logprob)));
         cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)*text_offset));
-        *text_offset += str ? n_chars(str) : 0;
+        if (str && !(skip_special && dsv4_tokenizer_is_special(s->tok, lp[i].token))) *text_offset += n_chars(str);
         /* the top `top` alternatives plus the sampled token (OpenAI: up to logprobs+1 entries) */
         cJSON *d = cJSON_CreateObject();
         for (int t = 0; t < lp[i].n_top && t < top; t++) {

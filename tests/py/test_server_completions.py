@@ -139,6 +139,11 @@ def test_echo_logprobs_match_generation_logprobs(default_server, text):
     assert all(len(t) >= 1 for t in lp["top_logprobs"][1:])  # up to 2 alternatives + the token
     assert lp["text_offset"] == sorted(lp["text_offset"]) and lp["text_offset"][0] == 0
     assert c["text"].startswith(TOK.decode(ids + [g], skip_special_tokens=True))
+    # text_offset indexes the returned text: the skipped BOS adds no characters, and
+    # every other token's string starts at its offset
+    for t, off in zip(lp["tokens"], lp["text_offset"]):
+        if t != TOK.decode([BOS], skip_special_tokens=False) and "\ufffd" not in t:
+            assert c["text"][off:off + len(t)] == t, (t, off)
     assert body["usage"]["completion_tokens"] == 2
     # streaming: the first chunk carries the prompt part
     chunks = stream(base, "/v1/completions", {"prompt": ids + [g], "max_tokens": 2, "temperature": 0, "echo": True,
