@@ -214,6 +214,18 @@ static int lbroadcast(dsv4_comm *c, void *host, size_t n, int root, dsv4_err *er
     return lbarrier(c, err);
 }
 
+/* Release the group once no rank handle refers to it (slot buffers included). */
+static void group_free(local_group *g) {
+    for (int i = 0; g->slot && i < g->n; i++) free(g->slot[i]);
+    free(g->slot);
+    free(g->cap);
+    free(g->rows);
+    free(g->cols);
+    pthread_mutex_destroy(&g->mu);
+    pthread_cond_destroy(&g->cv);
+    free(g);
+}
+
 static void lfree(dsv4_comm *c) {
     if (!c) return;
     local_rank *r = (local_rank *)c;
@@ -224,15 +236,7 @@ static void lfree(dsv4_comm *c) {
     pthread_mutex_lock(&g->mu);
     int last = --g->refs == 0;
     pthread_mutex_unlock(&g->mu);
-    if (!last) return;
-    for (int i = 0; i < g->n; i++) free(g->slot[i]);
-    free(g->slot);
-    free(g->cap);
-    free(g->rows);
-    free(g->cols);
-    pthread_mutex_destroy(&g->mu);
-    pthread_cond_destroy(&g->cv);
-    free(g);
+    if (last) group_free(g);
 }
 
 int dsv4_comm_local_create(int n, dsv4_comm **ranks, dsv4_err *err) {
@@ -262,13 +266,7 @@ int dsv4_comm_local_create(int n, dsv4_comm **ranks, dsv4_err *err) {
     }
     if (ok) return 0;
     if (g->refs == 0) { /* no handle holds the group: free it here */
-        free(g->slot);
-        free(g->cap);
-        free(g->rows);
-        free(g->cols);
-        pthread_mutex_destroy(&g->mu);
-        pthread_cond_destroy(&g->cv);
-        free(g);
+        group_free(g);
     } else {
         for (int i = 0; i < n; i++)
             if (ranks[i]) lfree(ranks[i]), ranks[i] = NULL;
