@@ -40,7 +40,8 @@ typedef struct perf_opts {
     int batch[PERF_MAX_LIST], n_batch;
     int rows[PERF_MAX_LIST], n_rows;
     int64_t context;
-    int steps, warmup, prefill;
+    int steps, warmup;
+    int prefill[PERF_MAX_LIST], n_prefill, prefill_chunk;
     int cuda_graphs;
 } perf_opts;
 
@@ -58,7 +59,10 @@ static void usage(FILE *f) {
             "  --context N           positions already in each request's state (default 64)\n"
             "  --steps S             timed steps per shape (default 5)\n"
             "  --warmup W            untimed steps per shape first (default 1)\n"
-            "  --prefill N           also time one prefill chunk of N tokens (default 0 = off)\n"
+            "  --prefill LIST        also time prefills of these prompt lengths, e.g. 8192,32768,102400\n"
+            "                        (default off), one request from position 0 in chunks of\n"
+            "  --prefill-chunk C     tokens (default 8192, serve's --max-num-batched-tokens); each\n"
+            "                        chunk attends to the chunks before it, as chunked prefill does\n"
             "  --load-format F       auto (the checkpoint's weights) | dummy\n"
             "  --hf-overrides JSON   config overrides (with --load-format dummy)\n"
             "MODEL_DIR defaults to the embedded default model (%s).\n",
@@ -108,6 +112,7 @@ static int parse_args(int argc, char **argv, perf_opts *o) {
     o->steps = 5;
     o->warmup = 1;
     o->cuda_graphs = 1;
+    o->prefill_chunk = 8192;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long n;
@@ -149,8 +154,11 @@ static int parse_args(int argc, char **argv, perf_opts *o) {
             if (parse_count(a, v, 0, 1000, &n)) return 2;
             o->warmup = (int)n;
         } else if (!strcmp(a, "--prefill")) {
-            if (parse_count(a, v, 0, 1 << 20, &n)) return 2;
-            o->prefill = (int)n;
+            if (!strcmp(v, "0")) o->n_prefill = 0;
+            else if (parse_list(v, o->prefill, &o->n_prefill, a)) return 2;
+        } else if (!strcmp(a, "--prefill-chunk")) {
+            if (parse_count(a, v, 1, 1 << 20, &n)) return 2;
+            o->prefill_chunk = (int)n;
         } else if (!strcmp(a, "--load-format")) {
             if (strcmp(v, "auto") && strcmp(v, "dummy") && strcmp(v, "safetensors")) {
                 fprintf(stderr, "dsv4 perf: --load-format: '%s' (expected auto or dummy)\n", v);
@@ -242,6 +250,42 @@ static int time_steps(dsv4_model *m, dsv4_state *st, perf_batch *pb, int warmup,
     return DSV4_OK;
 }
 
+/*
+ * Chunked prefill of one request of `total` tokens from position 0, chunks of
+ * o->prefill_chunk (the engine's --max-num-batched-tokens): chunk i runs rows
+ * at positions i*C.. and attends to everything before it, so late chunks of a
+ * long prompt cost more than early ones. One untimed chunk first (shape
+ * warm-up), then one timed pass; prints the total rate and the first / last
+ * chunk times. Logits of the last row of each chunk only (as the engine asks).
+ */
+static int time_prefill(dsv4_model *m, dsv4_state *st, const perf_opts *o, int total, const dsv4_config *cfg,
+                        float *logits, dsv4_err *err) {
+    int C = o->prefill_chunk < total ? o->prefill_chunk : total, n_chunks = (total + C - 1) / C;
+    perf_batch pb;
+    if (batch_make(&pb, 1, C, 0, cfg->vocab_size, 1)) return dsv4_err_set(err, DSV4_ENOMEM, "out of memory for the batch");
+    int rc = dsv4_forward(m, st, &pb.b, pb.logit_rows, pb.n_logits, logits, NULL, err);
+    batch_free(&pb);
+    double first = 0, last = 0, t_all = 0;
+    for (int c = 0; c < n_chunks && !rc; c++) {
+        int rows = c == n_chunks - 1 ? total - c * C : C;
+        if (batch_make(&pb, 1, rows, (int64_t)c * C, cfg->vocab_size, 1))
+            return dsv4_err_set(err, DSV4_ENOMEM, "out of memory for the batch");
+        double t0 = now_s();
+        rc = dsv4_forward(m, st, &pb.b, pb.logit_rows, pb.n_logits, logits, NULL, err);
+        double ms = (now_s() - t0) * 1e3;
+        batch_free(&pb);
+        t_all += ms;
+        if (c == 0) first = ms;
+        last = ms;
+    }
+    if (!rc)
+        printf("prefill %d tokens in %d chunk%s of <= %d: %.1f ms, %.1f tokens/s (first chunk %.1f ms, last %.1f ms; "
+               "compute-bound: no HBM roofline)\n",
+               total, n_chunks, n_chunks == 1 ? "" : "s", C, t_all, total / (t_all * 1e-3), first, last);
+    fflush(stdout);
+    return rc;
+}
+
 int dsv4_cmd_perf(int argc, char **argv) {
     perf_opts o;
     int prc = parse_args(argc, argv, &o);
@@ -250,7 +294,8 @@ int dsv4_cmd_perf(int argc, char **argv) {
     for (int i = 0; i < o.n_batch; i++) max_b = o.batch[i] > max_b ? o.batch[i] : max_b;
     for (int i = 0; i < o.n_rows; i++) max_r = o.rows[i] > max_r ? o.rows[i] : max_r;
     int64_t max_len = o.context + max_r + 1;
-    if (o.prefill + 1 > max_len) max_len = o.prefill + 1;
+    for (int i = 0; i < o.n_prefill; i++)
+        if (o.prefill[i] + 1 > max_len) max_len = o.prefill[i] + 1;
     if (max_len > (1 << 30)) {
         fprintf(stderr, "dsv4 perf: context too long\n");
         return 2;
@@ -320,19 +365,7 @@ int dsv4_cmd_perf(int argc, char **argv) {
             }
             batch_free(&pb);
         }
-    if (!rc && o.prefill > 0) {
-        perf_batch pb;
-        if (batch_make(&pb, 1, o.prefill, 0, cfg->vocab_size, 1)) {
-            rc = dsv4_err_set(&err, DSV4_ENOMEM, "out of memory for the batch");
-        } else {
-            double ms = 0;
-            rc = time_steps(model, state, &pb, o.warmup, o.steps, logits, &ms, &err);
-            if (!rc)
-                printf("prefill chunk of %d tokens: %.3f ms, %.1f tokens/s (compute-bound: no HBM roofline)\n",
-                       o.prefill, ms, o.prefill / (ms * 1e-3));
-            batch_free(&pb);
-        }
-    }
+    for (int pi = 0; pi < o.n_prefill && !rc; pi++) rc = time_prefill(model, state, &o, o.prefill[pi], cfg, logits, &err);
     if (rc) fprintf(stderr, "dsv4 perf: %s: %s\n", dsv4_status_name(rc), err.msg);
     free(logits);
     dsv4_model_runner_free(mr);

@@ -61,9 +61,32 @@ int main(void) {
         seen++;
     }
     CHECK_EQ_INT(seen, 4);
+    /* chunked prefill: 100 tokens in chunks of 32 = 4 chunks; 37 tokens = 2 chunks; rate = tokens / total */
+    char *pf[] = {"perf", "models/tiny-flash", "--device", "cpu", "--batch", "1", "--rows-per-seq", "1", "--steps",
+                  "1", "--warmup", "0", "--prefill", "100,37", "--prefill-chunk", "32"};
+    CHECK_EQ_INT(run_perf(pf, (int)(sizeof pf / sizeof pf[0]), out, sizeof out), 0);
+    int want_pf[2][2] = {{100, 4}, {37, 2}}, n_pf = 0;
+    for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+        int total, chunks, C;
+        double ms, tps;
+        if (sscanf(line, "prefill %d tokens in %d chunk%*[s] of <= %d: %lf ms, %lf tokens/s", &total, &chunks, &C, &ms,
+                   &tps) != 5)
+            continue;
+        CHECK(n_pf < 2);
+        if (n_pf >= 2) break;
+        CHECK_EQ_INT(total, want_pf[n_pf][0]);
+        CHECK_EQ_INT(chunks, want_pf[n_pf][1]);
+        CHECK_EQ_INT(C, 32);
+        CHECK(ms > 0);
+        CHECK_NEAR(tps, total / (ms * 1e-3), 0.01 * tps);
+        n_pf++;
+    }
+    CHECK_EQ_INT(n_pf, 2);
     char *bad[] = {"perf", "models/tiny-flash", "--batch", "0"};
     CHECK_EQ_INT(run_perf(bad, 4, out, sizeof out), 2);
     char *bad2[] = {"perf", "models/tiny-flash", "--device", "tpu"};
     CHECK_EQ_INT(run_perf(bad2, 4, out, sizeof out), 2);
+    char *bad3[] = {"perf", "models/tiny-flash", "--prefill-chunk", "0"};
+    CHECK_EQ_INT(run_perf(bad3, 4, out, sizeof out), 2);
     return TEST_REPORT();
 }
