@@ -42,6 +42,7 @@
 #define ATT_PHEADS 16        /* heads per pv block */
 #define ATT_PCHUNK 128       /* candidates whose pointers / probabilities a pv block stages at once */
 #define ATT_TARGET_BLOCKS 264 /* pv blocks wanted (2 per SM): split rows' candidates below that */
+#define ATT_MIN_PER 64       /* candidates per split-K part at least */
 #define ATT_SCRATCH ((size_t)256 << 20)
 
 /* Everything a kernel needs to find the keys of a row (passed by value). */
@@ -86,26 +87,53 @@ __device__ __forceinline__ const float *cand_key(const att_args &a, int t, int64
     return r < 0 ? NULL : (const float *)a.cs.rows.data + r * a.hd;
 }
 
-/* Scores of ATT_CHUNK candidates x ATT_QHEADS heads of one row. NV = hd/128.
+/* Sum of v[i] over the warp's lanes for N (32 or 64) values at once: a transposing butterfly — at
+ * each step a lane keeps half of its values and trades the other half with its partner, so the
+ * whole set costs N-2 (N = 64) or N-1 (N = 32) shuffles instead of 5·N. On return lane L holds the
+ * sums of values 2L, 2L+1 in v[0], v[1] (N = 64) or of value L in v[0] (N = 32). */
+template <int HALF, int O>
+__device__ __forceinline__ void warp_sum_step(float *v, int lane) {
+    const bool up = (lane & O) != 0;
+#pragma unroll
+    for (int i = 0; i < HALF; i++) {
+        const float send = up ? v[i] : v[i + HALF];
+        const float keep = up ? v[i + HALF] : v[i];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+    }
+}
+template <int N>
+__device__ __forceinline__ void warp_sum_transpose(float (&v)[N], int lane) {
+    warp_sum_step<N / 2, 16>(v, lane);
+    warp_sum_step<N / 4, 8>(v, lane);
+    warp_sum_step<N / 8, 4>(v, lane);
+    warp_sum_step<N / 16, 2>(v, lane);
+    warp_sum_step<N / 32, 1>(v, lane);
+}
+
+/* Scores of `chunk` candidates x QH heads of one row. NV = hd/128.
  * The candidates' key pointers are found first (one thread each), then every
- * warp loads its 4 keys at once (loads in flight together), then the dots. */
-template <int NV>
-__global__ void __launch_bounds__(ATT_THREADS) k_att_scores(att_args a) {
-    __shared__ float4 qs[ATT_QHEADS][NV * 32];
+ * warp loads its 4 keys at once (loads in flight together), accumulates the
+ * QH x 4 dots of its lanes' dims and reduces them over the warp in one
+ * transposing butterfly. */
+template <int NV, int QH>
+__global__ void __launch_bounds__(ATT_THREADS, 2) k_att_scores(att_args a, int chunk) {
+    constexpr int C = 4; /* keys per warp in flight */
+    __shared__ float4 qs[QH][NV * 32];
     __shared__ const float *kp[ATT_CHUNK];
-    const int tl = blockIdx.z, t = a.t0 + tl, hg0 = blockIdx.y * ATT_QHEADS;
-    const int nh = a.H - hg0 < ATT_QHEADS ? a.H - hg0 : ATT_QHEADS;
-    const int64_t j0 = (int64_t)blockIdx.x * ATT_CHUNK;
+    const int tl = blockIdx.z, t = a.t0 + tl, hg0 = blockIdx.y * QH;
+    const int nh = a.H - hg0 < QH ? a.H - hg0 : QH;
+    const int64_t j0 = (int64_t)blockIdx.x * chunk;
     if (j0 >= a.ld) return;
-    if (threadIdx.x < ATT_CHUNK) kp[threadIdx.x] = j0 + threadIdx.x < a.ld ? cand_key(a, t, j0 + threadIdx.x) : NULL;
-    for (int i = threadIdx.x; i < nh * NV * 32; i += blockDim.x)
-        qs[i / (NV * 32)][i % (NV * 32)] =
-            ((const float4 *)(a.q + ((int64_t)t * a.H + hg0 + i / (NV * 32)) * a.hd))[i % (NV * 32)];
+    if (threadIdx.x < chunk) kp[threadIdx.x] = j0 + threadIdx.x < a.ld ? cand_key(a, t, j0 + threadIdx.x) : NULL;
+    for (int i = threadIdx.x; i < QH * NV * 32; i += blockDim.x) {
+        const int h = i / (NV * 32);
+        qs[h][i % (NV * 32)] = h < nh ? ((const float4 *)(a.q + ((int64_t)t * a.H + hg0 + h) * a.hd))[i % (NV * 32)]
+                                      : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
     __syncthreads();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    constexpr int C = 4; /* keys per warp in flight */
     float *S = a.S + ((int64_t)tl * a.H + hg0) * a.ld;
-    for (int jb = warp * C; jb < ATT_CHUNK; jb += 8 * C) {
+    for (int jb = warp * C; jb < chunk; jb += 8 * C) {
         float4 k[C][NV];
 #pragma unroll
         for (int c = 0; c < C; c++) {
@@ -114,29 +142,26 @@ __global__ void __launch_bounds__(ATT_THREADS) k_att_scores(att_args a) {
             for (int v = 0; v < NV; v++)
                 k[c][v] = key ? ((const float4 *)key)[v * 32 + lane] : make_float4(0.f, 0.f, 0.f, 0.f);
         }
-        for (int h = 0; h < nh; h++) {
-            float s[C];
+        float s[QH * C]; /* [head][key] partial dots of this lane's dims */
 #pragma unroll
-            for (int c = 0; c < C; c++) {
-                s[c] = 0.f;
+        for (int h = 0; h < QH; h++) {
 #pragma unroll
-                for (int v = 0; v < NV; v++) {
-                    const float4 qv = qs[h][v * 32 + lane];
-                    s[c] += qv.x * k[c][v].x + qv.y * k[c][v].y + qv.z * k[c][v].z + qv.w * k[c][v].w;
-                }
+            for (int c = 0; c < C; c++) s[h * C + c] = 0.f;
+#pragma unroll
+            for (int v = 0; v < NV; v++) {
+                const float4 qv = qs[h][v * 32 + lane];
+#pragma unroll
+                for (int c = 0; c < C; c++)
+                    s[h * C + c] += qv.x * k[c][v].x + qv.y * k[c][v].y + qv.z * k[c][v].z + qv.w * k[c][v].w;
             }
+        }
+        warp_sum_transpose<QH * C>(s, lane);
+        constexpr int R = QH * C / 32; /* sums per lane: values R·lane .. R·lane+R-1 */
 #pragma unroll
-            for (int o = 16; o; o >>= 1)
-#pragma unroll
-                for (int c = 0; c < C; c++) s[c] += __shfl_xor_sync(0xffffffffu, s[c], o);
-            if (lane < C) {
-                const int64_t j = j0 + jb + lane;
-                float sv = s[0];
-#pragma unroll
-                for (int c = 1; c < C; c++)
-                    if (lane == c) sv = s[c];
-                if (j < a.ld) S[(int64_t)h * a.ld + j] = kp[jb + lane] ? sv * a.scale : -INFINITY;
-            }
+        for (int r = 0; r < R; r++) {
+            const int idx = R * lane + r, h = idx / C, c = idx % C;
+            const int64_t j = j0 + jb + c;
+            if (h < nh && j < a.ld) S[(int64_t)h * a.ld + j] = kp[jb + c] ? s[r] * a.scale : -INFINITY;
         }
     }
 }
@@ -153,7 +178,7 @@ template <int MINB>
 __global__ void __launch_bounds__(ATT_THREADS, MINB) k_att_pv(att_args a, const void *sinks, int sinks_bf16, int ref,
                                                         int nsplit, float *part) {
     __shared__ float mx_s[ATT_PHEADS], den_s[ATT_PHEADS];
-    __shared__ float ps[ATT_PHEADS][ATT_PCHUNK];
+    __shared__ __align__(16) float ps[ATT_PHEADS][ATT_PCHUNK];
     __shared__ const float *kp[ATT_PCHUNK];
     __shared__ float4 red[ATT_THREADS / 32][ATT_PHEADS / 2][32];
     const int tl = blockIdx.z, t = a.t0 + tl, hg0 = blockIdx.y * ATT_PHEADS;
@@ -200,16 +225,17 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) k_att_pv(att_args a, const 
                 const float *key = j + u < n ? kp[j + u] : NULL;
                 v[u] = key ? ((const float4 *)(key + slice * 128))[lane] : make_float4(0.f, 0.f, 0.f, 0.f);
             }
+            /* candidates past n have p = 0 and v = 0: no tail test, one broadcast float4 of p per head */
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
-                if (j + u >= n) break;
+            for (int h = 0; h < ATT_PHEADS; h++) {
+                const float4 p4 = *(const float4 *)&ps[h][j];
+                const float pu[4] = {p4.x, p4.y, p4.z, p4.w};
 #pragma unroll
-                for (int h = 0; h < ATT_PHEADS; h++) {
-                    const float p = ps[h][j + u];
-                    acc[h].x += p * v[u].x;
-                    acc[h].y += p * v[u].y;
-                    acc[h].z += p * v[u].z;
-                    acc[h].w += p * v[u].w;
+                for (int u = 0; u < 4; u++) {
+                    acc[h].x += pu[u] * v[u].x;
+                    acc[h].y += pu[u] * v[u].y;
+                    acc[h].z += pu[u] * v[u].z;
+                    acc[h].w += pu[u] * v[u].w;
                 }
             }
         }
@@ -330,7 +356,7 @@ int cu_be_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, con
      * ones sum in the same order (bit-identical); a narrower batch just
      * launches fewer parts. */
     int nsplit = (int)((ATT_TARGET_BLOCKS + pv_blocks - 1) / pv_blocks);
-    if (nsplit > (ld_s + 2 * ATT_PCHUNK - 1) / (2 * ATT_PCHUNK)) nsplit = (int)((ld_s + 2 * ATT_PCHUNK - 1) / (2 * ATT_PCHUNK));
+    if (nsplit > (ld_s + ATT_MIN_PER - 1) / ATT_MIN_PER) nsplit = (int)((ld_s + ATT_MIN_PER - 1) / ATT_MIN_PER);
     if (nsplit < 1) nsplit = 1;
     a.per = (ld_s + nsplit - 1) / nsplit;
     if (a.per < 1) a.per = 1;
@@ -347,13 +373,26 @@ int cu_be_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, con
      * DSV4_CUDA_ATT_PV_MINB=1 picks the latter (for measuring, bench/results) */
     const char *minb = getenv("DSV4_CUDA_ATT_PV_MINB");
     const int pv_one_block = minb && minb[0] == '1';
+    /* score blocks: 16 heads x 64 candidates when the rows fill the GPU, else 8 heads x 32 candidates
+     * (decode: 160 blocks instead of 40 at 640 candidates) */
+    int sc_qh = ATT_QHEADS, sc_chunk = ATT_CHUNK;
+    if (chunk * ((maxc + ATT_CHUNK - 1) / ATT_CHUNK) * ((n_heads + ATT_QHEADS - 1) / ATT_QHEADS) < ATT_TARGET_BLOCKS) {
+        sc_qh = ATT_QHEADS / 2;
+        sc_chunk = ATT_CHUNK / 2;
+    }
     for (int64_t t0 = 0; t0 < T; t0 += chunk) {
         const unsigned n = (unsigned)(T - t0 < chunk ? T - t0 : chunk);
         a.t0 = (int)t0;
-        dim3 g1((unsigned)((maxc + ATT_CHUNK - 1) / ATT_CHUNK), (unsigned)((n_heads + ATT_QHEADS - 1) / ATT_QHEADS), n);
-        if (hd == 128) k_att_scores<1><<<g1, ATT_THREADS, 0, ctx->stream>>>(a);
-        else if (hd == 256) k_att_scores<2><<<g1, ATT_THREADS, 0, ctx->stream>>>(a);
-        else k_att_scores<4><<<g1, ATT_THREADS, 0, ctx->stream>>>(a);
+        dim3 g1((unsigned)((maxc + sc_chunk - 1) / sc_chunk), (unsigned)((n_heads + sc_qh - 1) / sc_qh), n);
+        if (sc_qh == ATT_QHEADS) {
+            if (hd == 128) k_att_scores<1, ATT_QHEADS><<<g1, ATT_THREADS, 0, ctx->stream>>>(a, sc_chunk);
+            else if (hd == 256) k_att_scores<2, ATT_QHEADS><<<g1, ATT_THREADS, 0, ctx->stream>>>(a, sc_chunk);
+            else k_att_scores<4, ATT_QHEADS><<<g1, ATT_THREADS, 0, ctx->stream>>>(a, sc_chunk);
+        } else {
+            if (hd == 128) k_att_scores<1, ATT_QHEADS / 2><<<g1, ATT_THREADS, 0, ctx->stream>>>(a, sc_chunk);
+            else if (hd == 256) k_att_scores<2, ATT_QHEADS / 2><<<g1, ATT_THREADS, 0, ctx->stream>>>(a, sc_chunk);
+            else k_att_scores<4, ATT_QHEADS / 2><<<g1, ATT_THREADS, 0, ctx->stream>>>(a, sc_chunk);
+        }
         CU_LAUNCHED(err, "attention (scores)");
         dim3 g2((unsigned)(hd / 128 * nsplit), (unsigned)((n_heads + ATT_PHEADS - 1) / ATT_PHEADS), n);
         if (pv_one_block) k_att_pv<1><<<g2, ATT_THREADS, 0, ctx->stream>>>(a, sinks->data, sbf, ref, nsplit, part);
