@@ -262,6 +262,185 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) k_att_pv(att_args a, const 
     }
 }
 
+/* ---------------------------------------------------------------------------
+ * Many rows (prefill chunks): tensor cores. Per row the scores are a
+ * [heads x hd]·[hd x candidates] product and PV a [heads x candidates]·
+ * [candidates x hd] one, with M = 64 heads — the shape of an mma.sync tile
+ * set. fp32 operands are split into bf16 hi + lo parts and the products
+ * summed as lo·hi + hi·lo + hi·hi with fp32 accumulation (the lo·lo term,
+ * ~2^-16 of the product, is dropped), which is fp32-grade (relative error
+ * ~1e-5 per dot) at a fraction of the SIMT cost. In reference numerics the
+ * probabilities are bf16 values already (rounded before PV, as the
+ * reference), so PV needs only p·v_hi + p·v_lo. The score / statistics /
+ * probability pipeline is the fp32 kernels' (same S scratch, same max and
+ * denominator, same bf16 rounding); only the dot products change
+ * summation order, so the outputs agree with the reference to ~1e-5.
+ * Fragment layouts: PTX ISA, mma.m16n8k16 (.bf16): A rows g / g+8, k pairs
+ * 2c, 2c+8; B k pairs 2c, 2c+8 of column g; C rows g / g+8, columns 2c, 2c+1
+ * (g = lane/4, c = lane%4). Operands are read straight from global memory
+ * (L1 serves the 4 warps of a block, which read the same keys).
+ * ------------------------------------------------------------------------- */
+#define ATT_TC_THREADS 128   /* 4 warps x 16 heads */
+#define ATT_TC_HEADS 64
+#define ATT_TC_CAND 64       /* candidates per score block */
+#define ATT_TC_MIN_ROWS 64   /* row chunks at least this long take the tensor-core kernels */
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* (x0, x1) as packed bf16 hi and lo parts (x ≈ hi + lo); x0 in the low half. */
+__device__ __forceinline__ void split2(float x0, float x1, uint32_t &hi, uint32_t &lo) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+    const __nv_bfloat162 l = __floats2bfloat162_rn(x0 - __low2float(h), x1 - __high2float(h));
+    hi = *(const uint32_t *)&h;
+    lo = *(const uint32_t *)&l;
+}
+
+__device__ __forceinline__ float2 ld2(const float *p, int k) {
+    return p ? *(const float2 *)(p + k) : make_float2(0.f, 0.f);
+}
+
+/* S of ATT_TC_CAND candidates x 64 heads of one row; warp w: heads 16w.., all candidates (8 n-tiles). */
+__global__ void __launch_bounds__(ATT_TC_THREADS) k_att_scores_tc(att_args a) {
+    __shared__ const float *kp[ATT_TC_CAND];
+    const int tl = blockIdx.z, t = a.t0 + tl, hb = blockIdx.y * ATT_TC_HEADS;
+    const int64_t j0 = (int64_t)blockIdx.x * ATT_TC_CAND;
+    if (j0 >= a.ld) return;
+    if (threadIdx.x < ATT_TC_CAND)
+        kp[threadIdx.x] = j0 + threadIdx.x < a.ld ? cand_key(a, t, j0 + threadIdx.x) : NULL;
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    const int h0 = hb + warp * 16 + g, h1 = h0 + 8;
+    const float *q0 = h0 < a.H ? a.q + ((int64_t)t * a.H + h0) * a.hd : NULL;
+    const float *q1 = h1 < a.H ? a.q + ((int64_t)t * a.H + h1) * a.hd : NULL;
+    const float *kr[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) kr[i] = kp[i * 8 + g];
+    float acc[8][4];
+#pragma unroll
+    for (int i = 0; i < 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    for (int k0 = 0; k0 < a.hd; k0 += 16) {
+        const int ka = k0 + 2 * c, kb = ka + 8;
+        uint32_t ah[4], al[4];
+        float2 x = ld2(q0, ka);
+        split2(x.x, x.y, ah[0], al[0]);
+        x = ld2(q1, ka);
+        split2(x.x, x.y, ah[1], al[1]);
+        x = ld2(q0, kb);
+        split2(x.x, x.y, ah[2], al[2]);
+        x = ld2(q1, kb);
+        split2(x.x, x.y, ah[3], al[3]);
+        float2 y[8][2];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            y[i][0] = ld2(kr[i], ka);
+            y[i][1] = ld2(kr[i], kb);
+        }
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            uint32_t bh0, bl0, bh1, bl1;
+            split2(y[i][0].x, y[i][0].y, bh0, bl0);
+            split2(y[i][1].x, y[i][1].y, bh1, bl1);
+            mma_bf16(acc[i], al, bh0, bh1);
+            mma_bf16(acc[i], ah, bl0, bl1);
+            mma_bf16(acc[i], ah, bh0, bh1);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int h = e < 2 ? h0 : h1, jj = i * 8 + 2 * c + (e & 1);
+            const int64_t j = j0 + jj;
+            if (h < a.H && j < a.ld)
+                a.S[((int64_t)tl * a.H + h) * a.ld + j] = kp[jj] ? acc[i][e] * a.scale : -INFINITY;
+        }
+}
+
+/* Softmax (with the sink) and P·V of 64 heads x one 128-dim slice of one row, all candidates;
+ * warp w: heads 16w.., 16 n-tiles of 8 dims. */
+__global__ void __launch_bounds__(ATT_TC_THREADS) k_att_pv_tc(att_args a, const void *sinks, int sinks_bf16,
+                                                               int ref) {
+    __shared__ float mx_s[ATT_TC_HEADS], den_s[ATT_TC_HEADS];
+    __shared__ const float *kp[ATT_TC_CAND];
+    const int tl = blockIdx.z, t = a.t0 + tl, hb = blockIdx.y * ATT_TC_HEADS, slice = blockIdx.x;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    const int nh = a.H - hb < ATT_TC_HEADS ? a.H - hb : ATT_TC_HEADS;
+    const float *S = a.S + ((int64_t)tl * a.H + hb) * a.ld;
+    /* statistics over every candidate of the row (as k_att_pv) */
+    for (int h = warp; h < nh; h += ATT_TC_THREADS / 32) {
+        const float sink = cu_ldf(sinks, sinks_bf16, hb + h);
+        float m = sink;
+        for (int64_t j = lane; j < a.ld; j += 32) m = fmaxf(m, S[(int64_t)h * a.ld + j]);
+        for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        float d = 0.f;
+        for (int64_t j = lane; j < a.ld; j += 32) d += expf(S[(int64_t)h * a.ld + j] - m);
+        for (int o = 16; o; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+        if (lane == 0) {
+            mx_s[h] = m;
+            den_s[h] = d + expf(sink - m);
+        }
+    }
+    const int r0 = warp * 16 + g, r1 = r0 + 8; /* heads of this lane's A rows, relative to hb */
+    float acc[16][4];
+#pragma unroll
+    for (int i = 0; i < 16; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    const int dim0 = slice * 128 + g;
+    for (int64_t cb = 0; cb < a.ld; cb += ATT_TC_CAND) {
+        __syncthreads(); /* statistics ready; previous chunk's pointers consumed */
+        if (threadIdx.x < ATT_TC_CAND)
+            kp[threadIdx.x] = cb + threadIdx.x < a.ld ? cand_key(a, t, cb + threadIdx.x) : NULL;
+        __syncthreads();
+        for (int kk = 0; kk < ATT_TC_CAND; kk += 16) {
+            /* A = probabilities: rows r0 / r1, candidates kk+2c(+1), kk+8+2c(+1) */
+            float pv[2][4];
+#pragma unroll
+            for (int rr = 0; rr < 2; rr++) {
+                const int r = rr ? r1 : r0;
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int64_t j = cb + kk + 2 * c + (e & 1) + (e >> 1) * 8;
+                    float p = 0.f;
+                    if (r < nh && j < a.ld) {
+                        p = expf(S[(int64_t)r * a.ld + j] - mx_s[r]) / den_s[r];
+                        if (ref) p = round_bf16(p); /* official: bf16 probabilities into PV */
+                    }
+                    pv[rr][e] = p;
+                }
+            }
+            uint32_t ah[4], al[4];
+            split2(pv[0][0], pv[0][1], ah[0], al[0]);
+            split2(pv[1][0], pv[1][1], ah[1], al[1]);
+            split2(pv[0][2], pv[0][3], ah[2], al[2]);
+            split2(pv[1][2], pv[1][3], ah[3], al[3]);
+            const float *v0 = kp[kk + 2 * c], *v1 = kp[kk + 2 * c + 1], *v2 = kp[kk + 8 + 2 * c],
+                        *v3 = kp[kk + 9 + 2 * c];
+#pragma unroll
+            for (int i = 0; i < 16; i++) {
+                const int dim = dim0 + i * 8;
+                uint32_t bh0, bl0, bh1, bl1;
+                split2(v0 ? v0[dim] : 0.f, v1 ? v1[dim] : 0.f, bh0, bl0);
+                split2(v2 ? v2[dim] : 0.f, v3 ? v3[dim] : 0.f, bh1, bl1);
+                if (!ref) mma_bf16(acc[i], al, bh0, bh1); /* reference: p is a bf16 value, lo = 0 */
+                mma_bf16(acc[i], ah, bl0, bl1);
+                mma_bf16(acc[i], ah, bh0, bh1);
+            }
+        }
+    }
+    float *o = a.o + ((int64_t)t * a.H + hb) * a.hd + slice * 128;
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = e < 2 ? r0 : r1;
+            if (r < nh) o[(int64_t)r * a.hd + i * 8 + 2 * c + (e & 1)] = acc[i][e];
+        }
+}
+
 /* o[t0 + i] = Σ_split part[split][i], float4 at a time. */
 __global__ void k_att_reduce(const float4 *part, int nsplit, int64_t n4, float4 *o) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -380,9 +559,22 @@ int cu_be_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, con
         sc_qh = ATT_QHEADS / 2;
         sc_chunk = ATT_CHUNK / 2;
     }
+    /* long row chunks (prefill) on tensor cores; DSV4_CUDA_ATT_TC=0 keeps the fp32 kernels (measuring) */
+    const char *tce = getenv("DSV4_CUDA_ATT_TC");
+    const int tc = chunk >= ATT_TC_MIN_ROWS && !(tce && tce[0] == '0');
     for (int64_t t0 = 0; t0 < T; t0 += chunk) {
         const unsigned n = (unsigned)(T - t0 < chunk ? T - t0 : chunk);
         a.t0 = (int)t0;
+        if (tc) {
+            dim3 gs((unsigned)((maxc + ATT_TC_CAND - 1) / ATT_TC_CAND),
+                    (unsigned)((n_heads + ATT_TC_HEADS - 1) / ATT_TC_HEADS), n);
+            k_att_scores_tc<<<gs, ATT_TC_THREADS, 0, ctx->stream>>>(a);
+            CU_LAUNCHED(err, "attention (scores, tensor cores)");
+            dim3 gp((unsigned)(hd / 128), (unsigned)((n_heads + ATT_TC_HEADS - 1) / ATT_TC_HEADS), n);
+            k_att_pv_tc<<<gp, ATT_TC_THREADS, 0, ctx->stream>>>(a, sinks->data, sbf, ref);
+            CU_LAUNCHED(err, "attention (pv, tensor cores)");
+            continue;
+        }
         dim3 g1((unsigned)((maxc + sc_chunk - 1) / sc_chunk), (unsigned)((n_heads + sc_qh - 1) / sc_qh), n);
         if (sc_qh == ATT_QHEADS) {
             if (hd == 128) k_att_scores<1, ATT_QHEADS><<<g1, ATT_THREADS, 0, ctx->stream>>>(a, sc_chunk);
