@@ -25,8 +25,15 @@
  *     numerics) of 128 candidates at a time and streams their 128-dim
  *     slices, 4 loads in flight per warp; warps reduced in shared memory.
  *     When rows x slices x head groups would leave SMs idle (decode), the
- *     candidates are split over blocks: the probabilities are already
- *     normalised, so the partial outputs just add (3rd kernel).
+ *     candidates are split over blocks (down to 64 candidates a part): the
+ *     probabilities are already normalised, so the partial outputs just add
+ *     (3rd kernel) — flash-decoding's split without its rescaling, which
+ *     the bf16 rounding of normalised probabilities rules out.
+ * Decode: score blocks shrink to 8 heads x 32 candidates (160 blocks at 640
+ * candidates instead of 40) and a warp reduces its 8x4 or 16x4 dots in one
+ * transposing butterfly (N shuffles for N sums, not 5N).
+ * Prefill (row chunks >= ATT_TC_MIN_ROWS): both products on tensor cores,
+ * see k_att_scores_tc below.
  * Each key is read from HBM once per row and from L2 by the other head
  * groups. Rows are
  * processed in chunks so S stays within ATT_SCRATCH bytes.
