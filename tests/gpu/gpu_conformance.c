@@ -9,7 +9,9 @@
  *
  * Needs a GPU: built only with DSV4_CUDA, never part of ctest
  * (tests/gpu/run_conformance_h200.sh builds it with nvcc + gcc alone).
- *   dsv4-gpu-conformance [--tol X] [--flash-rows N]... [--no-perf]
+ *   dsv4-gpu-conformance [--tol X] [--flash-rows N]... [--no-perf] [--attn-perf]
+ * (--attn-perf: only the attention-state op timings of 1 request at context 4K / 32K,
+ * decode, verify and a 4096-row prefill, and 8x6 verify)
  * Prints one line per op output (normalised error, or "unsupported") and a
  * summary; exit status 1 when an implemented op exceeds the tolerance,
  * 2 on an error.
@@ -320,15 +322,24 @@ static int perf_attn(int ctx, int R, int k) {
 
 int main(int argc, char **argv) {
     double tol = 2e-2;
-    int rows[8], nrows = 0, do_perf = 1;
+    int rows[8], nrows = 0, do_perf = 1, attn_perf = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--tol") && i + 1 < argc) tol = atof(argv[++i]);
         else if (!strcmp(argv[i], "--flash-rows") && i + 1 < argc && nrows < 8) rows[nrows++] = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--no-perf")) do_perf = 0;
+        else if (!strcmp(argv[i], "--attn-perf")) attn_perf = 1;
         else {
-            fprintf(stderr, "usage: %s [--tol X] [--flash-rows N]... [--no-perf]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--tol X] [--flash-rows N]... [--no-perf] [--attn-perf]\n", argv[0]);
             return 2;
         }
+    }
+    if (attn_perf) { /* only the attention-state timings of one request (decode, verify, prefill) */
+        int e2 = perf_attn(4096, 1, 1) != 0;
+        e2 += perf_attn(32768, 1, 1) != 0;
+        e2 += perf_attn(4096, 1, 6) != 0;
+        e2 += perf_attn(4096, 8, 6) != 0;
+        e2 += perf_attn(4096, 1, 4096) != 0;
+        return e2 ? 2 : 0;
     }
     if (!nrows) rows[nrows++] = 4;
     int bad = 0, err = 0, f;
@@ -353,6 +364,11 @@ int main(int argc, char **argv) {
         {"flash, long chunks 2x160 (ring 132)", 1, 320, 160, 2000, 0, 0},
         {"flash, verify 4x6, ratio 128, paged", 1, 24, 6, 20000, 128, 1},
         {"flash, decode 16x1, paged", 1, 16, 1, 9000, 0, 1},
+        /* few rows at context ~4K (the split-key indexer / attention paths: decode, one verify
+         * request) and a prefill chunk (the many-row paths: tensor-core attention) */
+        {"flash, decode 2x1 at 4095, paged", 1, 2, 1, 4095, 0, 1}, /* the harness takes >= 2 rows */
+        {"flash, verify 1x6 at 4090", 1, 6, 6, 4090, 0, 0},
+        {"flash, prefill chunk 1x512 at 3000", 1, 512, 512, 3000, 0, 0},
     };
     for (size_t i = 0; i < sizeof L / sizeof L[0]; i++) {
         if (L[i].flash) dsv4_conf_shape_flash(&s, L[i].rows);

@@ -25,8 +25,15 @@
  *     numerics) of 128 candidates at a time and streams their 128-dim
  *     slices, 4 loads in flight per warp; warps reduced in shared memory.
  *     When rows x slices x head groups would leave SMs idle (decode), the
- *     candidates are split over blocks: the probabilities are already
- *     normalised, so the partial outputs just add (3rd kernel).
+ *     candidates are split over blocks (down to 64 candidates a part): the
+ *     probabilities are already normalised, so the partial outputs just add
+ *     (3rd kernel) — flash-decoding's split without its rescaling, which
+ *     the bf16 rounding of normalised probabilities rules out.
+ * Decode: score blocks shrink to 8 heads x 32 candidates (160 blocks at 640
+ * candidates instead of 40) and a warp reduces its 8x4 or 16x4 dots in one
+ * transposing butterfly (N shuffles for N sums, not 5N).
+ * Prefill (row chunks >= ATT_TC_MIN_ROWS): both products on tensor cores,
+ * see k_att_scores_tc below.
  * Each key is read from HBM once per row and from L2 by the other head
  * groups. Rows are
  * processed in chunks so S stays within ATT_SCRATCH bytes.
@@ -42,6 +49,7 @@
 #define ATT_PHEADS 16        /* heads per pv block */
 #define ATT_PCHUNK 128       /* candidates whose pointers / probabilities a pv block stages at once */
 #define ATT_TARGET_BLOCKS 264 /* pv blocks wanted (2 per SM): split rows' candidates below that */
+#define ATT_MIN_PER 64       /* candidates per split-K part at least */
 #define ATT_SCRATCH ((size_t)256 << 20)
 
 /* Everything a kernel needs to find the keys of a row (passed by value). */
@@ -86,26 +94,53 @@ __device__ __forceinline__ const float *cand_key(const att_args &a, int t, int64
     return r < 0 ? NULL : (const float *)a.cs.rows.data + r * a.hd;
 }
 
-/* Scores of ATT_CHUNK candidates x ATT_QHEADS heads of one row. NV = hd/128.
+/* Sum of v[i] over the warp's lanes for N (32 or 64) values at once: a transposing butterfly — at
+ * each step a lane keeps half of its values and trades the other half with its partner, so the
+ * whole set costs N-2 (N = 64) or N-1 (N = 32) shuffles instead of 5·N. On return lane L holds the
+ * sums of values 2L, 2L+1 in v[0], v[1] (N = 64) or of value L in v[0] (N = 32). */
+template <int HALF, int O>
+__device__ __forceinline__ void warp_sum_step(float *v, int lane) {
+    const bool up = (lane & O) != 0;
+#pragma unroll
+    for (int i = 0; i < HALF; i++) {
+        const float send = up ? v[i] : v[i + HALF];
+        const float keep = up ? v[i + HALF] : v[i];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+    }
+}
+template <int N>
+__device__ __forceinline__ void warp_sum_transpose(float (&v)[N], int lane) {
+    warp_sum_step<N / 2, 16>(v, lane);
+    warp_sum_step<N / 4, 8>(v, lane);
+    warp_sum_step<N / 8, 4>(v, lane);
+    warp_sum_step<N / 16, 2>(v, lane);
+    warp_sum_step<N / 32, 1>(v, lane);
+}
+
+/* Scores of `chunk` candidates x QH heads of one row. NV = hd/128.
  * The candidates' key pointers are found first (one thread each), then every
- * warp loads its 4 keys at once (loads in flight together), then the dots. */
-template <int NV>
-__global__ void __launch_bounds__(ATT_THREADS) k_att_scores(att_args a) {
-    __shared__ float4 qs[ATT_QHEADS][NV * 32];
+ * warp loads its 4 keys at once (loads in flight together), accumulates the
+ * QH x 4 dots of its lanes' dims and reduces them over the warp in one
+ * transposing butterfly. */
+template <int NV, int QH>
+__global__ void __launch_bounds__(ATT_THREADS, 2) k_att_scores(att_args a, int chunk) {
+    constexpr int C = 4; /* keys per warp in flight */
+    __shared__ float4 qs[QH][NV * 32];
     __shared__ const float *kp[ATT_CHUNK];
-    const int tl = blockIdx.z, t = a.t0 + tl, hg0 = blockIdx.y * ATT_QHEADS;
-    const int nh = a.H - hg0 < ATT_QHEADS ? a.H - hg0 : ATT_QHEADS;
-    const int64_t j0 = (int64_t)blockIdx.x * ATT_CHUNK;
+    const int tl = blockIdx.z, t = a.t0 + tl, hg0 = blockIdx.y * QH;
+    const int nh = a.H - hg0 < QH ? a.H - hg0 : QH;
+    const int64_t j0 = (int64_t)blockIdx.x * chunk;
     if (j0 >= a.ld) return;
-    if (threadIdx.x < ATT_CHUNK) kp[threadIdx.x] = j0 + threadIdx.x < a.ld ? cand_key(a, t, j0 + threadIdx.x) : NULL;
-    for (int i = threadIdx.x; i < nh * NV * 32; i += blockDim.x)
-        qs[i / (NV * 32)][i % (NV * 32)] =
-            ((const float4 *)(a.q + ((int64_t)t * a.H + hg0 + i / (NV * 32)) * a.hd))[i % (NV * 32)];
+    if (threadIdx.x < chunk) kp[threadIdx.x] = j0 + threadIdx.x < a.ld ? cand_key(a, t, j0 + threadIdx.x) : NULL;
+    for (int i = threadIdx.x; i < QH * NV * 32; i += blockDim.x) {
+        const int h = i / (NV * 32);
+        qs[h][i % (NV * 32)] = h < nh ? ((const float4 *)(a.q + ((int64_t)t * a.H + hg0 + h) * a.hd))[i % (NV * 32)]
+                                      : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
     __syncthreads();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    constexpr int C = 4; /* keys per warp in flight */
     float *S = a.S + ((int64_t)tl * a.H + hg0) * a.ld;
-    for (int jb = warp * C; jb < ATT_CHUNK; jb += 8 * C) {
+    for (int jb = warp * C; jb < chunk; jb += 8 * C) {
         float4 k[C][NV];
 #pragma unroll
         for (int c = 0; c < C; c++) {
@@ -114,29 +149,26 @@ __global__ void __launch_bounds__(ATT_THREADS) k_att_scores(att_args a) {
             for (int v = 0; v < NV; v++)
                 k[c][v] = key ? ((const float4 *)key)[v * 32 + lane] : make_float4(0.f, 0.f, 0.f, 0.f);
         }
-        for (int h = 0; h < nh; h++) {
-            float s[C];
+        float s[QH * C]; /* [head][key] partial dots of this lane's dims */
 #pragma unroll
-            for (int c = 0; c < C; c++) {
-                s[c] = 0.f;
+        for (int h = 0; h < QH; h++) {
 #pragma unroll
-                for (int v = 0; v < NV; v++) {
-                    const float4 qv = qs[h][v * 32 + lane];
-                    s[c] += qv.x * k[c][v].x + qv.y * k[c][v].y + qv.z * k[c][v].z + qv.w * k[c][v].w;
-                }
+            for (int c = 0; c < C; c++) s[h * C + c] = 0.f;
+#pragma unroll
+            for (int v = 0; v < NV; v++) {
+                const float4 qv = qs[h][v * 32 + lane];
+#pragma unroll
+                for (int c = 0; c < C; c++)
+                    s[h * C + c] += qv.x * k[c][v].x + qv.y * k[c][v].y + qv.z * k[c][v].z + qv.w * k[c][v].w;
             }
+        }
+        warp_sum_transpose<QH * C>(s, lane);
+        constexpr int R = QH * C / 32; /* sums per lane: values R·lane .. R·lane+R-1 */
 #pragma unroll
-            for (int o = 16; o; o >>= 1)
-#pragma unroll
-                for (int c = 0; c < C; c++) s[c] += __shfl_xor_sync(0xffffffffu, s[c], o);
-            if (lane < C) {
-                const int64_t j = j0 + jb + lane;
-                float sv = s[0];
-#pragma unroll
-                for (int c = 1; c < C; c++)
-                    if (lane == c) sv = s[c];
-                if (j < a.ld) S[(int64_t)h * a.ld + j] = kp[jb + lane] ? sv * a.scale : -INFINITY;
-            }
+        for (int r = 0; r < R; r++) {
+            const int idx = R * lane + r, h = idx / C, c = idx % C;
+            const int64_t j = j0 + jb + c;
+            if (h < nh && j < a.ld) S[(int64_t)h * a.ld + j] = kp[jb + c] ? s[r] * a.scale : -INFINITY;
         }
     }
 }
@@ -153,7 +185,7 @@ template <int MINB>
 __global__ void __launch_bounds__(ATT_THREADS, MINB) k_att_pv(att_args a, const void *sinks, int sinks_bf16, int ref,
                                                         int nsplit, float *part) {
     __shared__ float mx_s[ATT_PHEADS], den_s[ATT_PHEADS];
-    __shared__ float ps[ATT_PHEADS][ATT_PCHUNK];
+    __shared__ __align__(16) float ps[ATT_PHEADS][ATT_PCHUNK];
     __shared__ const float *kp[ATT_PCHUNK];
     __shared__ float4 red[ATT_THREADS / 32][ATT_PHEADS / 2][32];
     const int tl = blockIdx.z, t = a.t0 + tl, hg0 = blockIdx.y * ATT_PHEADS;
@@ -200,16 +232,17 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) k_att_pv(att_args a, const 
                 const float *key = j + u < n ? kp[j + u] : NULL;
                 v[u] = key ? ((const float4 *)(key + slice * 128))[lane] : make_float4(0.f, 0.f, 0.f, 0.f);
             }
+            /* candidates past n have p = 0 and v = 0: no tail test, one broadcast float4 of p per head */
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
-                if (j + u >= n) break;
+            for (int h = 0; h < ATT_PHEADS; h++) {
+                const float4 p4 = *(const float4 *)&ps[h][j];
+                const float pu[4] = {p4.x, p4.y, p4.z, p4.w};
 #pragma unroll
-                for (int h = 0; h < ATT_PHEADS; h++) {
-                    const float p = ps[h][j + u];
-                    acc[h].x += p * v[u].x;
-                    acc[h].y += p * v[u].y;
-                    acc[h].z += p * v[u].z;
-                    acc[h].w += p * v[u].w;
+                for (int u = 0; u < 4; u++) {
+                    acc[h].x += pu[u] * v[u].x;
+                    acc[h].y += pu[u] * v[u].y;
+                    acc[h].z += pu[u] * v[u].z;
+                    acc[h].w += pu[u] * v[u].w;
                 }
             }
         }
@@ -234,6 +267,185 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) k_att_pv(att_args a, const 
             ((float4 *)(out + ((int64_t)tl * a.H + hg0 + hh) * a.hd + slice * 128))[l] = s;
         }
     }
+}
+
+/* ---------------------------------------------------------------------------
+ * Many rows (prefill chunks): tensor cores. Per row the scores are a
+ * [heads x hd]·[hd x candidates] product and PV a [heads x candidates]·
+ * [candidates x hd] one, with M = 64 heads — the shape of an mma.sync tile
+ * set. fp32 operands are split into bf16 hi + lo parts and the products
+ * summed as lo·hi + hi·lo + hi·hi with fp32 accumulation (the lo·lo term,
+ * ~2^-16 of the product, is dropped), which is fp32-grade (relative error
+ * ~1e-5 per dot) at a fraction of the SIMT cost. In reference numerics the
+ * probabilities are bf16 values already (rounded before PV, as the
+ * reference), so PV needs only p·v_hi + p·v_lo. The score / statistics /
+ * probability pipeline is the fp32 kernels' (same S scratch, same max and
+ * denominator, same bf16 rounding); only the dot products change
+ * summation order, so the outputs agree with the reference to ~1e-5.
+ * Fragment layouts: PTX ISA, mma.m16n8k16 (.bf16): A rows g / g+8, k pairs
+ * 2c, 2c+8; B k pairs 2c, 2c+8 of column g; C rows g / g+8, columns 2c, 2c+1
+ * (g = lane/4, c = lane%4). Operands are read straight from global memory
+ * (L1 serves the 4 warps of a block, which read the same keys).
+ * ------------------------------------------------------------------------- */
+#define ATT_TC_THREADS 128   /* 4 warps x 16 heads */
+#define ATT_TC_HEADS 64
+#define ATT_TC_CAND 64       /* candidates per score block */
+#define ATT_TC_MIN_ROWS 64   /* row chunks at least this long take the tensor-core kernels */
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* (x0, x1) as packed bf16 hi and lo parts (x ≈ hi + lo); x0 in the low half. */
+__device__ __forceinline__ void split2(float x0, float x1, uint32_t &hi, uint32_t &lo) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+    const __nv_bfloat162 l = __floats2bfloat162_rn(x0 - __low2float(h), x1 - __high2float(h));
+    hi = *(const uint32_t *)&h;
+    lo = *(const uint32_t *)&l;
+}
+
+__device__ __forceinline__ float2 ld2(const float *p, int k) {
+    return p ? *(const float2 *)(p + k) : make_float2(0.f, 0.f);
+}
+
+/* S of ATT_TC_CAND candidates x 64 heads of one row; warp w: heads 16w.., all candidates (8 n-tiles). */
+__global__ void __launch_bounds__(ATT_TC_THREADS) k_att_scores_tc(att_args a) {
+    __shared__ const float *kp[ATT_TC_CAND];
+    const int tl = blockIdx.z, t = a.t0 + tl, hb = blockIdx.y * ATT_TC_HEADS;
+    const int64_t j0 = (int64_t)blockIdx.x * ATT_TC_CAND;
+    if (j0 >= a.ld) return;
+    if (threadIdx.x < ATT_TC_CAND)
+        kp[threadIdx.x] = j0 + threadIdx.x < a.ld ? cand_key(a, t, j0 + threadIdx.x) : NULL;
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    const int h0 = hb + warp * 16 + g, h1 = h0 + 8;
+    const float *q0 = h0 < a.H ? a.q + ((int64_t)t * a.H + h0) * a.hd : NULL;
+    const float *q1 = h1 < a.H ? a.q + ((int64_t)t * a.H + h1) * a.hd : NULL;
+    const float *kr[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) kr[i] = kp[i * 8 + g];
+    float acc[8][4];
+#pragma unroll
+    for (int i = 0; i < 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    for (int k0 = 0; k0 < a.hd; k0 += 16) {
+        const int ka = k0 + 2 * c, kb = ka + 8;
+        uint32_t ah[4], al[4];
+        float2 x = ld2(q0, ka);
+        split2(x.x, x.y, ah[0], al[0]);
+        x = ld2(q1, ka);
+        split2(x.x, x.y, ah[1], al[1]);
+        x = ld2(q0, kb);
+        split2(x.x, x.y, ah[2], al[2]);
+        x = ld2(q1, kb);
+        split2(x.x, x.y, ah[3], al[3]);
+        float2 y[8][2];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            y[i][0] = ld2(kr[i], ka);
+            y[i][1] = ld2(kr[i], kb);
+        }
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            uint32_t bh0, bl0, bh1, bl1;
+            split2(y[i][0].x, y[i][0].y, bh0, bl0);
+            split2(y[i][1].x, y[i][1].y, bh1, bl1);
+            mma_bf16(acc[i], al, bh0, bh1);
+            mma_bf16(acc[i], ah, bl0, bl1);
+            mma_bf16(acc[i], ah, bh0, bh1);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int h = e < 2 ? h0 : h1, jj = i * 8 + 2 * c + (e & 1);
+            const int64_t j = j0 + jj;
+            if (h < a.H && j < a.ld)
+                a.S[((int64_t)tl * a.H + h) * a.ld + j] = kp[jj] ? acc[i][e] * a.scale : -INFINITY;
+        }
+}
+
+/* Softmax (with the sink) and P·V of 64 heads x one 128-dim slice of one row, all candidates;
+ * warp w: heads 16w.., 16 n-tiles of 8 dims. */
+__global__ void __launch_bounds__(ATT_TC_THREADS) k_att_pv_tc(att_args a, const void *sinks, int sinks_bf16,
+                                                               int ref) {
+    __shared__ float mx_s[ATT_TC_HEADS], den_s[ATT_TC_HEADS];
+    __shared__ const float *kp[ATT_TC_CAND];
+    const int tl = blockIdx.z, t = a.t0 + tl, hb = blockIdx.y * ATT_TC_HEADS, slice = blockIdx.x;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
+    const int nh = a.H - hb < ATT_TC_HEADS ? a.H - hb : ATT_TC_HEADS;
+    const float *S = a.S + ((int64_t)tl * a.H + hb) * a.ld;
+    /* statistics over every candidate of the row (as k_att_pv) */
+    for (int h = warp; h < nh; h += ATT_TC_THREADS / 32) {
+        const float sink = cu_ldf(sinks, sinks_bf16, hb + h);
+        float m = sink;
+        for (int64_t j = lane; j < a.ld; j += 32) m = fmaxf(m, S[(int64_t)h * a.ld + j]);
+        for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        float d = 0.f;
+        for (int64_t j = lane; j < a.ld; j += 32) d += expf(S[(int64_t)h * a.ld + j] - m);
+        for (int o = 16; o; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+        if (lane == 0) {
+            mx_s[h] = m;
+            den_s[h] = d + expf(sink - m);
+        }
+    }
+    const int r0 = warp * 16 + g, r1 = r0 + 8; /* heads of this lane's A rows, relative to hb */
+    float acc[16][4];
+#pragma unroll
+    for (int i = 0; i < 16; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    const int dim0 = slice * 128 + g;
+    for (int64_t cb = 0; cb < a.ld; cb += ATT_TC_CAND) {
+        __syncthreads(); /* statistics ready; previous chunk's pointers consumed */
+        if (threadIdx.x < ATT_TC_CAND)
+            kp[threadIdx.x] = cb + threadIdx.x < a.ld ? cand_key(a, t, cb + threadIdx.x) : NULL;
+        __syncthreads();
+        for (int kk = 0; kk < ATT_TC_CAND; kk += 16) {
+            /* A = probabilities: rows r0 / r1, candidates kk+2c(+1), kk+8+2c(+1) */
+            float pv[2][4];
+#pragma unroll
+            for (int rr = 0; rr < 2; rr++) {
+                const int r = rr ? r1 : r0;
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int64_t j = cb + kk + 2 * c + (e & 1) + (e >> 1) * 8;
+                    float p = 0.f;
+                    if (r < nh && j < a.ld) {
+                        p = expf(S[(int64_t)r * a.ld + j] - mx_s[r]) / den_s[r];
+                        if (ref) p = round_bf16(p); /* official: bf16 probabilities into PV */
+                    }
+                    pv[rr][e] = p;
+                }
+            }
+            uint32_t ah[4], al[4];
+            split2(pv[0][0], pv[0][1], ah[0], al[0]);
+            split2(pv[1][0], pv[1][1], ah[1], al[1]);
+            split2(pv[0][2], pv[0][3], ah[2], al[2]);
+            split2(pv[1][2], pv[1][3], ah[3], al[3]);
+            const float *v0 = kp[kk + 2 * c], *v1 = kp[kk + 2 * c + 1], *v2 = kp[kk + 8 + 2 * c],
+                        *v3 = kp[kk + 9 + 2 * c];
+#pragma unroll
+            for (int i = 0; i < 16; i++) {
+                const int dim = dim0 + i * 8;
+                uint32_t bh0, bl0, bh1, bl1;
+                split2(v0 ? v0[dim] : 0.f, v1 ? v1[dim] : 0.f, bh0, bl0);
+                split2(v2 ? v2[dim] : 0.f, v3 ? v3[dim] : 0.f, bh1, bl1);
+                if (!ref) mma_bf16(acc[i], al, bh0, bh1); /* reference: p is a bf16 value, lo = 0 */
+                mma_bf16(acc[i], ah, bl0, bl1);
+                mma_bf16(acc[i], ah, bh0, bh1);
+            }
+        }
+    }
+    float *o = a.o + ((int64_t)t * a.H + hb) * a.hd + slice * 128;
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = e < 2 ? r0 : r1;
+            if (r < nh) o[(int64_t)r * a.hd + i * 8 + 2 * c + (e & 1)] = acc[i][e];
+        }
 }
 
 /* o[t0 + i] = Σ_split part[split][i], float4 at a time. */
@@ -330,7 +542,7 @@ int cu_be_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, con
      * ones sum in the same order (bit-identical); a narrower batch just
      * launches fewer parts. */
     int nsplit = (int)((ATT_TARGET_BLOCKS + pv_blocks - 1) / pv_blocks);
-    if (nsplit > (ld_s + 2 * ATT_PCHUNK - 1) / (2 * ATT_PCHUNK)) nsplit = (int)((ld_s + 2 * ATT_PCHUNK - 1) / (2 * ATT_PCHUNK));
+    if (nsplit > (ld_s + ATT_MIN_PER - 1) / ATT_MIN_PER) nsplit = (int)((ld_s + ATT_MIN_PER - 1) / ATT_MIN_PER);
     if (nsplit < 1) nsplit = 1;
     a.per = (ld_s + nsplit - 1) / nsplit;
     if (a.per < 1) a.per = 1;
@@ -347,13 +559,39 @@ int cu_be_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, con
      * DSV4_CUDA_ATT_PV_MINB=1 picks the latter (for measuring, bench/results) */
     const char *minb = getenv("DSV4_CUDA_ATT_PV_MINB");
     const int pv_one_block = minb && minb[0] == '1';
+    /* score blocks: 16 heads x 64 candidates when the rows fill the GPU, else 8 heads x 32 candidates
+     * (decode: 160 blocks instead of 40 at 640 candidates) */
+    int sc_qh = ATT_QHEADS, sc_chunk = ATT_CHUNK;
+    if (chunk * ((maxc + ATT_CHUNK - 1) / ATT_CHUNK) * ((n_heads + ATT_QHEADS - 1) / ATT_QHEADS) < ATT_TARGET_BLOCKS) {
+        sc_qh = ATT_QHEADS / 2;
+        sc_chunk = ATT_CHUNK / 2;
+    }
+    /* long row chunks (prefill) on tensor cores; DSV4_CUDA_ATT_TC=0 keeps the fp32 kernels (measuring) */
+    const char *tce = getenv("DSV4_CUDA_ATT_TC");
+    const int tc = chunk >= ATT_TC_MIN_ROWS && !(tce && tce[0] == '0');
     for (int64_t t0 = 0; t0 < T; t0 += chunk) {
         const unsigned n = (unsigned)(T - t0 < chunk ? T - t0 : chunk);
         a.t0 = (int)t0;
-        dim3 g1((unsigned)((maxc + ATT_CHUNK - 1) / ATT_CHUNK), (unsigned)((n_heads + ATT_QHEADS - 1) / ATT_QHEADS), n);
-        if (hd == 128) k_att_scores<1><<<g1, ATT_THREADS, 0, ctx->stream>>>(a);
-        else if (hd == 256) k_att_scores<2><<<g1, ATT_THREADS, 0, ctx->stream>>>(a);
-        else k_att_scores<4><<<g1, ATT_THREADS, 0, ctx->stream>>>(a);
+        if (tc) {
+            dim3 gs((unsigned)((maxc + ATT_TC_CAND - 1) / ATT_TC_CAND),
+                    (unsigned)((n_heads + ATT_TC_HEADS - 1) / ATT_TC_HEADS), n);
+            k_att_scores_tc<<<gs, ATT_TC_THREADS, 0, ctx->stream>>>(a);
+            CU_LAUNCHED(err, "attention (scores, tensor cores)");
+            dim3 gp((unsigned)(hd / 128), (unsigned)((n_heads + ATT_TC_HEADS - 1) / ATT_TC_HEADS), n);
+            k_att_pv_tc<<<gp, ATT_TC_THREADS, 0, ctx->stream>>>(a, sinks->data, sbf, ref);
+            CU_LAUNCHED(err, "attention (pv, tensor cores)");
+            continue;
+        }
+        dim3 g1((unsigned)((maxc + sc_chunk - 1) / sc_chunk), (unsigned)((n_heads + sc_qh - 1) / sc_qh), n);
+        if (sc_qh == ATT_QHEADS) {
+            if (hd == 128) k_att_scores<1, ATT_QHEADS><<<g1, ATT_THREADS, 0, ctx->stream>>>(a, sc_chunk);
+            else if (hd == 256) k_att_scores<2, ATT_QHEADS><<<g1, ATT_THREADS, 0, ctx->stream>>>(a, sc_chunk);
+            else k_att_scores<4, ATT_QHEADS><<<g1, ATT_THREADS, 0, ctx->stream>>>(a, sc_chunk);
+        } else {
+            if (hd == 128) k_att_scores<1, ATT_QHEADS / 2><<<g1, ATT_THREADS, 0, ctx->stream>>>(a, sc_chunk);
+            else if (hd == 256) k_att_scores<2, ATT_QHEADS / 2><<<g1, ATT_THREADS, 0, ctx->stream>>>(a, sc_chunk);
+            else k_att_scores<4, ATT_QHEADS / 2><<<g1, ATT_THREADS, 0, ctx->stream>>>(a, sc_chunk);
+        }
         CU_LAUNCHED(err, "attention (scores)");
         dim3 g2((unsigned)(hd / 128 * nsplit), (unsigned)((n_heads + ATT_PHEADS - 1) / ATT_PHEADS), n);
         if (pv_one_block) k_att_pv<1><<<g2, ATT_THREADS, 0, ctx->stream>>>(a, sinks->data, sbf, ref, nsplit, part);

@@ -11,7 +11,8 @@
  *     DSV4_CMP_ROW (paged or not; an unmapped page is neither read nor written).
  *     Slots at positions < the segment's first position come from the token
  *     ring, the others from this batch's K/Z (+ape).
- *  2. ring: the batch's K and Z+ape into the token ring. Only the last `cap`
+ *  2. ring: the batch's K and Z+ape into the token ring (a row's channels
+ *     spread over up to 16 blocks, so decode is not one block). Only the last `cap`
  *     rows of a segment write (an earlier row's ring slot is overwritten by
  *     a later row of the same chunk in the reference's row order), so blocks
  *     never race on a ring row.
@@ -201,7 +202,7 @@ __global__ void k_cmp_ring(dsv4_cmp_state cs, const float *K, const float *Z, co
     const int64_t cw = (int64_t)cs.out_dim * (cs.overlap ? 2 : 1), p = pos[t];
     const int64_t r = (int64_t)slots[t] * cs.cap + p % cs.cap;
     float *kd = (float *)cs.kv.data + r * cw, *zd = (float *)cs.score.data + r * cw;
-    for (int64_t j = threadIdx.x; j < cw; j += blockDim.x) {
+    for (int64_t j = (int64_t)blockIdx.y * blockDim.x + threadIdx.x; j < cw; j += (int64_t)gridDim.y * blockDim.x) {
         kd[j] = K[(int64_t)t * cw + j];
         zd[j] = Z[(int64_t)t * cw + j] + cu_ldf(ape, ape_bf16, (p % cs.ratio) * cw + j);
     }
@@ -250,7 +251,9 @@ int cu_be_compress(dsv4_backend *be, dsv4_cmp_state *cs, const dsv4_buf *K, cons
     k_cmp_emit<<<b->n_rows, CMP_THREADS, 0, st>>>(*cs, (const float *)K->data, (const float *)Z->data, ape->data,
                                                   abf, norm_w->data, nbf, eps, *rope, q, pos, slot, p0);
     CU_LAUNCHED(err, "compress (emit)");
-    k_cmp_ring<<<b->n_rows, 128, 0, st>>>(*cs, (const float *)K->data, (const float *)Z->data, ape->data, abf, pos,
+    /* a row's channels over several blocks: one round trip per thread, not cw/128 dependent ones */
+    const unsigned ring_y = (unsigned)((cw + 127) / 128 < 16 ? (cw + 127) / 128 : 16);
+    k_cmp_ring<<<dim3((unsigned)b->n_rows, ring_y), 128, 0, st>>>(*cs, (const float *)K->data, (const float *)Z->data, ape->data, abf, pos,
                                           slot, r1);
     CU_LAUNCHED(err, "compress (token ring)");
     return DSV4_OK;

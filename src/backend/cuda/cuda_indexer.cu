@@ -4,14 +4,22 @@
  * key of a row, keep the top-k.
  *
  * Scores. I(t, w) = Σ_h (g_scale·g[t][h])·ReLU(q[t][h]·k[w]) — a
- * [H×dk]·[dk×nvis] product per row. A block takes one row and 128 keys (4
- * tiles of 32): the row's q (H×dk) sits in shared memory once, each thread
- * computes 2 heads × 4 keys per tile, keys streamed once. The arithmetic is
- * the CPU reference's, rounding for rounding (dot products with 8
- * interleaved partial sums combined pairwise, no FMA contraction, heads
- * summed in order), so scores are bit-identical to the reference and the
- * selected sets agree exactly, ties included (a selection is a discrete
- * choice: a 1-ulp score difference would swap rows at the top-k boundary).
+ * [H×dk]·[dk×nvis] product per row. A block takes one row and a range of
+ * keys in tiles of 8·KPW (8 warps x KPW keys): the row's q (H×dk) sits in
+ * shared memory once, each tile's keys are looked up once (one thread per
+ * key: page table) and loaded row-major with coalesced float4 loads, each
+ * lane computes 2 heads × KPW keys, and the heads are summed once per block
+ * (one thread per key). The key range per block is sized from the grid:
+ * decode (one row, ~1K keys) takes KPW = 1 and few tiles per block, so the
+ * work spreads over hundreds of blocks instead of 8; prefill takes KPW = 4
+ * and 4 tiles (128 keys, q loaded once per 128 keys). The tiling does not
+ * touch the numerics: each score is computed by one lane in the same order.
+ * The arithmetic is the CPU reference's, rounding for rounding (dot
+ * products with 8 interleaved partial sums combined pairwise, no FMA
+ * contraction, heads summed in order), so scores are bit-identical to the
+ * reference and the selected sets agree exactly, ties included (a selection
+ * is a discrete choice: a 1-ulp score difference would swap rows at the
+ * top-k boundary).
  *
  * Top-k. One block per row: radix select (4 passes of 8-bit histograms over
  * order-preserving keys) finds the k-th largest score, then one ordered pass
@@ -27,72 +35,92 @@
 #include <math.h>
 
 #define IDX_THREADS 256
-#define IDX_TILE 32          /* keys per tile: 8 warps x 4 keys */
-#define IDX_TILES 4          /* tiles per block */
+#define IDX_BLOCK_KEYS 128   /* keys per block at most (head-sum buffer) */
 #define IDX_MAXH 64          /* heads: 2 per lane */
 #define IDX_SEL_THREADS 1024
 #define IDX_SCRATCH ((size_t)256 << 20)
+#define IDX_TARGET_BLOCKS 264 /* 2 per SM: below this, smaller key ranges per block */
 
 /* ------------------------------------------------------------------ scores */
 
+/* Shared floats of k_idx_scores<KPW>: q [H][dk+1], keys [8·KPW][dk+4], dots [IDX_BLOCK_KEYS][H+1], g [H]. */
+static size_t idx_smem(int H, int dk, int kpw) {
+    return ((((size_t)H * (dk + 1) + 3) & ~(size_t)3) + (size_t)8 * kpw * (dk + 4) +
+            (size_t)IDX_BLOCK_KEYS * (H + 1) + H) * sizeof(float);
+}
+
+/* Scores of keys [blockIdx.x·tpb·8·KPW, +tpb·8·KPW) of row t0 + blockIdx.y. */
+template <int KPW>
 __global__ void __launch_bounds__(IDX_THREADS) k_idx_scores(const float *qi, const float *g, float g_scale,
                                                             dsv4_cmp_state cs, int H, int dk, const int32_t *pos,
-                                                            const int32_t *slots, int t0, float *scores,
+                                                            const int32_t *slots, int t0, int tpb, float *scores,
                                                             int64_t ld) {
+    constexpr int TILE = 8 * KPW;
     extern __shared__ float sm[];
-    const int qld = dk + 1;                 /* padded: lanes read different heads conflict-free */
-    float *qs = sm;                          /* [H][dk+1] */
-    float *kt = qs + ((H * qld + 3) & ~3);   /* [dk][IDX_TILE] transposed key tile (16-byte aligned) */
-    float *dots = kt + dk * IDX_TILE;        /* [IDX_TILE][H] relu'd dots */
-    float *gw = dots + IDX_TILE * H;         /* [H] g_scale*g */
+    __shared__ int64_t krow[TILE];
+    const int qld = dk + 1, kld = dk + 4, dld = H + 1;
+    float *qs = sm;                          /* [H][dk+1]: lanes read different heads conflict-free */
+    float *ks = qs + ((H * qld + 3) & ~3);   /* [TILE][dk+4] key rows (16-byte aligned) */
+    float *dots = ks + TILE * kld;           /* [IDX_BLOCK_KEYS][H+1] relu'd dots */
+    float *gw = dots + IDX_BLOCK_KEYS * dld; /* [H] g_scale*g */
     const int tl = blockIdx.y, t = t0 + tl;
     const int64_t p = pos[t];
     int64_t nvis = (p + 1) / cs.ratio;
     if (nvis > cs.max_rows) nvis = cs.max_rows;
     if (cs.block_table && nvis > (int64_t)cs.max_pages * cs.page_rows) nvis = (int64_t)cs.max_pages * cs.page_rows;
-    const int64_t wbase = (int64_t)blockIdx.x * IDX_TILE * IDX_TILES;
+    const int64_t wbase = (int64_t)blockIdx.x * TILE * tpb;
     if (wbase >= nvis) return;
     const int slot = slots[t];
     for (int i = threadIdx.x; i < H * dk; i += blockDim.x) qs[(i / dk) * qld + i % dk] = qi[(int64_t)t * H * dk + i];
     for (int h = threadIdx.x; h < H; h += blockDim.x) gw[h] = __fmul_rn(g_scale, g[(int64_t)t * H + h]);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, dk4 = dk >> 2;
     const float *keys = (const float *)cs.rows.data;
-    for (int tile = 0; tile < IDX_TILES; tile++) {
-        const int64_t w0 = wbase + (int64_t)tile * IDX_TILE;
+    const int h0 = lane, h1 = lane + 32;
+    int ntiles = 0;
+    for (int tile = 0; tile < tpb; tile++) {
+        const int64_t w0 = wbase + (int64_t)tile * TILE;
         if (w0 >= nvis) break;
-        __syncthreads(); /* kt / dots of the previous tile are consumed */
-        /* transposed key tile; missing keys (past nvis, unmapped pages) as zeros */
-        for (int i = threadIdx.x; i < IDX_TILE * dk; i += blockDim.x) {
-            const int kk = i / dk, d = i % dk;
-            const int64_t w = w0 + kk;
-            const int64_t r = w < nvis ? cu_cmp_index(cs, slot, w) : -1;
-            const float v = r >= 0 ? keys[r * dk + d] : 0.f;
-            kt[d * IDX_TILE + kk] = v;
+        ntiles++;
+        __syncthreads(); /* ks / krow of the previous tile are consumed */
+        if (threadIdx.x < TILE) {
+            const int64_t w = w0 + threadIdx.x;
+            krow[threadIdx.x] = w < nvis ? cu_cmp_index(cs, slot, w) : -1;
         }
         __syncthreads();
-        /* 2 heads (lane, lane+32) x 4 keys (4·warp ..), 8 partial sums each */
-        float acc[2][4][8];
+        /* key rows, one warp per key, float4 per lane; missing keys (past nvis, unmapped pages) as zeros */
+        for (int kk = warp; kk < TILE; kk += IDX_THREADS / 32) {
+            const int64_t r = krow[kk];
+            const float4 *src = (const float4 *)(keys + (r >= 0 ? r : 0) * dk);
+            for (int d4 = lane; d4 < dk4; d4 += 32)
+                *(float4 *)(ks + kk * kld + 4 * d4) = r >= 0 ? src[d4] : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+        __syncthreads();
+        /* 2 heads (lane, lane+32) x KPW keys (KPW·warp ..), 8 partial sums each */
+        float acc[2][KPW][8];
 #pragma unroll
         for (int a = 0; a < 2; a++)
 #pragma unroll
-            for (int b = 0; b < 4; b++)
+            for (int b = 0; b < KPW; b++)
 #pragma unroll
                 for (int j = 0; j < 8; j++) acc[a][b][j] = 0.f;
-        const int h0 = lane, h1 = lane + 32;
         const float *q0 = qs + (h0 < H ? h0 : 0) * qld, *q1 = qs + (h1 < H ? h1 : 0) * qld;
+        const float *kb = ks + warp * KPW * kld;
         for (int d = 0; d < dk; d += 8) {
+            float kv[KPW][8];
+#pragma unroll
+            for (int b = 0; b < KPW; b++) {
+                const float4 lo = *(const float4 *)(kb + b * kld + d), hi = *(const float4 *)(kb + b * kld + d + 4);
+                kv[b][0] = lo.x, kv[b][1] = lo.y, kv[b][2] = lo.z, kv[b][3] = lo.w;
+                kv[b][4] = hi.x, kv[b][5] = hi.y, kv[b][6] = hi.z, kv[b][7] = hi.w;
+            }
 #pragma unroll
             for (int j = 0; j < 8; j++) {
-                const float4 k4 = *(const float4 *)(kt + (d + j) * IDX_TILE + warp * 4);
                 const float a0 = q0[d + j], a1 = q1[d + j];
-                acc[0][0][j] = __fadd_rn(acc[0][0][j], __fmul_rn(a0, k4.x));
-                acc[0][1][j] = __fadd_rn(acc[0][1][j], __fmul_rn(a0, k4.y));
-                acc[0][2][j] = __fadd_rn(acc[0][2][j], __fmul_rn(a0, k4.z));
-                acc[0][3][j] = __fadd_rn(acc[0][3][j], __fmul_rn(a0, k4.w));
-                acc[1][0][j] = __fadd_rn(acc[1][0][j], __fmul_rn(a1, k4.x));
-                acc[1][1][j] = __fadd_rn(acc[1][1][j], __fmul_rn(a1, k4.y));
-                acc[1][2][j] = __fadd_rn(acc[1][2][j], __fmul_rn(a1, k4.z));
-                acc[1][3][j] = __fadd_rn(acc[1][3][j], __fmul_rn(a1, k4.w));
+#pragma unroll
+                for (int b = 0; b < KPW; b++) {
+                    acc[0][b][j] = __fadd_rn(acc[0][b][j], __fmul_rn(a0, kv[b][j]));
+                    acc[1][b][j] = __fadd_rn(acc[1][b][j], __fmul_rn(a1, kv[b][j]));
+                }
             }
         }
 #pragma unroll
@@ -100,24 +128,23 @@ __global__ void __launch_bounds__(IDX_THREADS) k_idx_scores(const float *qi, con
             const int h = a ? h1 : h0;
             if (h >= H) continue;
 #pragma unroll
-            for (int b = 0; b < 4; b++) {
+            for (int b = 0; b < KPW; b++) {
                 const float(&c)[8] = acc[a][b];
                 const float s = __fadd_rn(__fadd_rn(__fadd_rn(c[0], c[1]), __fadd_rn(c[2], c[3])),
                                           __fadd_rn(__fadd_rn(c[4], c[5]), __fadd_rn(c[6], c[7])));
-                dots[(warp * 4 + b) * H + h] = s > 0.f ? s : 0.f;
+                dots[(tile * TILE + warp * KPW + b) * dld + h] = s > 0.f ? s : 0.f;
             }
         }
-        __syncthreads();
-        /* heads summed in order, one thread per key */
-        if (threadIdx.x < IDX_TILE) {
-            const int64_t w = w0 + threadIdx.x;
-            if (w < nvis) {
-                float total = 0.f;
-                for (int h = 0; h < H; h++) total = __fadd_rn(total, __fmul_rn(gw[h], dots[threadIdx.x * H + h]));
-                if (cu_cmp_index(cs, slot, w) < 0) total = -INFINITY; /* unreachable row: never preferred */
-                scores[(int64_t)tl * ld + w] = total;
-            }
-        }
+    }
+    __syncthreads();
+    /* heads summed in order, one thread per key of the block */
+    for (int i = threadIdx.x; i < ntiles * TILE; i += blockDim.x) {
+        const int64_t w = wbase + i;
+        if (w >= nvis) continue;
+        float total = 0.f;
+        for (int h = 0; h < H; h++) total = __fadd_rn(total, __fmul_rn(gw[h], dots[i * dld + h]));
+        if (cu_cmp_index(cs, slot, w) < 0) total = -INFINITY; /* unreachable row: never preferred */
+        scores[(int64_t)tl * ld + w] = total;
     }
 }
 
@@ -267,17 +294,35 @@ int cu_be_indexer_select(dsv4_backend *be, const dsv4_buf *qi, const dsv4_buf *g
         if ((rc = cu_workspace(ctx, (size_t)chunk * ld * sizeof(float), &p, err))) return rc;
         scores = (float *)p;
     }
-    const size_t smem = ((((size_t)H * (dk + 1) + 3) & ~(size_t)3) + (size_t)dk * IDX_TILE + (size_t)IDX_TILE * H + H) * sizeof(float);
-    CU_TRY(cudaFuncSetAttribute(k_idx_scores, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), err,
-           "indexer_select (shared memory)");
-    const int64_t per_block = IDX_TILE * IDX_TILES;
+    /* key range per block: prefill (many rows) takes 32-key tiles x 4; decode and short verify steps
+     * take 8-key tiles, as many per block as keep about IDX_TARGET_BLOCKS blocks busy */
+    const int64_t nt32 = (maxn + 31) / 32, nt8 = (maxn + 7) / 8;
+    int kpw = 4, tpb = 4;
+    if ((int64_t)T * nt32 < 2 * IDX_TARGET_BLOCKS) {
+        kpw = 1;
+        const int64_t want = (int64_t)T * nt8 / IDX_TARGET_BLOCKS;
+        tpb = (int)(want < 1 ? 1 : want > IDX_BLOCK_KEYS / 8 ? IDX_BLOCK_KEYS / 8 : want);
+    }
+    const size_t smem = idx_smem(H, dk, kpw);
+    if (kpw == 4)
+        CU_TRY(cudaFuncSetAttribute(k_idx_scores<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), err,
+               "indexer_select (shared memory)");
+    else
+        CU_TRY(cudaFuncSetAttribute(k_idx_scores<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), err,
+               "indexer_select (shared memory)");
+    const int64_t per_block = (int64_t)8 * kpw * tpb;
     for (int64_t t0 = 0; t0 < T; t0 += chunk) {
         const int n = (int)(T - t0 < chunk ? T - t0 : chunk);
         if (scores) {
             dim3 grid((unsigned)((maxn + per_block - 1) / per_block), (unsigned)n);
-            k_idx_scores<<<grid, IDX_THREADS, smem, ctx->stream>>>((const float *)qi->data, (const float *)g->data,
-                                                                   g_scale, *idx, H, dk, pos, slot, (int)t0, scores,
-                                                                   ld);
+            if (kpw == 4)
+                k_idx_scores<4><<<grid, IDX_THREADS, smem, ctx->stream>>>(
+                    (const float *)qi->data, (const float *)g->data, g_scale, *idx, H, dk, pos, slot, (int)t0, tpb,
+                    scores, ld);
+            else
+                k_idx_scores<1><<<grid, IDX_THREADS, smem, ctx->stream>>>(
+                    (const float *)qi->data, (const float *)g->data, g_scale, *idx, H, dk, pos, slot, (int)t0, tpb,
+                    scores, ld);
             CU_LAUNCHED(err, "indexer_select (scores)");
         }
         k_idx_topk<<<n, IDX_SEL_THREADS, 0, ctx->stream>>>(scores, ld, idx->ratio, max_vis, pos, (int)t0, topk,
