@@ -210,7 +210,9 @@ static int rows_case(const char *name, dsv4_dtype dt, int64_t out, int64_t in, i
     float *sx = malloc((size_t)S * xc * 4), *sy = malloc((size_t)S * ow * 4);
     int rc = 0;
     dsv4_buf x, y, cx, cy;
-    for (size_t k = 0; hx && k < (size_t)T * xc; k++) hx[k] = (float)((int)rb() - 128) / 64.0f;
+    /* full 24-bit mantissas (multiples of 1/64 would make every product and sum exact) */
+    for (size_t k = 0; hx && k < (size_t)T * xc; k++)
+        hx[k] = (float)(((uint32_t)rb() << 16 | (uint32_t)rb() << 8 | rb()) * (1.0 / 4194304.0) - 2.0);
     CK(!hx || !hy || !sx || !sy);
     CK(cu->upload_linear(cu, &h, &L, &e));
     if (cpu->upload_linear) CK(cpu->upload_linear(cpu, &h, &Lc, &e));
@@ -262,14 +264,20 @@ static int rows_case(const char *name, dsv4_dtype dt, int64_t out, int64_t in, i
 static int rows_cases(double tol) {
     printf("== fp32-activation linears (cuda_rows.cu), real shapes, CUDA vs CPU reference on up to 64 sampled rows, "
            "tol %.1e; wall clock / call after one warm-up call (weights partly L2-resident at small T)\n", tol);
-    static const int Ts[] = {1, 6, 8, 48, 64, 96, 192, 256, 512, 4096};
+    static const int Ts[] = {1, 2, 6, 8, 16, 48, 64, 96, 192, 256, 512, 4096};
     int bad = 0, err = 0;
     for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
         int r = rows_case("wo_a FP8 8x[1024x4096] grouped", DSV4_DT_F8_E4M3, 8192, 4096, 8, Ts[i], tol);
         bad += r == 1, err += r == 2;
+        if (Ts[i] == 1 || Ts[i] == 48) { /* the 16-row-tile kernel (shapes with out_g % 128 != 0) */
+            setenv("DSV4_CUDA_ROWS_MMA1", "1", 1);
+            r = rows_case("  same, k_rows_mma (16-row tiles)", DSV4_DT_F8_E4M3, 8192, 4096, 8, Ts[i], tol);
+            unsetenv("DSV4_CUDA_ROWS_MMA1");
+            bad += r == 1, err += r == 2;
+        }
         if (Ts[i] >= 64 && Ts[i] <= 256) { /* the other FP8 path at the same T (where the switch sits) */
             setenv("DSV4_CUDA_ROWS_MMA_MAX", Ts[i] == 256 ? "256" : "48", 1);
-            r = rows_case(Ts[i] == 256 ? "  same, mma slabs" : "  same, cuBLAS hi+lo", DSV4_DT_F8_E4M3, 8192, 4096,
+            r = rows_case(Ts[i] == 256 ? "  same, mma slabs" : "  same, cuBLAS hi+mid+lo", DSV4_DT_F8_E4M3, 8192, 4096,
                           8, Ts[i], tol);
             unsetenv("DSV4_CUDA_ROWS_MMA_MAX");
             bad += r == 1, err += r == 2;
@@ -280,6 +288,12 @@ static int rows_cases(double tol) {
         int r = rows_case("gate BF16 256x4096 (grouped, 1)", DSV4_DT_BF16, 256, 4096, 1, Tg[i], tol);
         bad += r == 1, err += r == 2;
         r = rows_case("F32 256x4096 linear", DSV4_DT_F32, 256, 4096, 0, Tg[i], tol);
+        bad += r == 1, err += r == 2;
+    }
+    /* the tiny checkpoints' wo_a (out_g = 64: 16-row tiles; cuBLAS above 192 rows) */
+    static const int Tt[] = {5, 300};
+    for (size_t i = 0; i < sizeof Tt / sizeof Tt[0]; i++) {
+        int r = rows_case("tiny wo_a FP8 2x[64x256] grouped", DSV4_DT_F8_E4M3, 128, 256, 2, Tt[i], tol);
         bad += r == 1, err += r == 2;
     }
     /* shapes the fast paths refuse: the one-warp-per-output fallback */

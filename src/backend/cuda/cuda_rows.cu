@@ -39,7 +39,7 @@
                                DSV4_CUDA_ROWS_MMA_MAX overrides */
 #define ROWS_GEMV_MAX_T 16  /* F32 / BF16: GEMV up to here, SGEMM above */
 #define ROWS_MMA_NW 4       /* warps per 16-row tile: they split the 128-column blocks */
-#define ROWS_SPLIT_BYTES ((size_t)128 << 20) /* hi + lo scratch per chunk of rows (T > 192) */
+#define ROWS_SPLIT_BYTES ((size_t)192 << 20) /* hi + mid + lo scratch per chunk of rows (T > 192) */
 
 /* ------------------------------------------------------ generic fallback */
 
@@ -70,6 +70,8 @@ __global__ void k_dot_rows(const float *x, int64_t xstride, const void *W, int k
     if (lane == 0) y[t * out + o] = acc;
 }
 
+static unsigned nblk(size_t n, unsigned per) { return (unsigned)((n + per - 1) / per); }
+
 /* ------------------------------------------------------- number helpers */
 
 __device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {
@@ -89,12 +91,19 @@ __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t v) {
     return bf16x2_bits(f.x, f.y);
 }
 
-/* (a, b) -> hi = bf16(a, b), lo = bf16(a - hi_a, b - hi_b); the differences are exact in fp32. */
-__device__ __forceinline__ void split2(float a, float b, uint32_t &hi, uint32_t &lo) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    const float2 hf = __bfloat1622float2(h);
-    hi = *reinterpret_cast<const uint32_t *>(&h);
-    lo = bf16x2_bits(a - hf.x, b - hf.y);
+/* (a, b) -> three bf16 pairs with a = h + m + l up to ~2^-27·|a| (below fp32's own rounding):
+ * h = bf16(a), m = bf16(a - h), l = bf16(a - h - m); each difference is exact in fp32. Two
+ * parts (2^-17) were measured too coarse: the E4M3 activation quantisation of the next linear
+ * turned them into 1e-2·rms logit differences on the tiny checkpoint (test_device_equiv). */
+__device__ __forceinline__ void split3(float a, float b, uint32_t &h, uint32_t &m, uint32_t &l) {
+    const __nv_bfloat162 hh = __floats2bfloat162_rn(a, b);
+    const float2 hf = __bfloat1622float2(hh);
+    const float ra = a - hf.x, rb = b - hf.y;
+    const __nv_bfloat162 mm = __floats2bfloat162_rn(ra, rb);
+    const float2 mf = __bfloat1622float2(mm);
+    h = *reinterpret_cast<const uint32_t *>(&hh);
+    m = *reinterpret_cast<const uint32_t *>(&mm);
+    l = bf16x2_bits(ra - mf.x, rb - mf.y);
 }
 
 /* D += A·B, m16n8k16, bf16 x bf16 -> fp32 (PTX ISA "mma.m16n8k16"): lane = 4·g + t holds
@@ -144,10 +153,11 @@ __device__ __forceinline__ void mma_blk(float (&acc)[NT][4], const uint4 (&F)[4]
                 const int tok = nt * 8 + g;
                 float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
                 if (tok < T) v = __ldg((const float4 *)(xk + (size_t)tok * xstride + c * 64 + 4 * s));
-                uint32_t h0, l0, h1, l1;
-                split2(v.x, v.y, h0, l0);
-                split2(v.z, v.w, h1, l1);
+                uint32_t h0, m0, l0, h1, m1, l1;
+                split3(v.x, v.y, h0, m0, l0);
+                split3(v.z, v.w, h1, m1, l1);
                 mma_bf16(d[nt], a0, a1, a2, a3, h0, h1);
+                mma_bf16(d[nt], a0, a1, a2, a3, m0, m1);
                 mma_bf16(d[nt], a0, a1, a2, a3, l0, l1);
             }
         }
@@ -222,6 +232,159 @@ static cudaError_t launch_mma(dsv4_cuda_ctx *c, const uint8_t *W, const uint8_t 
                      xstride, T, out, out_g, in, y);
 }
 
+/*
+ * The same products, organised for HBM speed at the real shapes (k_rows_mma re-reads x from L2
+ * for every 16-row tile, T/4 bytes per weight byte: 133 us at T = 48): a block owns 128 rows
+ * (8 warps of 16, one scale row-block) and a range of kbl 128-column blocks (grid.y splits the
+ * columns so the grid fills the GPU); it stages its x columns once in shared memory in mma
+ * fragment order (float4 per lane and mma step, read back conflict-free), and every warp then
+ * only streams its weights (two blocks of loads in flight). With grid.y > 1 each block writes
+ * its partial sums to part[blockIdx.y] and k_rows_reduce adds them in a fixed order: the result
+ * does not depend on scheduling. Needs out_g % 128 == 0 and the k_rows_mma conditions.
+ */
+#define R2_NW 8
+#define R2_SMEM_MAX (96 * 1024)
+
+template <int NT>
+__device__ __forceinline__ void mma_blk2(float (&acc)[NT][4], const uint4 (&F)[4], float scale,
+                                         const float4 *__restrict__ xs, int lane) {
+    float d[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) d[nt][0] = d[nt][1] = d[nt][2] = d[nt][3] = 0.f;
+#pragma unroll
+    for (int c = 0; c < 2; c++) {
+        const uint32_t r0[4] = {F[2 * c].x, F[2 * c].y, F[2 * c].z, F[2 * c].w};
+        const uint32_t r1[4] = {F[2 * c + 1].x, F[2 * c + 1].y, F[2 * c + 1].z, F[2 * c + 1].w};
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            const uint32_t a0 = e4m3x2_to_bf16x2(r0[s]), a2 = e4m3x2_to_bf16x2(r0[s] >> 16);
+            const uint32_t a1 = e4m3x2_to_bf16x2(r1[s]), a3 = e4m3x2_to_bf16x2(r1[s] >> 16);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                const float4 v = xs[((nt * 2 + c) * 4 + s) * 32 + lane];
+                uint32_t h0, m0, l0, h1, m1, l1;
+                split3(v.x, v.y, h0, m0, l0);
+                split3(v.z, v.w, h1, m1, l1);
+                mma_bf16(d[nt], a0, a1, a2, a3, h0, h1);
+                mma_bf16(d[nt], a0, a1, a2, a3, m0, m1);
+                mma_bf16(d[nt], a0, a1, a2, a3, l0, l1);
+            }
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[nt][i] = fmaf(scale, d[nt][i], acc[nt][i]);
+}
+
+template <int NT>
+__global__ void __launch_bounds__(R2_NW * 32) k_rows_mma2(const uint8_t *__restrict__ W,
+                                                         const uint8_t *__restrict__ ws, int64_t wsc,
+                                                         const float *__restrict__ x, int64_t xstride, int T,
+                                                         int out, int out_g, int in, int kbl, float *__restrict__ y,
+                                                         float *__restrict__ part) {
+    extern __shared__ float4 xs[]; /* [kbl][NT][2][4][32] */
+    pdl_trigger();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int row0 = blockIdx.x * 128, rw = row0 + 16 * warp, kb0 = blockIdx.y * kbl;
+    const uint8_t *w0 = W + (size_t)(rw + g) * in + 16 * t, *w1 = w0 + (size_t)8 * in;
+    uint4 A[4], B[4];
+    /* weights never depend on the previous kernel: their first loads go out before the wait */
+    ld_blk(A, w0, w1, kb0);
+    if (kbl > 1) ld_blk(B, w0, w1, kb0 + 1);
+    pdl_wait();
+    /* stage x: thread i -> (q = kbi·NT + nt, token row g', chunk c, lane column t', step s), s fastest,
+     * so a warp reads 512 contiguous bytes of one token row */
+    const float *xg = x + (size_t)(row0 / out_g) * in + (size_t)kb0 * 128;
+    const int nst = kbl * NT * 256;
+    for (int i = threadIdx.x; i < nst; i += R2_NW * 32) {
+        const int s = i & 3, tt = (i >> 2) & 3, c = (i >> 4) & 1, gg = (i >> 5) & 7, q = i >> 8;
+        const int nt = q % NT, kbi = q / NT, tok = nt * 8 + gg;
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (tok < T) v = __ldg((const float4 *)(xg + (size_t)tok * xstride + kbi * 128 + c * 64 + 16 * tt + 4 * s));
+        xs[((q * 2 + c) * 4 + s) * 32 + gg * 4 + tt] = v;
+    }
+    __syncthreads();
+    const uint8_t *srow = ws + (size_t)(row0 >> 7) * wsc + kb0;
+    float acc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+    for (int kbi = 0; kbi < kbl;) {
+        mma_blk2<NT>(acc, A, e8m0_to_f32(srow[kbi]), xs + (size_t)kbi * NT * 256, lane);
+        if (kbi + 2 < kbl) ld_blk(A, w0, w1, kb0 + kbi + 2);
+        if (++kbi >= kbl) break;
+        mma_blk2<NT>(acc, B, e8m0_to_f32(srow[kbi]), xs + (size_t)kbi * NT * 256, lane);
+        if (kbi + 2 < kbl) ld_blk(B, w0, w1, kb0 + kbi + 2);
+        ++kbi;
+    }
+    float *dst = gridDim.y > 1 ? part + (size_t)blockIdx.y * T * out : y;
+    const int r0 = rw + g, r1 = r0 + 8;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+        const int t0 = nt * 8 + 2 * t;
+        if (t0 < T) {
+            dst[(size_t)t0 * out + r0] = acc[nt][0];
+            dst[(size_t)t0 * out + r1] = acc[nt][2];
+        }
+        if (t0 + 1 < T) {
+            dst[(size_t)(t0 + 1) * out + r0] = acc[nt][1];
+            dst[(size_t)(t0 + 1) * out + r1] = acc[nt][3];
+        }
+    }
+}
+
+/* y[i] = Σ_j part[j][i] for j = 0 .. ks-1 in order; n4 float4s. */
+__global__ void k_rows_reduce(const float4 *__restrict__ part, int ks, size_t n4, float4 *__restrict__ y) {
+    pdl_trigger();
+    pdl_wait();
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n4) return;
+    float4 s = part[i];
+    for (int j = 1; j < ks; j++) {
+        const float4 o = part[(size_t)j * n4 + i];
+        s.x += o.x;
+        s.y += o.y;
+        s.z += o.z;
+        s.w += o.w;
+    }
+    y[i] = s;
+}
+
+/* The column split of k_rows_mma2: the smallest power of two that fills the GPU (>= 1.5 blocks
+ * per SM) and fits the x stage in R2_SMEM_MAX; 0 when none fits. */
+static int mma2_split(const dsv4_cuda_ctx *c, int NT, int64_t out, int64_t in) {
+    const int64_t nrb = out / 128, nkb = in / 128;
+    int ks = 1;
+    while (nkb % (2 * ks) == 0 &&
+           (nrb * ks * 2 < 3 * (int64_t)c->prop.multiProcessorCount || (size_t)NT * 4096 * (nkb / ks) > R2_SMEM_MAX))
+        ks *= 2;
+    return (size_t)NT * 4096 * (nkb / ks) <= R2_SMEM_MAX ? ks : 0;
+}
+
+template <int NT>
+static int launch_mma2(dsv4_cuda_ctx *c, const uint8_t *W, const uint8_t *ws, int64_t wsc, const float *x,
+                       int64_t xstride, int T, int out, int out_g, int in, int ks, float *y, dsv4_err *err) {
+    const int kbl = in / 128 / ks;
+    const size_t smem = (size_t)NT * 4096 * kbl;
+    /* the opt-in above 48 KB, per call: it is per device (cf. launch_fp8_small) */
+    if (smem > 48 * 1024)
+        CU_TRY(cudaFuncSetAttribute(k_rows_mma2<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), err,
+               "linear_grouped (fp8 rows, shared memory)");
+    float *part = NULL;
+    cudaStream_t st = c->stream;
+    if (ks > 1)
+        CU_TRY(cudaMallocAsync((void **)&part, (size_t)ks * T * out * 4, st), err, "linear_grouped (partials)");
+    cudaError_t e = cu_launch(c, k_rows_mma2<NT>, dim3((unsigned)(out / 128), (unsigned)ks), dim3(R2_NW * 32), smem,
+                              W, ws, wsc, x, xstride, T, out, out_g, in, kbl, y, part);
+    if (e == cudaSuccess && ks > 1) {
+        const size_t n4 = (size_t)T * out / 4;
+        e = cu_launch(c, k_rows_reduce, dim3(nblk(n4, 256)), dim3(256), 0, (const float4 *)part, ks, n4, (float4 *)y);
+    }
+    if (part) cudaFreeAsync(part, st);
+    CU_TRY(e, err, "linear_grouped (fp8 rows, mma2)");
+    return DSV4_OK;
+}
+
 /* Equal slabs of up to 48 tokens (multiples of 8), one launch each: the weight is read once per slab. */
 static int rows_mma(dsv4_cuda_ctx *c, const uint8_t *W, const uint8_t *ws, int64_t out, int64_t in,
                     const float *x, int64_t xstride, int64_t T, int64_t out_g, float *y, dsv4_err *err) {
@@ -232,6 +395,20 @@ static int rows_mma(dsv4_cuda_ctx *c, const uint8_t *W, const uint8_t *ws, int64
         const int n = (int)(T - t0 < per ? T - t0 : per);
         const float *xs = x + t0 * xstride;
         float *ys = y + t0 * out;
+        const int nt = (n + 7) / 8 == 5 ? 6 : (n + 7) / 8;
+        const int ks = out_g % 128 == 0 && !getenv("DSV4_CUDA_ROWS_MMA1") ? mma2_split(c, nt, out, in) : 0;
+        if (ks) {
+            int rc;
+            switch (nt) {
+            case 1: rc = launch_mma2<1>(c, W, ws, wsc, xs, xstride, n, o, og, k, ks, ys, err); break;
+            case 2: rc = launch_mma2<2>(c, W, ws, wsc, xs, xstride, n, o, og, k, ks, ys, err); break;
+            case 3: rc = launch_mma2<3>(c, W, ws, wsc, xs, xstride, n, o, og, k, ks, ys, err); break;
+            case 4: rc = launch_mma2<4>(c, W, ws, wsc, xs, xstride, n, o, og, k, ks, ys, err); break;
+            default: rc = launch_mma2<6>(c, W, ws, wsc, xs, xstride, n, o, og, k, ks, ys, err); break;
+            }
+            if (rc) return rc;
+            continue;
+        }
         cudaError_t e;
         switch ((n + 7) / 8) {
         case 1: e = launch_mma<1>(c, W, ws, wsc, xs, xstride, n, o, og, k, ys); break;
@@ -267,15 +444,17 @@ __global__ void k_rows_fp8_to_bf16(const uint8_t *__restrict__ W, const uint8_t 
     Wb[2 * i + 1] = make_uint4(o[4], o[5], o[6], o[7]);
 }
 
-/* x fp32 -> hi = bf16(x), lo = bf16(x - hi), 4 values a thread. */
-__global__ void k_rows_split(const float4 *__restrict__ x, size_t n4, uint2 *__restrict__ hi, uint2 *__restrict__ lo) {
+/* x fp32 -> hi, mid, lo bf16 (split3), 4 values a thread. */
+__global__ void k_rows_split(const float4 *__restrict__ x, size_t n4, uint2 *__restrict__ hi, uint2 *__restrict__ mid,
+                             uint2 *__restrict__ lo) {
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n4) return;
     const float4 v = x[i];
-    uint32_t h0, l0, h1, l1;
-    split2(v.x, v.y, h0, l0);
-    split2(v.z, v.w, h1, l1);
+    uint32_t h0, m0, l0, h1, m1, l1;
+    split3(v.x, v.y, h0, m0, l0);
+    split3(v.z, v.w, h1, m1, l1);
     hi[i] = make_uint2(h0, h1);
+    mid[i] = make_uint2(m0, m1);
     lo[i] = make_uint2(l0, l1);
 }
 
@@ -284,8 +463,6 @@ __global__ void k_rows_bf16_to_f32(const uint16_t *__restrict__ w, size_t n, flo
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) o[i] = __uint_as_float((uint32_t)w[i] << 16);
 }
-
-static unsigned nblk(size_t n, unsigned per) { return (unsigned)((n + per - 1) / per); }
 
 /* One GEMM per group g (a strided batch): y[r][g·out_g + i] (+)= Σ_k B[r·ldb + g·in + k]·A[(g·out_g + i)·in + k],
  * in the column-major view yᵀ = Aᵀ·Bᵀ. */
@@ -304,14 +481,14 @@ static int rows_gemm(dsv4_cuda_ctx *c, cudaDataType_t dt, const void *A, const v
 static int rows_fp8_gemm(dsv4_cuda_ctx *c, const uint8_t *W, const uint8_t *ws, int64_t out, int64_t in,
                          const float *x, int64_t xstride, int64_t T, int64_t out_g, float *y, dsv4_err *err) {
     cudaStream_t st = c->stream;
-    int64_t tc = (int64_t)(ROWS_SPLIT_BYTES / ((size_t)xstride * 4));
+    int64_t tc = (int64_t)(ROWS_SPLIT_BYTES / ((size_t)xstride * 6));
     if (tc < 1) tc = 1;
     if (tc > T) tc = T;
     const size_t wb = cu_align((size_t)(out * in) * 2), xb = cu_align((size_t)(tc * xstride) * 2);
     void *p = NULL;
     /* stream-ordered scratch (no synchronisation; capturable) */
-    CU_TRY(cudaMallocAsync(&p, wb + 2 * xb, st), err, "linear_grouped (fp8 rows, scratch)");
-    uint8_t *Wb = (uint8_t *)p, *hi = Wb + wb, *lo = hi + xb;
+    CU_TRY(cudaMallocAsync(&p, wb + 3 * xb, st), err, "linear_grouped (fp8 rows, scratch)");
+    uint8_t *Wb = (uint8_t *)p, *hi = Wb + wb, *mid = hi + xb, *lo = mid + xb;
     int rc = DSV4_OK;
     const size_t n16 = (size_t)(out * in) / 16;
     k_rows_fp8_to_bf16<<<nblk(n16, 256), 256, 0, st>>>(W, ws, (in + 127) / 128, in, n16, (uint4 *)Wb);
@@ -320,11 +497,14 @@ static int rows_fp8_gemm(dsv4_cuda_ctx *c, const uint8_t *W, const uint8_t *ws, 
     for (int64_t r0 = 0; !rc && r0 < T; r0 += tc) {
         const int64_t n = T - r0 < tc ? T - r0 : tc;
         const size_t n4 = (size_t)(n * xstride) / 4;
-        k_rows_split<<<nblk(n4, 256), 256, 0, st>>>((const float4 *)(x + r0 * xstride), n4, (uint2 *)hi, (uint2 *)lo);
+        k_rows_split<<<nblk(n4, 256), 256, 0, st>>>((const float4 *)(x + r0 * xstride), n4, (uint2 *)hi,
+                                                     (uint2 *)mid, (uint2 *)lo);
         e = cudaGetLastError();
         if (e != cudaSuccess) rc = cu_err(err, DSV4_EBACKEND, "cuda: linear_grouped (split): %s", cudaGetErrorString(e));
         if (!rc) rc = rows_gemm(c, CUDA_R_16BF, Wb, hi, xstride, n, out, in, out_g, 0.f, y + r0 * out,
                                 "linear_grouped (fp8 rows, hi)", err);
+        if (!rc) rc = rows_gemm(c, CUDA_R_16BF, Wb, mid, xstride, n, out, in, out_g, 1.f, y + r0 * out,
+                                "linear_grouped (fp8 rows, mid)", err);
         if (!rc) rc = rows_gemm(c, CUDA_R_16BF, Wb, lo, xstride, n, out, in, out_g, 1.f, y + r0 * out,
                                 "linear_grouped (fp8 rows, lo)", err);
     }
