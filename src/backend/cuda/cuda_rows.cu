@@ -9,19 +9,20 @@
  * (4096-token prefill: 69 % of all kernel time; decode: 29 us for 32 MB of
  * wo_a that streams in ~8 us). Now, by the number of rows T:
  *
- *  - FP8, T <= 192: k_rows_mma streams the weight with 16-byte loads, once
- *    per slab of 48 tokens;
+ *  - FP8, T <= 64: k_rows_mma2 (k_rows_mma where out_g % 128 != 0) streams
+ *    the weight with 16-byte loads, once per slab of up to 48 tokens;
  *    16 output rows per warp tile (the mma M side), the T tokens the N side,
  *    so one weight load serves every token. The bytes become bf16 exactly
  *    (E4M3 -> f16 -> f32 -> bf16, all exact) and the 128x128 block scale (a
  *    power of two) multiplies the block's fp32 partial sum, which is exact;
- *    x is split into bf16 hi + lo in registers and both go through the mma.
+ *    x is split into bf16 hi + mid + lo in registers, all three go through
+ *    the mma.
  *    As in cuda_linear.cu, the order of the columns inside a 64-column chunk
  *    does not matter, so each lane takes 16 contiguous bytes of its two rows
  *    and the matching 16 floats of x, and the 4 mma steps walk them.
- *  - FP8, T > 192: the weight is dequantised once into a bf16 scratch copy
- *    (exact), x split into hi / lo bf16, and two cuBLAS strided-batched
- *    GEMMs (one batch entry per group) accumulate in fp32 — tensor-core
+ *  - FP8, T > 64: the weight is dequantised once into a bf16 scratch copy
+ *    (exact), x split into hi / mid / lo bf16, and three cuBLAS strided-
+ *    batched GEMMs (one batch entry per group) accumulate in fp32 — tensor-core
  *    speed for prefill chunks.
  *  - F32 / BF16 weights (the router gate, tiny-checkpoint F32 linears):
  *    exact fp32 math. T <= 16: a GEMV, one block per output row, 256
@@ -35,11 +36,11 @@
 #include <stdlib.h>
 
 #define ROWS_MMA_SLAB 48    /* FP8: tokens per mma launch (6 n-tiles: 168 registers; 8 spill) */
-#define ROWS_MMA_MAX_T 192  /* FP8: mma slabs up to here (<= 4 weight reads), cuBLAS above;
-                               DSV4_CUDA_ROWS_MMA_MAX overrides */
+#define ROWS_MMA_MAX_T 64   /* FP8: mma slabs up to here, cuBLAS above (measured crossover between 64
+                               and 96 rows on H200); DSV4_CUDA_ROWS_MMA_MAX overrides */
 #define ROWS_GEMV_MAX_T 16  /* F32 / BF16: GEMV up to here, SGEMM above */
 #define ROWS_MMA_NW 4       /* warps per 16-row tile: they split the 128-column blocks */
-#define ROWS_SPLIT_BYTES ((size_t)192 << 20) /* hi + mid + lo scratch per chunk of rows (T > 192) */
+#define ROWS_SPLIT_BYTES ((size_t)192 << 20) /* hi + mid + lo scratch per chunk of rows (T > 64) */
 
 /* ------------------------------------------------------ generic fallback */
 
@@ -118,7 +119,7 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-/* ------------------------------------------ FP8, T <= 192: tensor-core GEMV */
+/* ------------------------------------------- FP8, T <= 64: tensor-core GEMV */
 
 /* One 128-column block of a lane's two rows: [chunk 0 row g, chunk 0 row g+8, chunk 1 row g, chunk 1 row g+8]. */
 __device__ __forceinline__ void ld_blk(uint4 (&F)[4], const uint8_t *w0, const uint8_t *w1, int kb) {
@@ -422,7 +423,7 @@ static int rows_mma(dsv4_cuda_ctx *c, const uint8_t *W, const uint8_t *ws, int64
     return DSV4_OK;
 }
 
-/* ----------------------------------------- FP8, T > 192: bf16 GEMMs on hi + lo */
+/* ------------------------------------ FP8, T > 64: bf16 GEMMs on hi + mid + lo */
 
 /* W E4M3 [rows][in] with 128x128 scales -> bf16 (exact in bf16's normal range); 16 bytes a thread. */
 __global__ void k_rows_fp8_to_bf16(const uint8_t *__restrict__ W, const uint8_t *__restrict__ ws, int64_t wsc,

@@ -23,14 +23,16 @@ enum { CU_ROWS_F32 = 0, CU_ROWS_BF16 = 1, CU_ROWS_FP8 = 2 };
  *
  * Numerics. F32 / BF16 weights: fp32 products and sums (CUDA-core GEMV for
  * T <= 16, cuBLAS SGEMM above), like the CPU reference up to summation order.
- * FP8 weights: tensor cores on x = hi + lo (both bf16) against the exactly
- * dequantised bf16 weights with fp32 accumulation, so each product differs
- * from the fp32 one only by the ~2^-17 relative part of x that hi + lo does
- * not hold (the trick of the BF16 linears, cuda_dense.cu): an own mma.sync
- * kernel for T <= 192 (slabs of 48 tokens), cuBLAS bf16 GEMMs above. Shapes no fast path takes
+ * FP8 weights: tensor cores on x = hi + mid + lo (three bf16 parts, x held
+ * to ~2^-27 relative, below fp32's own rounding) against the exactly
+ * dequantised bf16 weights with fp32 accumulation (the hi + lo trick of the
+ * BF16 linears, cuda_dense.cu, with one more part): an own mma.sync kernel
+ * for T <= 64 (slabs of up to 48 tokens), cuBLAS bf16 GEMMs above. Measured
+ * on H200 against the CPU op at the wo_a shape: normalised error 5.8e-7
+ * (mma) / 2.4e-6 (cuBLAS), exact fp32 GEMV 4.2e-7. Shapes no fast path takes
  * (unaligned x, odd in-dims) fall back to one warp per output (exact fp32).
  *
- * Scratch of the T > 192 / T > 16 paths comes from the stream-ordered pool
+ * Scratch of the T > 64 / T > 16 paths comes from the stream-ordered pool
  * (capturable in a CUDA graph). Errors: DSV4_ENOMEM (scratch), DSV4_EBACKEND
  * (launch / cuBLAS failure).
  */
