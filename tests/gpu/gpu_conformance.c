@@ -269,7 +269,7 @@ static int rows_cases(double tol) {
     for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
         int r = rows_case("wo_a FP8 8x[1024x4096] grouped", DSV4_DT_F8_E4M3, 8192, 4096, 8, Ts[i], tol);
         bad += r == 1, err += r == 2;
-        if (Ts[i] == 1 || Ts[i] == 48) { /* the 16-row-tile kernel (shapes with out_g % 128 != 0) */
+        if (Ts[i] == 1 || Ts[i] == 48) { /* the 16-row-tile kernel (large shapes with out_g % 128 != 0) */
             setenv("DSV4_CUDA_ROWS_MMA1", "1", 1);
             r = rows_case("  same, k_rows_mma (16-row tiles)", DSV4_DT_F8_E4M3, 8192, 4096, 8, Ts[i], tol);
             unsetenv("DSV4_CUDA_ROWS_MMA1");
@@ -290,7 +290,7 @@ static int rows_cases(double tol) {
         r = rows_case("F32 256x4096 linear", DSV4_DT_F32, 256, 4096, 0, Tg[i], tol);
         bad += r == 1, err += r == 2;
     }
-    /* the tiny checkpoints' wo_a (out_g = 64: 16-row tiles; cuBLAS above 192 rows) */
+    /* the tiny checkpoints' wo_a (under 2^20 weights: the per-output kernel, cuda_rows.cu) */
     static const int Tt[] = {5, 300};
     for (size_t i = 0; i < sizeof Tt / sizeof Tt[0]; i++) {
         int r = rows_case("tiny wo_a FP8 2x[64x256] grouped", DSV4_DT_F8_E4M3, 128, 256, 2, Tt[i], tol);
