@@ -10,8 +10,13 @@
  * Needs a GPU: built only with DSV4_CUDA, never part of ctest
  * (tests/gpu/run_conformance_h200.sh builds it with nvcc + gcc alone).
  *   dsv4-gpu-conformance [--tol X] [--flash-rows N]... [--no-perf] [--attn-perf]
+ *                        [--rows-only | --no-rows] [--rows-tol X]
  * (--attn-perf: only the attention-state op timings of 1 request at context 4K / 32K,
  * decode, verify and a 4096-row prefill, and 8x6 verify)
+ * First the fp32-activation linears (linear_grouped wo_a, the BF16 gate
+ * shape, F32 linears) at T = 1 .. 4096 against the CPU op on sampled rows
+ * (tolerance --rows-tol, default 1e-4; --rows-only stops after them,
+ * --no-rows skips them).
  * Prints one line per op output (normalised error, or "unsupported") and a
  * summary; exit status 1 when an implemented op exceeds the tolerance,
  * 2 on an error.
@@ -168,6 +173,139 @@ static int perf(void) {
     return 0;
 }
 
+/* ---- the fp32-activation linears (cuda_rows.cu) at the real shapes, every T path ---- */
+
+/* A host linear [o][i]: FP8 as host_lin (random codes, scales 2^-7..2^-5), BF16 / F32 random in
+ * [-1, 1) / sqrt(i) (the BF16 values exact in F32 too). */
+static dsv4_linear host_rows_lin(dsv4_dtype dt, int64_t o, int64_t i) {
+    if (dt == DSV4_DT_F8_E4M3) return host_lin(dt, o, i);
+    dsv4_linear l = {.out = o, .in = i};
+    size_t es = dt == DSV4_DT_BF16 ? 2 : 4, n = (size_t)(o * i);
+    uint8_t *w = malloc(n * es);
+    const float sc = 1.0f / sqrtf((float)i);
+    for (size_t k = 0; w && k < n; k++) {
+        float f = sc * (float)((int)rb() - 128) / 128.0f;
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        if (es == 2) ((uint16_t *)w)[k] = (uint16_t)(u >> 16);
+        else ((float *)w)[k] = f;
+    }
+    l.w = (dsv4_tview){.dtype = dt, .ndim = 2, .shape = {o, i}, .data = w, .nbytes = n * es};
+    return l;
+}
+
+/* One case: the CUDA op on T rows (timed), the CPU reference on up to 64 of them (evenly
+ * spaced), normalised error over those. groups > 0: linear_grouped; 0: linear. Returns 1 when
+ * the error exceeds tol, 2 on an error. */
+static int rows_case(const char *name, dsv4_dtype dt, int64_t out, int64_t in, int groups, int T, double tol) {
+    dsv4_err e = {0};
+    dsv4_backend *cu = dsv4_backend_cuda_create(DSV4_NUMERICS_REFERENCE, 0, &e);
+    dsv4_backend *cpu = cu ? dsv4_backend_cpu_create(DSV4_NUMERICS_REFERENCE, &e) : NULL;
+    if (!cpu) {
+        fprintf(stderr, "rows %s: %s\n", name, e.msg);
+        if (cu) cu->free(cu);
+        return 2;
+    }
+    const int g = groups > 0 ? groups : 1, S = T < 64 ? T : 64;
+    const int64_t xc = in * g, ow = out; /* x columns, y columns */
+    dsv4_linear h = host_rows_lin(dt, out, in), L, Lc = h;
+    float *hx = malloc((size_t)T * xc * 4), *hy = malloc((size_t)T * ow * 4);
+    float *sx = malloc((size_t)S * xc * 4), *sy = malloc((size_t)S * ow * 4);
+    int rc = 0;
+    dsv4_buf x, y, cx, cy;
+    /* full 24-bit mantissas (multiples of 1/64 would make every product and sum exact) */
+    for (size_t k = 0; hx && k < (size_t)T * xc; k++)
+        hx[k] = (float)(((uint32_t)rb() << 16 | (uint32_t)rb() << 8 | rb()) * (1.0 / 4194304.0) - 2.0);
+    CK(!hx || !hy || !sx || !sy);
+    CK(cu->upload_linear(cu, &h, &L, &e));
+    if (cpu->upload_linear) CK(cpu->upload_linear(cpu, &h, &Lc, &e));
+    CK(cu->buf_alloc(cu, DSV4_DT_F32, T, xc, &x, &e));
+    CK(cu->buf_alloc(cu, DSV4_DT_F32, T, ow, &y, &e));
+    CK(cu->buf_write(cu, &x, hx, &e));
+#define ROWS_OP(be, xx, LL, yy) (groups > 0 ? (be)->linear_grouped((be), (xx), (LL), groups, (yy), &e) \
+                                            : (be)->linear((be), (xx), (LL), (yy), &e))
+    CK(ROWS_OP(cu, &x, &L, &y));
+    CK(cu->sync(cu, &e));
+    CK(cu->buf_read(cu, &y, hy, &e));
+    const int reps = T <= 64 ? 100 : 5;
+    double t0 = now_sec();
+    for (int r = 0; r < reps; r++) CK(ROWS_OP(cu, &x, &L, &y));
+    CK(cu->sync(cu, &e));
+    const double dt_s = (now_sec() - t0) / reps;
+    /* reference on the sampled rows */
+    for (int j = 0; j < S; j++) memcpy(sx + (size_t)j * xc, hx + (size_t)((int64_t)j * T / S) * xc, (size_t)xc * 4);
+    CK(cpu->buf_alloc(cpu, DSV4_DT_F32, S, xc, &cx, &e));
+    CK(cpu->buf_alloc(cpu, DSV4_DT_F32, S, ow, &cy, &e));
+    CK(cpu->buf_write(cpu, &cx, sx, &e));
+    CK(ROWS_OP(cpu, &cx, &Lc, &cy));
+    CK(cpu->sync(cpu, &e));
+    CK(cpu->buf_read(cpu, &cy, sy, &e));
+#undef ROWS_OP
+    double num = 0, den = 0;
+    for (int j = 0; j < S; j++)
+        for (int64_t o = 0; o < ow; o++) {
+            const double a = hy[(size_t)((int64_t)j * T / S) * ow + o], b = sy[(size_t)j * ow + o];
+            num += (a - b) * (a - b);
+            den += b * b;
+        }
+    const double ne = sqrt(num) / fmax(sqrt(den), 1e-30);
+    const double wbytes = (double)h.w.nbytes + (double)h.scale.nbytes, flop = 2.0 * T * (double)out * (double)in;
+    rc = !(ne <= tol);
+    printf("  %-34s T=%-5d nerr %.3e %s  %9.1f us/call  weights %7.1f GB/s  %7.2f TFLOP/s\n", name, T, ne,
+           rc ? "FAIL" : "ok", dt_s * 1e6, wbytes / dt_s / 1e9, flop / dt_s / 1e12);
+    cpu->free(cpu);
+    cu->free(cu);
+    free(hx);
+    free(hy);
+    free(sx);
+    free(sy);
+    if (dt == DSV4_DT_F8_E4M3) free_host_lin(&h);
+    else free((void *)h.w.data);
+    return rc;
+}
+
+static int rows_cases(double tol) {
+    printf("== fp32-activation linears (cuda_rows.cu), real shapes, CUDA vs CPU reference on up to 64 sampled rows, "
+           "tol %.1e; wall clock / call after one warm-up call (weights partly L2-resident at small T)\n", tol);
+    static const int Ts[] = {1, 2, 6, 8, 16, 48, 64, 96, 192, 256, 512, 4096};
+    int bad = 0, err = 0;
+    for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
+        int r = rows_case("wo_a FP8 8x[1024x4096] grouped", DSV4_DT_F8_E4M3, 8192, 4096, 8, Ts[i], tol);
+        bad += r == 1, err += r == 2;
+        if (Ts[i] == 1 || Ts[i] == 48) { /* the 16-row-tile kernel (large shapes with out_g % 128 != 0) */
+            setenv("DSV4_CUDA_ROWS_MMA1", "1", 1);
+            r = rows_case("  same, k_rows_mma (16-row tiles)", DSV4_DT_F8_E4M3, 8192, 4096, 8, Ts[i], tol);
+            unsetenv("DSV4_CUDA_ROWS_MMA1");
+            bad += r == 1, err += r == 2;
+        }
+        if (Ts[i] >= 64 && Ts[i] <= 256) { /* the other FP8 path at the same T (where the switch sits) */
+            setenv("DSV4_CUDA_ROWS_MMA_MAX", Ts[i] == 256 ? "256" : "48", 1);
+            r = rows_case(Ts[i] == 256 ? "  same, mma slabs" : "  same, cuBLAS hi+mid+lo", DSV4_DT_F8_E4M3, 8192, 4096,
+                          8, Ts[i], tol);
+            unsetenv("DSV4_CUDA_ROWS_MMA_MAX");
+            bad += r == 1, err += r == 2;
+        }
+    }
+    static const int Tg[] = {1, 6, 16, 48, 4096};
+    for (size_t i = 0; i < sizeof Tg / sizeof Tg[0]; i++) {
+        int r = rows_case("gate BF16 256x4096 (grouped, 1)", DSV4_DT_BF16, 256, 4096, 1, Tg[i], tol);
+        bad += r == 1, err += r == 2;
+        r = rows_case("F32 256x4096 linear", DSV4_DT_F32, 256, 4096, 0, Tg[i], tol);
+        bad += r == 1, err += r == 2;
+    }
+    /* the tiny checkpoints' wo_a (under 2^20 weights: the per-output kernel, cuda_rows.cu) */
+    static const int Tt[] = {5, 300};
+    for (size_t i = 0; i < sizeof Tt / sizeof Tt[0]; i++) {
+        int r = rows_case("tiny wo_a FP8 2x[64x256] grouped", DSV4_DT_F8_E4M3, 128, 256, 2, Tt[i], tol);
+        bad += r == 1, err += r == 2;
+    }
+    /* shapes the fast paths refuse: the one-warp-per-output fallback */
+    int r = rows_case("F32 24x1001 linear (fallback)", DSV4_DT_F32, 24, 1001, 0, 5, tol);
+    bad += r == 1, err += r == 2;
+    printf("rows: %d cases above tolerance, %d errors\n\n", bad, err);
+    return err ? -1 : bad;
+}
+
 /* ---- steady-state attention-state ops at Flash shapes and long contexts (CUDA only) ---- */
 
 static double timed_calls(dsv4_backend *be, int reps, int (*call)(dsv4_backend *, void *), void *arg, dsv4_err *e) {
@@ -322,14 +460,21 @@ static int perf_attn(int ctx, int R, int k) {
 
 int main(int argc, char **argv) {
     double tol = 2e-2;
-    int rows[8], nrows = 0, do_perf = 1, attn_perf = 0;
+    int rows[8], nrows = 0, do_perf = 1, attn_perf = 0, rows_only = 0, do_rows = 1;
+    double rows_tol = 1e-4;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--tol") && i + 1 < argc) tol = atof(argv[++i]);
         else if (!strcmp(argv[i], "--flash-rows") && i + 1 < argc && nrows < 8) rows[nrows++] = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--no-perf")) do_perf = 0;
         else if (!strcmp(argv[i], "--attn-perf")) attn_perf = 1;
+        else if (!strcmp(argv[i], "--rows-only")) rows_only = 1;
+        else if (!strcmp(argv[i], "--no-rows")) do_rows = 0;
+        else if (!strcmp(argv[i], "--rows-tol") && i + 1 < argc) rows_tol = atof(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--tol X] [--flash-rows N]... [--no-perf] [--attn-perf]\n", argv[0]);
+            fprintf(stderr,
+                    "usage: %s [--tol X] [--flash-rows N]... [--no-perf] [--attn-perf] [--rows-only | --no-rows] "
+                    "[--rows-tol X]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -343,6 +488,14 @@ int main(int argc, char **argv) {
     }
     if (!nrows) rows[nrows++] = 4;
     int bad = 0, err = 0, f;
+    if (do_rows) {
+        f = rows_cases(rows_tol);
+        bad += f > 0, err += f < 0;
+    }
+    if (rows_only) {
+        printf("summary: %d runs with outputs above tolerance, %d runs with errors\n", bad, err);
+        return err ? 2 : bad ? 1 : 0;
+    }
     dsv4_conf_shape s;
     dsv4_conf_shape_tiny(&s);
     f = run("tiny", &s, DSV4_NUMERICS_REFERENCE, tol, 0);

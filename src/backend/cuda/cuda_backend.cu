@@ -20,6 +20,7 @@
  * upload_experts op) would remove that peak too.
  */
 #include "backend/cuda/cuda_be_internal.cuh"
+#include "backend/cuda/cuda_rows.cuh"
 
 #include <stdlib.h>
 #include <string.h>
@@ -420,58 +421,27 @@ static int cu_hc_mean(dsv4_backend *be, const dsv4_buf *X, int n_hc, dsv4_buf *y
 
 /* ----------------------------------------------------------------- linears */
 
-/* y[t][o] = Σ_k x[t][xoff(o) + k]·W[o][k] over in_g, fp32; one warp per output.
- * W: F32, BF16 or FP8 (E4M3 with E8M0 128x128 block scales, dequantised:
- * the official wo_a path, no activation quantisation). */
-__global__ void k_dot_rows(const float *x, int64_t xstride, const void *W, int kind, const uint8_t *ws,
-                           int64_t wsc, int64_t T, int64_t out, int64_t out_g, int64_t in_g, float *y) {
-    const int64_t wid = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    const int lane = threadIdx.x & 31;
-    if (wid >= T * out) return;
-    const int64_t t = wid / out, o = wid % out, g = o / out_g;
-    const float *xr = x + t * xstride + g * in_g;
-    float acc = 0.f;
-    for (int64_t k = lane; k < in_g; k += 32) {
-        float w;
-        if (kind == 0) {
-            w = ((const float *)W)[o * in_g + k];
-        } else if (kind == 1) {
-            w = __uint_as_float((uint32_t)((const uint16_t *)W)[o * in_g + k] << 16);
-        } else {
-            __nv_fp8_e4m3 q;
-            q.__x = ((const uint8_t *)W)[o * in_g + k];
-            w = float(q) * e8m0_to_f32(ws[(o / 128) * wsc + k / 128]);
-        }
-        acc += xr[k] * w;
-    }
-    for (int s = 16; s; s >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, s);
-    if (lane == 0) y[t * out + o] = acc;
-}
-
+/* The fp32-activation linears (F32 / BF16 / FP8 weights, no activation
+ * quantisation): cuda_rows.cu, numerics in cuda_rows.cuh. */
 static int dot_rows(cu_be *cb, const cu_lin *l, const float *x, int64_t xstride, int64_t T, int64_t out_g,
                     float *y, dsv4_err *err) {
     int kind;
     const void *W;
     const uint8_t *ws = NULL;
     if (l->f32) {
-        kind = 0;
+        kind = CU_ROWS_F32;
         W = l->f32;
     } else if (l->cw.kind == DSV4_CUDA_W_BF16) {
-        kind = 1;
+        kind = CU_ROWS_BF16;
         W = l->cw.w;
     } else if (l->cw.kind == DSV4_CUDA_W_FP8) {
-        kind = 2;
+        kind = CU_ROWS_FP8;
         W = l->cw.w;
         ws = (const uint8_t *)l->cw.scale;
     } else {
         return cu_err(err, DSV4_EUNSUPPORTED, "cuda: linear_grouped: FP4 weights not implemented");
     }
-    int64_t warps = T * l->out;
-    if (!warps) return DSV4_OK;
-    k_dot_rows<<<(unsigned)((warps * 32 + 255) / 256), 256, 0, cb->ctx->stream>>>(
-        x, xstride, W, kind, ws, (l->in + 127) / 128, T, l->out, out_g, l->in, y);
-    CU_TRY(cudaGetLastError(), err, "linear (dot rows)");
-    return DSV4_OK;
+    return cu_rows_linear(cb->ctx, kind, W, ws, l->out, l->in, x, xstride, T, out_g, y, err);
 }
 
 static int cu_linear(dsv4_backend *be, const dsv4_buf *x, const dsv4_linear *w, dsv4_buf *y, dsv4_err *err) {
