@@ -250,7 +250,9 @@ int cu_be_compress(dsv4_backend *be, dsv4_cmp_state *cs, const dsv4_buf *K, cons
     k_cmp_emit<<<b->n_rows, CMP_THREADS, 0, st>>>(*cs, (const float *)K->data, (const float *)Z->data, ape->data,
                                                   abf, norm_w->data, nbf, eps, *rope, q, pos, slot, p0);
     CU_LAUNCHED(err, "compress (emit)");
-    k_cmp_ring<<<b->n_rows, 128, 0, st>>>(*cs, (const float *)K->data, (const float *)Z->data, ape->data, abf, pos,
+    /* one pass over the row where it fits (a decode step is one 8 KB row: latency, not bandwidth) */
+    const int rth = cw >= 1024 ? 1024 : (int)((cw + 31) / 32 * 32);
+    k_cmp_ring<<<b->n_rows, rth, 0, st>>>(*cs, (const float *)K->data, (const float *)Z->data, ape->data, abf, pos,
                                           slot, r1);
     CU_LAUNCHED(err, "compress (token ring)");
     return DSV4_OK;
