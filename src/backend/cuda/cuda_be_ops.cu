@@ -308,6 +308,8 @@ int cu_be_qat_hadamard_fp4(dsv4_backend *be, dsv4_buf *x, int head_dim, dsv4_err
 #define HC_L_ROWS 128  /* k_hc_part_l: rows (= threads) per block */
 #define HC_L_CH 512    /* k_hc_part_l: columns per block */
 #define HC_L_SUB 256   /* k_hc_part_l: columns of fn staged at a time */
+#define HC_L_XT 32     /* k_hc_part_l: columns of X staged at a time */
+#define HC_L_XS 36     /* k_hc_part_l: padded row stride of the X tile (16-byte rows, no bank conflicts) */
 #define HC_BIG_T 1024  /* rows from which k_hc_part_l is used */
 
 template <int NM>
@@ -348,44 +350,55 @@ __global__ void __launch_bounds__(HC_S_CH) k_hc_part_s(const float *__restrict__
     }
 }
 
-/* n % 4 == 0 and X 16-byte aligned (the caller checks). */
+/* n % 4 == 0 and X 16-byte aligned (the caller checks). X is staged through
+ * shared memory 32 columns at a time (coalesced loads of whole row segments;
+ * each thread then reads its own row's values, conflict-free with the padded
+ * stride), fn 256 columns at a time (read as broadcasts). */
 template <int NM>
 __global__ void __launch_bounds__(HC_L_ROWS) k_hc_part_l(const float *__restrict__ X, int T, int64_t n,
                                                         const void *fn, int fbf16, int nch, float *part,
                                                         double *ssp) {
     __shared__ float4 sf[NM][HC_L_SUB / 4];
-    const int t = blockIdx.y * HC_L_ROWS + threadIdx.x, ch = blockIdx.x;
+    __shared__ __align__(16) float sx[HC_L_ROWS * HC_L_XS];
+    const int r0 = blockIdx.y * HC_L_ROWS, tid = threadIdx.x, t = r0 + tid, ch = blockIdx.x;
     const int64_t c0 = (int64_t)ch * HC_L_CH;
-    const float4 *xr = (const float4 *)(X + (int64_t)(t < T ? t : 0) * n);
     float acc[NM];
 #pragma unroll
     for (int k = 0; k < NM; k++) acc[k] = 0.f;
     double ss = 0;
     for (int s0 = 0; s0 < HC_L_CH && c0 + s0 < n; s0 += HC_L_SUB) {
         const int64_t cs = c0 + s0;
+        const int ncols = (int)(n - cs < HC_L_SUB ? n - cs : HC_L_SUB); /* a multiple of 4 */
         __syncthreads(); /* the previous sub-chunk's readers are done */
-        for (int e = threadIdx.x; e < NM * HC_L_SUB; e += HC_L_ROWS) {
+        for (int e = tid; e < NM * HC_L_SUB; e += HC_L_ROWS) {
             const int k = e / HC_L_SUB, j = e % HC_L_SUB;
-            ((float *)sf)[e] = cs + j < n ? cu_ldf(fn, fbf16, (int64_t)k * n + cs + j) : 0.f;
+            ((float *)sf)[e] = j < ncols ? cu_ldf(fn, fbf16, (int64_t)k * n + cs + j) : 0.f;
         }
-        __syncthreads();
-        if (t < T) {
-            const int nj = (int)((n - cs < HC_L_SUB ? n - cs : HC_L_SUB) / 4);
-            const float4 *xp = xr + cs / 4;
-#pragma unroll 2
-            for (int j = 0; j < nj; j++) {
-                const float4 x = xp[j];
-                ss += (double)x.x * x.x;
-                ss += (double)x.y * x.y;
-                ss += (double)x.z * x.z;
-                ss += (double)x.w * x.w;
+        for (int x0 = 0; x0 < ncols; x0 += HC_L_XT) {
+            __syncthreads(); /* fn staged; the previous X tile consumed */
+            for (int e = tid; e < HC_L_ROWS * (HC_L_XT / 4); e += HC_L_ROWS) {
+                const int rr = e / (HC_L_XT / 4), q = e % (HC_L_XT / 4);
+                float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (r0 + rr < T && x0 + q * 4 < ncols) v = *(const float4 *)(X + (int64_t)(r0 + rr) * n + cs + x0 + q * 4);
+                *(float4 *)(sx + rr * HC_L_XS + q * 4) = v;
+            }
+            __syncthreads();
+            if (t < T) {
+                const int nq = (ncols - x0 < HC_L_XT ? ncols - x0 : HC_L_XT) / 4;
+                for (int q = 0; q < nq; q++) {
+                    const float4 x = *(const float4 *)(sx + tid * HC_L_XS + q * 4);
+                    ss += (double)x.x * x.x;
+                    ss += (double)x.y * x.y;
+                    ss += (double)x.z * x.z;
+                    ss += (double)x.w * x.w;
 #pragma unroll
-                for (int k = 0; k < NM; k++) {
-                    const float4 f = sf[k][j];
-                    acc[k] += f.x * x.x;
-                    acc[k] += f.y * x.y;
-                    acc[k] += f.z * x.z;
-                    acc[k] += f.w * x.w;
+                    for (int k = 0; k < NM; k++) {
+                        const float4 f = sf[k][x0 / 4 + q];
+                        acc[k] += f.x * x.x;
+                        acc[k] += f.y * x.y;
+                        acc[k] += f.z * x.z;
+                        acc[k] += f.w * x.w;
+                    }
                 }
             }
         }
@@ -398,6 +411,52 @@ __global__ void __launch_bounds__(HC_L_ROWS) k_hc_part_l(const float *__restrict
 }
 
 __device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* hc_pre's post and comb = Sinkhorn(logits) from the scaled mixes m
+ * (§3.2.4: row softmax + eps, then column / (row, column) passes), the
+ * reference's loop order; NH a constant so c[] stays in registers (with a
+ * runtime n_hc it lived in local memory: ~40 µs of dependent loads a row). */
+template <int NH>
+__device__ void hc_post_comb(const float *m, const void *base, int bbf16, float s1, float s2, int iters, float eps,
+                             float *po, float *C) {
+#pragma unroll
+    for (int h = 0; h < NH; h++) po[h] = 2.0f * sigm(m[NH + h] * s1 + cu_ldf(base, bbf16, NH + h));
+    float c[NH * NH];
+#pragma unroll
+    for (int k = 0; k < NH * NH; k++) c[k] = m[2 * NH + k] * s2 + cu_ldf(base, bbf16, 2 * NH + k);
+#pragma unroll
+    for (int i = 0; i < NH; i++) {
+        float mx = -INFINITY, s = 0.f;
+#pragma unroll
+        for (int j = 0; j < NH; j++) mx = fmaxf(mx, c[i * NH + j]);
+#pragma unroll
+        for (int j = 0; j < NH; j++) s += c[i * NH + j] = expf(c[i * NH + j] - mx);
+#pragma unroll
+        for (int j = 0; j < NH; j++) c[i * NH + j] = c[i * NH + j] / s + eps;
+    }
+    for (int it = 0; it < iters; it++) {
+        if (it > 0) {
+#pragma unroll
+            for (int i = 0; i < NH; i++) {
+                float s = 0.f;
+#pragma unroll
+                for (int j = 0; j < NH; j++) s += c[i * NH + j];
+#pragma unroll
+                for (int j = 0; j < NH; j++) c[i * NH + j] /= s + eps;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < NH; j++) {
+            float s = 0.f;
+#pragma unroll
+            for (int i = 0; i < NH; i++) s += c[i * NH + j];
+#pragma unroll
+            for (int i = 0; i < NH; i++) c[i * NH + j] /= s + eps;
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < NH * NH; k++) C[k] = c[k];
+}
 
 /*
  * Per row (blockIdx.y): m = Σ_chunks partials · r, then hc_pre's pre / post /
@@ -434,32 +493,14 @@ __global__ void __launch_bounds__(256) k_hc_fin(const float *part, const double 
         const float s0 = cu_ldf(scale, sbf16, 0);
         for (int h = 0; h < n_hc; h++) pre[h] = sigm(m[h] * s0 + cu_ldf(base, bbf16, h)) + eps;
         if (post && blockIdx.x == 0) {
-            const float s1 = cu_ldf(scale, sbf16, 1), s2 = cu_ldf(scale, sbf16, 2);
             float *po = post + (int64_t)t * n_hc, *C = comb + (int64_t)t * n_hc * n_hc;
-            for (int h = 0; h < n_hc; h++) po[h] = 2.0f * sigm(m[n_hc + h] * s1 + cu_ldf(base, bbf16, n_hc + h));
-            float c[16];
-            for (int k = 0; k < n_hc * n_hc; k++) c[k] = m[2 * n_hc + k] * s2 + cu_ldf(base, bbf16, 2 * n_hc + k);
-            /* Sinkhorn (§3.2.4): row softmax + eps, then column / (row, column) passes */
-            for (int i = 0; i < n_hc; i++) {
-                float mx = -INFINITY, s = 0.f;
-                for (int j = 0; j < n_hc; j++) mx = fmaxf(mx, c[i * n_hc + j]);
-                for (int j = 0; j < n_hc; j++) s += c[i * n_hc + j] = expf(c[i * n_hc + j] - mx);
-                for (int j = 0; j < n_hc; j++) c[i * n_hc + j] = c[i * n_hc + j] / s + eps;
+            const float s1 = cu_ldf(scale, sbf16, 1), s2 = cu_ldf(scale, sbf16, 2);
+            switch (n_hc) {
+            case 1: hc_post_comb<1>(m, base, bbf16, s1, s2, iters, eps, po, C); break;
+            case 2: hc_post_comb<2>(m, base, bbf16, s1, s2, iters, eps, po, C); break;
+            case 3: hc_post_comb<3>(m, base, bbf16, s1, s2, iters, eps, po, C); break;
+            default: hc_post_comb<4>(m, base, bbf16, s1, s2, iters, eps, po, C); break;
             }
-            for (int it = 0; it < iters; it++) {
-                if (it > 0)
-                    for (int i = 0; i < n_hc; i++) {
-                        float s = 0.f;
-                        for (int j = 0; j < n_hc; j++) s += c[i * n_hc + j];
-                        for (int j = 0; j < n_hc; j++) c[i * n_hc + j] /= s + eps;
-                    }
-                for (int j = 0; j < n_hc; j++) {
-                    float s = 0.f;
-                    for (int i = 0; i < n_hc; i++) s += c[i * n_hc + j];
-                    for (int i = 0; i < n_hc; i++) c[i * n_hc + j] /= s + eps;
-                }
-            }
-            for (int k = 0; k < n_hc * n_hc; k++) C[k] = c[k];
         }
     }
     __syncthreads();
