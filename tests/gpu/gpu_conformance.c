@@ -524,6 +524,37 @@ static int small_ops(double tol) {
         sm_check(s, "moe_route weights (hash)", T, w);
         SMTIME("moe_route (hash)", T, reps, s->be[0]->moe_route(s->be[0], &xr[0], &lgate[0], NULL, &vt2e[0], K, 1.5f,
                                                                 &b, &ids[0], &w[0], &s->e));
+        /* hc_post on this X with random post / comb, then rope (32 heads of 512, 1 head), rope_dim 64 */
+        {
+            float *hp = malloc((size_t)T * NHC * NHC * 4), *hf = malloc((size_t)T * D * 4);
+            for (size_t i = 0; i < (size_t)T * NHC * NHC; i++) hp[i] = 0.5f + 0.5f * frnd();
+            for (size_t i = 0; i < (size_t)T * D; i++) hf[i] = frnd();
+            dsv4_buf pc[2], pp[2], fb[2], xo[2];
+            SMCK(sm_pair(s, DSV4_DT_F32, T, NHC * NHC, hp, pc) || sm_pair(s, DSV4_DT_F32, T, NHC, hp, pp) ||
+                 sm_pair(s, DSV4_DT_F32, T, D, hf, fb) || sm_pair(s, DSV4_DT_F32, T, N, NULL, xo));
+            for (int i = 0; i < 2; i++)
+                SMCK(s->be[i]->hc_post(s->be[i], &X[i], &fb[i], &pp[i], &pc[i], NHC, &xo[i], &s->e));
+            sm_check(s, "hc_post", T, xo);
+            SMTIME("hc_post", T, reps, s->be[0]->hc_post(s->be[0], &X[0], &fb[0], &pp[0], &pc[0], NHC, &xo[0], &s->e));
+            dsv4_rope rp;
+            SMCK(dsv4_rope_init(&rp, 64, 10000.0, 0, 0, 0, 0, &s->e));
+            static const int nhs[] = {32, 1}; /* 32 x 512 = the columns of hx */
+            for (int hi = 0; hi < 2; hi++) {
+                dsv4_buf q[2];
+                SMCK(sm_pair(s, DSV4_DT_F32, T, (int64_t)nhs[hi] * 512, hx, q));
+                for (int i = 0; i < 2; i++) SMCK(s->be[i]->rope(s->be[i], &q[i], 512, &rp, &b, hi, &s->e));
+                sm_check(s, hi ? "rope (1 head, inverse)" : "rope (32 heads of 512)", T, q);
+                SMTIME(hi ? "rope (1 head)" : "rope (32 heads)", T, reps,
+                       s->be[0]->rope(s->be[0], &q[0], 512, &rp, &b, hi, &s->e));
+                sm_free(s, q);
+            }
+            sm_free(s, pc);
+            sm_free(s, pp);
+            sm_free(s, fb);
+            sm_free(s, xo);
+            free(hp);
+            free(hf);
+        }
         static const int groups[] = {4096, 1024, 512, 64};
         for (int gi = 0; gi < 4; gi++) {
             for (int i = 0; i < 2; i++)

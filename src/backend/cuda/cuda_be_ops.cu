@@ -174,17 +174,28 @@ int cu_be_rmsnorm(dsv4_backend *be, const dsv4_buf *x, const dsv4_tview *weight,
 
 /* -------------------------------------------------------------------- rope */
 
-/* One block per (row, head); thread i rotates pair i of the last rope_dim dims. */
+/* One block per (row, group of ROPE_HG heads): the block's first rope_dim/2
+ * threads compute each pair's cos / sin once (the same cosf / sinf of the
+ * same angle as before), then the threads rotate the group's pairs. (One
+ * block per (row, head) recomputed the trig per head: 64x at the Flash q.) */
+#define ROPE_HG 16
 __global__ void k_rope(float *x, int head_dim, int nh, dsv4_rope r, const int32_t *pos, int inverse) {
-    const int t = blockIdx.x / nh;
-    float *h = x + (int64_t)blockIdx.x * head_dim + head_dim - r.rope_dim;
-    const int i = threadIdx.x;
-    if (i >= r.rope_dim / 2) return;
-    const float ang = (float)pos[t] * r.freq[i];
-    const float c = cosf(ang), s = inverse ? -sinf(ang) : sinf(ang);
-    const float a = h[2 * i], b = h[2 * i + 1];
-    h[2 * i] = a * c - b * s;
-    h[2 * i + 1] = a * s + b * c;
+    __shared__ float cs[DSV4_ROPE_MAX_PAIRS], sn[DSV4_ROPE_MAX_PAIRS];
+    const int t = blockIdx.x, np = r.rope_dim / 2, h0 = blockIdx.y * ROPE_HG;
+    const int hg = nh - h0 < ROPE_HG ? nh - h0 : ROPE_HG;
+    if (threadIdx.x < np) {
+        const float ang = (float)pos[t] * r.freq[threadIdx.x];
+        cs[threadIdx.x] = cosf(ang);
+        sn[threadIdx.x] = inverse ? -sinf(ang) : sinf(ang);
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < hg * np; e += blockDim.x) {
+        const int h = h0 + e / np, i = e % np;
+        float *p = x + ((int64_t)t * nh + h) * head_dim + head_dim - r.rope_dim + 2 * i;
+        const float c = cs[i], s = sn[i], a = p[0], b = p[1];
+        p[0] = a * c - b * s;
+        p[1] = a * s + b * c;
+    }
 }
 
 int cu_be_rope(dsv4_backend *be, dsv4_buf *x, int head_dim, const dsv4_rope *rope, const dsv4_batch *b,
@@ -199,8 +210,10 @@ int cu_be_rope(dsv4_backend *be, dsv4_buf *x, int head_dim, const dsv4_rope *rop
     if ((rc = cu_be_batch(be, b, &tok, &pos, &slot, err))) return rc;
     int nh = (int)(x->cols / head_dim);
     if (!b->n_rows || !nh) return DSV4_OK;
-    k_rope<<<(unsigned)(b->n_rows * nh), 64, 0, cube(be)->ctx->stream>>>((float *)x->data, head_dim, nh, *rope,
-                                                                         pos, inverse);
+    const int np = rope->rope_dim / 2, hg = nh < ROPE_HG ? nh : ROPE_HG;
+    const int th = hg * np >= 256 ? 256 : (hg * np + 31) / 32 * 32 < 64 ? 64 : (hg * np + 31) / 32 * 32;
+    k_rope<<<dim3((unsigned)b->n_rows, (unsigned)((nh + ROPE_HG - 1) / ROPE_HG)), th, 0, cube(be)->ctx->stream>>>(
+        (float *)x->data, head_dim, nh, *rope, pos, inverse);
     LAUNCHED("rope");
     return DSV4_OK;
 }
@@ -413,49 +426,40 @@ __global__ void __launch_bounds__(HC_L_ROWS) k_hc_part_l(const float *__restrict
 __device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 /* hc_pre's post and comb = Sinkhorn(logits) from the scaled mixes m
- * (§3.2.4: row softmax + eps, then column / (row, column) passes), the
- * reference's loop order; NH a constant so c[] stays in registers (with a
- * runtime n_hc it lived in local memory: ~40 µs of dependent loads a row). */
+ * (§3.2.4: row softmax + eps, then column / (row, column) passes), by one
+ * warp: lane l < NH² holds c[l] (lanes above mirror lane l % NH²). Each row
+ * or column sum gathers its NH values by shuffles and adds them in the
+ * reference's index order, so every lane gets the reference's sum and does
+ * the reference's one division. (One thread doing all of it took ~25 µs a
+ * row: 20 iterations of dependent divisions.) */
 template <int NH>
 __device__ void hc_post_comb(const float *m, const void *base, int bbf16, float s1, float s2, int iters, float eps,
                              float *po, float *C) {
-#pragma unroll
-    for (int h = 0; h < NH; h++) po[h] = 2.0f * sigm(m[NH + h] * s1 + cu_ldf(base, bbf16, NH + h));
-    float c[NH * NH];
-#pragma unroll
-    for (int k = 0; k < NH * NH; k++) c[k] = m[2 * NH + k] * s2 + cu_ldf(base, bbf16, 2 * NH + k);
-#pragma unroll
-    for (int i = 0; i < NH; i++) {
+    const int lane = threadIdx.x & 31, l = lane % (NH * NH), i = l / NH, j = l % NH;
+    if (lane < NH) po[lane] = 2.0f * sigm(m[NH + lane] * s1 + cu_ldf(base, bbf16, NH + lane));
+    float c = m[2 * NH + l] * s2 + cu_ldf(base, bbf16, 2 * NH + l);
+    {
         float mx = -INFINITY, s = 0.f;
 #pragma unroll
-        for (int j = 0; j < NH; j++) mx = fmaxf(mx, c[i * NH + j]);
+        for (int q = 0; q < NH; q++) mx = fmaxf(mx, __shfl_sync(0xffffffffu, c, i * NH + q));
+        c = expf(c - mx);
 #pragma unroll
-        for (int j = 0; j < NH; j++) s += c[i * NH + j] = expf(c[i * NH + j] - mx);
-#pragma unroll
-        for (int j = 0; j < NH; j++) c[i * NH + j] = c[i * NH + j] / s + eps;
+        for (int q = 0; q < NH; q++) s += __shfl_sync(0xffffffffu, c, i * NH + q);
+        c = c / s + eps;
     }
     for (int it = 0; it < iters; it++) {
+        float s = 0.f;
         if (it > 0) {
 #pragma unroll
-            for (int i = 0; i < NH; i++) {
-                float s = 0.f;
-#pragma unroll
-                for (int j = 0; j < NH; j++) s += c[i * NH + j];
-#pragma unroll
-                for (int j = 0; j < NH; j++) c[i * NH + j] /= s + eps;
-            }
+            for (int q = 0; q < NH; q++) s += __shfl_sync(0xffffffffu, c, i * NH + q);
+            c /= s + eps;
+            s = 0.f;
         }
 #pragma unroll
-        for (int j = 0; j < NH; j++) {
-            float s = 0.f;
-#pragma unroll
-            for (int i = 0; i < NH; i++) s += c[i * NH + j];
-#pragma unroll
-            for (int i = 0; i < NH; i++) c[i * NH + j] /= s + eps;
-        }
+        for (int q = 0; q < NH; q++) s += __shfl_sync(0xffffffffu, c, q * NH + j);
+        c /= s + eps;
     }
-#pragma unroll
-    for (int k = 0; k < NH * NH; k++) C[k] = c[k];
+    if (lane < NH * NH) C[lane] = c;
 }
 
 /*
@@ -487,21 +491,12 @@ __global__ void __launch_bounds__(256) k_hc_fin(const float *part, const double 
         }
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
+    if (threadIdx.x < 32) { /* warp 0: scale the mixes, the pre weights */
         const float r = (float)(1.0 / sqrt(ssum / (double)n + (double)eps));
-        for (int k = 0; k < nm; k++) m[k] *= r;
-        const float s0 = cu_ldf(scale, sbf16, 0);
-        for (int h = 0; h < n_hc; h++) pre[h] = sigm(m[h] * s0 + cu_ldf(base, bbf16, h)) + eps;
-        if (post && blockIdx.x == 0) {
-            float *po = post + (int64_t)t * n_hc, *C = comb + (int64_t)t * n_hc * n_hc;
-            const float s1 = cu_ldf(scale, sbf16, 1), s2 = cu_ldf(scale, sbf16, 2);
-            switch (n_hc) {
-            case 1: hc_post_comb<1>(m, base, bbf16, s1, s2, iters, eps, po, C); break;
-            case 2: hc_post_comb<2>(m, base, bbf16, s1, s2, iters, eps, po, C); break;
-            case 3: hc_post_comb<3>(m, base, bbf16, s1, s2, iters, eps, po, C); break;
-            default: hc_post_comb<4>(m, base, bbf16, s1, s2, iters, eps, po, C); break;
-            }
-        }
+        if (threadIdx.x < nm) m[threadIdx.x] *= r;
+        __syncwarp();
+        if (threadIdx.x < n_hc) pre[threadIdx.x] = sigm(m[threadIdx.x] * cu_ldf(scale, sbf16, 0) +
+                                                        cu_ldf(base, bbf16, threadIdx.x)) + eps;
     }
     __syncthreads();
     const int64_t d = n / n_hc;
@@ -510,6 +505,16 @@ __global__ void __launch_bounds__(256) k_hc_fin(const float *part, const double 
         float acc = 0.f;
         for (int h = 0; h < n_hc; h++) acc += pre[h] * x[h * d + i];
         y[(int64_t)t * d + i] = acc;
+    }
+    if (post && blockIdx.x == 0 && threadIdx.x < 32) { /* warp 0 of the row's first block: post, Sinkhorn */
+        float *po = post + (int64_t)t * n_hc, *C = comb + (int64_t)t * n_hc * n_hc;
+        const float s1 = cu_ldf(scale, sbf16, 1), s2 = cu_ldf(scale, sbf16, 2);
+        switch (n_hc) {
+        case 1: hc_post_comb<1>(m, base, bbf16, s1, s2, iters, eps, po, C); break;
+        case 2: hc_post_comb<2>(m, base, bbf16, s1, s2, iters, eps, po, C); break;
+        case 3: hc_post_comb<3>(m, base, bbf16, s1, s2, iters, eps, po, C); break;
+        default: hc_post_comb<4>(m, base, bbf16, s1, s2, iters, eps, po, C); break;
+        }
     }
 }
 
@@ -601,6 +606,32 @@ __global__ void k_hc_post(const float *X, const float *f, const float *post, con
     Xo[e] = acc;
 }
 
+/* The same for n_hc = NH <= 4: one thread per (row, column k) reads the NH
+ * stream values once and writes all NH outputs (same sums, same order); grid
+ * (d/256, T). The element-per-thread kernel above re-read each x NH times and
+ * paid 64-bit divisions per element: 0.53 ms a call for 4096 rows. */
+template <int NH>
+__global__ void k_hc_post_v(const float *X, const float *f, const float *post, const float *comb, int64_t d,
+                            float *Xo) {
+    const int64_t t = blockIdx.y, k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= d) return;
+    const float *x = X + t * NH * d + k, *C = comb + t * NH * NH, *po = post + t * NH;
+    float xv[NH], c[NH * NH];
+#pragma unroll
+    for (int i = 0; i < NH; i++) xv[i] = x[i * d];
+#pragma unroll
+    for (int q = 0; q < NH * NH; q++) c[q] = C[q];
+    const float fv = f[t * d + k];
+    float *o = Xo + t * NH * d + k;
+#pragma unroll
+    for (int j = 0; j < NH; j++) {
+        float acc = po[j] * fv;
+#pragma unroll
+        for (int i = 0; i < NH; i++) acc += c[i * NH + j] * xv[i];
+        o[j * d] = acc;
+    }
+}
+
 int cu_be_hc_post(dsv4_backend *be, const dsv4_buf *X, const dsv4_buf *f, const dsv4_buf *post,
                   const dsv4_buf *comb, int n_hc, dsv4_buf *Xout, dsv4_err *err) {
     int rc = cu_be_check(X, DSV4_DT_F32, -1, -1, "hc_post X", err);
@@ -615,6 +646,21 @@ int cu_be_hc_post(dsv4_backend *be, const dsv4_buf *X, const dsv4_buf *f, const 
     if (rc) return rc;
     int64_t total = T * X->cols;
     if (!total) return DSV4_OK;
+    cudaStream_t st = cube(be)->ctx->stream;
+    const float *xp = (const float *)X->data, *fp = (const float *)f->data, *pp = (const float *)post->data,
+                *cp = (const float *)comb->data;
+    float *op = (float *)Xout->data;
+    if (n_hc <= 4 && T <= 65535) {
+        const dim3 g(nblk(d, 256), (unsigned)T);
+        switch (n_hc) {
+        case 1: k_hc_post_v<1><<<g, 256, 0, st>>>(xp, fp, pp, cp, d, op); break;
+        case 2: k_hc_post_v<2><<<g, 256, 0, st>>>(xp, fp, pp, cp, d, op); break;
+        case 3: k_hc_post_v<3><<<g, 256, 0, st>>>(xp, fp, pp, cp, d, op); break;
+        default: k_hc_post_v<4><<<g, 256, 0, st>>>(xp, fp, pp, cp, d, op); break;
+        }
+        LAUNCHED("hc_post");
+        return DSV4_OK;
+    }
     k_hc_post<<<nblk(total, 256), 256, 0, cube(be)->ctx->stream>>>(
         (const float *)X->data, (const float *)f->data, (const float *)post->data, (const float *)comb->data, n_hc,
         d, total, (float *)Xout->data);
