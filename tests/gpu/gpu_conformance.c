@@ -10,13 +10,14 @@
  * Needs a GPU: built only with DSV4_CUDA, never part of ctest
  * (tests/gpu/run_conformance_h200.sh builds it with nvcc + gcc alone).
  *   dsv4-gpu-conformance [--tol X] [--flash-rows N]... [--no-perf] [--attn-perf]
- *                        [--rows-only | --no-rows] [--rows-tol X]
+ *                        [--rows-only | --no-rows] [--rows-tol X] [--small-only | --no-small]
  * (--attn-perf: only the attention-state op timings of 1 request at context 4K / 32K,
  * decode, verify and a 4096-row prefill, and 8x6 verify)
  * First the fp32-activation linears (linear_grouped wo_a, the BF16 gate
  * shape, F32 linears) at T = 1 .. 4096 against the CPU op on sampled rows
  * (tolerance --rows-tol, default 1e-4; --rows-only stops after them,
- * --no-rows skips them).
+ * --no-rows skips them), then the small ops at real shapes (--small-only
+ * stops after them, --no-small skips them).
  * Prints one line per op output (normalised error, or "unsupported") and a
  * summary; exit status 1 when an implemented op exceeds the tolerance,
  * 2 on an error.
@@ -458,9 +459,323 @@ static int perf_attn(int ctx, int R, int k) {
     return 0;
 }
 
+/* ---- the small ops at real shapes (issue 7): CUDA vs CPU, then CUDA time per call ----
+ * hc_pre / hc_head (n_hc 4, d 4096: fn [24|4][16384] F32), the router tail
+ * (256 experts top-6 with bias, on logits that are exact in fp32 so both
+ * backends see the same values and ties are frequent; hash-routed with a
+ * tid2eid table), rmsnorm (groups 4096 / 1024 / 512), qat_fp8 (head 512,
+ * 448 quantised), and the MoE grouping through moe_experts (256 experts,
+ * up to 4096 rows: several grouping calls, skewed routing). Rows 1, 6, 48, 4096. */
+
+typedef struct sm_ctx {
+    dsv4_backend *be[2]; /* 0 CUDA, 1 CPU */
+    dsv4_err e;
+    int bad, err;
+    double tol;
+} sm_ctx;
+
+static float frnd(void) { return (float)((int)rb() - 128) / 128.0f + (float)((int)rb() - 128) / 32768.0f; }
+
+static int sm_pair(sm_ctx *s, dsv4_dtype dt, int64_t r, int64_t c, const void *host, dsv4_buf b[2]) {
+    for (int i = 0; i < 2; i++) {
+        memset(&b[i], 0, sizeof b[i]);
+        if (s->be[i]->buf_alloc(s->be[i], dt, r, c, &b[i], &s->e)) return -1;
+        if (host && s->be[i]->buf_write(s->be[i], &b[i], host, &s->e)) return -1;
+    }
+    return 0;
+}
+
+static void sm_free(sm_ctx *s, dsv4_buf b[2]) {
+    for (int i = 0; i < 2; i++) s->be[i]->buf_free(s->be[i], &b[i]);
+}
+
+static int sm_view(sm_ctx *s, dsv4_dtype dt, int64_t r, int64_t c, const void *host, dsv4_tview v[2]) {
+    size_t es = dt == DSV4_DT_I64 ? 8 : dt == DSV4_DT_BF16 ? 2 : 4;
+    dsv4_tview h = {.dtype = dt, .ndim = 2, .shape = {r, c}, .data = host, .nbytes = (size_t)(r * c) * es};
+    for (int i = 0; i < 2; i++)
+        if (s->be[i]->upload(s->be[i], &h, &v[i], &s->e)) return -1;
+    return 0;
+}
+
+/* normalised error of an F32 output; prints and counts a failure above tol */
+static void sm_check(sm_ctx *s, const char *what, int T, dsv4_buf b[2]) {
+    size_t n = (size_t)(b[1].rows * b[1].cols);
+    float *x = malloc(n * 4), *y = malloc(n * 4);
+    if (!x || !y || s->be[0]->buf_read(s->be[0], &b[0], x, &s->e) || s->be[1]->buf_read(s->be[1], &b[1], y, &s->e)) {
+        printf("%-34s T=%-5d ERROR %s\n", what, T, s->e.msg);
+        s->err++;
+    } else {
+        double d2 = 0, r2 = 0;
+        for (size_t i = 0; i < n; i++) {
+            double d = (double)x[i] - y[i];
+            d2 += d * d;
+            r2 += (double)y[i] * y[i];
+        }
+        double ne = sqrt(d2) / fmax(sqrt(r2), 1e-30);
+        int bad = !(ne <= s->tol);
+        s->bad += bad;
+        printf("%-34s T=%-5d nerr %.3e %s\n", what, T, ne, bad ? "FAIL" : "ok");
+    }
+    free(x);
+    free(y);
+}
+
+/* expert ids must be equal, in order; prints the rows that differ */
+static void sm_check_ids(sm_ctx *s, const char *what, int T, dsv4_buf b[2]) {
+    size_t n = (size_t)(b[1].rows * b[1].cols);
+    int32_t *x = malloc(n * 4), *y = malloc(n * 4);
+    if (!x || !y || s->be[0]->buf_read(s->be[0], &b[0], x, &s->e) || s->be[1]->buf_read(s->be[1], &b[1], y, &s->e)) {
+        printf("%-34s T=%-5d ERROR %s\n", what, T, s->e.msg);
+        s->err++;
+    } else {
+        int64_t K = b[1].cols, diff = 0;
+        for (int64_t t = 0; t < b[1].rows; t++) diff += memcmp(x + t * K, y + t * K, (size_t)K * 4) != 0;
+        s->bad += diff != 0;
+        printf("%-34s T=%-5d rows with other ids (in order): %lld of %lld %s\n", what, T, (long long)diff,
+               (long long)b[1].rows, diff ? "FAIL" : "ok");
+    }
+    free(x);
+    free(y);
+}
+
+#define SMCK(x)                                                         \
+    do {                                                                \
+        if (x) {                                                        \
+            printf("%s: %s\n", #x, s->e.msg);                           \
+            s->err++;                                                   \
+            goto out;                                                   \
+        }                                                               \
+    } while (0)
+
+/* CUDA wall time per call of `stmt` (reps calls, one sync). */
+#define SMTIME(label, T, reps, stmt)                                                              \
+    do {                                                                                         \
+        dsv4_backend *be_ = s->be[0];                                                            \
+        SMCK(be_->sync(be_, &s->e));                                                             \
+        double t0_ = now_sec();                                                                  \
+        for (int r_ = 0; r_ < (reps); r_++) SMCK(stmt);                                          \
+        SMCK(be_->sync(be_, &s->e));                                                             \
+        printf("   time %-27s T=%-5d %9.2f us/call\n", label, T, (now_sec() - t0_) / (reps) * 1e6); \
+    } while (0)
+
+static void sm_batch(int T, int V, dsv4_batch *b, int32_t *a /* 4T + 4 */) {
+    for (int t = 0; t < T; t++) {
+        a[t] = (int32_t)((t * 7919u + 13) % (unsigned)V);
+        a[T + t] = 100 + t;
+        a[2 * T + t] = 0;
+        a[3 * T + t] = 0;
+    }
+    int32_t *cu = a + 4 * T;
+    cu[0] = 0, cu[1] = T, cu[2] = 0, cu[3] = 100;
+    *b = (dsv4_batch){.n_rows = T, .n_seqs = 1, .token = a, .pos = a + T, .slot = a + 2 * T, .seq_idx = a + 3 * T,
+                      .cu_seqlens = cu, .seq_slot = cu + 2, .seq_pos0 = cu + 3};
+}
+
+static int small_ops(double tol) {
+    sm_ctx S = {.tol = tol}, *s = &S;
+    s->be[1] = dsv4_backend_cpu_create(DSV4_NUMERICS_REFERENCE, &s->e);
+    s->be[0] = s->be[1] ? dsv4_backend_cuda_create(DSV4_NUMERICS_REFERENCE, 0, &s->e) : NULL;
+    if (!s->be[0]) {
+        printf("small ops: %s\n", s->e.msg);
+        if (s->be[1]) s->be[1]->free(s->be[1]);
+        return 2;
+    }
+    enum { NHC = 4, D = 4096, N = NHC * D, NM = NHC * (2 + NHC), E = 256, K = 6, V = 1000, DG = 128 };
+    static const int Ts[] = {1, 6, 48, 4096};
+    printf("== small ops at real shapes, CUDA vs CPU (tol %.1e), then CUDA wall time per call\n", tol);
+    /* weights shared by all row counts */
+    float *fn = malloc((size_t)NM * N * 4), *hfn = malloc((size_t)NHC * N * 4), base[NM], hbase[NHC], sc[3];
+    int64_t *t2e = malloc((size_t)V * K * 8);
+    uint16_t *gate = malloc((size_t)E * DG * 2);
+    float bias[E], nw[D];
+    const float fs = 1.0f / sqrtf((float)N);
+    for (size_t i = 0; i < (size_t)NM * N; i++) fn[i] = frnd() * fs;
+    for (size_t i = 0; i < (size_t)NHC * N; i++) hfn[i] = frnd() * fs;
+    for (int i = 0; i < NM; i++) base[i] = frnd();
+    for (int i = 0; i < NHC; i++) hbase[i] = frnd();
+    for (int i = 0; i < 3; i++) sc[i] = 1.0f + 0.25f * frnd();
+    /* exact-in-fp32 router logits: gate and x are multiples of 1/16 in [-0.5, 0.5], d = 128 */
+    for (int i = 0; i < E * DG; i++) {
+        float g = (float)((int)(rb() % 17) - 8) / 16.0f;
+        uint32_t u;
+        memcpy(&u, &g, 4);
+        gate[i] = (uint16_t)(u >> 16);
+    }
+    for (int i = 0; i < E; i++) bias[i] = (float)((int)(rb() % 9) - 4) / 16.0f;
+    for (int v = 0; v < V; v++) /* distinct experts per token */
+        for (int j = 0; j < K; j++) t2e[v * K + j] = (v * 37 + j * 41) % E;
+    for (int i = 0; i < D; i++) nw[i] = 1.0f + 0.1f * frnd();
+    dsv4_tview vfn[2], vbase[2], vsc[2], vhsc[2], vhfn[2], vhbase[2], vbias[2], vt2e[2], vnw[2];
+    dsv4_linear lgate[2];
+    SMCK(sm_view(s, DSV4_DT_F32, NM, N, fn, vfn) || sm_view(s, DSV4_DT_F32, 1, NM, base, vbase) ||
+         sm_view(s, DSV4_DT_F32, 1, 3, sc, vsc) || sm_view(s, DSV4_DT_F32, 1, 1, sc, vhsc) || sm_view(s, DSV4_DT_F32, NHC, N, hfn, vhfn) ||
+         sm_view(s, DSV4_DT_F32, 1, NHC, hbase, vhbase) || sm_view(s, DSV4_DT_F32, 1, E, bias, vbias) ||
+         sm_view(s, DSV4_DT_I64, V, K, t2e, vt2e) || sm_view(s, DSV4_DT_F32, 1, D, nw, vnw));
+    {
+        dsv4_linear hg = {.out = E, .in = DG};
+        hg.w = (dsv4_tview){.dtype = DSV4_DT_BF16, .ndim = 2, .shape = {E, DG}, .data = gate, .nbytes = (size_t)E * DG * 2};
+        for (int i = 0; i < 2; i++) {
+            if (s->be[i]->upload_linear) SMCK(s->be[i]->upload_linear(s->be[i], &hg, &lgate[i], &s->e));
+            else {
+                lgate[i] = hg;
+                SMCK(s->be[i]->upload(s->be[i], &hg.w, &lgate[i].w, &s->e));
+            }
+        }
+    }
+    for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
+        const int T = Ts[ti], reps = T >= 4096 ? 5 : 50;
+        int32_t *ba = malloc((size_t)(4 * T + 4) * 4);
+        float *hx = malloc((size_t)T * N * 4), *hr = malloc((size_t)T * DG * 4);
+        for (size_t i = 0; i < (size_t)T * N; i++) hx[i] = 2.0f * frnd();
+        for (size_t i = 0; i < (size_t)T * DG; i++) hr[i] = (float)((int)(rb() % 17) - 8) / 16.0f;
+        dsv4_batch b;
+        sm_batch(T, V, &b, ba);
+        dsv4_buf X[2], y[2], post[2], comb[2], xr[2], ids[2], w[2], xn[2], yn[2];
+        SMCK(s->be[0]->batch_begin(s->be[0], &b, &s->e) || s->be[1]->batch_begin(s->be[1], &b, &s->e));
+        SMCK(sm_pair(s, DSV4_DT_F32, T, N, hx, X) || sm_pair(s, DSV4_DT_F32, T, D, NULL, y) ||
+             sm_pair(s, DSV4_DT_F32, T, NHC, NULL, post) || sm_pair(s, DSV4_DT_F32, T, NHC * NHC, NULL, comb) ||
+             sm_pair(s, DSV4_DT_F32, T, DG, hr, xr) || sm_pair(s, DSV4_DT_I32, T, K, NULL, ids) ||
+             sm_pair(s, DSV4_DT_F32, T, K, NULL, w) || sm_pair(s, DSV4_DT_F32, T, D, hx, xn) ||
+             sm_pair(s, DSV4_DT_F32, T, D, NULL, yn));
+        for (int i = 0; i < 2; i++)
+            SMCK(s->be[i]->hc_pre(s->be[i], &X[i], &vfn[i], &vbase[i], &vsc[i], NHC, 20, 1e-6f, &y[i], &post[i],
+                                  &comb[i], &s->e));
+        sm_check(s, "hc_pre y (n_hc 4, d 4096)", T, y);
+        sm_check(s, "hc_pre post", T, post);
+        sm_check(s, "hc_pre comb", T, comb);
+        SMTIME("hc_pre", T, reps, s->be[0]->hc_pre(s->be[0], &X[0], &vfn[0], &vbase[0], &vsc[0], NHC, 20, 1e-6f, &y[0],
+                                                   &post[0], &comb[0], &s->e));
+        for (int i = 0; i < 2; i++)
+            SMCK(s->be[i]->hc_head(s->be[i], &X[i], &vhfn[i], &vhbase[i], &vhsc[i], NHC, 1e-6f, &y[i], &s->e));
+        sm_check(s, "hc_head y", T, y);
+        SMTIME("hc_head", T, reps, s->be[0]->hc_head(s->be[0], &X[0], &vhfn[0], &vhbase[0], &vhsc[0], NHC, 1e-6f,
+                                                     &y[0], &s->e));
+        for (int i = 0; i < 2; i++)
+            SMCK(s->be[i]->moe_route(s->be[i], &xr[i], &lgate[i], &vbias[i], NULL, K, 1.5f, &b, &ids[i], &w[i],
+                                     &s->e));
+        sm_check_ids(s, "moe_route ids (256 top-6, bias)", T, ids);
+        sm_check(s, "moe_route weights", T, w);
+        SMTIME("moe_route (bias)", T, reps, s->be[0]->moe_route(s->be[0], &xr[0], &lgate[0], &vbias[0], NULL, K, 1.5f,
+                                                                &b, &ids[0], &w[0], &s->e));
+        for (int i = 0; i < 2; i++)
+            SMCK(s->be[i]->moe_route(s->be[i], &xr[i], &lgate[i], NULL, &vt2e[i], K, 1.5f, &b, &ids[i], &w[i],
+                                     &s->e));
+        SMCK(s->be[0]->sync(s->be[0], &s->e));
+        sm_check_ids(s, "moe_route ids (hash)", T, ids);
+        sm_check(s, "moe_route weights (hash)", T, w);
+        SMTIME("moe_route (hash)", T, reps, s->be[0]->moe_route(s->be[0], &xr[0], &lgate[0], NULL, &vt2e[0], K, 1.5f,
+                                                                &b, &ids[0], &w[0], &s->e));
+        /* hc_post on this X with random post / comb, then rope (32 heads of 512, 1 head), rope_dim 64 */
+        {
+            float *hp = malloc((size_t)T * NHC * NHC * 4), *hf = malloc((size_t)T * D * 4);
+            for (size_t i = 0; i < (size_t)T * NHC * NHC; i++) hp[i] = 0.5f + 0.5f * frnd();
+            for (size_t i = 0; i < (size_t)T * D; i++) hf[i] = frnd();
+            dsv4_buf pc[2], pp[2], fb[2], xo[2];
+            SMCK(sm_pair(s, DSV4_DT_F32, T, NHC * NHC, hp, pc) || sm_pair(s, DSV4_DT_F32, T, NHC, hp, pp) ||
+                 sm_pair(s, DSV4_DT_F32, T, D, hf, fb) || sm_pair(s, DSV4_DT_F32, T, N, NULL, xo));
+            for (int i = 0; i < 2; i++)
+                SMCK(s->be[i]->hc_post(s->be[i], &X[i], &fb[i], &pp[i], &pc[i], NHC, &xo[i], &s->e));
+            sm_check(s, "hc_post", T, xo);
+            SMTIME("hc_post", T, reps, s->be[0]->hc_post(s->be[0], &X[0], &fb[0], &pp[0], &pc[0], NHC, &xo[0], &s->e));
+            dsv4_rope rp;
+            SMCK(dsv4_rope_init(&rp, 64, 10000.0, 0, 0, 0, 0, &s->e));
+            static const int nhs[] = {32, 1}; /* 32 x 512 = the columns of hx */
+            for (int hi = 0; hi < 2; hi++) {
+                dsv4_buf q[2];
+                SMCK(sm_pair(s, DSV4_DT_F32, T, (int64_t)nhs[hi] * 512, hx, q));
+                for (int i = 0; i < 2; i++) SMCK(s->be[i]->rope(s->be[i], &q[i], 512, &rp, &b, hi, &s->e));
+                sm_check(s, hi ? "rope (1 head, inverse)" : "rope (32 heads of 512)", T, q);
+                SMTIME(hi ? "rope (1 head)" : "rope (32 heads)", T, reps,
+                       s->be[0]->rope(s->be[0], &q[0], 512, &rp, &b, hi, &s->e));
+                sm_free(s, q);
+            }
+            sm_free(s, pc);
+            sm_free(s, pp);
+            sm_free(s, fb);
+            sm_free(s, xo);
+            free(hp);
+            free(hf);
+        }
+        static const int groups[] = {4096, 1024, 512, 64};
+        for (int gi = 0; gi < 4; gi++) {
+            for (int i = 0; i < 2; i++)
+                SMCK(s->be[i]->rmsnorm(s->be[i], &xn[i], groups[gi] == 4096 ? &vnw[i] : NULL, groups[gi], 1e-6f,
+                                       &yn[i], &s->e));
+            char lab[64];
+            snprintf(lab, sizeof lab, "rmsnorm group %d%s", groups[gi], groups[gi] == 4096 ? " (weight)" : "");
+            sm_check(s, lab, T, yn);
+            SMTIME(lab, T, reps, s->be[0]->rmsnorm(s->be[0], &xn[0], groups[gi] == 4096 ? &vnw[0] : NULL, groups[gi],
+                                                   1e-6f, &yn[0], &s->e));
+        }
+        /* qat_fp8 on 8 heads of 512 (in place: copy x first) */
+        for (int i = 0; i < 2; i++) SMCK(s->be[i]->buf_write(s->be[i], &yn[i], hx, &s->e));
+        for (int i = 0; i < 2; i++) SMCK(s->be[i]->qat_fp8(s->be[i], &yn[i], 512, 448, 64, &s->e));
+        sm_check(s, "qat_fp8 (512, 448, 64)", T, yn);
+        SMTIME("qat_fp8", T, reps, s->be[0]->qat_fp8(s->be[0], &yn[0], 512, 448, 64, &s->e));
+        dsv4_buf *all[] = {X, y, post, comb, xr, ids, w, xn, yn};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) sm_free(s, all[i]);
+        free(ba);
+        free(hx);
+        free(hr);
+    }
+    /* MoE grouping (k_route_group) through moe_experts: 256 small experts, skewed ids */
+    {
+        enum { ED = 256, EF = 256 };
+        dsv4_linear *hw = calloc(3 * E, sizeof *hw), *dw = calloc(3 * E, sizeof *dw);
+        for (int x = 0; x < 3 * E; x++) {
+            hw[x] = x < 2 * E ? host_lin(DSV4_DT_I8, EF, ED) : host_lin(DSV4_DT_I8, ED, EF);
+            SMCK(s->be[0]->upload_linear(s->be[0], &hw[x], &dw[x], &s->e));
+        }
+        static const int Tm[] = {6, 48, 1365, 4096};
+        for (int ti = 0; ti < 4; ti++) {
+            const int T = Tm[ti];
+            float *hx = malloc((size_t)T * ED * 4), *hwt = malloc((size_t)T * K * 4);
+            int32_t *hid = malloc((size_t)T * K * 4);
+            for (size_t i = 0; i < (size_t)T * ED; i++) hx[i] = frnd();
+            for (int t = 0; t < T; t++) {
+                /* expert 3 for most rows (long runs of one expert), distinct ids per row */
+                for (int j = 0; j < K; j++) {
+                    hid[t * K + j] = j == 0 && t % 4 ? 3 : (int32_t)((t * 13 + j * 43 + 7) % E);
+                    for (int jj = 0; jj < j; jj++)
+                        if (hid[t * K + jj] == hid[t * K + j]) hid[t * K + j] = (hid[t * K + j] + 1) % E, jj = -1;
+                    hwt[t * K + j] = 0.1f + 0.05f * j;
+                }
+            }
+            dsv4_buf x[2], ids[2], w[2], y[2];
+            SMCK(sm_pair(s, DSV4_DT_F32, T, ED, hx, x) || sm_pair(s, DSV4_DT_I32, T, K, hid, ids) ||
+                 sm_pair(s, DSV4_DT_F32, T, K, hwt, w) || sm_pair(s, DSV4_DT_F32, T, ED, NULL, y));
+            SMCK(s->be[0]->moe_experts(s->be[0], &x[0], dw, dw + E, dw + 2 * E, E, &ids[0], &w[0], 10.0f, &y[0], &s->e));
+            SMCK(s->be[1]->moe_experts(s->be[1], &x[1], hw, hw + E, hw + 2 * E, E, &ids[1], &w[1], 10.0f, &y[1], &s->e));
+            sm_check(s, "moe_experts (256 experts, grouping)", T, y);
+            SMTIME("moe_experts 256x(256,256)", T, T >= 1365 ? 5 : 20,
+                   s->be[0]->moe_experts(s->be[0], &x[0], dw, dw + E, dw + 2 * E, E, &ids[0], &w[0], 10.0f, &y[0],
+                                         &s->e));
+            sm_free(s, x);
+            sm_free(s, ids);
+            sm_free(s, w);
+            sm_free(s, y);
+            free(hx);
+            free(hwt);
+            free(hid);
+        }
+        for (int x = 0; x < 3 * E; x++) free_host_lin(&hw[x]);
+        free(hw);
+        free(dw);
+    }
+out:
+    printf("small ops: %d outputs above tolerance, %d errors\n\n", s->bad, s->err);
+    free(fn);
+    free(hfn);
+    free(t2e);
+    free(gate);
+    s->be[0]->free(s->be[0]);
+    s->be[1]->free(s->be[1]);
+    return s->err ? -1 : s->bad;
+}
+
 int main(int argc, char **argv) {
     double tol = 2e-2;
-    int rows[8], nrows = 0, do_perf = 1, attn_perf = 0, rows_only = 0, do_rows = 1;
+    int rows[8], nrows = 0, do_perf = 1, attn_perf = 0, rows_only = 0, do_rows = 1, small = 1;
     double rows_tol = 1e-4;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--tol") && i + 1 < argc) tol = atof(argv[++i]);
@@ -470,10 +785,12 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--rows-only")) rows_only = 1;
         else if (!strcmp(argv[i], "--no-rows")) do_rows = 0;
         else if (!strcmp(argv[i], "--rows-tol") && i + 1 < argc) rows_tol = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--small-only")) small = 2;
+        else if (!strcmp(argv[i], "--no-small")) small = 0;
         else {
             fprintf(stderr,
                     "usage: %s [--tol X] [--flash-rows N]... [--no-perf] [--attn-perf] [--rows-only | --no-rows] "
-                    "[--rows-tol X]\n",
+                    "[--rows-tol X] [--small-only | --no-small]\n",
                     argv[0]);
             return 2;
         }
@@ -488,13 +805,21 @@ int main(int argc, char **argv) {
     }
     if (!nrows) rows[nrows++] = 4;
     int bad = 0, err = 0, f;
-    if (do_rows) {
+    if (do_rows && small != 2) {
         f = rows_cases(rows_tol);
         bad += f > 0, err += f < 0;
     }
     if (rows_only) {
         printf("summary: %d runs with outputs above tolerance, %d runs with errors\n", bad, err);
         return err ? 2 : bad ? 1 : 0;
+    }
+    if (small) {
+        f = small_ops(tol);
+        bad += f > 0, err += f < 0;
+        if (small == 2) {
+            printf("summary: %d runs with outputs above tolerance, %d runs with errors\n", bad, err);
+            return err ? 2 : bad ? 1 : 0;
+        }
     }
     dsv4_conf_shape s;
     dsv4_conf_shape_tiny(&s);

@@ -6,13 +6,17 @@
  *
  * Why plain kernels: these ops move a few rows per step; they follow the
  * CPU reference (src/backend/cpu/) operation for operation so the
- * conformance harness can compare them at ~1e-7, and are written for
- * clarity, not speed (fusing them into the linears comes later,
- * bench/results/2026-11-30-gpu-ops-h200.md "What is still slow").
+ * conformance harness can compare them at ~1e-7 (fusing them into the
+ * linears comes later, bench/results/2026-11-30-gpu-ops-h200.md). The ones
+ * that read a lot per row (the hyper-connection mixes, the router's top-k)
+ * spread a row over many threads so a decode step (one row) still fills the
+ * GPU: bench/results/2026-11-30-cuda-small-kernels-h200.md.
  */
 #include "backend/cuda/cuda_be_internal.cuh"
 
+#include <limits.h>
 #include <math.h>
+#include <stdint.h>
 
 #define LAUNCHED(what) CU_TRY(cudaGetLastError(), err, what)
 
@@ -120,6 +124,30 @@ __global__ void k_rmsnorm_g(const float *x, const void *w, int wbf16, int group,
     }
 }
 
+/* One block of group/4 threads per group (group % 128 == 0, <= 4096): each
+ * thread loads its 4 values once (float4) and keeps them for the scaling
+ * pass, where k_rmsnorm_g reads x twice. Σx² per thread in element order,
+ * then block_sum (the same tree as k_rmsnorm_g above, over other partials). */
+__global__ void k_rmsnorm_v4(const float *x, const void *w, int wbf16, int group, float eps, float *y) {
+    const int64_t g0 = (int64_t)blockIdx.x * group;
+    const int i = threadIdx.x * 4;
+    const float4 v = *(const float4 *)(x + g0 + i);
+    float ss = v.x * v.x;
+    ss += v.y * v.y;
+    ss += v.z * v.z;
+    ss += v.w * v.w;
+    ss = block_sum(ss);
+    const float r = 1.0f / sqrtf(ss / (float)group + eps);
+    float4 o = make_float4(v.x * r, v.y * r, v.z * r, v.w * r);
+    if (w) {
+        o.x *= cu_ldf(w, wbf16, i);
+        o.y *= cu_ldf(w, wbf16, i + 1);
+        o.z *= cu_ldf(w, wbf16, i + 2);
+        o.w *= cu_ldf(w, wbf16, i + 3);
+    }
+    *(float4 *)(y + g0 + i) = o;
+}
+
 int cu_be_rmsnorm(dsv4_backend *be, const dsv4_buf *x, const dsv4_tview *weight, int group, float eps,
                   dsv4_buf *y, dsv4_err *err) {
     int rc = cu_be_check(x, DSV4_DT_F32, -1, -1, "rmsnorm x", err);
@@ -130,27 +158,44 @@ int cu_be_rmsnorm(dsv4_backend *be, const dsv4_buf *x, const dsv4_tview *weight,
     if (rc) return rc;
     int64_t ng = x->rows * (x->cols / group);
     if (!ng) return DSV4_OK;
-    int th = group >= 1024 ? 1024 : group >= 256 ? 256 : 128;
-    k_rmsnorm_g<<<(unsigned)ng, th, 0, cube(be)->ctx->stream>>>(
-        (const float *)x->data, weight ? weight->data : NULL, weight && weight->dtype == DSV4_DT_BF16, group, eps,
-        (float *)y->data);
+    const void *w = weight ? weight->data : NULL;
+    const int wb = weight && weight->dtype == DSV4_DT_BF16;
+    if (group % 128 == 0 && group <= 4096 && !(((uintptr_t)x->data | (uintptr_t)y->data) & 15)) {
+        k_rmsnorm_v4<<<(unsigned)ng, group / 4, 0, cube(be)->ctx->stream>>>((const float *)x->data, w, wb, group,
+                                                                            eps, (float *)y->data);
+    } else {
+        int th = group >= 1024 ? 1024 : group >= 256 ? 256 : 128;
+        k_rmsnorm_g<<<(unsigned)ng, th, 0, cube(be)->ctx->stream>>>((const float *)x->data, w, wb, group, eps,
+                                                                    (float *)y->data);
+    }
     LAUNCHED("rmsnorm");
     return DSV4_OK;
 }
 
 /* -------------------------------------------------------------------- rope */
 
-/* One block per (row, head); thread i rotates pair i of the last rope_dim dims. */
+/* One block per (row, group of ROPE_HG heads): the block's first rope_dim/2
+ * threads compute each pair's cos / sin once (the same cosf / sinf of the
+ * same angle as before), then the threads rotate the group's pairs. (One
+ * block per (row, head) recomputed the trig per head: 64x at the Flash q.) */
+#define ROPE_HG 16
 __global__ void k_rope(float *x, int head_dim, int nh, dsv4_rope r, const int32_t *pos, int inverse) {
-    const int t = blockIdx.x / nh;
-    float *h = x + (int64_t)blockIdx.x * head_dim + head_dim - r.rope_dim;
-    const int i = threadIdx.x;
-    if (i >= r.rope_dim / 2) return;
-    const float ang = (float)pos[t] * r.freq[i];
-    const float c = cosf(ang), s = inverse ? -sinf(ang) : sinf(ang);
-    const float a = h[2 * i], b = h[2 * i + 1];
-    h[2 * i] = a * c - b * s;
-    h[2 * i + 1] = a * s + b * c;
+    __shared__ float cs[DSV4_ROPE_MAX_PAIRS], sn[DSV4_ROPE_MAX_PAIRS];
+    const int t = blockIdx.x, np = r.rope_dim / 2, h0 = blockIdx.y * ROPE_HG;
+    const int hg = nh - h0 < ROPE_HG ? nh - h0 : ROPE_HG;
+    if (threadIdx.x < np) {
+        const float ang = (float)pos[t] * r.freq[threadIdx.x];
+        cs[threadIdx.x] = cosf(ang);
+        sn[threadIdx.x] = inverse ? -sinf(ang) : sinf(ang);
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < hg * np; e += blockDim.x) {
+        const int h = h0 + e / np, i = e % np;
+        float *p = x + ((int64_t)t * nh + h) * head_dim + head_dim - r.rope_dim + 2 * i;
+        const float c = cs[i], s = sn[i], a = p[0], b = p[1];
+        p[0] = a * c - b * s;
+        p[1] = a * s + b * c;
+    }
 }
 
 int cu_be_rope(dsv4_backend *be, dsv4_buf *x, int head_dim, const dsv4_rope *rope, const dsv4_batch *b,
@@ -165,24 +210,29 @@ int cu_be_rope(dsv4_backend *be, dsv4_buf *x, int head_dim, const dsv4_rope *rop
     if ((rc = cu_be_batch(be, b, &tok, &pos, &slot, err))) return rc;
     int nh = (int)(x->cols / head_dim);
     if (!b->n_rows || !nh) return DSV4_OK;
-    k_rope<<<(unsigned)(b->n_rows * nh), 64, 0, cube(be)->ctx->stream>>>((float *)x->data, head_dim, nh, *rope,
-                                                                         pos, inverse);
+    const int np = rope->rope_dim / 2, hg = nh < ROPE_HG ? nh : ROPE_HG;
+    const int th = hg * np >= 256 ? 256 : (hg * np + 31) / 32 * 32 < 64 ? 64 : (hg * np + 31) / 32 * 32;
+    k_rope<<<dim3((unsigned)b->n_rows, (unsigned)((nh + ROPE_HG - 1) / ROPE_HG)), th, 0, cube(be)->ctx->stream>>>(
+        (float *)x->data, head_dim, nh, *rope, pos, inverse);
     LAUNCHED("rope");
     return DSV4_OK;
 }
 
 /* -------------------------------------------------------------------- QAT */
 
-/* One thread per block of `block` values: FP8 round-trip with a pow2 scale. */
+/* One warp per block of `block` values: FP8 round-trip with a pow2 scale
+ * (one thread per block, the first version, looped over 64 values serially). */
 __global__ void k_qat_fp8(float *x, int head_dim, int n_quant, int block, int64_t nblocks) {
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= nblocks) return;
+    const int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (i >= nblocks) return; /* whole warps */
     const int per_head = n_quant / block;
     float *p = x + (i / per_head) * head_dim + (i % per_head) * block;
     float amax = 0.f;
-    for (int k = 0; k < block; k++) amax = fmaxf(amax, fabsf(p[k]));
+    for (int k = lane; k < block; k += 32) amax = fmaxf(amax, fabsf(p[k]));
+    for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     const float s = pow2_ceil(fmaxf(amax, 1e-4f) / 448.0f);
-    for (int k = 0; k < block; k++) p[k] = e4m3_round(p[k] / s) * s;
+    for (int k = lane; k < block; k += 32) p[k] = e4m3_round(p[k] / s) * s;
 }
 
 int cu_be_qat_fp8(dsv4_backend *be, dsv4_buf *x, int head_dim, int n_quant, int block, dsv4_err *err) {
@@ -192,7 +242,7 @@ int cu_be_qat_fp8(dsv4_backend *be, dsv4_buf *x, int head_dim, int n_quant, int 
     if (rc) return rc;
     int64_t nb = x->rows * (x->cols / head_dim) * (n_quant / block);
     if (!nb) return DSV4_OK;
-    k_qat_fp8<<<nblk(nb, 128), 128, 0, cube(be)->ctx->stream>>>((float *)x->data, head_dim, n_quant, block, nb);
+    k_qat_fp8<<<nblk(nb * 32, 128), 128, 0, cube(be)->ctx->stream>>>((float *)x->data, head_dim, n_quant, block, nb);
     LAUNCHED("qat_fp8");
     return DSV4_OK;
 }
@@ -245,80 +295,280 @@ int cu_be_qat_hadamard_fp4(dsv4_backend *be, dsv4_buf *x, int head_dim, dsv4_err
 
 /* ------------------------------------------------------- hyper-connections */
 
-#define HC_MAXM 24 /* n_hc*(2+n_hc) for n_hc <= 4 (Flash: 4) */
+/*
+ * The mixes m[k] = (fn[k]·x)·(mean(x²)+eps)^-½ (k < nm = n_hc(2+n_hc) = 24
+ * for hc_pre, n_hc for hc_head) read fn [nm][n] (1.5 MB at Flash shapes,
+ * n = 16384) and each row of X once. Why split-K: one block per row (the
+ * first version) ran a decode step's mixes on one SM (224 µs of a 9 ms step,
+ * bench/results/2026-11-30-cuda-small-kernels-h200.md). Now:
+ *  - k_hc_part_s (T < HC_BIG_T rows): grid (n/128 chunks, T), a thread per
+ *    column; each block writes its chunk's nm dot-product partials and its
+ *    Σx² (block tree sums);
+ *  - k_hc_part_l (T >= HC_BIG_T): grid (n/512 chunks, T/128), a thread per
+ *    row summing its chunk in column order, fn's chunk staged in shared
+ *    memory once per 128 rows and read as broadcasts;
+ *  - k_hc_fin: per row, the chunk partials summed (fixed order: lane-strided,
+ *    then a warp tree), then the sigmoids, Sinkhorn (one thread, the
+ *    reference's loop order) and the weighted stream sum, the y columns
+ *    spread over several blocks when T is small.
+ * fp32 products and sums as the reference, Σx² in double as the reference;
+ * the order of the fp32 sums differs from the CPU's (cpu_hc.c sums each dot
+ * product left to right) and between the two partial kernels, so a row's
+ * mixes can differ in the last bits between a decode step and a prefill.
+ */
+#define HC_MAXM 24     /* n_hc*(2+n_hc) for n_hc <= 4 (Flash: 4) */
+#define HC_S_CH 128    /* k_hc_part_s: columns (= threads) per block */
+#define HC_L_ROWS 128  /* k_hc_part_l: rows (= threads) per block */
+#define HC_L_CH 512    /* k_hc_part_l: columns per block */
+#define HC_L_SUB 256   /* k_hc_part_l: columns of fn staged at a time */
+#define HC_L_XT 32     /* k_hc_part_l: columns of X staged at a time */
+#define HC_L_XS 36     /* k_hc_part_l: padded row stride of the X tile (16-byte rows, no bank conflicts) */
+#define HC_BIG_T 1024  /* rows from which k_hc_part_l is used */
 
-/* m[k] = (fn[k]·x)·(mean(x²)+eps)^-½ for k < n_out, into shared m[]; one block per row. */
-__device__ void hc_mixes(const float *x, int64_t n, const void *fn, int fbf16, int n_out, float eps, float *m) {
-    float acc[HC_MAXM], ss = 0.f;
+template <int NM>
+__global__ void __launch_bounds__(HC_S_CH) k_hc_part_s(const float *__restrict__ X, int64_t n, const void *fn,
+                                                      int fbf16, int nch, float *part, double *ssp) {
+    __shared__ float sp[HC_S_CH / 32][NM];
+    __shared__ double sq[HC_S_CH / 32];
+    const int t = blockIdx.y, ch = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int64_t i = (int64_t)ch * HC_S_CH + threadIdx.x;
+    const float xi = i < n ? X[(int64_t)t * n + i] : 0.f;
+    double ss = (double)xi * xi;
+    float acc[NM];
 #pragma unroll
-    for (int k = 0; k < HC_MAXM; k++) acc[k] = 0.f;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-        const float xi = x[i];
-        ss += xi * xi;
+    for (int k = 0; k < NM; k++) acc[k] = i < n ? cu_ldf(fn, fbf16, (int64_t)k * n + i) * xi : 0.f;
 #pragma unroll
-        for (int k = 0; k < HC_MAXM; k++)
-            if (k < n_out) acc[k] += cu_ldf(fn, fbf16, (int64_t)k * n + i) * xi;
-    }
-    ss = block_sum(ss);
-    const float r = 1.0f / sqrtf(ss / (float)n + eps);
-    for (int k = 0; k < n_out; k++) {
-        const float s = block_sum(acc[k]);
-        if (threadIdx.x == 0) m[k] = s * r;
+    for (int k = 0; k < NM; k++)
+#pragma unroll
+        for (int o = 16; o; o >>= 1) acc[k] += __shfl_xor_sync(0xffffffffu, acc[k], o);
+#pragma unroll
+    for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (lane == 0) {
+#pragma unroll
+        for (int k = 0; k < NM; k++) sp[w][k] = acc[k];
+        sq[w] = ss;
     }
     __syncthreads();
+    const int64_t o = (int64_t)t * nch + ch;
+    if (threadIdx.x < NM) {
+        float s = 0.f;
+#pragma unroll
+        for (int j = 0; j < HC_S_CH / 32; j++) s += sp[j][threadIdx.x];
+        part[o * NM + threadIdx.x] = s;
+    } else if (threadIdx.x == NM) {
+        double s = 0;
+#pragma unroll
+        for (int j = 0; j < HC_S_CH / 32; j++) s += sq[j];
+        ssp[o] = s;
+    }
+}
+
+/* n % 4 == 0 and X 16-byte aligned (the caller checks). X is staged through
+ * shared memory 32 columns at a time (coalesced loads of whole row segments;
+ * each thread then reads its own row's values, conflict-free with the padded
+ * stride), fn 256 columns at a time (read as broadcasts). */
+template <int NM>
+__global__ void __launch_bounds__(HC_L_ROWS) k_hc_part_l(const float *__restrict__ X, int T, int64_t n,
+                                                        const void *fn, int fbf16, int nch, float *part,
+                                                        double *ssp) {
+    __shared__ float4 sf[NM][HC_L_SUB / 4];
+    __shared__ __align__(16) float sx[HC_L_ROWS * HC_L_XS];
+    const int r0 = blockIdx.y * HC_L_ROWS, tid = threadIdx.x, t = r0 + tid, ch = blockIdx.x;
+    const int64_t c0 = (int64_t)ch * HC_L_CH;
+    float acc[NM];
+#pragma unroll
+    for (int k = 0; k < NM; k++) acc[k] = 0.f;
+    double ss = 0;
+    for (int s0 = 0; s0 < HC_L_CH && c0 + s0 < n; s0 += HC_L_SUB) {
+        const int64_t cs = c0 + s0;
+        const int ncols = (int)(n - cs < HC_L_SUB ? n - cs : HC_L_SUB); /* a multiple of 4 */
+        __syncthreads(); /* the previous sub-chunk's readers are done */
+        for (int e = tid; e < NM * HC_L_SUB; e += HC_L_ROWS) {
+            const int k = e / HC_L_SUB, j = e % HC_L_SUB;
+            ((float *)sf)[e] = j < ncols ? cu_ldf(fn, fbf16, (int64_t)k * n + cs + j) : 0.f;
+        }
+        for (int x0 = 0; x0 < ncols; x0 += HC_L_XT) {
+            __syncthreads(); /* fn staged; the previous X tile consumed */
+            for (int e = tid; e < HC_L_ROWS * (HC_L_XT / 4); e += HC_L_ROWS) {
+                const int rr = e / (HC_L_XT / 4), q = e % (HC_L_XT / 4);
+                float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (r0 + rr < T && x0 + q * 4 < ncols) v = *(const float4 *)(X + (int64_t)(r0 + rr) * n + cs + x0 + q * 4);
+                *(float4 *)(sx + rr * HC_L_XS + q * 4) = v;
+            }
+            __syncthreads();
+            if (t < T) {
+                const int nq = (ncols - x0 < HC_L_XT ? ncols - x0 : HC_L_XT) / 4;
+                for (int q = 0; q < nq; q++) {
+                    const float4 x = *(const float4 *)(sx + tid * HC_L_XS + q * 4);
+                    ss += (double)x.x * x.x;
+                    ss += (double)x.y * x.y;
+                    ss += (double)x.z * x.z;
+                    ss += (double)x.w * x.w;
+#pragma unroll
+                    for (int k = 0; k < NM; k++) {
+                        const float4 f = sf[k][x0 / 4 + q];
+                        acc[k] += f.x * x.x;
+                        acc[k] += f.y * x.y;
+                        acc[k] += f.z * x.z;
+                        acc[k] += f.w * x.w;
+                    }
+                }
+            }
+        }
+    }
+    if (t >= T) return;
+    const int64_t o = (int64_t)t * nch + ch;
+#pragma unroll
+    for (int k = 0; k < NM; k++) part[o * NM + k] = acc[k];
+    ssp[o] = ss;
 }
 
 __device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-__global__ void k_hc_pre(const float *X, int64_t n, int n_hc, const void *fn, int fbf16, const void *base,
-                         int bbf16, const void *scale, int sbf16, int iters, float eps, float *y, float *post,
-                         float *comb) {
-    __shared__ float m[HC_MAXM], pre[4];
-    const int t = blockIdx.x;
-    const float *x = X + (int64_t)t * n;
-    const int nm = n_hc * (2 + n_hc);
-    const int64_t d = n / n_hc;
-    hc_mixes(x, n, fn, fbf16, nm, eps, m);
-    if (threadIdx.x == 0) {
-        const float s0 = cu_ldf(scale, sbf16, 0), s1 = cu_ldf(scale, sbf16, 1), s2 = cu_ldf(scale, sbf16, 2);
-        float *po = post + (int64_t)t * n_hc, *C = comb + (int64_t)t * n_hc * n_hc;
-        for (int h = 0; h < n_hc; h++) {
-            pre[h] = sigm(m[h] * s0 + cu_ldf(base, bbf16, h)) + eps;
-            po[h] = 2.0f * sigm(m[n_hc + h] * s1 + cu_ldf(base, bbf16, n_hc + h));
+/* hc_pre's post and comb = Sinkhorn(logits) from the scaled mixes m
+ * (§3.2.4: row softmax + eps, then column / (row, column) passes), by one
+ * warp: lane l < NH² holds c[l] (lanes above mirror lane l % NH²). Each row
+ * or column sum gathers its NH values by shuffles and adds them in the
+ * reference's index order, so every lane gets the reference's sum and does
+ * the reference's one division. (One thread doing all of it took ~25 µs a
+ * row: 20 iterations of dependent divisions.) */
+template <int NH>
+__device__ void hc_post_comb(const float *m, const void *base, int bbf16, float s1, float s2, int iters, float eps,
+                             float *po, float *C) {
+    const int lane = threadIdx.x & 31, l = lane % (NH * NH), i = l / NH, j = l % NH;
+    if (lane < NH) po[lane] = 2.0f * sigm(m[NH + lane] * s1 + cu_ldf(base, bbf16, NH + lane));
+    float c = m[2 * NH + l] * s2 + cu_ldf(base, bbf16, 2 * NH + l);
+    {
+        float mx = -INFINITY, s = 0.f;
+#pragma unroll
+        for (int q = 0; q < NH; q++) mx = fmaxf(mx, __shfl_sync(0xffffffffu, c, i * NH + q));
+        c = expf(c - mx);
+#pragma unroll
+        for (int q = 0; q < NH; q++) s += __shfl_sync(0xffffffffu, c, i * NH + q);
+        c = c / s + eps;
+    }
+    for (int it = 0; it < iters; it++) {
+        float s = 0.f;
+        if (it > 0) {
+#pragma unroll
+            for (int q = 0; q < NH; q++) s += __shfl_sync(0xffffffffu, c, i * NH + q);
+            c /= s + eps;
+            s = 0.f;
         }
-        float c[16];
-        for (int k = 0; k < n_hc * n_hc; k++) c[k] = m[2 * n_hc + k] * s2 + cu_ldf(base, bbf16, 2 * n_hc + k);
-        /* Sinkhorn (§3.2.4): row softmax + eps, then column / (row, column) passes */
-        for (int i = 0; i < n_hc; i++) {
-            float mx = -INFINITY, s = 0.f;
-            for (int j = 0; j < n_hc; j++) mx = fmaxf(mx, c[i * n_hc + j]);
-            for (int j = 0; j < n_hc; j++) s += c[i * n_hc + j] = expf(c[i * n_hc + j] - mx);
-            for (int j = 0; j < n_hc; j++) c[i * n_hc + j] = c[i * n_hc + j] / s + eps;
+#pragma unroll
+        for (int q = 0; q < NH; q++) s += __shfl_sync(0xffffffffu, c, q * NH + j);
+        c /= s + eps;
+    }
+    if (lane < NH * NH) C[lane] = c;
+}
+
+/*
+ * Per row (blockIdx.y): m = Σ_chunks partials · r, then hc_pre's pre / post /
+ * Sinkhorn(comb) (post != NULL) or hc_head's pre (post == NULL), then
+ * y[i] = Σ_h pre[h]·x[h·d + i] for this block's slice of columns. Block x == 0
+ * writes post and comb. 256 threads.
+ */
+__global__ void __launch_bounds__(256) k_hc_fin(const float *part, const double *ssp, int nch, int nm,
+                                               const float *X, int64_t n, int n_hc, const void *base, int bbf16,
+                                               const void *scale, int sbf16, int iters, float eps, float *y,
+                                               float *post, float *comb) {
+    __shared__ float m[HC_MAXM + 1], pre[4];
+    __shared__ double ssum;
+    const int t = blockIdx.y, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const float *pp = part + (int64_t)t * nch * nm;
+    /* value v (< nm: a mix; nm: Σx²) is summed by warp v % 8: lane-strided over the chunks, then a tree */
+    for (int v = w; v <= nm; v += 8) {
+        if (v < nm) {
+            float s = 0.f;
+            for (int c = lane; c < nch; c += 32) s += pp[(int64_t)c * nm + v];
+            for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+            if (lane == 0) m[v] = s;
+        } else {
+            double s = 0;
+            for (int c = lane; c < nch; c += 32) s += ssp[(int64_t)t * nch + c];
+            for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+            if (lane == 0) ssum = s;
         }
-        for (int it = 0; it < iters; it++) {
-            if (it > 0)
-                for (int i = 0; i < n_hc; i++) {
-                    float s = 0.f;
-                    for (int j = 0; j < n_hc; j++) s += c[i * n_hc + j];
-                    for (int j = 0; j < n_hc; j++) c[i * n_hc + j] /= s + eps;
-                }
-            for (int j = 0; j < n_hc; j++) {
-                float s = 0.f;
-                for (int i = 0; i < n_hc; i++) s += c[i * n_hc + j];
-                for (int i = 0; i < n_hc; i++) c[i * n_hc + j] /= s + eps;
-            }
-        }
-        for (int k = 0; k < n_hc * n_hc; k++) C[k] = c[k];
     }
     __syncthreads();
-    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+    if (threadIdx.x < 32) { /* warp 0: scale the mixes, the pre weights */
+        const float r = (float)(1.0 / sqrt(ssum / (double)n + (double)eps));
+        if (threadIdx.x < nm) m[threadIdx.x] *= r;
+        __syncwarp();
+        if (threadIdx.x < n_hc) pre[threadIdx.x] = sigm(m[threadIdx.x] * cu_ldf(scale, sbf16, 0) +
+                                                        cu_ldf(base, bbf16, threadIdx.x)) + eps;
+    }
+    __syncthreads();
+    const int64_t d = n / n_hc;
+    const float *x = X + (int64_t)t * n;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d; i += (int64_t)gridDim.x * blockDim.x) {
         float acc = 0.f;
         for (int h = 0; h < n_hc; h++) acc += pre[h] * x[h * d + i];
         y[(int64_t)t * d + i] = acc;
     }
+    if (post && blockIdx.x == 0 && threadIdx.x < 32) { /* warp 0 of the row's first block: post, Sinkhorn */
+        float *po = post + (int64_t)t * n_hc, *C = comb + (int64_t)t * n_hc * n_hc;
+        const float s1 = cu_ldf(scale, sbf16, 1), s2 = cu_ldf(scale, sbf16, 2);
+        switch (n_hc) {
+        case 1: hc_post_comb<1>(m, base, bbf16, s1, s2, iters, eps, po, C); break;
+        case 2: hc_post_comb<2>(m, base, bbf16, s1, s2, iters, eps, po, C); break;
+        case 3: hc_post_comb<3>(m, base, bbf16, s1, s2, iters, eps, po, C); break;
+        default: hc_post_comb<4>(m, base, bbf16, s1, s2, iters, eps, po, C); break;
+        }
+    }
 }
 
 static int vec_bf16(const dsv4_tview *v) { return v->dtype == DSV4_DT_BF16; }
+
+template <int NM>
+static void hc_part(int big, unsigned nch, const float *X, int T, int64_t n, const void *fn, int fbf16, float *part,
+                    double *ssp, cudaStream_t st) {
+    if (big)
+        k_hc_part_l<NM><<<dim3(nch, (unsigned)((T + HC_L_ROWS - 1) / HC_L_ROWS)), HC_L_ROWS, 0, st>>>(
+            X, T, n, fn, fbf16, (int)nch, part, ssp);
+    else
+        k_hc_part_s<NM><<<dim3(nch, (unsigned)T), HC_S_CH, 0, st>>>(X, n, fn, fbf16, (int)nch, part, ssp);
+}
+
+/* The mixes and the finish of hc_pre (post, comb != NULL) or hc_head, for n_hc <= 4. */
+static int hc_run(cu_be *cb, const float *X, int T, int64_t n, int n_hc, int nm, const dsv4_tview *fn,
+                  const dsv4_tview *base, const dsv4_tview *scale, int iters, float eps, float *y, float *post,
+                  float *comb, const char *what, dsv4_err *err) {
+    if (T > 65535) return cu_err(err, DSV4_EUNSUPPORTED, "cuda: %s: %d rows in one call (max 65535)", what, T);
+    cudaStream_t st = cb->ctx->stream;
+    const int big = T >= HC_BIG_T && n % 4 == 0 && ((uintptr_t)X & 15) == 0;
+    const unsigned nch = (unsigned)((n + (big ? HC_L_CH : HC_S_CH) - 1) / (big ? HC_L_CH : HC_S_CH));
+    /* partials: T·nch·nm floats, then T·nch doubles (stream-ordered scratch, like moe_route's logits) */
+    const size_t pb = cu_align((size_t)T * nch * nm * sizeof(float));
+    void *ws = NULL;
+    CU_TRY(cudaMallocAsync(&ws, pb + (size_t)T * nch * sizeof(double), st), err, what);
+    float *part = (float *)ws;
+    double *ssp = (double *)((char *)ws + pb);
+    const int fb = fn->dtype == DSV4_DT_BF16;
+    switch (nm) {
+    case 1: hc_part<1>(big, nch, X, T, n, fn->data, fb, part, ssp, st); break;
+    case 2: hc_part<2>(big, nch, X, T, n, fn->data, fb, part, ssp, st); break;
+    case 3: hc_part<3>(big, nch, X, T, n, fn->data, fb, part, ssp, st); break;
+    case 4: hc_part<4>(big, nch, X, T, n, fn->data, fb, part, ssp, st); break;
+    case 8: hc_part<8>(big, nch, X, T, n, fn->data, fb, part, ssp, st); break;
+    case 15: hc_part<15>(big, nch, X, T, n, fn->data, fb, part, ssp, st); break;
+    default: hc_part<24>(big, nch, X, T, n, fn->data, fb, part, ssp, st); break; /* nm = 24 (callers check) */
+    }
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) {
+        const int64_t d = n / n_hc, ycols = (d + 255) / 256;
+        int64_t yb = T >= 16 ? 1 : 256 / T;
+        if (yb > ycols) yb = ycols;
+        if (yb < 1) yb = 1;
+        k_hc_fin<<<dim3((unsigned)yb, (unsigned)T), 256, 0, st>>>(part, ssp, (int)nch, nm, X, n, n_hc, base->data,
+                                                                  vec_bf16(base), scale->data, vec_bf16(scale),
+                                                                  iters, eps, y, post, comb);
+        e = cudaGetLastError();
+    }
+    cudaFreeAsync(ws, st);
+    CU_TRY(e, err, what);
+    return DSV4_OK;
+}
 
 int cu_be_hc_pre(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn, const dsv4_tview *base,
                  const dsv4_tview *scale, int n_hc, int iters, float eps, dsv4_buf *y, dsv4_buf *post,
@@ -338,12 +588,9 @@ int cu_be_hc_pre(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn, cons
     if (!rc) rc = cu_be_check(post, DSV4_DT_F32, T, n_hc, "hc_pre post", err);
     if (!rc) rc = cu_be_check(comb, DSV4_DT_F32, T, n_hc * n_hc, "hc_pre comb", err);
     if (rc) return rc;
-    if (!T) return DSV4_OK;
-    k_hc_pre<<<(unsigned)T, 256, 0, cube(be)->ctx->stream>>>(
-        (const float *)X->data, n, n_hc, fn->data, vec_bf16(fn), base->data, vec_bf16(base), scale->data,
-        vec_bf16(scale), iters, eps, (float *)y->data, (float *)post->data, (float *)comb->data);
-    LAUNCHED("hc_pre");
-    return DSV4_OK;
+    if (!T || !n) return DSV4_OK;
+    return hc_run(cube(be), (const float *)X->data, (int)T, n, n_hc, (int)nm, fn, base, scale, iters, eps,
+                  (float *)y->data, (float *)post->data, (float *)comb->data, "hc_pre", err);
 }
 
 __global__ void k_hc_post(const float *X, const float *f, const float *post, const float *comb, int n_hc,
@@ -357,6 +604,32 @@ __global__ void k_hc_post(const float *X, const float *f, const float *post, con
     float acc = post[t * n_hc + j] * f[t * d + k];
     for (int i = 0; i < n_hc; i++) acc += C[i * n_hc + j] * x[i * d + k];
     Xo[e] = acc;
+}
+
+/* The same for n_hc = NH <= 4: one thread per (row, column k) reads the NH
+ * stream values once and writes all NH outputs (same sums, same order); grid
+ * (d/256, T). The element-per-thread kernel above re-read each x NH times and
+ * paid 64-bit divisions per element: 0.53 ms a call for 4096 rows. */
+template <int NH>
+__global__ void k_hc_post_v(const float *X, const float *f, const float *post, const float *comb, int64_t d,
+                            float *Xo) {
+    const int64_t t = blockIdx.y, k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= d) return;
+    const float *x = X + t * NH * d + k, *C = comb + t * NH * NH, *po = post + t * NH;
+    float xv[NH], c[NH * NH];
+#pragma unroll
+    for (int i = 0; i < NH; i++) xv[i] = x[i * d];
+#pragma unroll
+    for (int q = 0; q < NH * NH; q++) c[q] = C[q];
+    const float fv = f[t * d + k];
+    float *o = Xo + t * NH * d + k;
+#pragma unroll
+    for (int j = 0; j < NH; j++) {
+        float acc = po[j] * fv;
+#pragma unroll
+        for (int i = 0; i < NH; i++) acc += c[i * NH + j] * xv[i];
+        o[j * d] = acc;
+    }
 }
 
 int cu_be_hc_post(dsv4_backend *be, const dsv4_buf *X, const dsv4_buf *f, const dsv4_buf *post,
@@ -373,6 +646,21 @@ int cu_be_hc_post(dsv4_backend *be, const dsv4_buf *X, const dsv4_buf *f, const 
     if (rc) return rc;
     int64_t total = T * X->cols;
     if (!total) return DSV4_OK;
+    cudaStream_t st = cube(be)->ctx->stream;
+    const float *xp = (const float *)X->data, *fp = (const float *)f->data, *pp = (const float *)post->data,
+                *cp = (const float *)comb->data;
+    float *op = (float *)Xout->data;
+    if (n_hc <= 4 && T <= 65535) {
+        const dim3 g(nblk(d, 256), (unsigned)T);
+        switch (n_hc) {
+        case 1: k_hc_post_v<1><<<g, 256, 0, st>>>(xp, fp, pp, cp, d, op); break;
+        case 2: k_hc_post_v<2><<<g, 256, 0, st>>>(xp, fp, pp, cp, d, op); break;
+        case 3: k_hc_post_v<3><<<g, 256, 0, st>>>(xp, fp, pp, cp, d, op); break;
+        default: k_hc_post_v<4><<<g, 256, 0, st>>>(xp, fp, pp, cp, d, op); break;
+        }
+        LAUNCHED("hc_post");
+        return DSV4_OK;
+    }
     k_hc_post<<<nblk(total, 256), 256, 0, cube(be)->ctx->stream>>>(
         (const float *)X->data, (const float *)f->data, (const float *)post->data, (const float *)comb->data, n_hc,
         d, total, (float *)Xout->data);
@@ -380,29 +668,11 @@ int cu_be_hc_post(dsv4_backend *be, const dsv4_buf *X, const dsv4_buf *f, const 
     return DSV4_OK;
 }
 
-__global__ void k_hc_head(const float *X, int64_t n, int n_hc, const void *fn, int fbf16, const void *base,
-                          int bbf16, const void *scale, int sbf16, float eps, float *y) {
-    __shared__ float m[HC_MAXM], pre[16];
-    const int t = blockIdx.x;
-    const float *x = X + (int64_t)t * n;
-    const int64_t d = n / n_hc;
-    hc_mixes(x, n, fn, fbf16, n_hc, eps, m);
-    if (threadIdx.x == 0) {
-        const float s0 = cu_ldf(scale, sbf16, 0);
-        for (int h = 0; h < n_hc; h++) pre[h] = sigm(m[h] * s0 + cu_ldf(base, bbf16, h)) + eps;
-    }
-    __syncthreads();
-    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
-        float acc = 0.f;
-        for (int h = 0; h < n_hc; h++) acc += pre[h] * x[h * d + i];
-        y[(int64_t)t * d + i] = acc;
-    }
-}
-
 int cu_be_hc_head(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn, const dsv4_tview *base,
                   const dsv4_tview *scale, int n_hc, float eps, dsv4_buf *y, dsv4_err *err) {
     int rc = cu_be_check(X, DSV4_DT_F32, -1, -1, "hc_head X", err);
     if (!rc && (n_hc <= 0 || n_hc > 16 || X->cols % n_hc)) rc = cu_err(err, DSV4_EINVAL, "cuda: hc_head: n_hc %d", n_hc);
+    if (!rc && n_hc > 4) rc = cu_err(err, DSV4_EUNSUPPORTED, "cuda: hc_head: n_hc %d > 4 not implemented", n_hc);
     if (rc) return rc;
     int64_t T = X->rows, n = X->cols, d = n / n_hc;
     rc = cu_be_check_vec(fn, n_hc * n, "hc_head fn", err);
@@ -410,12 +680,9 @@ int cu_be_hc_head(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn, con
     if (!rc) rc = cu_be_check_vec(scale, 1, "hc_head scale", err);
     if (!rc) rc = cu_be_check(y, DSV4_DT_F32, T, d, "hc_head y", err);
     if (rc) return rc;
-    if (!T) return DSV4_OK;
-    k_hc_head<<<(unsigned)T, 256, 0, cube(be)->ctx->stream>>>((const float *)X->data, n, n_hc, fn->data, vec_bf16(fn),
-                                                              base->data, vec_bf16(base), scale->data,
-                                                              vec_bf16(scale), eps, (float *)y->data);
-    LAUNCHED("hc_head");
-    return DSV4_OK;
+    if (!T || !n) return DSV4_OK;
+    return hc_run(cube(be), (const float *)X->data, (int)T, n, n_hc, n_hc, fn, base, scale, 1, eps,
+                  (float *)y->data, NULL, NULL, "hc_head", err);
 }
 
 /* --------------------------------------------------------------- win_store */
@@ -449,7 +716,8 @@ int cu_be_win_store(dsv4_backend *be, dsv4_win_state *ws, const dsv4_buf *kv, co
     if ((rc = cu_be_batch(be, b, &tok, &pos, &slot, err)) || (rc = cu_be_batch_seg(be, b, &p0, &r0, &r1, err)))
         return rc;
     if (!b->n_rows) return DSV4_OK;
-    k_win_store<<<b->n_rows, 128, 0, cube(be)->ctx->stream>>>((float *)ws->rows.data, (const float *)kv->data,
+    const int th = kv->cols >= 512 ? 512 : (int)((kv->cols + 31) / 32 * 32); /* one pass over a 512-wide row */
+    k_win_store<<<b->n_rows, th, 0, cube(be)->ctx->stream>>>((float *)ws->rows.data, (const float *)kv->data,
                                                               kv->cols, ws->cap, pos, slot, r1);
     LAUNCHED("win_store");
     return DSV4_OK;
@@ -457,50 +725,86 @@ int cu_be_win_store(dsv4_backend *be, dsv4_win_state *ws, const dsv4_buf *kv, co
 
 /* ------------------------------------------------------------- router tail */
 
-/* One thread per row: a = sqrt(softplus(l)); top-k of a + bias (ties -> lower
- * id) or the hash table's ids; weights = a[ids]/Σ · route_scale. bad[0] is set
- * when a hash id is out of range. */
-__global__ void k_route(const float *logits, int T, int E, const void *bias, int bbf16, const int64_t *tid2eid,
-                        const int32_t *tok, int k, float route_scale, int32_t *ids, float *wts, int *bad) {
-    const int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= T) return;
+/*
+ * One warp per row (RT_WARPS rows per block): a = sqrt(softplus(l)) and
+ * v = a + bias once per expert into shared memory, then k rounds of a warp
+ * argmax over the experts not yet taken (ties -> lower id), or the hash
+ * table's ids; weights = a[ids]/Σ · route_scale, Σ in j order (lane 0), as
+ * cpu_moe.c. bad[0] is set when a hash id is out of range.
+ * The reference's scan (first untaken expert, replaced by any strictly
+ * greater value) picks the lowest-id maximum over the non-NaN values unless
+ * the first untaken expert's value is NaN, then that expert; the warp
+ * reduction computes exactly that. Why: one thread per row (the first
+ * version) recomputed the softplus E·k times on one thread (273 µs a call).
+ */
+#define RT_WARPS 4
+#define RT_MAXK 16
+#define RT_MAXE 1024 /* the per-lane taken mask has 32 bits */
+
+__global__ void __launch_bounds__(RT_WARPS * 32) k_route(const float *logits, int T, int E, const void *bias,
+                                                        int bbf16, const int64_t *tid2eid, const int32_t *tok,
+                                                        int k, float route_scale, int32_t *ids, float *wts,
+                                                        int *bad) {
+    extern __shared__ float rsh[]; /* [RT_WARPS][2][E]: a, v */
+    __shared__ int sid[RT_WARPS][RT_MAXK];
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int t = blockIdx.x * RT_WARPS + w;
+    if (t >= T) return; /* whole warps; no block-wide barrier below */
+    float *a = rsh + (int64_t)w * 2 * E, *v = a + E;
     const float *l = logits + (int64_t)t * E;
-    int32_t *id = ids + (int64_t)t * k;
-    for (int j = 0; j < k; j++) {
-        int best = -1;
-        if (tid2eid) {
-            const int64_t e = tid2eid[(int64_t)tok[t] * k + j];
+    for (int e = lane; e < E; e += 32) {
+        const float x = l[e];
+        a[e] = sqrtf(x > 20.0f ? x : log1pf(expf(x)));
+        v[e] = a[e] + (bias ? cu_ldf(bias, bbf16, e) : 0.0f);
+    }
+    __syncwarp();
+    if (tid2eid) {
+        if (lane < k) {
+            const int64_t e = tid2eid[(int64_t)tok[t] * k + lane];
+            int best = (int)e;
             if (e < 0 || e >= E) {
                 atomicExch(bad, 1); /* reported by the caller; any valid id keeps the kernel in bounds */
                 best = 0;
-            } else {
-                best = (int)e;
             }
-        } else {
+            sid[w][lane] = best;
+            ids[(int64_t)t * k + lane] = best;
+        }
+    } else {
+        uint32_t taken = 0; /* bit q: expert lane + 32q */
+        for (int j = 0; j < k; j++) {
             float bv = -INFINITY;
-            for (int e = 0; e < E; e++) {
-                int taken = 0;
-                for (int jj = 0; jj < j; jj++) taken |= id[jj] == e;
-                if (taken) continue;
-                const float x = l[e];
-                const float a = sqrtf(x > 20.0f ? x : log1pf(expf(x)));
-                const float v = a + (bias ? cu_ldf(bias, bbf16, e) : 0.0f);
-                if (best < 0 || v > bv) {
-                    best = e;
-                    bv = v;
+            int bi = -1, first = INT_MAX;
+            for (int e = lane, q = 0; e < E; e += 32, q++) {
+                if (taken >> q & 1u) continue;
+                if (first == INT_MAX) first = e;
+                const float x = v[e];
+                if (x == x && (bi < 0 || x > bv)) {
+                    bi = e;
+                    bv = x;
                 }
             }
+            for (int o = 16; o; o >>= 1) {
+                const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+                const int oi = __shfl_xor_sync(0xffffffffu, bi, o), of = __shfl_xor_sync(0xffffffffu, first, o);
+                if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) {
+                    bv = ov;
+                    bi = oi;
+                }
+                first = min(first, of);
+            }
+            const int best = v[first] != v[first] ? first : bi; /* k <= E: some expert is untaken */
+            if ((best & 31) == lane) taken |= 1u << (best >> 5);
+            if (lane == 0) {
+                sid[w][j] = best;
+                ids[(int64_t)t * k + j] = best;
+            }
         }
-        id[j] = best;
     }
-    float s = 0.f;
-    for (int j = 0; j < k; j++) {
-        const float x = l[id[j]];
-        s += sqrtf(x > 20.0f ? x : log1pf(expf(x)));
-    }
-    for (int j = 0; j < k; j++) {
-        const float x = l[id[j]];
-        wts[(int64_t)t * k + j] = sqrtf(x > 20.0f ? x : log1pf(expf(x))) / s * route_scale;
+    __syncwarp();
+    if (lane == 0) {
+        float s = 0.f;
+        for (int j = 0; j < k; j++) s += a[sid[w][j]];
+        for (int j = 0; j < k; j++) wts[(int64_t)t * k + j] = a[sid[w][j]] / s * route_scale;
     }
 }
 
@@ -508,12 +812,15 @@ int cu_be_route_tail(dsv4_backend *be, const float *logits, int T, int E, const 
                      const dsv4_tview *tid2eid, const int32_t *d_token, int k, float route_scale, int32_t *ids,
                      float *weights, dsv4_err *err) {
     cu_be *cb = cube(be);
+    if (E <= 0 || E > RT_MAXE || k <= 0 || k > RT_MAXK || k > E)
+        return cu_err(err, DSV4_EUNSUPPORTED, "cuda: moe_route: %d experts top-%d (the kernel takes up to %d "
+                      "experts, top-%d)", E, k, RT_MAXE, RT_MAXK);
+    if (T <= 0) return DSV4_OK;
     /* hash routing: a bad table entry sets the backend's deferred flag, reported by `sync` */
     int *bad = tid2eid ? cb->d_flags : NULL;
-    k_route<<<nblk(T, 64), 64, 0, cb->ctx->stream>>>(logits, T, E, bias ? bias->data : NULL,
-                                                     bias && bias->dtype == DSV4_DT_BF16,
-                                                     tid2eid ? (const int64_t *)tid2eid->data : NULL, d_token, k,
-                                                     route_scale, ids, weights, bad);
+    k_route<<<nblk(T, RT_WARPS), RT_WARPS * 32, (size_t)RT_WARPS * 2 * E * sizeof(float), cb->ctx->stream>>>(
+        logits, T, E, bias ? bias->data : NULL, bias && bias->dtype == DSV4_DT_BF16,
+        tid2eid ? (const int64_t *)tid2eid->data : NULL, d_token, k, route_scale, ids, weights, bad);
     LAUNCHED("moe_route");
     return DSV4_OK;
 }
