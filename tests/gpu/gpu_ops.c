@@ -1062,16 +1062,24 @@ static void pick_ids_skewed(int *ids, float *wts, int n, int topk, int E) {
 }
 
 /* Which kernels the library picks (cuda_gemm.cuh thresholds, read per call):
- * 0 the decode-tuned kernels, 1 the tiled GEMMs, 2 the library default. */
-static void set_paths(int mode) {
+ * 0 the decode-tuned kernels, 1 the tiled GEMMs, 2 the library default;
+ * cfg 1..: force that GEMM tile shape (DSV4_CUDA_{MOE,FP8}_GEMM_CFG), 0 default. */
+#define MOE_CFGS 5
+#define FP8_CFGS 4
+static void set_paths_cfg(int mode, int cfg) {
+    char b[16];
+    snprintf(b, sizeof b, "%d", cfg);
+    setenv("DSV4_CUDA_MOE_GEMM_CFG", b, 1);
+    setenv("DSV4_CUDA_FP8_GEMM_CFG", b, 1);
     if (mode == 2) {
         unsetenv("DSV4_CUDA_MOE_GEMM_MIN");
         unsetenv("DSV4_CUDA_FP8_GEMM_MIN");
         return;
     }
-    setenv("DSV4_CUDA_MOE_GEMM_MIN", mode ? "0" : "1000000000", 1);
-    setenv("DSV4_CUDA_FP8_GEMM_MIN", mode ? "9" : "1000000000", 1);
+    setenv("DSV4_CUDA_MOE_GEMM_MIN", mode ? "0" : "1000000", 1);
+    setenv("DSV4_CUDA_FP8_GEMM_MIN", mode ? "9" : "1000000", 1);
 }
+static void set_paths(int mode) { set_paths_cfg(mode, 0); }
 
 /* MoE at a prefill size: GEMM vs the decode kernels (same numerics up to
  * the fp32 summation order), then sampled tokens against the reference. */
@@ -1088,15 +1096,16 @@ static void t_moe_prefill(moe_set *m, int n) {
     int *dids = dup_up(ids, (size_t)n * topk * 4);
     dsv4_err err = {0};
     char shape[96];
-    for (int mode = 0; mode < 2; mode++) {
-        set_paths(mode);
+    for (int cfg = 0; cfg <= MOE_CFGS; cfg++) {
+        set_paths_cfg(cfg ? 1 : 0, cfg);
         poison(dy, nx * 4);
         DIE_IF(dsv4_cuda_moe(G, &m->dev, dx, n, dids, dw, topk, NULL, dy, 0, &err), err);
         DIE_IF(dsv4_cuda_sync(G, &err), err);
-        down(mode ? y2 : y1, dy, nx * 4);
+        down(cfg ? y2 : y1, dy, nx * 4);
+        if (!cfg) continue;
+        snprintf(shape, sizeof shape, "flash top6 skewed n=%d gemm cfg %d vs k_fp4", n, cfg);
+        report("moe_prefill", shape, y2, y1, nx, 1e-5);
     }
-    snprintf(shape, sizeof shape, "flash top6 skewed n=%d gemm vs k_fp4", n);
-    report("moe_prefill", shape, y2, y1, nx, 1e-5);
     /* reference (official bf16 storage, as t_moe) on the first and last 3 tokens */
     set_paths(2);
     poison(dy, nx * 4);
@@ -1126,17 +1135,22 @@ static void t_linear_prefill(const char *label, int64_t R, int64_t K, int n) {
     dsv4_cuda_weight w;
     DIE_IF(dsv4_cuda_weight_upload(G, &h.lin, &w, &err), err);
     float *dx = dup_up(x, nx * 4), *dy = dalloc(ny * 4);
-    for (int mode = 0; mode < 2; mode++) {
-        set_paths(mode);
+    char shape[96];
+    for (int cfg = 0; cfg <= FP8_CFGS; cfg++) {
+        set_paths_cfg(cfg ? 1 : 0, cfg);
         poison(dy, ny * 4);
         DIE_IF(dsv4_cuda_linear(G, &w, dx, n, dy, 0, &err), err);
         DIE_IF(dsv4_cuda_sync(G, &err), err);
-        down(mode ? y2 : y1, dy, ny * 4);
+        down(cfg ? y2 : y1, dy, ny * 4);
+        if (!cfg) continue;
+        snprintf(shape, sizeof shape, "%s %lldx%lld n=%d cfg %d vs old", label, (long long)R, (long long)K, n, cfg);
+        report("fp8_prefill", shape, y2, y1, ny, 1e-5);
     }
-    set_paths(2);
-    char shape[96];
-    snprintf(shape, sizeof shape, "%s %lldx%lld n=%d gemm vs old", label, (long long)R, (long long)K, n);
-    report("fp8_prefill", shape, y2, y1, ny, 1e-5);
+    set_paths(2); /* last rows: the default path */
+    poison(dy, ny * 4);
+    DIE_IF(dsv4_cuda_linear(G, &w, dx, n, dy, 0, &err), err);
+    DIE_IF(dsv4_cuda_sync(G, &err), err);
+    down(y2, dy, ny * 4);
     ref_linear(&h, x + (size_t)(n - 2) * K, 2, ref);
     snprintf(shape, sizeof shape, "%s n=%d last 2 rows vs ref", label, n);
     report("fp8_prefill", shape, y2 + (size_t)(n - 2) * R, ref, (size_t)2 * R, 1e-3);
@@ -1168,11 +1182,13 @@ static void perf_moe_prefill(moe_set *m) {
         a.ids = dup_up(ids, (size_t)nsets * a.n * topk * 4);
         a.w = dup_up(wts, (size_t)nsets * a.n * topk * 4);
         const double flops = 2.0 * 3 * a.n * topk * (double)m->dm * m->dff;
-        for (int mode = 0; mode < 3; mode++) {
-            set_paths(mode);
+        for (int cfg = -1; cfg <= MOE_CFGS; cfg++) { /* -1 k_fp4, 0 default, 1.. forced GEMM shape */
+            set_paths_cfg(cfg < 0 ? 0 : cfg == 0 ? 2 : 1, cfg < 0 ? 0 : cfg);
             double us = time_graph(op_moe, &a, a.n >= 4096 ? 3 : 8);
             char shape[64];
-            snprintf(shape, sizeof shape, "skewed top6 %s", mode == 0 ? "k_fp4" : mode == 1 ? "gemm" : "default");
+            if (cfg < 0) snprintf(shape, sizeof shape, "skewed top6 k_fp4");
+            else if (cfg == 0) snprintf(shape, sizeof shape, "skewed top6 default");
+            else snprintf(shape, sizeof shape, "skewed top6 gemm cfg %d", cfg);
             print_perf("moe_pf", shape, a.n, us, all_bytes, flops);
         }
         dsv4_cuda_free(G, a.ids);
@@ -1200,11 +1216,13 @@ static void perf_linear_prefill(const char *label, int64_t R, int64_t K) {
     a.y = dalloc((size_t)nmax * R * 4);
     for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
         a.n = ns[i];
-        for (int mode = 0; mode < 2; mode++) {
-            set_paths(mode);
+        for (int cfg = -1; cfg <= FP8_CFGS; cfg++) { /* -1 k_fp8_linear, 0 default, 1.. forced GEMM shape */
+            set_paths_cfg(cfg < 0 ? 0 : cfg == 0 ? 2 : 1, cfg < 0 ? 0 : cfg);
             double us = time_graph(op_linear, &a, a.n >= 4096 ? 6 : 20);
             char shape[64];
-            snprintf(shape, sizeof shape, "%s %s", label, mode ? "gemm" : "old");
+            if (cfg < 0) snprintf(shape, sizeof shape, "%s old", label);
+            else if (cfg == 0) snprintf(shape, sizeof shape, "%s default", label);
+            else snprintf(shape, sizeof shape, "%s cfg %d", label, cfg);
             print_perf("fp8_pf", shape, a.n, us, (double)h.lin.w.nbytes + (double)a.n * (K * 4 + R * 4),
                        2.0 * a.n * R * K);
         }

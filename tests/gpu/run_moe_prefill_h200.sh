@@ -4,8 +4,8 @@
 # vs the decode kernels, sampled rows vs the reference, timings), the op
 # harness with the GEMM forced for every size (+ compute-sanitizer on the tiny
 # set), backend conformance, CPU == CUDA logits/tokens on the tiny
-# checkpoints, and `dsv4 perf` with the decode kernels forced (= before) and
-# with the defaults (= after).
+# checkpoints, and `dsv4 perf`: bin/dsv4-base (the commit before, if given),
+# this build with the GEMMs turned off, this build as is.
 # Runs from a folder holding bin/{dsv4,test_device_equiv,dsv4-gpu-ops,
 # dsv4-gpu-conformance} (built elsewhere with -DDSV4_CUDA=ON), lib/ (the .so
 # files the GPU machine lacks), models/tiny-{flash,dspark} and v4-0731/.
@@ -17,7 +17,7 @@ O=${OUT:-/tmp/moe-prefill-out}
 mkdir -p "$O"
 STEPS=${STEPS:-prefill perf conf equiv forced}
 FORCE="DSV4_CUDA_MOE_GEMM_MIN=0 DSV4_CUDA_FP8_GEMM_MIN=9"
-OLD="DSV4_CUDA_MOE_GEMM_MIN=1000000000 DSV4_CUDA_FP8_GEMM_MIN=1000000000"
+OLD="DSV4_CUDA_MOE_GEMM_MIN=1000000 DSV4_CUDA_FP8_GEMM_MIN=1000000"
 { echo "commit: $(cat "$D/.commit" 2>/dev/null)"; date -u
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total --format=csv 2>/dev/null; } \
   > "$O/env.txt" 2>&1
@@ -29,11 +29,13 @@ for s in $STEPS; do
   prefill)
     timeout 120 bin/dsv4-gpu-ops --prefill > "$O/gpu_ops_prefill.txt" 2>&1; t "prefill rc=$?"
     grep -E "^(ok|FAIL)|^fp8_pf|^moe_pf|passed" "$O/gpu_ops_prefill.txt" ;;
-  perf)
-    for v in old new; do
-      if [ $v = old ]; then E=$OLD; else E=""; fi
-      env $E timeout 100 bin/dsv4 perf $PERF > "$O/perf_$v.txt" 2>&1; t "perf $v rc=$?"
-      grep -vE "^\s*$" "$O/perf_$v.txt" | tail -12
+  perf) # base: bin/dsv4-base (the commit before, when present); old: this build, GEMMs off
+    for v in base old new; do
+      B=bin/dsv4; E=""
+      if [ $v = base ]; then B=bin/dsv4-base; [ -x $B ] || continue; fi
+      if [ $v = old ]; then E=$OLD; fi
+      env $E timeout 100 $B perf $PERF > "$O/perf_$v.txt" 2>&1; t "perf $v rc=$?"
+      grep -E "^[0-9]|prefill chunk" "$O/perf_$v.txt"
     done ;;
   conf)
     timeout 100 bin/dsv4-gpu-conformance --no-perf > "$O/conformance.txt" 2>&1; t "conformance rc=$?"

@@ -399,13 +399,13 @@ static int launch_fp8(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const float *
 #define G8_LD 144
 #define FP8_STAGES 3
 
-template <int NTW>
-__global__ void __launch_bounds__(128) k_fp8_gemm(const uint8_t *__restrict__ W,
+template <int NTW, int WN>
+__global__ void __launch_bounds__(64 * WN) k_fp8_gemm(const uint8_t *__restrict__ W,
                                                   const uint8_t *__restrict__ WS,
                                                   const uint8_t *__restrict__ xq,
                                                   const float *__restrict__ xs, int n, int R, int K,
                                                   float *__restrict__ y, int flags) {
-    constexpr int BN = 16 * NTW;                      /* tokens per block */
+    constexpr int NTH = 64 * WN, BN = 8 * NTW * WN;  /* threads; tokens per block */
     constexpr int SA = 128 * G8_LD, SB = BN * G8_LD;  /* bytes per stage */
     constexpr int STAGE = SA + SB + BN * 4;
     extern __shared__ __align__(16) uint8_t sm[];
@@ -414,19 +414,19 @@ __global__ void __launch_bounds__(128) k_fp8_gemm(const uint8_t *__restrict__ W,
     const int r0 = blockIdx.x * 128, tok0 = blockIdx.y * BN, C = K >> 7;
     pdl_trigger();
     pdl_wait();
-    /* this thread's copies: 8 weight pieces, BN/16 activation pieces (16 B each) */
+    /* this thread's copies (16 B each): 1024 / NTH weight pieces, NTW activation pieces */
     const int pc = tid & 7, prow = tid >> 3;
     auto load = [&](int st, int c) {
         uint8_t *base = sm + st * STAGE;
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const int row = prow + 16 * j;
+        for (int j = 0; j < 1024 / NTH; j++) {
+            const int row = prow + (NTH / 8) * j;
             const bool ok = r0 + row < R;
             cp_async16(base + row * G8_LD + pc * 16, W + (size_t)(ok ? r0 + row : 0) * K + (size_t)c * 128 + pc * 16, ok);
         }
 #pragma unroll
-        for (int j = 0; j < BN / 16; j++) {
-            const int tk = prow + 16 * j;
+        for (int j = 0; j < NTW; j++) {
+            const int tk = prow + (NTH / 8) * j;
             const bool ok = tok0 + tk < n;
             cp_async16(base + SA + tk * G8_LD + pc * 16, xq + (size_t)(ok ? tok0 + tk : 0) * K + (size_t)c * 128 + pc * 16, ok);
         }
@@ -459,7 +459,7 @@ __global__ void __launch_bounds__(128) k_fp8_gemm(const uint8_t *__restrict__ W,
         const float *sx = (const float *)(base + SA + SB);
 #pragma unroll
         for (int nt = 0; nt < NTW; nt++) {
-            const int tl = wn * (BN / 2) + nt * 8;
+            const int tl = wn * (NTW * 8) + nt * 8;
             const uint8_t *pb = base + SA + (tl + g) * G8_LD + 32 * t;
             bf[nt][0] = *(const uint4 *)pb;
             bf[nt][1] = *(const uint4 *)(pb + 16);
@@ -496,7 +496,7 @@ __global__ void __launch_bounds__(128) k_fp8_gemm(const uint8_t *__restrict__ W,
         if (ra >= R) continue; /* R % 16 == 0: rows g and g+8 go together */
 #pragma unroll
         for (int nt = 0; nt < NTW; nt++) {
-            const int tk = tok0 + wn * (BN / 2) + nt * 8 + 2 * t;
+            const int tk = tok0 + wn * (NTW * 8) + nt * 8 + 2 * t;
             float v[4] = {acc[mt][nt][0], acc[mt][nt][1], acc[mt][nt][2], acc[mt][nt][3]};
             if (flags & DSV4_CUDA_OUT_BF16)
                 for (int i = 0; i < 4; i++) v[i] = round_bf16(v[i]);
@@ -512,19 +512,44 @@ __global__ void __launch_bounds__(128) k_fp8_gemm(const uint8_t *__restrict__ W,
     }
 }
 
-template <int NTW>
+template <int NTW, int WN>
 static int launch_fp8_gemm(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const uint8_t *xq,
                            const float *xs, int n, float *y, int flags, dsv4_err *err) {
-    constexpr int BN = 16 * NTW;
+    constexpr int BN = 8 * NTW * WN;
     const size_t smem = (size_t)FP8_STAGES * (128 * G8_LD + BN * G8_LD + BN * 4);
     /* per device (tensor parallel: one context per GPU), so on every call */
-    CU_TRY(cudaFuncSetAttribute(k_fp8_gemm<NTW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+    CU_TRY(cudaFuncSetAttribute(k_fp8_gemm<NTW, WN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
            err, "fp8 gemm (shared memory)");
     dim3 grid((unsigned)((w->out + 127) / 128), (unsigned)((n + BN - 1) / BN));
-    CU_TRY(cu_launch(c, k_fp8_gemm<NTW>, grid, dim3(128), smem, (const uint8_t *)w->w,
+    CU_TRY(cu_launch(c, k_fp8_gemm<NTW, WN>, grid, dim3(64 * WN), smem, (const uint8_t *)w->w,
                      (const uint8_t *)w->scale, xq, xs, n, (int)w->out, (int)w->in, y, flags),
            err, "fp8 linear (gemm)");
     return DSV4_OK;
+}
+
+/*
+ * Tile shapes (BN = 8·NTW·WN tokens x 128 rows, 2·WN warps), measured in
+ * bench/results/2026-11-30-cuda-moe-prefill-h200.md; DSV4_CUDA_FP8_GEMM_CFG
+ * = 1..4 forces one. fp8_gemm_blocks: the grid of the default shape, so a
+ * narrow weight at few rows (too few blocks for 132 SMs) keeps k_fp8_linear,
+ * whose warps split the columns instead.
+ */
+typedef int (*fp8_gemm_fn)(dsv4_cuda_ctx *, const dsv4_cuda_weight *, const uint8_t *, const float *, int,
+                           float *, int, dsv4_err *);
+static const struct { int bn; fp8_gemm_fn fn; } fp8_gemm_cfgs[] = {
+    {32, launch_fp8_gemm<2, 2>},  /* 1: 4 warps */
+    {64, launch_fp8_gemm<4, 2>},  /* 2: 4 warps */
+    {64, launch_fp8_gemm<2, 4>},  /* 3: 8 warps */
+    {128, launch_fp8_gemm<4, 4>}, /* 4: 8 warps */
+};
+static int fp8_gemm_pick(int n) {
+    const int f = cu_env_int("DSV4_CUDA_FP8_GEMM_CFG", 0);
+    if (f >= 1 && f <= (int)(sizeof fp8_gemm_cfgs / sizeof fp8_gemm_cfgs[0])) return f - 1;
+    return n >= 512 ? 3 : n >= 128 ? 1 : 0;
+}
+static long long fp8_gemm_blocks(const dsv4_cuda_weight *w, int n) {
+    const int bn = fp8_gemm_cfgs[fp8_gemm_pick(n)].bn;
+    return (long long)((w->out + 127) / 128) * ((n + bn - 1) / bn);
 }
 
 /* Warps per tile: enough to keep the HBM busy on narrow matrices, at least
@@ -538,6 +563,7 @@ static int pick_kw(int chunks) {
 
 /* rows from which the tiled GEMM runs (measured: bench/results/2026-11-30-cuda-moe-prefill-h200.md) */
 #define FP8_GEMM_MIN_DEFAULT 64
+#define FP8_GEMM_MIN_BLOCKS 128 /* and at least about one wave of blocks */
 
 static int pick_nt(int n) { return n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8; }
 
@@ -546,9 +572,9 @@ static int fp8_linear(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const float *
     int kw = pick_kw((int)(w->in / 128));
     if (!xq) return launch_fp8_small<true>(c, w, x, xq, xs, n, y, flags, err);
     if (n <= 8) return launch_fp8_small<false>(c, w, x, xq, xs, n, y, flags, err);
-    if (n >= cu_env_int("DSV4_CUDA_FP8_GEMM_MIN", FP8_GEMM_MIN_DEFAULT))
-        return n >= 128 ? launch_fp8_gemm<4>(c, w, xq, xs, n, y, flags, err)
-                        : launch_fp8_gemm<2>(c, w, xq, xs, n, y, flags, err);
+    const int gmin = cu_env_int("DSV4_CUDA_FP8_GEMM_MIN", FP8_GEMM_MIN_DEFAULT);
+    if (n >= gmin && (gmin < FP8_GEMM_MIN_DEFAULT || fp8_gemm_blocks(w, n) >= FP8_GEMM_MIN_BLOCKS))
+        return fp8_gemm_cfgs[fp8_gemm_pick(n)].fn(c, w, xq, xs, n, y, flags, err);
     switch (pick_nt(n)) {
     case 1: return launch_fp8<1, false>(c, w, x, xq, xs, n, y, flags, kw, err);
     case 2: return launch_fp8<2, false>(c, w, x, xq, xs, n, y, flags, kw, err);

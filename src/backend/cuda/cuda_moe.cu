@@ -476,9 +476,9 @@ static int launch_moe_fp4(dsv4_cuda_ctx *c, const Fp4Args &a, int slots, dsv4_er
 #define MG_STAGES 4
 #define MG_LDB 160
 
-template <int MODE, int NTW>
-__global__ void __launch_bounds__(128) k_moe_gemm(Fp4Args a, const int *__restrict__ tiles) {
-    constexpr int BN = 16 * NTW;
+template <int MODE, int NTW, int WN, bool PART>
+__global__ void __launch_bounds__(64 * WN, WN == 4 && !PART ? 2 : 1) k_moe_gemm(Fp4Args a, const int *__restrict__ tiles) {
+    constexpr int NTH = 64 * WN, BN = 8 * NTW * WN; /* threads; rows per tile */
     constexpr int SA = 8 * 1024, SAS = 8 * 64, SB = BN * MG_LDB;
     constexpr int STAGE = SA + SAS + SB + BN * 4;
     extern __shared__ __align__(16) uint8_t sm[];
@@ -506,12 +506,13 @@ __global__ void __launch_bounds__(128) k_moe_gemm(Fp4Args a, const int *__restri
         }
         return tile;
     };
-    const uint8_t *asrc[4];
-    int adst[4];
+    constexpr int NA = 512 / NTH; /* 16-byte weight pieces per thread and chunk */
+    const uint8_t *asrc[NA];
+    int adst[NA];
     const int q = tid & 63;
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const int i = (tid >> 6) + 2 * j;
+    for (int j = 0; j < NA; j++) {
+        const int i = (tid >> 6) + (NTH / 64) * j;
         const uint8_t *W, *S;
         const int tile = wtile(i, W, S);
         asrc[j] = W + (size_t)e * a.wstride + (size_t)tile * C * 1024 + q * 16;
@@ -524,11 +525,11 @@ __global__ void __launch_bounds__(128) k_moe_gemm(Fp4Args a, const int *__restri
         ssrc = S + (size_t)e * a.sstride + (size_t)tile * C * 64 + (tid & 3) * 16;
     }
     auto rowof = [&](int j) { return MODE == FP4_GATEUP ? a.list[off + j] / a.topk : off + j; };
-    const uint8_t *bsrc[BN / 16];
+    const uint8_t *bsrc[NTW]; /* BN rows x 8 pieces over NTH threads */
     const int pc = tid & 7;
 #pragma unroll
-    for (int j = 0; j < BN / 16; j++) {
-        const int tk = (tid >> 3) + 16 * j;
+    for (int j = 0; j < NTW; j++) {
+        const int tk = (tid >> 3) + (NTH / 8) * j;
         bsrc[j] = tk < cnt ? a.xq + (size_t)rowof(tk) * a.K + pc * 16 : nullptr;
     }
     const float *xsrc = tid < BN && tid < cnt ? a.xs + (size_t)rowof(tid) * C : nullptr;
@@ -536,11 +537,11 @@ __global__ void __launch_bounds__(128) k_moe_gemm(Fp4Args a, const int *__restri
     auto load = [&](int st, int c) {
         uint8_t *base = sm + st * STAGE;
 #pragma unroll
-        for (int j = 0; j < 4; j++) cp_async16(base + adst[j], asrc[j] + (size_t)c * 1024, true);
+        for (int j = 0; j < NA; j++) cp_async16(base + adst[j], asrc[j] + (size_t)c * 1024, true);
         if (tid < 32) cp_async16(base + SA + tid * 16, ssrc + (size_t)c * 64, true);
 #pragma unroll
-        for (int j = 0; j < BN / 16; j++) {
-            const int tk = (tid >> 3) + 16 * j;
+        for (int j = 0; j < NTW; j++) {
+            const int tk = (tid >> 3) + (NTH / 8) * j;
             cp_async16(base + SA + SAS + tk * MG_LDB + pc * 16, bsrc[j] ? bsrc[j] + (size_t)c * 128 : a.xq,
                        bsrc[j] != nullptr);
         }
@@ -572,17 +573,32 @@ __global__ void __launch_bounds__(128) k_moe_gemm(Fp4Args a, const int *__restri
             wa[mt][1] = *(const uint4 *)(pa + 512);
             sc[mt] = *(const uint2 *)(base + SA + (wm * 4 + mt) * 64 + g * 8);
         }
-        float part[4][NTW][4];
+        /* PART: chunk partial sums, × the row scale at the end (k_fp4's form);
+         * else d · (w scale · x scale) straight into acc: the same products
+         * (both scales are powers of two), summed in another order, fewer
+         * registers */
+        float part[PART ? 4 : 1][PART ? NTW : 1][4];
+        float xsc[NTW][2];
+        const float *sx = (const float *)(base + SA + SAS + SB);
 #pragma unroll
-        for (int mt = 0; mt < 4; mt++)
+        for (int nt = 0; nt < NTW; nt++) {
+            const int tl = wn * (NTW * 8) + nt * 8 + 2 * t;
+            xsc[nt][0] = sx[tl];
+            xsc[nt][1] = sx[tl + 1];
+        }
+        if (PART) {
 #pragma unroll
-            for (int nt = 0; nt < NTW; nt++) part[mt][nt][0] = part[mt][nt][1] = part[mt][nt][2] = part[mt][nt][3] = 0.f;
+            for (int mt = 0; mt < (PART ? 4 : 1); mt++)
+#pragma unroll
+                for (int nt = 0; nt < (PART ? NTW : 1); nt++)
+                    part[mt][nt][0] = part[mt][nt][1] = part[mt][nt][2] = part[mt][nt][3] = 0.f;
+        }
 #pragma unroll
         for (int s = 0; s < 4; s++) {
             uint32_t b0[NTW], b1[NTW];
 #pragma unroll
             for (int nt = 0; nt < NTW; nt++) {
-                const int tl = wn * (BN / 2) + nt * 8;
+                const int tl = wn * (NTW * 8) + nt * 8;
                 const uint2 xv = *(const uint2 *)(base + SA + SAS + (tl + g) * MG_LDB + 32 * s + 8 * t);
                 b0[nt] = __byte_perm(xv.x, xv.y, 0x6420); /* even columns */
                 b1[nt] = __byte_perm(xv.x, xv.y, 0x7531); /* odd columns  */
@@ -601,25 +617,32 @@ __global__ void __launch_bounds__(128) k_moe_gemm(Fp4Args a, const int *__restri
                 for (int nt = 0; nt < NTW; nt++) {
                     float d[4] = {0.f, 0.f, 0.f, 0.f};
                     mma_e4m3(d, lo0, lo1, hi0, hi1, b0[nt], b1[nt]);
-                    part[mt][nt][0] += d[0] * ws0;
-                    part[mt][nt][1] += d[1] * ws0;
-                    part[mt][nt][2] += d[2] * ws1;
-                    part[mt][nt][3] += d[3] * ws1;
+                    if (PART) {
+                        float(&pp)[4] = part[PART ? mt : 0][PART ? nt : 0];
+                        pp[0] += d[0] * ws0;
+                        pp[1] += d[1] * ws0;
+                        pp[2] += d[2] * ws1;
+                        pp[3] += d[3] * ws1;
+                    } else {
+                        acc[mt][nt][0] += d[0] * (ws0 * xsc[nt][0]);
+                        acc[mt][nt][1] += d[1] * (ws0 * xsc[nt][1]);
+                        acc[mt][nt][2] += d[2] * (ws1 * xsc[nt][0]);
+                        acc[mt][nt][3] += d[3] * (ws1 * xsc[nt][1]);
+                    }
                 }
             }
         }
-        const float *sx = (const float *)(base + SA + SAS + SB);
+        if (PART) {
 #pragma unroll
-        for (int nt = 0; nt < NTW; nt++) {
-            const int tl = wn * (BN / 2) + nt * 8 + 2 * t;
-            const float x0 = sx[tl], x1 = sx[tl + 1];
+            for (int nt = 0; nt < NTW; nt++)
 #pragma unroll
-            for (int mt = 0; mt < 4; mt++) {
-                acc[mt][nt][0] += part[mt][nt][0] * x0;
-                acc[mt][nt][1] += part[mt][nt][1] * x1;
-                acc[mt][nt][2] += part[mt][nt][2] * x0;
-                acc[mt][nt][3] += part[mt][nt][3] * x1;
-            }
+                for (int mt = 0; mt < 4; mt++) {
+                    const float(&pp)[4] = part[PART ? mt : 0][PART ? nt : 0];
+                    acc[mt][nt][0] += pp[0] * xsc[nt][0];
+                    acc[mt][nt][1] += pp[1] * xsc[nt][1];
+                    acc[mt][nt][2] += pp[2] * xsc[nt][0];
+                    acc[mt][nt][3] += pp[3] * xsc[nt][1];
+                }
         }
     }
     cp_wait<0>();
@@ -627,7 +650,7 @@ __global__ void __launch_bounds__(128) k_moe_gemm(Fp4Args a, const int *__restri
     for (int nt = 0; nt < NTW; nt++) {
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            const int j = wn * (BN / 2) + nt * 8 + 2 * t + (i & 1);
+            const int j = wn * (NTW * 8) + nt * 8 + 2 * t + (i & 1);
             if (j >= cnt) continue;
             float *yr = a.y + (size_t)(off + j) * a.R + g + (i >> 1) * 8;
             if (MODE == FP4_GATEUP) {
@@ -647,17 +670,43 @@ __global__ void __launch_bounds__(128) k_moe_gemm(Fp4Args a, const int *__restri
     }
 }
 
-template <int MODE, int NTW>
+template <int MODE, int NTW, int WN, bool PART>
 static int launch_moe_gemm(dsv4_cuda_ctx *c, const Fp4Args &a, const int *tiles, int max_tiles,
                            dsv4_err *err) {
-    constexpr int BN = 16 * NTW;
+    constexpr int BN = 8 * NTW * WN;
     const size_t smem = (size_t)MG_STAGES * (8 * 1024 + 8 * 64 + BN * MG_LDB + BN * 4);
-    CU_TRY(cudaFuncSetAttribute(k_moe_gemm<MODE, NTW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+    CU_TRY(cudaFuncSetAttribute(k_moe_gemm<MODE, NTW, WN, PART>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
            err, "fp4 experts gemm (shared memory)");
     dim3 grid((unsigned)(a.R / (MODE == FP4_GATEUP ? 64 : 128)), (unsigned)max_tiles);
-    CU_TRY(cu_launch(c, k_moe_gemm<MODE, NTW>, grid, dim3(128), smem, a, tiles), err,
+    CU_TRY(cu_launch(c, k_moe_gemm<MODE, NTW, WN, PART>, grid, dim3(64 * WN), smem, a, tiles), err,
            MODE == FP4_GATEUP ? "fp4 experts gemm w1/w3" : "fp4 experts gemm w2");
     return DSV4_OK;
+}
+
+/*
+ * Tile shapes of the grouped GEMM (rows per tile BN = 8·NTW·WN, 2·WN warps),
+ * measured in bench/results/2026-11-30-cuda-moe-prefill-h200.md;
+ * DSV4_CUDA_MOE_GEMM_CFG = 1..5 forces one (0 / unset: by rows per expert).
+ */
+struct MoeGemmCfg {
+    int bn;
+    int (*gateup)(dsv4_cuda_ctx *, const Fp4Args &, const int *, int, dsv4_err *);
+    int (*down)(dsv4_cuda_ctx *, const Fp4Args &, const int *, int, dsv4_err *);
+};
+#define MG_CFG(NTW, WN, PART) \
+    { 8 * NTW * WN, launch_moe_gemm<FP4_GATEUP, NTW, WN, PART>, launch_moe_gemm<FP4_DOWN, NTW, WN, PART> }
+static const MoeGemmCfg moe_gemm_cfgs[] = {
+    MG_CFG(2, 2, true),  /* 1: 32 rows, 4 warps */
+    MG_CFG(4, 2, true),  /* 2: 64 rows, 4 warps */
+    MG_CFG(2, 4, true),  /* 3: 64 rows, 8 warps */
+    MG_CFG(2, 4, false), /* 4: 64 rows, 8 warps, scales folded (2 blocks / SM) */
+    MG_CFG(4, 4, true),  /* 5: 128 rows, 8 warps */
+};
+
+static const MoeGemmCfg &pick_moe_gemm(int nent, int E) {
+    const int f = cu_env_int("DSV4_CUDA_MOE_GEMM_CFG", 0);
+    if (f >= 1 && f <= (int)(sizeof moe_gemm_cfgs / sizeof moe_gemm_cfgs[0])) return moe_gemm_cfgs[f - 1];
+    return moe_gemm_cfgs[nent >= 24 * E ? 3 : 0];
 }
 
 static int pick_nt4(int n) { return n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8; }
@@ -946,11 +995,12 @@ static int moe_run(dsv4_cuda_ctx *c, const dsv4_cuda_experts *ex, const float *x
         return cu_err(err, DSV4_EINVAL, "dsv4_cuda_moe: %d tokens x top-%d exceeds %d choices per call", n, topk,
                       MOE_MAX_ENT);
     /* Grouped GEMM from an average of DSV4_CUDA_MOE_GEMM_MIN rows per expert
-     * (cuda_gemm.cuh); tiles of 32 rows, or 64 from 48 rows per expert. The
+     * (cuda_gemm.cuh), tile shape from pick_moe_gemm. The
      * decode / verify steps (a few rows per expert) keep k_fp4. */
     const int fq = c->moe_fq && !xq_in;
-    const int gemm = !fq && nent >= cu_env_int("DSV4_CUDA_MOE_GEMM_MIN", MOE_GEMM_MIN_DEFAULT) * E;
-    const int bn = gemm ? (nent >= 48 * E ? 64 : 32) : 0;
+    const int gemm = !fq && nent >= (long long)cu_env_int("DSV4_CUDA_MOE_GEMM_MIN", MOE_GEMM_MIN_DEFAULT) * E;
+    const MoeGemmCfg &mg = pick_moe_gemm(nent, E);
+    const int bn = gemm ? mg.bn : 0;
     const int big = gemm || nent * (int)sizeof(int) > 32 * 1024; /* k_group_* instead of k_route_group */
     const int max_tiles = bn ? (nent + slots * (bn - 1)) / bn + 1 : 0;
     /* workspace: act_n act_exp act_off list inv [cnt start tiles] | H [nent, dff]
@@ -1025,8 +1075,7 @@ static int moe_run(dsv4_cuda_ctx *c, const dsv4_cuda_experts *ex, const float *x
     a.y = H;
     /* One n-tile of 8 rows per pass: most experts get 1-2 rows of a decode /
      * verify step; an expert chosen by more rows is streamed once per 8. */
-    if (gemm) rc = bn == 64 ? launch_moe_gemm<FP4_GATEUP, 4>(c, a, tiles, max_tiles, err)
-                            : launch_moe_gemm<FP4_GATEUP, 2>(c, a, tiles, max_tiles, err);
+    if (gemm) rc = mg.gateup(c, a, tiles, max_tiles, err);
     else if (!c->moe_persistent) rc = launch_fp4<FP4_GATEUP>(c, a, fq ? 0 : 1, (unsigned)slots, err);
     else rc = fq ? launch_moe_fp4<FP4_GATEUP, true>(c, a, slots, err)
                  : launch_moe_fp4<FP4_GATEUP, false>(c, a, slots, err);
@@ -1042,8 +1091,7 @@ static int moe_run(dsv4_cuda_ctx *c, const dsv4_cuda_experts *ex, const float *x
     a.xq = hq;
     a.xs = hs;
     a.y = O;
-    if (gemm) rc = bn == 64 ? launch_moe_gemm<FP4_DOWN, 4>(c, a, tiles, max_tiles, err)
-                            : launch_moe_gemm<FP4_DOWN, 2>(c, a, tiles, max_tiles, err);
+    if (gemm) rc = mg.down(c, a, tiles, max_tiles, err);
     else if (!c->moe_persistent) rc = launch_fp4<FP4_DOWN>(c, a, fq ? 0 : 1, (unsigned)slots, err);
     else rc = fq ? launch_moe_fp4<FP4_DOWN, true>(c, a, slots, err)
                  : launch_moe_fp4<FP4_DOWN, false>(c, a, slots, err);
