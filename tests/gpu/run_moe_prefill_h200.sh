@@ -15,7 +15,7 @@ D=$(pwd)
 export LD_LIBRARY_PATH="$D/lib:${LD_LIBRARY_PATH:-}" NCCL_NVLS_ENABLE=0
 O=${OUT:-/tmp/moe-prefill-out}
 mkdir -p "$O"
-STEPS=${STEPS:-prefill perf conf equiv forced}
+STEPS=${STEPS:-prefill perf equiv conf forced confgemm}
 FORCE="DSV4_CUDA_MOE_GEMM_MIN=0 DSV4_CUDA_FP8_GEMM_MIN=9"
 OLD="DSV4_CUDA_MOE_GEMM_MIN=1000000 DSV4_CUDA_FP8_GEMM_MIN=1000000"
 { echo "commit: $(cat "$D/.commit" 2>/dev/null)"; date -u
@@ -38,18 +38,19 @@ for s in $STEPS; do
       grep -E "^[0-9]|prefill chunk" "$O/perf_$v.txt"
     done ;;
   conf)
-    timeout 100 bin/dsv4-gpu-conformance --no-perf > "$O/conformance.txt" 2>&1; t "conformance rc=$?"
-    grep -iE "moe|linear|fail|summary|passed" "$O/conformance.txt" | tail -15
-    env $FORCE timeout 100 bin/dsv4-gpu-conformance --no-perf > "$O/conformance_gemm_forced.txt" 2>&1
+    timeout 60 bin/dsv4-gpu-conformance --no-perf > "$O/conformance.txt" 2>&1; t "conformance rc=$?"
+    grep -iE "moe|linear|fail|summary|passed" "$O/conformance.txt" | tail -15 ;;
+  confgemm)
+    env $FORCE timeout 60 bin/dsv4-gpu-conformance --no-perf > "$O/conformance_gemm_forced.txt" 2>&1
     t "conformance (GEMM forced) rc=$?"; tail -3 "$O/conformance_gemm_forced.txt" ;;
   equiv)
     timeout 100 bin/test_device_equiv models/tiny-flash models/tiny-dspark > "$O/equiv.txt" 2>&1
     t "test_device_equiv rc=$?"; tail -6 "$O/equiv.txt" ;;
   forced)
-    env $FORCE timeout 120 bin/dsv4-gpu-ops > "$O/gpu_ops_gemm_forced.txt" 2>&1; t "gpu-ops GEMM forced rc=$?"
+    env $FORCE timeout 45 bin/dsv4-gpu-ops > "$O/gpu_ops_gemm_forced.txt" 2>&1; t "gpu-ops GEMM forced rc=$?"
     grep -E "FAIL|passed" "$O/gpu_ops_gemm_forced.txt" | tail -5
     if command -v compute-sanitizer > /dev/null; then
-      env $FORCE timeout 60 compute-sanitizer --tool memcheck bin/dsv4-gpu-ops --tiny > "$O/sanitizer_gemm.txt" 2>&1
+      env $FORCE timeout 40 compute-sanitizer --tool memcheck bin/dsv4-gpu-ops --tiny > "$O/sanitizer_gemm.txt" 2>&1
       t "compute-sanitizer memcheck --tiny (GEMM forced) rc=$?: $(grep -E 'ERROR SUMMARY' "$O/sanitizer_gemm.txt")"
     fi ;;
   esac
