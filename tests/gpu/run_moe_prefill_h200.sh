@@ -30,7 +30,7 @@ for s in $STEPS; do
     timeout 120 bin/dsv4-gpu-ops --prefill > "$O/gpu_ops_prefill.txt" 2>&1; t "prefill rc=$?"
     grep -E "^(ok|FAIL)|^fp8_pf|^moe_pf|passed" "$O/gpu_ops_prefill.txt" ;;
   perf) # base: bin/dsv4-base (the commit before, when present); old: this build, GEMMs off
-    for v in base old new; do
+    for v in ${PERF_VARIANTS:-base old new}; do
       B=bin/dsv4; E=""
       if [ $v = base ]; then B=bin/dsv4-base; [ -x $B ] || continue; fi
       if [ $v = old ]; then E=$OLD; fi

@@ -528,28 +528,35 @@ static int launch_fp8_gemm(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const ui
 }
 
 /*
- * Tile shapes (BN = 8·NTW·WN tokens x 128 rows, 2·WN warps), measured in
- * bench/results/2026-11-30-cuda-moe-prefill-h200.md; DSV4_CUDA_FP8_GEMM_CFG
- * = 1..4 forces one. fp8_gemm_blocks: the grid of the default shape, so a
- * narrow weight at few rows (too few blocks for 132 SMs) keeps k_fp8_linear,
- * whose warps split the columns instead.
+ * Tile shapes (BN = 8·NTW·WN tokens x 128 rows, 2·WN warps);
+ * DSV4_CUDA_FP8_GEMM_CFG = 1..4 forces one. Measured on H200
+ * (bench/results/2026-11-30-cuda-moe-prefill-h200.md): 64 tokens x 4 warps
+ * is the fastest once its grid fills the GPU twice (252-262 TFLOP/s at
+ * n = 4096; 8 warps or 128 tokens per block were slower); below that 32
+ * tokens (twice the blocks); below ~1.5 waves of those, k_fp8_linear, whose
+ * warps split the columns (narrow weights at a few hundred rows).
  */
+/* rows from which the tiled GEMM may run (fp8_gemm_pick decides by grid size) */
+#define FP8_GEMM_MIN_DEFAULT 64
 typedef int (*fp8_gemm_fn)(dsv4_cuda_ctx *, const dsv4_cuda_weight *, const uint8_t *, const float *, int,
                            float *, int, dsv4_err *);
-static const struct { int bn; fp8_gemm_fn fn; } fp8_gemm_cfgs[] = {
-    {32, launch_fp8_gemm<2, 2>},  /* 1: 4 warps */
-    {64, launch_fp8_gemm<4, 2>},  /* 2: 4 warps */
-    {64, launch_fp8_gemm<2, 4>},  /* 3: 8 warps */
-    {128, launch_fp8_gemm<4, 4>}, /* 4: 8 warps */
+static const fp8_gemm_fn fp8_gemm_cfgs[] = {
+    launch_fp8_gemm<2, 2>, /* 1: 32 tokens, 4 warps */
+    launch_fp8_gemm<4, 2>, /* 2: 64 tokens, 4 warps */
+    launch_fp8_gemm<2, 4>, /* 3: 64 tokens, 8 warps */
+    launch_fp8_gemm<4, 4>, /* 4: 128 tokens, 8 warps */
 };
-static int fp8_gemm_pick(int n) {
+/* index into fp8_gemm_cfgs, or -1: not the GEMM */
+static int fp8_gemm_pick(const dsv4_cuda_weight *w, int n) {
     const int f = cu_env_int("DSV4_CUDA_FP8_GEMM_CFG", 0);
+    const int gmin = cu_env_int("DSV4_CUDA_FP8_GEMM_MIN", FP8_GEMM_MIN_DEFAULT);
+    if (n < gmin) return -1;
+    const int forced = gmin < FP8_GEMM_MIN_DEFAULT; /* tests: every n >= gmin */
     if (f >= 1 && f <= (int)(sizeof fp8_gemm_cfgs / sizeof fp8_gemm_cfgs[0])) return f - 1;
-    return n >= 512 ? 3 : n >= 128 ? 1 : 0;
-}
-static long long fp8_gemm_blocks(const dsv4_cuda_weight *w, int n) {
-    const int bn = fp8_gemm_cfgs[fp8_gemm_pick(n)].bn;
-    return (long long)((w->out + 127) / 128) * ((n + bn - 1) / bn);
+    const long long rb = (w->out + 127) / 128;
+    if (rb * ((n + 63) / 64) >= 2 * 128) return 1;
+    if (forced || rb * ((n + 31) / 32) >= 192) return 0;
+    return -1;
 }
 
 /* Warps per tile: enough to keep the HBM busy on narrow matrices, at least
@@ -561,9 +568,6 @@ static int pick_kw(int chunks) {
     return kw;
 }
 
-/* rows from which the tiled GEMM runs (measured: bench/results/2026-11-30-cuda-moe-prefill-h200.md) */
-#define FP8_GEMM_MIN_DEFAULT 64
-#define FP8_GEMM_MIN_BLOCKS 128 /* and at least about one wave of blocks */
 
 static int pick_nt(int n) { return n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8; }
 
@@ -572,9 +576,8 @@ static int fp8_linear(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const float *
     int kw = pick_kw((int)(w->in / 128));
     if (!xq) return launch_fp8_small<true>(c, w, x, xq, xs, n, y, flags, err);
     if (n <= 8) return launch_fp8_small<false>(c, w, x, xq, xs, n, y, flags, err);
-    const int gmin = cu_env_int("DSV4_CUDA_FP8_GEMM_MIN", FP8_GEMM_MIN_DEFAULT);
-    if (n >= gmin && (gmin < FP8_GEMM_MIN_DEFAULT || fp8_gemm_blocks(w, n) >= FP8_GEMM_MIN_BLOCKS))
-        return fp8_gemm_cfgs[fp8_gemm_pick(n)].fn(c, w, xq, xs, n, y, flags, err);
+    const int gi = fp8_gemm_pick(w, n);
+    if (gi >= 0) return fp8_gemm_cfgs[gi](c, w, xq, xs, n, y, flags, err);
     switch (pick_nt(n)) {
     case 1: return launch_fp8<1, false>(c, w, x, xq, xs, n, y, flags, kw, err);
     case 2: return launch_fp8<2, false>(c, w, x, xq, xs, n, y, flags, kw, err);

@@ -684,9 +684,13 @@ static int launch_moe_gemm(dsv4_cuda_ctx *c, const Fp4Args &a, const int *tiles,
 }
 
 /*
- * Tile shapes of the grouped GEMM (rows per tile BN = 8·NTW·WN, 2·WN warps),
- * measured in bench/results/2026-11-30-cuda-moe-prefill-h200.md;
+ * Tile shapes of the grouped GEMM (rows per tile BN = 8·NTW·WN, 2·WN warps);
  * DSV4_CUDA_MOE_GEMM_CFG = 1..5 forces one (0 / unset: by rows per expert).
+ * Measured on H200, skewed top-6 routing (bench/results/
+ * 2026-11-30-cuda-moe-prefill-h200.md): 64 rows x 4 warps is the fastest
+ * from ~48 rows per expert (8.8 ms at 4096 tokens, 15.3 ms at 8192), 32 rows
+ * x 4 warps below; 8 warps per block, 128 rows, and the folded-scale variant
+ * at 2 blocks / SM were all slower.
  */
 struct MoeGemmCfg {
     int bn;
@@ -706,7 +710,7 @@ static const MoeGemmCfg moe_gemm_cfgs[] = {
 static const MoeGemmCfg &pick_moe_gemm(int nent, int E) {
     const int f = cu_env_int("DSV4_CUDA_MOE_GEMM_CFG", 0);
     if (f >= 1 && f <= (int)(sizeof moe_gemm_cfgs / sizeof moe_gemm_cfgs[0])) return moe_gemm_cfgs[f - 1];
-    return moe_gemm_cfgs[nent >= 24 * E ? 3 : 0];
+    return moe_gemm_cfgs[nent >= 48 * E ? 1 : 0];
 }
 
 static int pick_nt4(int n) { return n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8; }
