@@ -1104,7 +1104,13 @@ static void t_moe_prefill(moe_set *m, int n) {
         down(cfg ? y2 : y1, dy, nx * 4);
         if (!cfg) continue;
         snprintf(shape, sizeof shape, "flash top6 skewed n=%d gemm cfg %d vs k_fp4", n, cfg);
-        report("moe_prefill", shape, y2, y1, nx, 1e-5);
+        /* Not bit-equal: g and u differ in the fp32 order of the 128-column
+         * chunk sums (~1e-7), and the few h values that sit at an E4M3
+         * rounding boundary of the second quantisation flip by one E4M3 step;
+         * measured 2.6e-5..6.3e-5 on H200 (the FP8 linear, with no second
+         * quantisation, differs by 1.7e-7). A wrong tile, row or scale is
+         * 1e-2 or more. */
+        report("moe_prefill", shape, y2, y1, nx, 2e-4);
     }
     /* reference (official bf16 storage, as t_moe) on the first and last 3 tokens */
     set_paths(2);
