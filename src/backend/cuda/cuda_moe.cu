@@ -454,14 +454,16 @@ static int launch_moe_fp4(dsv4_cuda_ctx *c, const Fp4Args &a, int slots, dsv4_er
  * Grouped expert GEMM (prefill: many rows per expert). Why: the kernels
  * above stream an expert's weights once per 8 of its rows, with every
  * (expert, 16-row tile) block re-reading the activations; at a 4096-token
- * chunk (~96 rows per expert) that is ~60 TFLOP/s. Here a block of 4 warps
- * owns one (expert, BN-row group) x (128 weight rows) tile: 8 tiles of the
- * repacked FP4 weights (GATEUP: 4 of w1 and the same 4 of w3, so g and u
+ * chunk (~96 rows per expert) that is ~60 TFLOP/s. Here a block of 2·WN
+ * warps owns one (expert, BN-row group) x (128 weight rows) tile: 8 tiles of
+ * the repacked FP4 weights (GATEUP: 4 of w1 and the same 4 of w3, so g and u
  * meet in one thread's registers for the SwiGLU epilogue; DOWN: 8 of w2)
- * and BN activation rows (gathered through the token list) go through
- * shared memory in 128-column chunks, MG_STAGES deep (cp.async). Each warp
- * converts its 4 weight tiles E2M1 -> E4M3 once per chunk and multiplies
- * them against BN/2 rows with m16n8k32 FP8 mma.
+ * and BN = 8·NTW·WN activation rows (gathered through the token list) go
+ * through shared memory in 128-column chunks, MG_STAGES deep (cp.async).
+ * Each warp converts its 4 weight tiles E2M1 -> E4M3 once per chunk and
+ * multiplies them against 8·NTW rows with m16n8k32 FP8 mma. Tile work items
+ * (slot | row group << 16) come from k_group_scan; blocks past the count
+ * exit at once (the grid is sized by an upper bound, graph-capturable).
  *
  * Numerics are k_fp4's (spec/MODEL.md §2.4, §3.5): per 32 columns an mma
  * from zero, × the weight's E8M0 scale (× 2^6 for the bit move), summed over
