@@ -36,6 +36,17 @@ extern "C" {
  */
 dsv4_backend *dsv4_backend_cuda_create(dsv4_numerics numerics, int device, dsv4_err *err);
 
+/*
+ * Tensor parallelism over the GPUs of one host (src/parallel/tp_runner.c,
+ * cuda_tp.cu). dsv4_cuda_device_count — GPUs this process sees, or -1 with
+ * err set (DSV4_EBACKEND: no driver / no device). dsv4_cuda_bind — make GPU
+ * `device` the calling thread's current device (a rank's thread does this
+ * before each call so its backend's runtime calls land on its GPU); returns
+ * 0 or DSV4_EBACKEND.
+ */
+int dsv4_cuda_device_count(dsv4_err *err);
+int dsv4_cuda_bind(int device, dsv4_err *err);
+
 #ifdef __cplusplus
 }
 #endif
