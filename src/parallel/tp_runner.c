@@ -474,3 +474,8 @@ dsv4_runner dsv4_tp_runner_iface(dsv4_tp_runner *t) {
 int dsv4_tp_runner_drafter(dsv4_tp_runner *t, dsv4_drafter *out) { return dsv4_model_runner_drafter(t->ranks[0].mr, out); }
 
 const dsv4_config *dsv4_tp_runner_config(const dsv4_tp_runner *t) { return dsv4_model_runner_config(t->ranks[0].mr); }
+
+dsv4_backend *dsv4_tp_runner_backend(dsv4_tp_runner *t, int rank) {
+    if (!t || rank < 0 || rank >= t->n || !t->ranks[rank].mr) return NULL;
+    return dsv4_model_runner_backend(t->ranks[rank].mr);
+}

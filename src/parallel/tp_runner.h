@@ -73,6 +73,8 @@ void dsv4_tp_runner_free(dsv4_tp_runner *t);
 dsv4_runner dsv4_tp_runner_iface(dsv4_tp_runner *t);
 /* Rank 0's drafter (see banner); returns 0 when the checkpoint has none or max_spec was 0. */
 int dsv4_tp_runner_drafter(dsv4_tp_runner *t, dsv4_drafter *out);
+/* Rank r's backend (e.g. "cuda:1"), or NULL for r out of range. */
+dsv4_backend *dsv4_tp_runner_backend(dsv4_tp_runner *t, int rank);
 /* The whole model's config. */
 const dsv4_config *dsv4_tp_runner_config(const dsv4_tp_runner *t);
 
