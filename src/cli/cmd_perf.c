@@ -44,6 +44,7 @@ typedef struct perf_opts {
     int steps, warmup, prefill;
     int cuda_graphs;
     int tp;
+    int ar_bench;
 } perf_opts;
 
 static void usage(FILE *f) {
@@ -66,6 +67,8 @@ static void usage(FILE *f) {
             "  --tensor-parallel-size N, -tp N\n"
             "                        N ranks in this process (GPUs 0..N-1 with --device cuda, NCCL); the\n"
             "                        roofline is then per GPU (each reads its 1/N of the split weights)\n"
+            "  --all-reduce-bench    with -tp: first time the all-reduce of 1, 6, 8, 48, 64 and 384 rows of\n"
+            "                        hidden_size floats, NCCL and (DSV4_TP_ONESHOT=1) the NVLink one-shot\n"
             "MODEL_DIR defaults to the embedded default model (%s).\n",
             dsv4_default_model_dir());
 }
@@ -129,6 +132,9 @@ static int parse_args(int argc, char **argv, perf_opts *o) {
             continue;
         } else if (!strcmp(a, "--cuda-graphs") || !strcmp(a, "--enforce-eager")) {
             o->cuda_graphs = a[2] == 'c';
+            continue;
+        } else if (!strcmp(a, "--all-reduce-bench")) {
+            o->ar_bench = 1;
             continue;
         } else if (!v) {
             fprintf(stderr, "dsv4 perf: unknown or incomplete option '%s' (see --help)\n", a);
@@ -336,6 +342,21 @@ int dsv4_cmd_perf(int argc, char **argv) {
         lc.o_groups /= o.tp;
         lc.moe_intermediate_size /= o.tp;
         if (lc.vocab_size % o.tp == 0) lc.vocab_size /= o.tp;
+    }
+    if (tp && o.ar_bench) { /* the collective alone, both paths, one row = hidden_size floats */
+        static const int ar_rows[] = {1, 6, 8, 48, 64, 384};
+        printf("# all-reduce of [rows][%d] F32 over %d ranks, mean of 200 back-to-back calls (slowest rank)\n",
+               cfg->hidden_size, o.tp);
+        printf("%-6s %10s %12s %12s\n", "rows", "KB", "nccl_us", "oneshot_us");
+        for (size_t i = 0; i < sizeof ar_rows / sizeof ar_rows[0] && !rc; i++) {
+            double us_n = 0, us_o = 0;
+            int used = 0;
+            rc = dsv4_tp_runner_bench_all_reduce(tp, ar_rows[i], cfg->hidden_size, 200, 0, &us_n, &used, &err);
+            if (!rc) rc = dsv4_tp_runner_bench_all_reduce(tp, ar_rows[i], cfg->hidden_size, 200, 1, &us_o, &used, &err);
+            if (!rc && used) printf("%-6d %10.1f %12.2f %12.2f\n", ar_rows[i], ar_rows[i] * cfg->hidden_size * 4 / 1024.0, us_n, us_o);
+            else if (!rc) printf("%-6d %10.1f %12.2f %12s\n", ar_rows[i], ar_rows[i] * cfg->hidden_size * 4 / 1024.0, us_n, "-");
+        }
+        fflush(stdout);
     }
     size_t logit_cap = (size_t)max_b * (size_t)max_r;
     float *logits = malloc(sizeof(float) * logit_cap * (size_t)cfg->vocab_size);

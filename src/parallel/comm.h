@@ -109,6 +109,15 @@ void dsv4_comm_local_recover(dsv4_comm *c);
  * error string.
  */
 int dsv4_comm_nccl_create_all(int n, dsv4_comm **ranks, dsv4_err *err);
+/*
+ * dsv4_comm_nccl_set_oneshot — with DSV4_TP_ONESHOT=1 in the environment at
+ * dsv4_comm_nccl_create_all, small F32 all-reduces of a CUDA build go through
+ * a one-shot kernel over NVLink peer memory (backend/cuda/cuda_backend.h)
+ * instead of NCCL; this turns that path on (1) or off (0) for rank c (every
+ * rank must be set the same way between the same pair of steps). Returns
+ * whether the one-shot path is now in use (0 for other communicators).
+ */
+int dsv4_comm_nccl_set_oneshot(dsv4_comm *c, int on);
 /* The number of CUDA devices this process sees (cudaGetDeviceCount through the
  * runtime NCCL's loader finds), or -1 with err set (no runtime: DSV4_EUNSUPPORTED;
  * no driver / GPU: DSV4_EBACKEND). */

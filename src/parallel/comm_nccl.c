@@ -33,6 +33,9 @@
 #include <string.h>
 
 #include "parallel/comm.h"
+#ifdef DSV4_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 
 typedef int nccl_res;
 typedef void *nccl_comm_t;
@@ -137,6 +140,8 @@ typedef struct nccl_rank {
     dsv4_comm c;
     nccl_comm_t comm;
     int dead;
+    void *os;      /* dsv4_cuda_oneshot (CUDA builds, DSV4_TP_ONESHOT=1): small F32 all-reduces */
+    int os_on;     /* use it (dsv4_comm_nccl_set_oneshot) */
     void *scratch; /* device bytes for host broadcasts / barriers */
     size_t scratch_cap;
 } nccl_rank;
@@ -168,6 +173,12 @@ static int n_all_reduce(dsv4_comm *c, dsv4_backend *be, dsv4_buf *buf, dsv4_err 
         return dsv4_err_set(err, DSV4_EINVAL, "NCCL all_reduce: dtype %s (F32, BF16)", dsv4_dtype_name(buf->dtype));
     size_t n = (size_t)buf->rows * (size_t)buf->cols;
     if (!n) return 0;
+#ifdef DSV4_HAVE_CUDA
+    /* small decode messages: one kernel over NVLink peer memory (cuda_tp.cu); every rank decides the
+     * same way (same n, same dtype), so the ranks' sequences of collectives stay in step */
+    if (r->os && r->os_on && be->stream && dt == NCCL_FLOAT32 && (int64_t)n <= dsv4_cuda_oneshot_capacity(r->os))
+        return dsv4_cuda_oneshot_all_reduce(r->os, buf->data, (int64_t)n, be->stream, err);
+#endif
     if (be->stream) /* in order with the backend's ops (banner) */
         return nerr(r, N.all_reduce(buf->data, buf->data, n, dt, NCCL_SUM, r->comm, be->stream), "ncclAllReduce",
                     err);
@@ -264,6 +275,9 @@ static void n_abort(dsv4_comm *c) {
 static void n_free(dsv4_comm *c) {
     if (!c) return;
     nccl_rank *r = (nccl_rank *)c;
+#ifdef DSV4_HAVE_CUDA
+    dsv4_cuda_oneshot_free(r->os);
+#endif
     if (!r->dead) N.destroy(r->comm);
     if (r->scratch) N.free_(r->scratch);
     free(r);
@@ -339,5 +353,32 @@ int dsv4_comm_nccl_create_all(int n, dsv4_comm **ranks, dsv4_err *err) {
         r->comm = comms[i];
         ranks[i] = &r->c;
     }
+#ifdef DSV4_HAVE_CUDA
+    /* opt-in (the default stays NCCL until the one-shot path has run whole models on every kind):
+     * DSV4_TP_ONESHOT=1, messages up to DSV4_TP_ONESHOT_MAX bytes (default 512 KB = 32 rows of 4096) */
+    const char *on = getenv("DSV4_TP_ONESHOT"), *mx = getenv("DSV4_TP_ONESHOT_MAX");
+    if (n >= 2 && n <= 8 && on && strcmp(on, "0")) {
+        long long cap = mx && atoll(mx) > 0 ? atoll(mx) / 4 : 128 * 1024;
+        dsv4_cuda_oneshot *os[8];
+        dsv4_err oe = {0};
+        if (dsv4_cuda_oneshot_create(n, cap, os, &oe)) {
+            dsv4_log(DSV4_LOG_WARN, "tensor parallel: one-shot all-reduce unavailable (%s); NCCL for all sizes", oe.msg);
+        } else {
+            for (int i = 0; i < n; i++) {
+                ((nccl_rank *)ranks[i])->os = os[i];
+                ((nccl_rank *)ranks[i])->os_on = 1;
+            }
+            dsv4_log(DSV4_LOG_INFO, "tensor parallel: one-shot all-reduce over NVLink peer memory for F32 messages up "
+                                    "to %lld bytes, NCCL above", cap * 4);
+        }
+    }
+#endif
     return 0;
+}
+
+int dsv4_comm_nccl_set_oneshot(dsv4_comm *c, int on) {
+    if (!c || strcmp(c->name, "nccl")) return 0;
+    nccl_rank *r = (nccl_rank *)c;
+    r->os_on = on && r->os;
+    return r->os_on;
 }

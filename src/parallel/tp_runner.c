@@ -25,6 +25,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "model/forward.h"
 #include "parallel/tp_shard.h"
@@ -32,7 +33,7 @@
 #include "backend/cuda/cuda_backend.h"
 #endif
 
-enum { JOB_OPEN = 1, JOB_FORWARD, JOB_TARGET, JOB_RELEASE, JOB_RESUME, JOB_COPY, JOB_PAGES, JOB_CLOSE, JOB_QUIT };
+enum { JOB_OPEN = 1, JOB_FORWARD, JOB_TARGET, JOB_BENCH, JOB_RELEASE, JOB_RESUME, JOB_COPY, JOB_PAGES, JOB_CLOSE, JOB_QUIT };
 
 typedef struct tp_rank {
     struct dsv4_tp_runner *t;
@@ -45,6 +46,8 @@ typedef struct tp_rank {
     size_t logits_cap;
     int rc;
     dsv4_err err;
+    double bench_us; /* JOB_BENCH: mean µs per all-reduce on this rank */
+    int bench_path;  /* 1: the one-shot path ran */
 } tp_rank;
 
 struct dsv4_tp_runner {
@@ -70,6 +73,8 @@ struct dsv4_tp_runner {
         int slot, src, dst, n_ids;
         const int32_t *ids;
         int64_t pos;
+        int64_t ar_rows, ar_cols;
+        int iters, oneshot;
     } job;
 };
 
@@ -86,6 +91,47 @@ static int target_forward(tp_rank *r, const dsv4_batch *b, const int32_t *rows, 
     struct dsv4_state *st;
     dsv4_model_runner_target(r->mr, &m, &st);
     return dsv4_forward(m, st, b, rows, n, logits, NULL, err);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* One rank of dsv4_tp_runner_bench_all_reduce: check one sum, then time back-to-back calls. */
+static int bench_rank(dsv4_tp_runner *t, tp_rank *r, dsv4_err *err) {
+    dsv4_backend *be = dsv4_model_runner_backend(r->mr);
+    dsv4_comm *c = t->comms[r->rank];
+    int64_t rows = t->job.ar_rows, cols = t->job.ar_cols;
+    size_t n = (size_t)(rows * cols);
+    r->bench_path = dsv4_comm_nccl_set_oneshot(c, t->job.oneshot);
+    dsv4_buf b = {0};
+    float *h = malloc(n * sizeof(float));
+    int rc = h ? be->buf_alloc(be, DSV4_DT_F32, rows, cols, &b, err) : dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
+    for (size_t i = 0; !rc && i < n; i++) h[i] = (float)(r->rank + 1) * (float)(1 + i % 7);
+    if (!rc) rc = be->buf_write(be, &b, h, err);
+    if (!rc) rc = c->all_reduce_sum(c, be, &b, err);
+    if (!rc) rc = be->buf_read(be, &b, h, err);
+    float S = (float)(t->n * (t->n + 1) / 2);
+    for (size_t i = 0; !rc && i < n; i++)
+        if (h[i] != S * (float)(1 + i % 7))
+            rc = dsv4_err_set(err, DSV4_EINTERNAL, "all-reduce check: element %zu is %g, want %g", i, (double)h[i],
+                              (double)(S * (float)(1 + i % 7)));
+    if (!rc) {
+        memset(h, 0, n * sizeof(float));
+        rc = be->buf_write(be, &b, h, err);
+    }
+    for (int i = 0; i < 10 && !rc; i++) rc = c->all_reduce_sum(c, be, &b, err);
+    if (!rc) rc = be->sync(be, err);
+    double t0 = now_s();
+    for (int i = 0; i < t->job.iters && !rc; i++) rc = c->all_reduce_sum(c, be, &b, err);
+    if (!rc) rc = be->sync(be, err);
+    r->bench_us = (now_s() - t0) * 1e6 / (t->job.iters > 0 ? t->job.iters : 1);
+    be->buf_free(be, &b);
+    free(h);
+    dsv4_comm_nccl_set_oneshot(c, 1); /* back to the default: one-shot when it was set up */
+    return rc;
 }
 
 /* Run the current job on rank r (any thread). */
@@ -110,6 +156,9 @@ static void run_job(dsv4_tp_runner *t, tp_rank *r, float *logits0) {
         if (!r->rc) r->it = dsv4_model_runner_iface(r->mr);
         break;
     }
+    case JOB_BENCH:
+        r->rc = bench_rank(t, r, &r->err);
+        break;
     case JOB_CLOSE: /* on the rank's own thread: its GPU, and NCCL destroys side by side */
         dsv4_model_runner_free(r->mr);
         r->mr = NULL;
@@ -257,6 +306,23 @@ int dsv4_tp_runner_forward_target(dsv4_tp_runner *t, const dsv4_batch *b, const 
     rc = dispatch(t, logits, err);
     if (!rc && t->check) rc = check_logits(t, n_logits, logits, err);
     return rc;
+}
+
+int dsv4_tp_runner_bench_all_reduce(dsv4_tp_runner *t, int64_t rows, int64_t cols, int iters, int oneshot,
+                                    double *us, int *used_oneshot, dsv4_err *err) {
+    if (rows < 1 || cols < 1 || iters < 1) return dsv4_err_set(err, DSV4_EINVAL, "all-reduce bench: bad sizes");
+    t->job.op = JOB_BENCH;
+    t->job.ar_rows = rows;
+    t->job.ar_cols = cols;
+    t->job.iters = iters;
+    t->job.oneshot = oneshot;
+    int rc = dispatch(t, NULL, err);
+    if (rc) return rc;
+    double m = 0;
+    for (int i = 0; i < t->n; i++) m = t->ranks[i].bench_us > m ? t->ranks[i].bench_us : m;
+    *us = m;
+    *used_oneshot = t->ranks[0].bench_path;
+    return 0;
 }
 
 static void tp_release(void *ctx, int slot) {

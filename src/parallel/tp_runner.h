@@ -66,6 +66,16 @@ int dsv4_tp_runner_open(const char *dir, const dsv4_model_runner_opts *o, const 
  */
 int dsv4_tp_runner_forward_target(dsv4_tp_runner *t, const dsv4_batch *b, const int32_t *rows, int n_logits,
                                   float *logits, dsv4_err *err);
+/*
+ * dsv4_tp_runner_bench_all_reduce — the all-reduce of a [rows][cols] F32
+ * buffer on every rank's backend: one call checked (every element the sum
+ * over ranks, exactly), then `iters` calls back to back; *us = the slowest
+ * rank's mean µs per call. oneshot 1 asks for the NVLink one-shot path
+ * (comm.h dsv4_comm_nccl_set_oneshot; *used_oneshot says whether it ran),
+ * 0 for NCCL. Errors: DSV4_EINTERNAL a wrong sum; the communicator's.
+ */
+int dsv4_tp_runner_bench_all_reduce(dsv4_tp_runner *t, int64_t rows, int64_t cols, int iters, int oneshot,
+                                    double *us, int *used_oneshot, dsv4_err *err);
 /* Stop the workers and free every rank. NULL-safe. */
 void dsv4_tp_runner_free(dsv4_tp_runner *t);
 
