@@ -30,9 +30,9 @@ P=5,17,42,7,99,3,250,11,64,8
 # $1 label, $2 model dir, $3 spec k, then extra args for both runs; cuda runs with -tp 2
 compare() {
   local label=$1 dir=$2 k=$3; shift 3
-  "$BIN" run "$dir" --prompt-ids $P --max-tokens ${MAX_TOKENS:-24} --device cpu --spec $k --show-ids "$@" \
+  timeout 60 "$BIN" run "$dir" --prompt-ids $P --max-tokens ${MAX_TOKENS:-24} --device cpu --spec $k --show-ids "$@" \
     > "$R/$label.cpu.out" 2> "$R/$label.cpu.err"; echo "rc=$?" >> "$R/$label.cpu.err"
-  "$BIN" run "$dir" --prompt-ids $P --max-tokens ${MAX_TOKENS:-24} --device cuda -tp 2 --spec $k --show-ids "$@" \
+  timeout 60 "$BIN" run "$dir" --prompt-ids $P --max-tokens ${MAX_TOKENS:-24} --device cuda -tp 2 --spec $k --show-ids "$@" \
     > "$R/$label.tp2.out" 2> "$R/$label.tp2.err"; echo "rc=$?" >> "$R/$label.tp2.err"
   local a b
   # the generated ids ([id] per token on stderr; log lines may interrupt them)
@@ -42,25 +42,20 @@ compare() {
   echo "$label spec=$k: $r"; echo "  cpu tp1 : $a"; echo "  cuda tp2: $b"
   grep -hE "tok/s|acceptance|rc=|dsv4 run:|graph.*captured|failed|ERROR" "$R/$label.tp2.err" | sort | uniq -c | head -12 | sed 's/^/  tp2| /'
 }
+OV='{"num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 4, "head_dim": 128, "q_lora_rank": 128, "o_groups": 2, "o_lora_rank": 128, "moe_intermediate_size": 256, "n_routed_experts": 8, "num_experts_per_tok": 2, "sliding_window": 16, "index_n_heads": 4, "index_topk": 4, "vocab_size": 1024, "num_hash_layers": 2, "dspark_noise_token_id": 1000, "dspark_markov_rank": 32}'
 if [ -z "${SKIP_TINY:-}" ]; then
+  # shrunk 0731 config whose TP = 2 slices fit the CUDA tiles (o_lora_rank 128, moe_intermediate_size 256)
   {
-    for m in tiny-flash tiny-dspark; do
-      k=1; [ "$m" = tiny-dspark ] && k=5
-      for spec in 0 $k; do compare "${m}_k$spec" "$D/models/$m" $spec; done
-    done
-    # shrunk 0731 config whose TP = 2 slices fit the CUDA tiles (o_lora_rank 128, moe_intermediate_size 256)
-    OV='{"num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 4, "head_dim": 128, "q_lora_rank": 128, "o_groups": 2, "o_lora_rank": 128, "moe_intermediate_size": 256, "n_routed_experts": 8, "num_experts_per_tok": 2, "sliding_window": 16, "index_n_heads": 4, "index_topk": 4, "vocab_size": 1024, "num_hash_layers": 2, "dspark_noise_token_id": 1000, "dspark_markov_rank": 32}'
     for spec in 0 5; do
       compare "small-dummy_k$spec" "$D/configs/deepseek-v4-flash-0731" $spec --load-format dummy --hf-overrides "$OV"
-      compare "small-dummy-eager_k$spec" "$D/configs/deepseek-v4-flash-0731" $spec --load-format dummy \
-        --hf-overrides "$OV" --enforce-eager
     done
+    compare "small-dummy-eager_k5" "$D/configs/deepseek-v4-flash-0731" 5 --load-format dummy --hf-overrides "$OV" \
+      --enforce-eager
   } 2>&1 | tee "$OUTD/tokens.txt"
-  grep -q DIFFER "$OUTD/tokens.txt" && fail=1
 fi
 if [ -z "${SKIP_PERF:-}" ]; then
   timeout ${PERF_TIMEOUT:-150} "$BIN" perf "$D/v4-0731" --load-format dummy --device cuda -tp 2 \
-    ${PERF_ARGS:---batch 1,8,64 --rows-per-seq 1,6 --context 4096 --prefill 8192 --warmup 2 --steps 10} \
+    ${PERF_ARGS:---batch 1,8,64 --rows-per-seq 1,6 --context 4096 --prefill 8192 --warmup 2 --steps 5} \
     2>&1 | grep -v "^.*INFO dsv4: forward: CUDA graph" | tee "$OUTD/perf_tp2.txt"
 fi
 if [ -z "${SKIP_SERVE:-}" ]; then
@@ -79,7 +74,7 @@ while True:
             if r.status == 200: break
     except Exception:
         pass
-    if time.time() - t0 > 150: print("not ready after 150 s"); sys.exit(1)
+    if time.time() - t0 > 90: print("not ready after 90 s"); sys.exit(1)
     time.sleep(0.2)
 print(f"start to ready: {time.time() - t0:.1f} s")
 def one(i, n=64):
@@ -108,4 +103,20 @@ PY
   grep -E "KV cache pool|dummy weights|ready|backend|tensor parallel|ERROR|WARN" "$OUTD/serve_tp2.log" | head -20 \
     | tee -a "$OUTD/requests_tp2.txt"
 fi
+if [ -z "${SKIP_ONESHOT:-}" ]; then
+  # the collective alone (NCCL vs the NVLink one-shot kernel), then whole steps with the one-shot path
+  DSV4_TP_ONESHOT=1 timeout ${PERF_TIMEOUT:-150} "$BIN" perf "$D/v4-0731" --load-format dummy --device cuda -tp 2 \
+    --all-reduce-bench --batch 1,8,64 --rows-per-seq 1,6 --context 4096 --warmup 2 --steps 5 \
+    2>&1 | grep -v "INFO dsv4: forward: CUDA graph" | tee "$OUTD/perf_tp2_oneshot.txt"
+fi
+if [ -z "${SKIP_TINY:-}" ]; then
+  {
+    for m in tiny-flash tiny-dspark; do
+      k=1; [ "$m" = tiny-dspark ] && k=5
+      for spec in 0 $k; do compare "${m}_k$spec" "$D/models/$m" $spec; done
+    done
+  } 2>&1 | tee -a "$OUTD/tokens.txt"
+fi
+grep -q DIFFER "$OUTD/tokens.txt" 2>/dev/null && fail=1
+tar -czf "$OUTD/runs.tgz" -C /tmp tp2-runs 2>/dev/null
 exit $fail
