@@ -118,6 +118,8 @@ int dsv4_comm_nccl_create_all(int n, dsv4_comm **ranks, dsv4_err *err);
  * whether the one-shot path is now in use (0 for other communicators).
  */
 int dsv4_comm_nccl_set_oneshot(dsv4_comm *c, int on);
+/* The largest F32 message (floats) the one-shot path takes; larger ones go through NCCL. 0 = no one-shot path. */
+int64_t dsv4_comm_nccl_oneshot_max(const dsv4_comm *c);
 /* The number of CUDA devices this process sees (cudaGetDeviceCount through the
  * runtime NCCL's loader finds), or -1 with err set (no runtime: DSV4_EUNSUPPORTED;
  * no driver / GPU: DSV4_EBACKEND). */

@@ -376,6 +376,16 @@ int dsv4_comm_nccl_create_all(int n, dsv4_comm **ranks, dsv4_err *err) {
     return 0;
 }
 
+int64_t dsv4_comm_nccl_oneshot_max(const dsv4_comm *c) {
+    if (!c || strcmp(c->name, "nccl")) return 0;
+#ifdef DSV4_HAVE_CUDA
+    const nccl_rank *r = (const nccl_rank *)c;
+    return r->os ? dsv4_cuda_oneshot_capacity(r->os) : 0;
+#else
+    return 0;
+#endif
+}
+
 int dsv4_comm_nccl_set_oneshot(dsv4_comm *c, int on) {
     if (!c || strcmp(c->name, "nccl")) return 0;
     nccl_rank *r = (nccl_rank *)c;

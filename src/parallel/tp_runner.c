@@ -105,7 +105,7 @@ static int bench_rank(dsv4_tp_runner *t, tp_rank *r, dsv4_err *err) {
     dsv4_comm *c = t->comms[r->rank];
     int64_t rows = t->job.ar_rows, cols = t->job.ar_cols;
     size_t n = (size_t)(rows * cols);
-    r->bench_path = dsv4_comm_nccl_set_oneshot(c, t->job.oneshot);
+    r->bench_path = dsv4_comm_nccl_set_oneshot(c, t->job.oneshot) && (int64_t)n <= dsv4_comm_nccl_oneshot_max(c);
     dsv4_buf b = {0};
     float *h = malloc(n * sizeof(float));
     int rc = h ? be->buf_alloc(be, DSV4_DT_F32, rows, cols, &b, err) : dsv4_err_set(err, DSV4_ENOMEM, "out of memory");

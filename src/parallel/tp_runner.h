@@ -71,7 +71,8 @@ int dsv4_tp_runner_forward_target(dsv4_tp_runner *t, const dsv4_batch *b, const 
  * buffer on every rank's backend: one call checked (every element the sum
  * over ranks, exactly), then `iters` calls back to back; *us = the slowest
  * rank's mean µs per call. oneshot 1 asks for the NVLink one-shot path
- * (comm.h dsv4_comm_nccl_set_oneshot; *used_oneshot says whether it ran),
+ * (comm.h dsv4_comm_nccl_set_oneshot; *used_oneshot says whether it ran:
+ * messages above its capacity still go through NCCL),
  * 0 for NCCL. Errors: DSV4_EINTERNAL a wrong sum; the communicator's.
  */
 int dsv4_tp_runner_bench_all_reduce(dsv4_tp_runner *t, int64_t rows, int64_t cols, int iters, int oneshot,
