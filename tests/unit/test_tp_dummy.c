@@ -10,7 +10,8 @@
  *
  * The small config is the real 0731 one shrunk so that every TP = 2 slice
  * also fits the CUDA tiles (o_lora_rank 128, moe_intermediate_size 256): the
- * same overrides run on 2 GPUs in tests/gpu/run_tp2_h200.sh.
+ * same overrides run on 2 GPUs in tests/gpu/run_tp2_h200.sh. Also: NCCL that
+ * cannot be loaded is refused with the path tried and the variable to set.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,7 @@
 #include "engine/model_runner.h"
 #include "model/dummy.h"
 #include "model/weights.h"
+#include "parallel/comm.h"
 #include "parallel/tp_runner.h"
 #include "parallel/tp_shard.h"
 #include "test.h"
@@ -141,7 +143,21 @@ static void test_tp2_dummy_gives_tp1_tokens(void) {
     }
 }
 
+/* NCCL is dlopen'd: a path that does not load is a clear error naming the variable, never a fall-through. */
+static void test_nccl_missing_is_a_clear_error(void) {
+    setenv("DSV4_NCCL_LIB", "/nonexistent/libnccl.so.2", 1);
+    dsv4_comm *c[2];
+    dsv4_err err = {0};
+    CHECK_EQ_INT(dsv4_comm_nccl_create_all(2, c, &err), DSV4_EUNSUPPORTED);
+    CHECK_CONTAINS(err.msg, "NCCL not found");
+    CHECK_CONTAINS(err.msg, "/nonexistent/libnccl.so.2");
+    CHECK_CONTAINS(err.msg, "DSV4_NCCL_LIB");
+    CHECK(c[0] == NULL && c[1] == NULL);
+    unsetenv("DSV4_NCCL_LIB");
+}
+
 int main(void) {
+    test_nccl_missing_is_a_clear_error();
     test_slices_are_the_whole_tensors_bytes();
     test_tp2_dummy_gives_tp1_tokens();
     return TEST_REPORT();
