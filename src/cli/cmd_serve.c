@@ -105,14 +105,9 @@ int dsv4_cmd_serve(int argc, char **argv) {
         return 2;
     }
     if (a.help_shown) return 0;
-    if (strcmp(a.device, "cuda") == 0 && a.tensor_parallel_size > 1) {
-        fprintf(stderr, "dsv4 serve: --device cuda with --tensor-parallel-size %d: tensor parallelism runs CPU ranks "
-                        "only in this build (one CUDA backend per rank over NCCL is not wired yet); use --device cpu "
-                        "or --tensor-parallel-size 1\n", a.tensor_parallel_size);
-        return 1;
-    }
-    /* Tensor parallelism in one process: ranks are threads with their own CPU
-     * backend, joined by the local communicator (src/parallel/tp_runner.h).
+    /* Tensor parallelism in one process: ranks are threads, each with its own
+     * backend — CPU ranks joined by the local communicator, or rank r on GPU r
+     * joined by NCCL (--device cuda / auto; src/parallel/tp_runner.h).
      * Several nodes need GPUs: NCCL over the rendezvous of src/parallel/rendezvous.h
      * plus followers of node 0's step plans (src/parallel/tp_plan.h), not wired here yet. */
     if (a.nnodes != 1) {

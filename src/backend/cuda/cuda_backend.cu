@@ -679,6 +679,7 @@ extern "C" dsv4_backend *dsv4_backend_cuda_create(dsv4_numerics numerics, int de
     be->numerics = numerics;
     be->act_dtype = DSV4_DT_F32;
     be->ctx = cb;
+    be->stream = cb->ctx->stream; /* NCCL collectives of tensor parallelism queue here (comm_nccl.c) */
     be->free = cu_be_free;
     be->buf_alloc = cu_buf_alloc;
     be->buf_free = cu_buf_free;
