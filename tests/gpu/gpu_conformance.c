@@ -161,6 +161,24 @@ static int perf(void) {
         free(hid);
     }
     free(hw);
+    /* logit_top (issue 7: greedy ids where the logits are): n rows of the 129280-wide vocabulary, k = 1 */
+    static const int ltn[3] = {1, 48, 384};
+    for (int i = 0; i < 3; i++) {
+        int n = ltn[i];
+        dsv4_buf lx, lid;
+        CK(be->buf_alloc(be, DSV4_DT_F32, n, 129280, &lx, &e));
+        CK(be->buf_alloc(be, DSV4_DT_I32, n, 1, &lid, &e));
+        CK(be->logit_top(be, &lx, &lid, NULL, &e));
+        CK(be->sync(be, &e));
+        double t0 = now_sec();
+        for (int r = 0; r < REPS; r++) CK(be->logit_top(be, &lx, &lid, NULL, &e));
+        CK(be->sync(be, &e));
+        double us = (now_sec() - t0) / REPS * 1e6;
+        printf("n=%d  logit_top k=1 over %d x 129280 F32 logits: %.2f us (%.0f GB/s of logits read)\n", n, n, us,
+               (double)n * 129280 * 4 / (us * 1e3));
+        be->buf_free(be, &lx);
+        be->buf_free(be, &lid);
+    }
     be->free(be);
     printf("\n");
     return 0;
