@@ -17,7 +17,7 @@
 #include "backend/cuda/cuda_be_internal.cuh"
 #include "backend/cuda/cuda_logit_top.h"
 
-#define LT_THREADS 512
+#define LT_THREADS 1024
 
 /* (a, ia) before (b, ib): larger value first, ties by lower id; an empty candidate (id < 0) is last. */
 __device__ __forceinline__ bool lt_before(float a, int ia, float b, int ib) {
@@ -52,6 +52,49 @@ __device__ void lt_reduce(float &v, int &i, float *sv, int *si) {
     i = si[0];
 }
 
+/* Offer element c (value xv) to the running best (bv, bi): only non-NaN values strictly after the previous pick. */
+__device__ __forceinline__ void lt_take(float xv, int c, float pv, int pi, float &bv, int &bi) {
+    if (isnan(xv) || (pi >= 0 && !lt_before(pv, pi, xv, c))) return;
+    if (lt_before(xv, c, bv, bi)) bv = xv, bi = c;
+}
+
+/* This thread's best element of the row. The order is total (ties broken by
+ * id), so the block's result does not depend on which thread saw what: the
+ * row is read as float4 with four loads in flight per thread when it can be
+ * (one block per row must stream 517 KB at batch 1 without stalling on each
+ * load). */
+__device__ __forceinline__ void lt_scan(const float *x, int64_t V, int vec, float pv, int pi, float &bv, int &bi) {
+    const int bd = blockDim.x;
+    if (vec) {
+        const float4 *x4 = (const float4 *)x;
+        const int64_t V4 = V >> 2;
+        int64_t c = threadIdx.x;
+        for (; c + 3 * bd < V4; c += 4 * bd) {
+            float4 q[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) q[u] = x4[c + u * bd];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int b = (int)((c + u * bd) << 2);
+                lt_take(q[u].x, b, pv, pi, bv, bi);
+                lt_take(q[u].y, b + 1, pv, pi, bv, bi);
+                lt_take(q[u].z, b + 2, pv, pi, bv, bi);
+                lt_take(q[u].w, b + 3, pv, pi, bv, bi);
+            }
+        }
+        for (; c < V4; c += bd) {
+            const float4 q = x4[c];
+            const int b = (int)(c << 2);
+            lt_take(q.x, b, pv, pi, bv, bi);
+            lt_take(q.y, b + 1, pv, pi, bv, bi);
+            lt_take(q.z, b + 2, pv, pi, bv, bi);
+            lt_take(q.w, b + 3, pv, pi, bv, bi);
+        }
+        return;
+    }
+    for (int64_t c = threadIdx.x; c < V; c += bd) lt_take(x[c], (int)c, pv, pi, bv, bi);
+}
+
 __device__ double lt_sum(double s, double *sd) {
     for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
@@ -72,6 +115,7 @@ __global__ void __launch_bounds__(LT_THREADS) k_logit_top(const float *X, int64_
     __shared__ int si[32];
     __shared__ double sd[32];
     const float *x = X + (int64_t)blockIdx.x * V;
+    const int vec = (V & 3) == 0 && ((uintptr_t)X & 15) == 0; /* every row float4-aligned */
     int32_t *oid = ids + (int64_t)blockIdx.x * k;
     float pv = 0.f;
     int pi = -1; /* previous pick (-1: none yet, or a NaN pick: no bound) */
@@ -79,11 +123,7 @@ __global__ void __launch_bounds__(LT_THREADS) k_logit_top(const float *X, int64_
     for (int j = 0; j < k; j++) {
         float bv = 0.f;
         int bi = -1;
-        for (int64_t c = threadIdx.x; c < V; c += blockDim.x) {
-            const float xv = x[c];
-            if (isnan(xv) || (pi >= 0 && !lt_before(pv, pi, xv, (int)c))) continue;
-            if (lt_before(xv, (int)c, bv, bi)) bv = xv, bi = (int)c;
-        }
+        lt_scan(x, V, vec, pv, pi, bv, bi);
         lt_reduce(bv, bi, sv, si);
         if (j == 0) {
             if (isnan(x[0])) bv = x[0], bi = 0; /* the host scan keeps a NaN at id 0 */
