@@ -162,7 +162,11 @@ void dsv4_engine_stats_diff(const dsv4_engine_stats *now, const dsv4_engine_stat
 
 /*
  * dsv4_engine_create — runner (copied) executes forwards; drafter (copied) may
- * be NULL (no speculation). Errors: DSV4_EINVAL naming the option
+ * be NULL (no speculation). When the runner has forward_ids, a step whose
+ * logit rows are all plain greedy (no logit_bias, penalties, logits_proc or
+ * logprobs) asks it for the rows' greedy ids instead of their logits (issue
+ * 7; same tokens, 4 bytes a row read back); the environment variable
+ * DSV4_DEVICE_ARGMAX=0, read here, keeps every step on full logits. Errors: DSV4_EINVAL naming the option
  * (max_num_seqs > runner slots, spec_k > drafter->max_k or > DSV4_MAX_SPEC_K, ...).
  */
 int dsv4_engine_create(const dsv4_engine_opts *opts, const dsv4_runner *runner, const dsv4_drafter *drafter,
