@@ -8,8 +8,8 @@
  * captured once per shape and replayed: batch_begin writes the step's rows
  * into the backend's fixed device mirror, then one graph launch runs the rest.
  *
- * Key: (rows, seqs, logit rows, taps, streams wanted, ids or logits). The first forward of a
- * key runs eagerly (warm-up: workspaces grow, expert sets are assembled, none
+ * Key: (rows, seqs, logit rows, taps, streams wanted, greedy ids or logits).
+ * The first forward of a key runs eagerly (warm-up: workspaces grow, expert sets are assembled, none
  * of which may happen during capture); the second is captured, then every one
  * replays. Buffers allocated during capture keep their addresses on every
  * replay, so the key's X / logits / taps buffers are recorded with it and read
