@@ -495,7 +495,29 @@ struct dsv4_backend {
      */
     int (*hc_mean)(dsv4_backend *be, const dsv4_buf *X, int n_hc, dsv4_buf *y, int64_t col0,
                    dsv4_err *err);
+
+    /*
+     * Greedy token and top logprobs per logit row (issue 7: sampling on the
+     * device; spec/SERVING.md §7.2, §3.3), so a step whose rows all decode
+     * greedily reads back 4 bytes per row instead of the whole row.
+     *   x   F32 [n][V] raw logits (not modified);
+     *   ids I32 [n][k], k = ids->cols >= 1: ids[r][0] is the argmax of row r
+     *       under the host sampler's rule (src/engine/sampler.c: a scan from
+     *       id 0 where only a strictly larger value replaces the best, so ties
+     *       go to the lowest id, a NaN never wins and a NaN at id 0 is kept);
+     *       ids[r][j], j >= 1, continue the order "larger value first, ties by
+     *       lower id" over the non-NaN values (dsv4_token_logprob_compute's
+     *       top list); k <= DSV4_LOGIT_TOP_MAX and k <= V;
+     *   lp  F32 [n][k] or NULL: log_softmax(x[r])[ids[r][j]] (natural log;
+     *       log-sum-exp around the row's maximum, summed in double).
+     * Errors: DSV4_EINVAL for shapes / dtypes / k out of range. Optional
+     * (NULL: the runner reads the logits back and the engine picks on the host).
+     */
+    int (*logit_top)(dsv4_backend *be, const dsv4_buf *x, dsv4_buf *ids, dsv4_buf *lp, dsv4_err *err);
 };
+
+/* Most ids per row logit_top returns (OpenAI top_logprobs <= 20, plus headroom). */
+#define DSV4_LOGIT_TOP_MAX 32
 
 /* The CPU reference backend (src/backend/cpu/). Never NULL on success. */
 dsv4_backend *dsv4_backend_cpu_create(dsv4_numerics numerics, dsv4_err *err);

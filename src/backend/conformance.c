@@ -346,6 +346,74 @@ static int conf_hc(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
     return check_f32(c, op, u);
 }
 
+/* Exact comparison of an I32 output, order included (no tolerance: ids are picks, not sums). */
+static int check_exact(conf *c, const char *op, dsv4_buf **b) {
+    if (c->skip) return skipped(c, op, b);
+    int64_t R = b[1]->rows, K = b[1]->cols;
+    int32_t *x = malloc((size_t)(R * K) * 4), *y = malloc((size_t)(R * K) * 4);
+    int rc = (x && y) ? DSV4_OK : dsv4_err_set(c->err, DSV4_ENOMEM, "conformance: out of memory");
+    if (!rc) rc = c->be[0]->buf_read(c->be[0], b[0], x, c->err);
+    if (!rc) rc = c->be[1]->buf_read(c->be[1], b[1], y, c->err);
+    if (!rc) {
+        int64_t diff = 0;
+        for (int64_t r = 0; r < R; r++) diff += memcmp(x + r * K, y + r * K, (size_t)K * 4) != 0;
+        c->fails += diff > 0;
+        if (c->rep) fprintf(c->rep, "%-22s rows differing %lld of %lld (exact) %s\n", op, (long long)diff, (long long)R,
+                            diff ? "FAIL" : "ok");
+    }
+    free(x);
+    free(y);
+    return rc;
+}
+
+/*
+ * logit_top (issue 7, greedy ids on the device): rows of a vocabulary-wide
+ * logit matrix (129280 at Flash shapes) with exact ties planted — coarse
+ * rows where the maximum repeats, a maximum duplicated at both ends of a row,
+ * -inf and a NaN — so the tie rule (lowest id) and the NaN rule are
+ * exercised. ids must match exactly (k = 1, the engine's greedy path, and
+ * k = 20, top logprobs); the log-softmax values by normalised error.
+ */
+static int conf_logit_top(conf *c, const dsv4_conf_shape *s) {
+    const char *op = "logit_top";
+    if (!c->be[0]->logit_top || !c->be[1]->logit_top) {
+        if (c->rep) fprintf(c->rep, "%-22s unsupported by %s\n", op, c->be[c->be[0]->logit_top ? 1 : 0]->name);
+        c->unsupported++;
+        return DSV4_OK;
+    }
+    int T = s->rows, rc;
+    int64_t V = s->d >= 4096 ? 129280 : 997;
+    float *x = hrand(c, (size_t)T * V, 8);
+    if (!x) return dsv4_err_set(c->err, DSV4_ENOMEM, "conformance: out of memory");
+    for (int t = 0; t < T; t++) {
+        float *r = x + (size_t)t * V;
+        if (t % 3 == 1)
+            for (int64_t v = 0; v < V; v++) r[v] = floorf(r[v]); /* 17 levels: the maximum repeats */
+        if (t % 4 == 2) r[V - 1] = r[3] = 20.0f;                  /* a tie at both ends */
+        if (t % 5 == 3) r[0] = r[V / 2] = -INFINITY;
+        if (t % 7 == 4) r[t % V] = NAN;
+        if (t == 5 && V > 1) r[0] = NAN; /* the host scan keeps a NaN at id 0 */
+    }
+    dsv4_buf *X[2], *id1[2], *idk[2], *lpk[2];
+    int K = 20;
+    if ((rc = pair(c, DSV4_DT_F32, T, V, x, X)) || (rc = pair(c, DSV4_DT_I32, T, 1, NULL, id1)) ||
+        (rc = pair(c, DSV4_DT_I32, T, K, NULL, idk)) || (rc = pair(c, DSV4_DT_F32, T, K, NULL, lpk)))
+        return rc;
+    RUN(c->be[0]->logit_top(c->be[0], X[0], id1[0], NULL, c->err),
+        c->be[1]->logit_top(c->be[1], X[1], id1[1], NULL, c->err));
+    if ((rc = check_exact(c, "logit_top argmax", id1))) return rc;
+    op = "logit_top k=20";
+    /* lp with a NaN in the row is NaN on both sides: compare the finite rows' lp only */
+    for (int t = 0; t < T; t++)
+        if (t % 7 == 4 || t == 5) x[(size_t)t * V + (t % 7 == 4 ? t % V : 0)] = -1.0f;
+    if ((rc = c->be[0]->buf_write(c->be[0], X[0], x, c->err)) || (rc = c->be[1]->buf_write(c->be[1], X[1], x, c->err)))
+        return rc;
+    RUN(c->be[0]->logit_top(c->be[0], X[0], idk[0], lpk[0], c->err),
+        c->be[1]->logit_top(c->be[1], X[1], idk[1], lpk[1], c->err));
+    if ((rc = check_exact(c, "logit_top k=20 ids", idk))) return rc;
+    return check_f32(c, "logit_top k=20 logprob", lpk);
+}
+
 /* ---- attention state: compressors (optionally paged), indexer, attention ---- */
 
 /*
@@ -651,6 +719,7 @@ int dsv4_backend_conformance(dsv4_backend *test, dsv4_backend *ref, const dsv4_c
     if (!rc && !s->attn_only) rc = conf_hc(c, s, &b);
     if (!rc) rc = conf_attention(c, s, &b);
     if (!rc && !s->attn_only) rc = conf_moe(c, s, &b);
+    if (!rc && !s->attn_only) rc = conf_logit_top(c, s);
     int fails = c->fails;
     if (report && !rc)
         fprintf(report, "%s vs %s: %d outputs above tol %.1e, %d ops unsupported by %s\n", test->name, ref->name,

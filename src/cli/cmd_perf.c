@@ -19,7 +19,12 @@
  * ends with the logits read (a synchronisation), after --warmup untimed steps.
  * What is timed is the bare target forward (dsv4_forward: logits of every
  * row, no drafter features or streams copied out), so MTP / DSpark
- * checkpoints time the same work as target-only ones.
+ * checkpoints time the same work as target-only ones. Each shape is timed
+ * with the two outputs the engine can ask for (--logits): every row's
+ * logits back to the host ("full", what sampled / constrained / logprob
+ * steps need) and only each row's greedy id ("ids": the backend's
+ * logit_top where the logits are, what an all-greedy step needs, issue 7);
+ * D2H_MB says what each reads back per step.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,6 +51,7 @@ typedef struct perf_opts {
     int cuda_graphs;
     int tp;
     int ar_bench;
+    int out_full, out_ids; /* --logits full | ids | both */
 } perf_opts;
 
 static void usage(FILE *f) {
@@ -73,6 +79,8 @@ static void usage(FILE *f) {
             "                        roofline is then per GPU (each reads its 1/N of the split weights)\n"
             "  --all-reduce-bench    with -tp: first time the all-reduce of 1, 6, 8, 48, 64 and 384 rows of\n"
             "                        hidden_size floats, NCCL and (DSV4_TP_ONESHOT=1) the NVLink one-shot\n"
+            "  --logits M            full | ids | both (default): time each shape with every row's logits\n"
+            "                        read back, with only its greedy id (argmax on the device), or both\n"
             "MODEL_DIR defaults to the embedded default model (%s).\n",
             dsv4_default_model_dir());
 }
@@ -122,6 +130,7 @@ static int parse_args(int argc, char **argv, perf_opts *o) {
     o->cuda_graphs = 1;
     o->prefill_chunk = 8192;
     o->tp = 1;
+    o->out_full = o->out_ids = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long n;
@@ -177,6 +186,13 @@ static int parse_args(int argc, char **argv, perf_opts *o) {
                 return 2;
             }
             o->load_format = v;
+        } else if (!strcmp(a, "--logits")) {
+            if (strcmp(v, "full") && strcmp(v, "ids") && strcmp(v, "both")) {
+                fprintf(stderr, "dsv4 perf: --logits: '%s' (expected full, ids or both)\n", v);
+                return 2;
+            }
+            o->out_full = strcmp(v, "ids") != 0;
+            o->out_ids = strcmp(v, "full") != 0;
         } else if (!strcmp(a, "--hf-overrides")) {
             o->hf_overrides = v;
         } else if (!strcmp(a, "--tensor-parallel-size") || !strcmp(a, "-tp")) {
@@ -249,28 +265,33 @@ static int batch_make(perf_batch *p, int n_seqs, int rows, int64_t pos0, int voc
     return DSV4_OK;
 }
 
-/* The bare target forward: one model, or every tensor-parallel rank's slice. */
 typedef struct perf_target {
     dsv4_model *m;
     dsv4_state *st;
     dsv4_tp_runner *tp;
 } perf_target;
 
-static int target_forward(perf_target *t, perf_batch *pb, float *logits, dsv4_err *err) {
-    if (t->tp) return dsv4_tp_runner_forward_target(t->tp, &pb->b, pb->logit_rows, pb->n_logits, logits, err);
-    return dsv4_forward(t->m, t->st, &pb->b, pb->logit_rows, pb->n_logits, logits, NULL, err);
+/* One target forward: every logit row back, or (ids != NULL) only its greedy id (not under TP). */
+static int target_forward(perf_target *t, perf_batch *pb, float *logits, int32_t *ids, dsv4_err *err) {
+    if (t->tp) {
+        if (ids) return dsv4_err_set(err, DSV4_EUNSUPPORTED, "--logits ids: tensor parallelism returns full logits only");
+        return dsv4_tp_runner_forward_target(t->tp, &pb->b, pb->logit_rows, pb->n_logits, logits, err);
+    }
+    dsv4_fwd_out fo = {.logit_rows = pb->logit_rows, .n_logits = pb->n_logits, .logits = ids ? NULL : logits,
+                       .ids = ids};
+    return dsv4_forward_ex(t->m, t->st, &pb->b, &fo, err);
 }
 
-/* Mean ms of `steps` target forwards (after `warmup`). */
-static int time_steps(perf_target *t, perf_batch *pb, int warmup, int steps, float *logits, double *ms,
+/* Mean ms of `steps` target forwards (after `warmup`): logits back, or (ids != NULL) greedy ids only. */
+static int time_steps(perf_target *t, perf_batch *pb, int warmup, int steps, float *logits, int32_t *ids, double *ms,
                       dsv4_err *err) {
     for (int i = 0; i < warmup; i++) {
-        int rc = target_forward(t, pb, logits, err);
+        int rc = target_forward(t, pb, logits, ids, err);
         if (rc) return rc;
     }
     double t0 = now_s();
     for (int i = 0; i < steps; i++) {
-        int rc = target_forward(t, pb, logits, err);
+        int rc = target_forward(t, pb, logits, ids, err);
         if (rc) return rc;
     }
     *ms = (now_s() - t0) * 1e3 / steps;
@@ -290,7 +311,7 @@ static int time_prefill(perf_target *t, const perf_opts *o, int total, const dsv
     int C = o->prefill_chunk < total ? o->prefill_chunk : total, n_chunks = (total + C - 1) / C;
     perf_batch pb;
     if (batch_make(&pb, 1, C, 0, cfg->vocab_size, 1)) return dsv4_err_set(err, DSV4_ENOMEM, "out of memory for the batch");
-    int rc = target_forward(t, &pb, logits, err);
+    int rc = target_forward(t, &pb, logits, NULL, err);
     batch_free(&pb);
     double first = 0, last = 0, t_all = 0;
     for (int c = 0; c < n_chunks && !rc; c++) {
@@ -298,7 +319,7 @@ static int time_prefill(perf_target *t, const perf_opts *o, int total, const dsv
         if (batch_make(&pb, 1, rows, (int64_t)c * C, cfg->vocab_size, 1))
             return dsv4_err_set(err, DSV4_ENOMEM, "out of memory for the batch");
         double t0 = now_s();
-        rc = target_forward(t, &pb, logits, err);
+        rc = target_forward(t, &pb, logits, NULL, err);
         double ms = (now_s() - t0) * 1e3;
         batch_free(&pb);
         t_all += ms;
@@ -376,9 +397,19 @@ int dsv4_cmd_perf(int argc, char **argv) {
                o.tp, o.tp);
     printf("# roofline = (dense weights once + expected distinct routed experts + gathered rows + F32 state read)"
            " / 4.58 TB/s\n");
-    printf("# logits of every row come back to the host (as the engine's sampler needs): D2H_MB per step\n");
-    printf("%-6s %-5s %-6s %10s %12s %10s %12s %8s %8s\n", "batch", "rows", "T", "ms/step", "rows/s", "GB/step",
-           "roofline_ms", "ratio", "D2H_MB");
+    if (tp && o.out_ids) { /* the TP runner returns full logits only */
+        if (!o.out_full) {
+            fprintf(stderr, "dsv4 perf: --logits ids: tensor parallelism returns full logits only\n");
+            dsv4_tp_runner_free(tp);
+            return 2;
+        }
+        o.out_ids = 0;
+    }
+    printf("# D2H_MB per step: out=full reads every row's logits back (sampled / constrained / logprob steps),\n"
+           "# out=ids only each row's greedy id (all-greedy steps: argmax on the %s backend)\n",
+           be0 ? be0->name : "?");
+    printf("%-6s %-5s %-6s %10s %12s %10s %12s %8s %10s %s\n", "batch", "rows", "T", "ms/step", "rows/s", "GB/step",
+           "roofline_ms", "ratio", "D2H_MB", "out");
     /* one GPU's bytes under TP: the split dims (heads, output groups, expert widths, the
      * vocabulary-parallel head) divided as src/parallel/tp_shard.c splits them */
     dsv4_config lc = *cfg;
@@ -405,31 +436,38 @@ int dsv4_cmd_perf(int argc, char **argv) {
     }
     size_t logit_cap = (size_t)max_b * (size_t)max_r;
     float *logits = malloc(sizeof(float) * logit_cap * (size_t)cfg->vocab_size);
-    if (!logits) rc = dsv4_err_set(&err, DSV4_ENOMEM, "out of memory for logits");
+    int32_t *ids = malloc(sizeof(int32_t) * logit_cap);
+    if (!logits || !ids) rc = dsv4_err_set(&err, DSV4_ENOMEM, "out of memory for logits");
+    if (!rc && o.out_ids && !(be0 && be0->logit_top))
+        rc = dsv4_err_set(&err, DSV4_EUNSUPPORTED, "--logits ids: the %s backend has no logit_top",
+                          be0 ? be0->name : "?");
     for (int ri = 0; ri < o.n_rows && !rc; ri++)
-        for (int bi = 0; bi < o.n_batch && !rc; bi++) {
-            int B = o.batch[bi], R = o.rows[ri];
-            perf_batch pb;
-            if (batch_make(&pb, B, R, o.context, cfg->vocab_size, 0)) {
-                rc = dsv4_err_set(&err, DSV4_ENOMEM, "out of memory for the batch");
-                break;
+        for (int bi = 0; bi < o.n_batch && !rc; bi++)
+            for (int mode = 0; mode < 2 && !rc; mode++) {
+                if (!(mode ? o.out_ids : o.out_full)) continue;
+                int B = o.batch[bi], R = o.rows[ri];
+                perf_batch pb;
+                if (batch_make(&pb, B, R, o.context, cfg->vocab_size, 0)) {
+                    rc = dsv4_err_set(&err, DSV4_ENOMEM, "out of memory for the batch");
+                    break;
+                }
+                double ms = 0;
+                rc = time_steps(&tgt, &pb, o.warmup, o.steps, logits, mode ? ids : NULL, &ms, &err);
+                dsv4_step_bytes sb;
+                if (!rc) rc = dsv4_step_bytes_compute(&lc, B, R, o.context, 4, &sb, &err);
+                if (!rc) {
+                    double roof = sb.total / PERF_HBM_BPS * 1e3;
+                    double d2h = (double)B * R * (mode ? 4.0 : 4.0 * cfg->vocab_size) / 1e6;
+                    printf("%-6d %-5d %-6d %10.3f %12.1f %10.4g %12.6g %8.2f %10.6g %s\n", B, R, B * R, ms,
+                           B * R / (ms * 1e-3), sb.total / 1e9, roof, ms / roof, d2h, mode ? "ids" : "full");
+                    fflush(stdout);
+                }
+                batch_free(&pb);
             }
-            double ms = 0;
-            rc = time_steps(&tgt, &pb, o.warmup, o.steps, logits, &ms, &err);
-            dsv4_step_bytes sb;
-            if (!rc) rc = dsv4_step_bytes_compute(&lc, B, R, o.context, 4, &sb, &err);
-            if (!rc) {
-                double roof = sb.total / PERF_HBM_BPS * 1e3;
-                printf("%-6d %-5d %-6d %10.3f %12.1f %10.4g %12.6g %8.2f %8.1f\n", B, R, B * R, ms,
-                       B * R / (ms * 1e-3), sb.total / 1e9, roof, ms / roof,
-                       (double)B * R * cfg->vocab_size * 4 / 1e6);
-                fflush(stdout);
-            }
-            batch_free(&pb);
-        }
     for (int pi = 0; pi < o.n_prefill && !rc; pi++) rc = time_prefill(&tgt, &o, o.prefill[pi], cfg, logits, &err);
     if (rc) fprintf(stderr, "dsv4 perf: %s: %s\n", dsv4_status_name(rc), err.msg);
     free(logits);
+    free(ids);
     dsv4_model_runner_free(mr);
     dsv4_tp_runner_free(tp);
     return rc ? 1 : 0;

@@ -74,6 +74,10 @@ struct dsv4_engine {
     float *vscratch;      /* [vocab] */
     float *mlogits;       /* [vocab] masked copy of a row (constrained requests) */
     void *sscratch;
+    /* greedy ids from the runner (forward_ids) instead of logits, issue 7 */
+    int ids_on;           /* runner has forward_ids and DSV4_DEVICE_ARGMAX is not "0" */
+    int32_t *ids;         /* [ids_cap] */
+    size_t ids_cap;
 };
 
 const char *dsv4_finish_name(dsv4_finish f) {
@@ -166,6 +170,8 @@ int dsv4_engine_create(const dsv4_engine_opts *opts, const dsv4_runner *runner, 
                      "max_tokens exceed the pool are refused",
                      (long long)tokens, (long long)opts->max_model_len);
     }
+    const char *dev_argmax = getenv("DSV4_DEVICE_ARGMAX");
+    e->ids_on = e->run.forward_ids && !(dev_argmax && !strcmp(dev_argmax, "0"));
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv_work, NULL);
     pthread_cond_init(&e->cv_out, NULL);
@@ -649,6 +655,39 @@ static void prompt_logprobs_locked(dsv4_engine *e, const seg *sg, int64_t p0) {
     if (p0 + sg->nrows >= r->n_prompt) r->plp_ready = 1;
 }
 
+/*
+ * A row the runner may answer with its greedy id alone (runner forward_ids):
+ * greedy, nothing the sampler applies before the argmax (logit_bias,
+ * penalties: dsv4_sampling_probs), no logits processor (grammar masks need
+ * the whole row) and no logprobs. Then the argmax of the raw row IS the
+ * token the host path picks (ties: lowest id, both ways), and at
+ * temperature 0 verification is exact match against those ids (DSPARK.md
+ * §4.2), so the step's output is token-identical either way.
+ */
+static int greedy_plain(const dsv4_request *r) {
+    const dsv4_sampling *sp = &r->p.sampling;
+    return sp->temperature == 0 && sp->n_bias == 0 && sp->repetition_penalty == 1.0f &&
+           sp->presence_penalty == 0 && sp->frequency_penalty == 0 && !r->p.logits_proc && !r->lp;
+}
+
+/* Greedy ids of a segment's logit rows (ids path): decode, or verify by exact match. */
+static int decode_segment_ids(dsv4_engine *e, seg *s, const int32_t *ids, int32_t *em) {
+    dsv4_request *r = s->r;
+    int k = s->k;
+    const int32_t *am = ids + s->logit0;
+    if (k == 0) {
+        em[0] = am[0];
+        return 1;
+    }
+    int n = dsv4_verify_greedy(am, r->drafts, k, em);
+    e->st.spec_drafts++;
+    e->st.spec_draft_tokens += (uint64_t)k;
+    e->st.spec_accepted_tokens += (uint64_t)(n - 1);
+    for (int j = 0; j < n - 1; j++) e->st.spec_accepted_per_pos[j]++;
+    for (int j = 0; j < k && j < DSV4_MAX_SPEC_K; j++) e->st.spec_draft_per_pos[j]++;
+    return n;
+}
+
 /* Sample or verify one decode segment; returns the number of emitted tokens. */
 static int decode_segment(dsv4_engine *e, seg *s, int32_t *em) {
     dsv4_request *r = s->r;
@@ -852,7 +891,20 @@ replan:
     }
     /* batch metadata (host) */
     int32_t *buf = malloc(sizeof(int32_t) * (size_t)(5 * nrows + 3 * nseg + 1 + nlog));
-    size_t need = (size_t)nlog * (size_t)e->run.vocab;
+    /* ids only when every row with logits is plain greedy (a mixed step takes the full logits) */
+    int use_ids = e->ids_on && nlog > 0;
+    for (int s = 0; s < nseg && use_ids; s++)
+        if (segs[s].plog0 >= 0 || (segs[s].logit0 >= 0 && !greedy_plain(segs[s].r))) use_ids = 0;
+    if (use_ids && (size_t)nlog > e->ids_cap) {
+        int32_t *ni = realloc(e->ids, sizeof(int32_t) * (size_t)nlog);
+        if (ni) {
+            e->ids = ni;
+            e->ids_cap = (size_t)nlog;
+        } else {
+            use_ids = 0;
+        }
+    }
+    size_t need = use_ids ? 0 : (size_t)nlog * (size_t)e->run.vocab;
     if (need > e->logits_cap) {
         float *nl = realloc(e->logits, need * sizeof(float));
         if (nl) {
@@ -898,11 +950,13 @@ replan:
     int has_verify = 0;
     for (int s = 0; s < nseg; s++) has_verify |= segs[s].k > 0;
     double tf = mono_s();
-    int frc = e->run.forward(e->run.ctx, &b, lrows, nlog, e->logits, &ferr);
+    int frc = use_ids ? e->run.forward_ids(e->run.ctx, &b, lrows, nlog, e->ids, &ferr)
+                      : e->run.forward(e->run.ctx, &b, lrows, nlog, e->logits, &ferr);
     double fwd_s = mono_s() - tf;
 
     pthread_mutex_lock(&e->mu);
     e->st.steps++;
+    e->st.greedy_id_steps += (uint64_t)(use_ids && !frc);
     if (has_verify) e->st.spec_verify_seconds += fwd_s;
     int32_t em[DSV4_MAX_SPEC_K + 1];
     for (int s = 0; s < nseg; s++) {
@@ -917,7 +971,7 @@ replan:
         int n = 0;
         if (sg->decode) {
             int64_t P = r->n_tok - 1;
-            n = decode_segment(e, sg, em);
+            n = use_ids ? decode_segment_ids(e, sg, e->ids, em) : decode_segment(e, sg, em);
             r->n_computed = P + n; /* anchor + accepted drafts are committed */
             r->n_drafts = 0;
         } else {
@@ -925,7 +979,11 @@ replan:
             r->n_computed += sg->nrows;
             if (r->n_tok == r->n_prompt) e->st.prompt_tokens += (uint64_t)sg->nrows;
             else if (r->n_computed == r->n_prefill) r->st = RQ_DECODE; /* resumed after a preemption */
-            if (sg->logit0 >= 0) {
+            if (sg->logit0 >= 0 && use_ids) {
+                em[0] = e->ids[sg->logit0];
+                n = 1;
+                r->st = RQ_DECODE;
+            } else if (sg->logit0 >= 0) {
                 const dsv4_sampling *sp = &r->p.sampling;
                 const float *lg = e->logits + (size_t)sg->logit0 * (size_t)e->run.vocab;
                 int32_t am = dsv4_sampling_probs(sp, sample_row(e, r, lg), e->run.vocab, r->tok, r->n_prompt, NULL, 0,
@@ -988,6 +1046,19 @@ void dsv4_engine_stop(dsv4_engine *e) {
     e->stopping = 0;
 }
 
+void dsv4_engine_stats_diff(const dsv4_engine_stats *now, const dsv4_engine_stats *base, dsv4_engine_stats *out) {
+    dsv4_engine_stats d;
+#define DIFF_C_(t, f) d.f = (t)(now->f - base->f);
+#define DIFF_A_(t, f, n) \
+    for (int i = 0; i < (n); i++) d.f[i] = (t)(now->f[i] - base->f[i]);
+#define DIFF_G_(t, f) d.f = now->f;
+    DSV4_ENGINE_STATS_FIELDS(DIFF_C_, DIFF_A_, DIFF_G_)
+#undef DIFF_C_
+#undef DIFF_A_
+#undef DIFF_G_
+    *out = d;
+}
+
 void dsv4_engine_get_stats(dsv4_engine *e, dsv4_engine_stats *s) {
     pthread_mutex_lock(&e->mu);
     *s = e->st;
@@ -1025,6 +1096,7 @@ void dsv4_engine_free(dsv4_engine *e) {
     for (int i = 0; e->cache && i < e->run.n_slots; i++) free(e->cache[i].tok);
     free(e->cache);
     free(e->logits);
+    free(e->ids);
     free(e->probs);
     free(e->vscratch);
     free(e->mlogits);

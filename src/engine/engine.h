@@ -104,31 +104,69 @@ void dsv4_gen_params_default(dsv4_gen_params *p);
 typedef struct dsv4_engine dsv4_engine;
 typedef struct dsv4_request dsv4_request;
 
-/* Per-engine counters (spec/DSPARK.md §5.7, SERVING.md §3.9). */
+/*
+ * Per-engine counters (spec/DSPARK.md §5.7, SERVING.md §3.9), declared
+ * through one list so that dsv4_engine_stats_diff covers every field by
+ * construction: C = a cumulative counter (differenced), A = an array of
+ * counters, G = a gauge (a current value, taken from the newer snapshot).
+ * A new field is added to this list, as one of the three, or not at all.
+ */
+#define DSV4_ENGINE_STATS_FIELDS(C, A, G)                                                         \
+    C(uint64_t, steps)                                                                          \
+    C(uint64_t, prompt_tokens)                                                                  \
+    C(uint64_t, generation_tokens)                                                              \
+    C(uint64_t, spec_drafts)                                                                    \
+    C(uint64_t, spec_draft_tokens)                                                              \
+    C(uint64_t, spec_accepted_tokens)                                                           \
+    A(uint64_t, spec_accepted_per_pos, DSV4_MAX_SPEC_K)                                         \
+    /* request-steps that verified position i (k varies) */                                     \
+    A(uint64_t, spec_draft_per_pos, DSV4_MAX_SPEC_K)                                            \
+    /* DSPARK.md §5.7 timing: wall seconds in the drafter's propose calls, and in                \
+     * the forwards of steps that verified at least one draft */                                \
+    C(double, spec_draft_seconds)                                                               \
+    C(double, spec_verify_seconds)                                                              \
+    /* drafter errors (logged; those steps decode without drafts) */                            \
+    C(uint64_t, spec_draft_failures)                                                            \
+    /* prefix caching, in tokens (vLLM prefix_cache_queries / _hits): prompt                     \
+     * tokens of admitted requests, and the ones whose state was reused */                      \
+    C(uint64_t, prefix_queries)                                                                 \
+    C(uint64_t, prefix_hits)                                                                    \
+    C(uint64_t, prefix_snapshots) /* prompt states copied into a free slot */                   \
+    /* requests sent back to waiting for lack of pages (recomputed) */                          \
+    C(uint64_t, preemptions)                                                                    \
+    /* steps whose tokens were picked from greedy ids computed where the logits                 \
+     * are (runner forward_ids, issue 7): no logits row came back to the host */                \
+    C(uint64_t, greedy_id_steps)                                                                \
+    G(int, running)                                                                             \
+    G(int, waiting)                                                                             \
+    /* state pool (0 when the runner has none): pages in use by running                         \
+     * requests (histories kept for the prefix cache count as free, as in vLLM) */              \
+    G(int, kv_pages_total)                                                                      \
+    G(int, kv_pages_used)                                                                       \
+    G(int, kv_page_tokens)                                                                      \
+    G(int64_t, kv_page_bytes)
+
+#define DSV4_STATS_DECL_(t, name) t name;
+#define DSV4_STATS_DECL_ARR_(t, name, n) t name[n];
 typedef struct dsv4_engine_stats {
-    uint64_t steps, prompt_tokens, generation_tokens;
-    uint64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens;
-    uint64_t spec_accepted_per_pos[DSV4_MAX_SPEC_K];
-    uint64_t spec_draft_per_pos[DSV4_MAX_SPEC_K]; /* request-steps that verified position i (k varies) */
-    /* DSPARK.md §5.7 timing: wall seconds in the drafter's propose calls, and in
-     * the forwards of steps that verified at least one draft */
-    double spec_draft_seconds, spec_verify_seconds;
-    uint64_t spec_draft_failures; /* drafter errors (logged; those steps decode without drafts) */
-    /* prefix caching, in tokens (vLLM prefix_cache_queries / _hits): prompt
-     * tokens of admitted requests, and the ones whose state was reused */
-    uint64_t prefix_queries, prefix_hits;
-    uint64_t prefix_snapshots;    /* prompt states copied into a free slot */
-    uint64_t preemptions;         /* requests sent back to waiting for lack of pages (recomputed) */
-    int running, waiting;
-    /* state pool (0 when the runner has none): pages in use by running
-     * requests (histories kept for the prefix cache count as free, as in vLLM) */
-    int kv_pages_total, kv_pages_used, kv_page_tokens;
-    int64_t kv_page_bytes;
+    DSV4_ENGINE_STATS_FIELDS(DSV4_STATS_DECL_, DSV4_STATS_DECL_ARR_, DSV4_STATS_DECL_)
 } dsv4_engine_stats;
 
 /*
+ * dsv4_engine_stats_diff — out = counters of `now` minus those of `base`
+ * (every C and A field of DSV4_ENGINE_STATS_FIELDS), gauges as in `now`.
+ * For "since warm-up" metrics (src/server/service.c). out may alias either
+ * input. No errors.
+ */
+void dsv4_engine_stats_diff(const dsv4_engine_stats *now, const dsv4_engine_stats *base, dsv4_engine_stats *out);
+
+/*
  * dsv4_engine_create — runner (copied) executes forwards; drafter (copied) may
- * be NULL (no speculation). Errors: DSV4_EINVAL naming the option
+ * be NULL (no speculation). When the runner has forward_ids, a step whose
+ * logit rows are all plain greedy (no logit_bias, penalties, logits_proc or
+ * logprobs) asks it for the rows' greedy ids instead of their logits (issue
+ * 7; same tokens, 4 bytes a row read back); the environment variable
+ * DSV4_DEVICE_ARGMAX=0, read here, keeps every step on full logits. Errors: DSV4_EINVAL naming the option
  * (max_num_seqs > runner slots, spec_k > drafter->max_k or > DSV4_MAX_SPEC_K, ...).
  */
 int dsv4_engine_create(const dsv4_engine_opts *opts, const dsv4_runner *runner, const dsv4_drafter *drafter,

@@ -264,7 +264,7 @@ fail:
 
 /* Target forward that keeps each row's final streams and token for the MTP drafter. */
 static int mtp_forward_keep(dsv4_model_runner *mr, const dsv4_batch *b, const int32_t *logit_rows, int n_logits,
-                            float *logits, dsv4_err *err) {
+                            float *logits, int32_t *ids, dsv4_err *err) {
     size_t HD = (size_t)mr->cfg.hc_mult * (size_t)mr->cfg.hidden_size;
     if (b->n_rows > mr->feat_cap) {
         float *h = realloc(mr->streams, sizeof(float) * (size_t)b->n_rows * HD);
@@ -279,7 +279,9 @@ static int mtp_forward_keep(dsv4_model_runner *mr, const dsv4_batch *b, const in
         mr->feat_cap = b->n_rows;
     }
     mr->feat_rows = 0;
-    int rc = dsv4_forward(mr->model, mr->state, b, logit_rows, n_logits, logits, mr->streams, err);
+    dsv4_fwd_out fo = {.logit_rows = logit_rows, .n_logits = n_logits, .logits = ids ? NULL : logits,
+                       .streams = mr->streams, .ids = ids};
+    int rc = dsv4_forward_ex(mr->model, mr->state, b, &fo, err);
     if (rc) return rc;
     memcpy(mr->feat_slot, b->slot, sizeof(int32_t) * (size_t)b->n_rows);
     memcpy(mr->feat_pos, b->pos, sizeof(int32_t) * (size_t)b->n_rows);
@@ -288,14 +290,18 @@ static int mtp_forward_keep(dsv4_model_runner *mr, const dsv4_batch *b, const in
     return 0;
 }
 
-static int runner_forward(void *ctx, const dsv4_batch *b, const int32_t *logit_rows, int n_logits, float *logits,
-                          dsv4_err *err) {
-    dsv4_model_runner *mr = ctx;
+/* The runner's forward: logits of the wanted rows, or (ids != NULL) their greedy ids only. */
+static int runner_forward_out(dsv4_model_runner *mr, const dsv4_batch *b, const int32_t *logit_rows, int n_logits,
+                              float *logits, int32_t *ids, dsv4_err *err) {
     for (int t = 0; t < b->n_rows; t++) /* rings are written even when the forward fails later */
         if (b->slot[t] >= 0 && b->slot[t] < mr->state->n_slots && b->pos[t] + 1 > mr->hw[b->slot[t]])
             mr->hw[b->slot[t]] = b->pos[t] + 1;
-    if (mr->mtp) return mtp_forward_keep(mr, b, logit_rows, n_logits, logits, err);
-    if (!mr->dspark) return dsv4_forward(mr->model, mr->state, b, logit_rows, n_logits, logits, NULL, err);
+    if (ids) logits = NULL;
+    if (mr->mtp) return mtp_forward_keep(mr, b, logit_rows, n_logits, logits, ids, err);
+    if (!mr->dspark) {
+        dsv4_fwd_out fo = {.logit_rows = logit_rows, .n_logits = n_logits, .logits = logits, .ids = ids};
+        return dsv4_forward_ex(mr->model, mr->state, b, &fo, err);
+    }
     int F = mr->cfg.n_dspark_target_layer_ids * mr->cfg.hidden_size;
     if (b->n_rows > mr->feat_cap) {
         float *f = realloc(mr->feats, sizeof(float) * (size_t)b->n_rows * (size_t)F);
@@ -309,13 +315,23 @@ static int runner_forward(void *ctx, const dsv4_batch *b, const int32_t *logit_r
     }
     mr->feat_rows = 0;
     dsv4_fwd_out fo = {logit_rows, n_logits, logits, NULL, mr->cfg.dspark_target_layer_ids,
-                       mr->cfg.n_dspark_target_layer_ids, mr->feats};
+                       mr->cfg.n_dspark_target_layer_ids, mr->feats, ids};
     int rc = dsv4_forward_ex(mr->model, mr->state, b, &fo, err);
     if (rc) return rc;
     memcpy(mr->feat_slot, b->slot, sizeof(int32_t) * (size_t)b->n_rows);
     memcpy(mr->feat_pos, b->pos, sizeof(int32_t) * (size_t)b->n_rows);
     mr->feat_rows = b->n_rows;
     return 0;
+}
+
+static int runner_forward(void *ctx, const dsv4_batch *b, const int32_t *logit_rows, int n_logits, float *logits,
+                          dsv4_err *err) {
+    return runner_forward_out(ctx, b, logit_rows, n_logits, logits, NULL, err);
+}
+
+static int runner_forward_ids(void *ctx, const dsv4_batch *b, const int32_t *logit_rows, int n_logits, int32_t *ids,
+                              dsv4_err *err) {
+    return runner_forward_out(ctx, b, logit_rows, n_logits, NULL, ids, err);
 }
 
 /*
@@ -670,13 +686,15 @@ static int runner_set_pages(void *ctx, int slot, int n, const int32_t *ids, dsv4
 
 dsv4_runner dsv4_model_runner_iface(dsv4_model_runner *mr) {
     dsv4_runner r = {mr, mr->cfg.vocab_size, mr->state->n_slots, runner_forward, runner_release,
-                     runner_reusable, runner_resume, runner_copy_slot, 0, 0, 0, NULL};
+                     runner_reusable, runner_resume, runner_copy_slot, 0, 0, 0, NULL, NULL};
     if (mr->state->n_pages > 0) {
         r.page_tokens = mr->state->page_tokens;
         r.n_pages = mr->state->n_pages;
         r.page_bytes = mr->page_bytes;
         r.set_pages = runner_set_pages;
     }
+    /* greedy ids where the logits are (issue 7); tensor parallel keeps the full-logits path */
+    if (mr->be->logit_top && !mr->shard) r.forward_ids = runner_forward_ids;
     return r;
 }
 

@@ -65,7 +65,9 @@ typedef struct dsv4_load_opts {
 /*
  * dsv4_model_runner_open — open the checkpoint directory dir on the backend
  * o->device selects: weights are uploaded through the backend, the state and
- * the drafter (DSpark / MTP) live on it too; logits come back to the host.
+ * the drafter (DSpark / MTP) live on it too; logits come back to the host, or
+ * only each row's greedy id (runner forward_ids, when the backend has
+ * logit_top and the runner is not tensor-parallel).
  * DSV4_DEVICE_AUTO falls back to the CPU backend (with a log line saying
  * why) when the build has no CUDA or no GPU answers; DSV4_DEVICE_CUDA fails
  * instead (DSV4_EUNSUPPORTED without CUDA in the build, DSV4_EBACKEND when

@@ -63,6 +63,18 @@ typedef struct dsv4_runner {
     int n_pages;
     int64_t page_bytes;
     int (*set_pages)(void *ctx, int slot, int n, const int32_t *ids, dsv4_err *err);
+    /*
+     * forward_ids — optional (NULL: the engine always asks for logits): the
+     * same forward as `forward`, but instead of the logits of the rows in
+     * logit_rows [n_logits] it writes their greedy ids to ids [n_logits]
+     * (host I32): the argmax of the raw logits with ties to the lowest id,
+     * exactly what dsv4_sampling_probs returns for a greedy request without
+     * logit_bias or penalties (src/engine/sampler.h). The argmax runs where
+     * the logits are (backend logit_top), so 4 bytes a row come back instead
+     * of vocab floats (issue 7). Errors as `forward`.
+     */
+    int (*forward_ids)(void *ctx, const dsv4_batch *b, const int32_t *logit_rows, int n_logits, int32_t *ids,
+                       dsv4_err *err);
 } dsv4_runner;
 
 typedef struct dsv4_drafter {

@@ -41,10 +41,12 @@ int dsv4_forward(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const int32
 int dsv4_forward_ex(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const dsv4_fwd_out *out,
                     dsv4_err *err) {
     const int32_t *logit_rows = out->logit_rows;
-    int n_logits = out->logits ? out->n_logits : 0;
+    int n_logits = dsv4_fwd_n_logits(out);
     const dsv4_config *cfg = m->cfg;
     dsv4_backend *be = m->be;
     int T = b->n_rows, n_hc = cfg->hc_mult, d = cfg->hidden_size;
+    if (out->ids && !be->logit_top)
+        return dsv4_err_set(err, DSV4_EUNSUPPORTED, "forward: greedy ids asked, backend %s has no logit_top", be->name);
     if (T <= 0) return dsv4_err_set(err, DSV4_EINVAL, "forward: empty batch");
     if (st->n_layers != m->n_layers)
         return dsv4_err_set(err, DSV4_EINVAL, "forward: state has %d layers, model %d", st->n_layers, m->n_layers);
@@ -85,7 +87,7 @@ int dsv4_forward_ex(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const ds
 int dsv4_forward_launch(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const dsv4_fwd_out *out,
                         float *host, dsv4_buf *X_, dsv4_buf *lg_, dsv4_buf *taps_, dsv4_err *err) {
     const int32_t *logit_rows = out->logit_rows;
-    int n_logits = out->logits ? out->n_logits : 0;
+    int n_logits = dsv4_fwd_n_logits(out);
     int n_taps = out->taps ? out->n_taps : 0;
     const dsv4_config *cfg = m->cfg;
     dsv4_backend *be = m->be;
@@ -118,6 +120,13 @@ int dsv4_forward_launch(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, cons
         if (!rc) rc = be->buf_alloc(be, DSV4_DT_F32, n_logits, m->head.out, &lg, err);
         if (!rc) rc = be->linear(be, &ysel, &m->head, &lg, err);
         if (!rc && m->head_comm) rc = gather_vocab(m->head_comm, be, &lg, err);
+        if (!rc && out->ids) { /* greedy ids on the device: lg becomes the I32 [n][1] ids */
+            dsv4_buf ids = {0};
+            rc = be->buf_alloc(be, DSV4_DT_I32, n_logits, 1, &ids, err);
+            if (!rc) rc = be->logit_top(be, &lg, &ids, NULL, err);
+            be->buf_free(be, &lg); /* stream-ordered: after logit_top read it */
+            lg = ids;
+        }
     }
     be->buf_free(be, &y); /* stream-ordered: after the ops that read it */
     be->buf_free(be, &ysel);
@@ -130,9 +139,9 @@ int dsv4_forward_launch(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, cons
 int dsv4_forward_finish(dsv4_model *m, const dsv4_fwd_out *out, dsv4_buf *X, dsv4_buf *lg, dsv4_buf *taps, int rc,
                         dsv4_err *err) {
     dsv4_backend *be = m->be;
-    int n_logits = out->logits ? out->n_logits : 0;
+    int n_logits = dsv4_fwd_n_logits(out);
     /* every read after the last launch: the step is launch-only up to here */
-    if (!rc && n_logits > 0) rc = be->buf_read(be, lg, out->logits, err);
+    if (!rc && n_logits > 0) rc = be->buf_read(be, lg, out->ids ? (void *)out->ids : (void *)out->logits, err);
     if (!rc && taps->data) rc = be->buf_read(be, taps, out->taps, err);
     if (!rc && out->streams) rc = be->buf_read(be, X, out->streams, err);
     if (!rc) rc = be->sync(be, err);

@@ -190,11 +190,21 @@ typedef struct dsv4_fwd_out {
     float *taps;               /* F32 [T][n_taps*d]: for each tap, in list order, the
                                   mean over the hc streams of that layer's OUTPUT
                                   (after its ffn hc-post) — the DSpark context features */
+    int32_t *ids;              /* I32 [n_logits]: instead of the logits, the greedy id of each
+                                  wanted row (backend logit_top on the device: ties -> lowest
+                                  id, as the host sampler), so only 4 bytes a row come back
+                                  (issue 7). When set, `logits` is not written. */
 } dsv4_fwd_out;
+
+/* Rows of logits (or ids) a forward produces for `out`. */
+static inline int dsv4_fwd_n_logits(const dsv4_fwd_out *out) {
+    return out->logits || out->ids ? out->n_logits : 0;
+}
 
 /*
  * dsv4_forward_ex — dsv4_forward with every output in one struct (DSpark taps
- * included). Errors: as dsv4_forward; a tap layer outside [0, n_layers).
+ * included). Errors: as dsv4_forward; a tap layer outside [0, n_layers);
+ * out->ids on a backend without logit_top (DSV4_EUNSUPPORTED).
  */
 int dsv4_forward_ex(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const dsv4_fwd_out *out,
                     dsv4_err *err);
@@ -203,7 +213,7 @@ int dsv4_forward_ex(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const ds
  * The forward in three parts, for graph capture (src/model/forward_graph.c).
  * dsv4_forward_launch: every launch of dsv4_forward_ex after batch_begin
  * (embedding, blocks, head); returns the streams X [T][hc*d], the logits lg
- * [n_logits][V] (F32) and the device taps (F32 [T][n_taps*d], when the backend
+ * [n_logits][V] (F32; with out->ids, the greedy ids I32 [n_logits][1] instead) and the device taps (F32 [T][n_taps*d], when the backend
  * has hc_mean) in backend buffers; `host` is a [T][hc*d] F32 scratch used only
  * without hc_mean. dsv4_forward_finish: reads them into `out`, syncs (reports
  * `rc` if nonzero instead) and frees them. dsv4_forward_graph: replays (or

@@ -8,8 +8,8 @@
  * captured once per shape and replayed: batch_begin writes the step's rows
  * into the backend's fixed device mirror, then one graph launch runs the rest.
  *
- * Key: (rows, seqs, logit rows, taps, streams wanted). The first forward of a
- * key runs eagerly (warm-up: workspaces grow, expert sets are assembled, none
+ * Key: (rows, seqs, logit rows, taps, streams wanted, greedy ids or logits).
+ * The first forward of a key runs eagerly (warm-up: workspaces grow, expert sets are assembled, none
  * of which may happen during capture); the second is captured, then every one
  * replays. Buffers allocated during capture keep their addresses on every
  * replay, so the key's X / logits / taps buffers are recorded with it and read
@@ -27,7 +27,7 @@
 #define FG_MAX_ROWS_PER_SEQ 16 /* a verify step is k+1 rows per sequence; longer chunks are prefills */
 
 typedef struct fg_entry {
-    int T, n_seqs, n_logits, n_taps, streams, epoch, seen, failed;
+    int T, n_seqs, n_logits, n_taps, streams, ids, epoch, seen, failed;
     int32_t *key;     /* logit rows then tap layers */
     void *graph;
     dsv4_buf X, lg, taps; /* buffers the graph allocates (same address every replay) */
@@ -51,7 +51,7 @@ void dsv4_forward_graphs_free(dsv4_model *m) {
 
 static int fg_match(const fg_entry *g, const dsv4_batch *b, const dsv4_fwd_out *out, int n_logits, int n_taps) {
     if (g->T != b->n_rows || g->n_seqs != b->n_seqs || g->n_logits != n_logits || g->n_taps != n_taps ||
-        g->streams != (out->streams != NULL))
+        g->streams != (out->streams != NULL) || g->ids != (out->ids != NULL))
         return 0;
     if (n_logits && memcmp(g->key, out->logit_rows, sizeof(int32_t) * (size_t)n_logits)) return 0;
     if (n_taps && memcmp(g->key + n_logits, out->tap_layers, sizeof(int32_t) * (size_t)n_taps)) return 0;
@@ -61,7 +61,7 @@ static int fg_match(const fg_entry *g, const dsv4_batch *b, const dsv4_fwd_out *
 int dsv4_forward_graph(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const dsv4_fwd_out *out,
                        dsv4_err *err) {
     dsv4_backend *be = m->be;
-    int n_logits = out->logits ? out->n_logits : 0, n_taps = out->taps ? out->n_taps : 0;
+    int n_logits = dsv4_fwd_n_logits(out), n_taps = out->taps ? out->n_taps : 0;
     if (!be->graph_begin || !be->graph_end || !be->graph_launch || (m->head_comm && !m->head_comm->capturable) ||
         b->n_rows > FG_MAX_ROWS ||
         b->n_rows > FG_MAX_ROWS_PER_SEQ * b->n_seqs ||
@@ -84,6 +84,7 @@ int dsv4_forward_graph(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const
         g->n_logits = n_logits;
         g->n_taps = n_taps;
         g->streams = out->streams != NULL;
+        g->ids = out->ids != NULL;
         G->n++;
     }
     if (g->failed) return 1;

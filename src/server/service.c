@@ -204,21 +204,7 @@ const char *dsv4_service_profile_name(const dsv4_service *s) {
 char *dsv4_service_metrics(dsv4_service *s) {
     dsv4_engine_stats st;
     dsv4_engine_get_stats(s->engine, &st);
-    /* counters since warm-up ended (gauges running/waiting are live values) */
-    const dsv4_engine_stats *b = &s->warm_base;
-    st.steps -= b->steps;
-    st.prompt_tokens -= b->prompt_tokens;
-    st.generation_tokens -= b->generation_tokens;
-    st.spec_drafts -= b->spec_drafts;
-    st.spec_draft_tokens -= b->spec_draft_tokens;
-    st.spec_accepted_tokens -= b->spec_accepted_tokens;
-    for (int i = 0; i < DSV4_MAX_SPEC_K; i++) st.spec_accepted_per_pos[i] -= b->spec_accepted_per_pos[i];
-    for (int i = 0; i < DSV4_MAX_SPEC_K; i++) st.spec_draft_per_pos[i] -= b->spec_draft_per_pos[i];
-    st.spec_draft_seconds -= b->spec_draft_seconds;
-    st.spec_verify_seconds -= b->spec_verify_seconds;
-    st.spec_draft_failures -= b->spec_draft_failures;
-    st.prefix_queries -= b->prefix_queries;
-    st.prefix_hits -= b->prefix_hits;
-    st.prefix_snapshots -= b->prefix_snapshots;
+    /* counters since warm-up ended (gauges running/waiting/pages are live values) */
+    dsv4_engine_stats_diff(&st, &s->warm_base, &st);
     return dsv4_metrics_render(s->metrics, &st);
 }

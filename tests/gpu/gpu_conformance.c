@@ -307,6 +307,40 @@ static int rows_cases(double tol) {
     return err ? -1 : bad;
 }
 
+/* logit_top (issue 7: greedy ids where the logits are): n rows of the 129280-wide vocabulary, k = 1.
+ * Cheap (well under a second), so it runs with --no-perf too. */
+static int perf_logit_top(void) {
+    enum { REPS = 200 };
+    dsv4_err e = {0};
+    dsv4_backend *be = dsv4_backend_cuda_create(DSV4_NUMERICS_REFERENCE, 0, &e);
+    if (!be) {
+        fprintf(stderr, "perf: %s\n", e.msg);
+        return 2;
+    }
+    printf("== logit_top, CUDA (%d calls, wall clock / call, one sync at the end; zero logits: every element ties, "
+           "the worst case of the tie rule)\n", REPS);
+    static const int ltn[3] = {1, 48, 384};
+    for (int i = 0; i < 3; i++) {
+        int n = ltn[i];
+        dsv4_buf lx, lid;
+        CK(be->buf_alloc(be, DSV4_DT_F32, n, 129280, &lx, &e));
+        CK(be->buf_alloc(be, DSV4_DT_I32, n, 1, &lid, &e));
+        CK(be->logit_top(be, &lx, &lid, NULL, &e));
+        CK(be->sync(be, &e));
+        double t0 = now_sec();
+        for (int r = 0; r < REPS; r++) CK(be->logit_top(be, &lx, &lid, NULL, &e));
+        CK(be->sync(be, &e));
+        double us = (now_sec() - t0) / REPS * 1e6;
+        printf("n=%d  logit_top k=1 over %d x 129280 F32 logits: %.2f us (%.0f GB/s of logits read)\n", n, n, us,
+               (double)n * 129280 * 4 / (us * 1e3));
+        be->buf_free(be, &lx);
+        be->buf_free(be, &lid);
+    }
+    be->free(be);
+    printf("\n");
+    return 0;
+}
+
 /* ---- steady-state attention-state ops at Flash shapes and long contexts (CUDA only) ---- */
 
 static double timed_calls(dsv4_backend *be, int reps, int (*call)(dsv4_backend *, void *), void *arg, dsv4_err *e) {
@@ -874,6 +908,7 @@ int main(int argc, char **argv) {
         err += f < 0;
         err += perf() != 0;
     }
+    err += perf_logit_top() != 0;
     printf("summary: %d runs with outputs above tolerance, %d runs with errors\n", bad, err);
     return err ? 2 : bad ? 1 : 0;
 }

@@ -48,7 +48,9 @@ static int map_pages(dsv4_model_runner *mr, dsv4_err *err) {
     return run.set_pages(run.ctx, 0, per, ids, err);
 }
 
-static int forward_rows(dsv4_runner *run, const int32_t *tok, int pos0, int n, float *logits, dsv4_err *err) {
+/* One segment of n rows at pos0: logits [n][V], or with ids != NULL the greedy ids [n] (forward_ids). */
+static int forward_rows_ex(dsv4_runner *run, const int32_t *tok, int pos0, int n, float *logits, int32_t *ids,
+                           dsv4_err *err) {
     int32_t pos[N_TOK], slot[N_TOK], sidx[N_TOK], rows[N_TOK], cu[2] = {0, n}, sslot = 0, spos0 = pos0;
     for (int i = 0; i < n; i++) {
         pos[i] = pos0 + i;
@@ -57,7 +59,12 @@ static int forward_rows(dsv4_runner *run, const int32_t *tok, int pos0, int n, f
         rows[i] = i;
     }
     dsv4_batch b = {n, 1, tok, pos, slot, sidx, cu, &sslot, &spos0};
+    if (ids) return run->forward_ids(run->ctx, &b, rows, n, ids, err);
     return run->forward(run->ctx, &b, rows, n, logits, err);
+}
+
+static int forward_rows(dsv4_runner *run, const int32_t *tok, int pos0, int n, float *logits, dsv4_err *err) {
+    return forward_rows_ex(run, tok, pos0, n, logits, NULL, err);
 }
 
 /* Logits [N_TOK][V] of a prefill of N_PROMPT tokens then one decode row per token. */
@@ -96,7 +103,7 @@ static void layer_gap(const char *dir, dsv4_model_runner *cpu, dsv4_model_runner
         dsv4_err err = {0};
         tp[k] = malloc(sizeof(float) * (size_t)n * L * d);
         lg[k] = malloc(sizeof(float) * (size_t)n * V);
-        dsv4_fwd_out fo = {rows, n, lg[k], NULL, layers, L, tp[k]};
+        dsv4_fwd_out fo = {rows, n, lg[k], NULL, layers, L, tp[k], NULL};
         int rc = dsv4_forward_ex(m[k], st[k], &b, &fo, &err);
         CHECK_MSG(rc == 0, "%s: tapped prefill on %s: %s", dir, k ? "cuda" : "cpu", err.msg);
         dsv4_runner run = dsv4_model_runner_iface(k ? gpu : cpu);
@@ -128,6 +135,35 @@ static void layer_gap(const char *dir, dsv4_model_runner *cpu, dsv4_model_runner
         free(lg[k]);
     }
     free(layers);
+}
+
+static int argmax(const float *x, int V, float *margin);
+
+/*
+ * The greedy-ids path (runner forward_ids: backend logit_top where the logits
+ * are, issue 7) over the same teacher-forced sequence: every id must be the
+ * host argmax (ties: lowest id, the sampler's rule) of the logits the same
+ * backend produced for that position in `lg` [N_TOK][V] — exactly.
+ */
+static void check_ids(const char *dir, const char *dev, dsv4_model_runner *mr, const int32_t *tok, const float *lg,
+                      int V) {
+    dsv4_err err = {0};
+    dsv4_runner run = dsv4_model_runner_iface(mr);
+    CHECK_MSG(run.forward_ids != NULL, "%s: the %s runner has no forward_ids", dir, dev);
+    if (!run.forward_ids) return;
+    int32_t ids[N_TOK];
+    int rc = forward_rows_ex(&run, tok, 0, N_PROMPT, NULL, ids, &err);
+    for (int p = N_PROMPT; p < N_TOK && !rc; p++) rc = forward_rows_ex(&run, tok + p, p, 1, NULL, ids + p, &err);
+    CHECK_MSG(rc == 0, "%s: forward_ids on %s: %s", dir, dev, err.msg);
+    int same = 0;
+    for (int p = 0; p < N_TOK && !rc; p++) {
+        float m;
+        int want = argmax(lg + (size_t)p * V, V, &m);
+        same += ids[p] == want;
+        CHECK_MSG(ids[p] == want, "%s: %s position %d: device greedy id %d, host argmax %d", dir, dev, p, ids[p], want);
+    }
+    printf("%s: greedy ids on %s: %d of %d positions equal the host argmax of its logits\n", dir, dev, same, N_TOK);
+    run.release(run.ctx, 0);
 }
 
 static int argmax(const float *x, int V, float *margin) {
@@ -175,6 +211,13 @@ static void compare(const char *dir) {
     }
     CHECK_EQ_INT(all_logits(cpu, tok, a, V, &err), 0);
     CHECK_EQ_INT(all_logits(gpu, tok, b, V, &err), 0);
+    {
+        dsv4_runner rc_ = dsv4_model_runner_iface(cpu), rg_ = dsv4_model_runner_iface(gpu);
+        rc_.release(rc_.ctx, 0);
+        rg_.release(rg_.ctx, 0);
+    }
+    check_ids(dir, "cpu", cpu, tok, a, V);
+    check_ids(dir, "cuda", gpu, tok, b, V);
     double worst = 0, rels[N_TOK];
     int n_diff = 0;
     for (int p = 0; p < N_TOK; p++) {

@@ -8,6 +8,7 @@
  * engine bug that feeds a wrong token, a wrong position, a wrong slot, or
  * leaves a rejected draft in place changes the output, and the output of a
  * request can be computed independently by running the toy model sequentially.
+ * Every test runs with and without the runner's greedy-ids path (issue 7).
  */
 #include <math.h>
 #include <pthread.h>
@@ -35,6 +36,8 @@ typedef struct toy {
     int released[SLOTS];
     int fail_next;      /* make the next forward fail */
     int rows_per_step[1024], steps;
+    int64_t host_rows;  /* logit rows handed out as whole rows (forward) */
+    int64_t id_rows;    /* logit rows handed out as greedy ids (forward_ids) */
 } toy;
 
 static uint64_t mix(uint64_t x) {
@@ -94,7 +97,25 @@ static int toy_forward(void *ctx, const dsv4_batch *b, const int32_t *lrows, int
         int r = lrows[i];
         toy_logits(t->hist[b->slot[r]], b->pos[r] + 1, logits + (size_t)i * VOCAB);
     }
+    t->host_rows += nl;
     return 0;
+}
+
+/* runner forward_ids over the toy: the same forward, then each row's argmax
+ * (a device backend computes it where the logits are: backend logit_top) */
+static int toy_forward_ids(void *ctx, const dsv4_batch *b, const int32_t *lrows, int nl, int32_t *ids,
+                           dsv4_err *err) {
+    toy *t = ctx;
+    float *lg = malloc(sizeof(float) * (size_t)(nl > 0 ? nl : 1) * VOCAB);
+    if (!lg) return dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
+    int rc = toy_forward(ctx, b, lrows, nl, lg, err);
+    for (int i = 0; i < nl && !rc; i++) ids[i] = argmax(lg + (size_t)i * VOCAB);
+    if (!rc) {
+        t->host_rows -= nl;
+        t->id_rows += nl;
+    }
+    free(lg);
+    return rc;
 }
 
 static void toy_release(void *ctx, int slot) {
@@ -212,8 +233,12 @@ static int reference(const int32_t *prompt, int n, int max_tokens, int32_t eos, 
 }
 
 static toy T;
-static dsv4_runner RUN = {&T, VOCAB, SLOTS, toy_forward, toy_release, NULL, NULL, NULL, 0, 0, 0, NULL};
+static dsv4_runner RUN = {&T, VOCAB, SLOTS, toy_forward, toy_release, NULL, NULL, NULL, 0, 0, 0, NULL, NULL};
 static dsv4_drafter DR = {&T, 5, toy_commit, toy_propose, toy_drafter_release};
+
+/* Every test runs twice (main): without and with the runner's forward_ids
+ * (greedy ids instead of logits, issue 7): the outputs must not change. */
+static int toy_ids;
 
 static dsv4_engine *make_ex(int seqs, int budget, int k, int64_t maxlen, int32_t eos, int caching) {
     memset(&T, 0, sizeof T);
@@ -221,6 +246,7 @@ static dsv4_engine *make_ex(int seqs, int budget, int k, int64_t maxlen, int32_t
     toy_use_dr = k > 0;
     dsv4_engine_opts o = {seqs, budget, maxlen, k, eos, {{0}}, 0, caching};
     dsv4_runner run = RUN;
+    if (toy_ids) run.forward_ids = toy_forward_ids;
     if (caching) {
         run.reusable = toy_reusable;
         run.resume = toy_resume;
@@ -943,7 +969,130 @@ static void test_prompt_logprobs(int k) {
     dsv4_engine_free(e);
 }
 
-int main(void) {
+/*
+ * The greedy-ids path itself (runner forward_ids, issue 7). A batch of plain
+ * greedy requests (speculating or not) is served from ids alone: no logits
+ * row reaches the engine, and every token equals the single-stream
+ * reference. A step holding a request the ids cannot serve (sampled, logit
+ * bias, a penalty, logprobs, a logits processor) takes the full logits for
+ * the whole step, and its output equals the host path's (ids off) token for
+ * token. DSV4_DEVICE_ARGMAX=0 turns the path off.
+ */
+static void run_mixed(int k, int variant, int32_t out[3][4096], int n[3], dsv4_engine_stats *st) {
+    dsv4_engine *e = make(3, 13, k, 1 << 20, -1);
+    dsv4_request *r[3];
+    dsv4_err err = {0};
+    for (int i = 0; i < 3; i++) {
+        int32_t p[30];
+        prompt_of(300 + i, 10 + 7 * i, p);
+        dsv4_gen_params gp;
+        dsv4_gen_params_default(&gp);
+        gp.sampling.temperature = 0;
+        gp.max_tokens = 25 + 5 * i;
+        if (i == 2) { /* the request that needs whole rows */
+            switch (variant) {
+            case 1: gp.sampling.temperature = 0.7f, gp.sampling.seed = 5; break;
+            case 2: gp.sampling.presence_penalty = 1.0f; break;
+            case 3: gp.logprobs = 1, gp.top_logprobs = 3; break;
+            case 4: gp.sampling.repetition_penalty = 1.3f; break;
+            default: break;
+            }
+        }
+        CHECK_EQ_INT(dsv4_engine_submit(e, p, 10 + 7 * i, &gp, &r[i], &err), 0);
+    }
+    run_idle(e);
+    for (int i = 0; i < 3; i++) {
+        dsv4_finish f;
+        n[i] = drain(r[i], out[i], &f);
+        dsv4_request_release(r[i]);
+    }
+    dsv4_engine_get_stats(e, st);
+    dsv4_engine_free(e);
+}
+
+static void test_greedy_ids(int k) {
+    int saved = toy_ids;
+    int32_t a[3][4096], b[3][4096];
+    int na[3], nb[3];
+    dsv4_engine_stats sa, sb;
+    for (int variant = 0; variant <= 4; variant++) {
+        toy_ids = 0;
+        run_mixed(k, variant, a, na, &sa);
+        CHECK_EQ_INT(T.id_rows, 0);
+        CHECK_EQ_INT(sa.greedy_id_steps, 0);
+        toy_ids = 1;
+        run_mixed(k, variant, b, nb, &sb);
+        for (int i = 0; i < 3; i++)
+            CHECK_MSG(na[i] == nb[i] && !memcmp(a[i], b[i], sizeof(int32_t) * (size_t)na[i]),
+                      "k=%d variant %d request %d: ids path differs from the host path", k, variant, i);
+        CHECK_EQ_INT(sa.generation_tokens, sb.generation_tokens);
+        CHECK_EQ_INT(sa.spec_accepted_tokens, sb.spec_accepted_tokens);
+        if (variant == 0) { /* all greedy: every logit row came back as an id */
+            CHECK(T.id_rows > 0);
+            CHECK_EQ_INT(T.host_rows, 0);
+            CHECK(sb.greedy_id_steps > 0);
+            for (int i = 0; i < 3; i++) {
+                int32_t p[30], ref[64];
+                prompt_of(300 + i, 10 + 7 * i, p);
+                int nref = reference(p, 10 + 7 * i, 25 + 5 * i, -1, ref);
+                CHECK_MSG(nb[i] == nref && !memcmp(b[i], ref, sizeof(int32_t) * (size_t)nref),
+                          "k=%d request %d: ids path differs from the reference", k, i);
+            }
+        } else { /* the third request needs rows while it runs; the others finish earlier */
+            CHECK(T.host_rows > 0);
+        }
+    }
+    /* DSV4_DEVICE_ARGMAX=0: the runner's forward_ids is not used */
+    setenv("DSV4_DEVICE_ARGMAX", "0", 1);
+    toy_ids = 1;
+    run_mixed(k, 0, b, nb, &sb);
+    unsetenv("DSV4_DEVICE_ARGMAX");
+    CHECK_EQ_INT(T.id_rows, 0);
+    CHECK_EQ_INT(sb.greedy_id_steps, 0);
+    toy_ids = saved;
+}
+
+/*
+ * dsv4_engine_stats_diff: every counter (scalar and array) is now - base,
+ * every gauge is now's, checked over the same field list that declares the
+ * struct, so a field added to the list is covered here too; out may alias.
+ */
+static void test_stats_diff(void) {
+    dsv4_engine_stats now, base, d;
+    memset(&now, 0, sizeof now);
+    memset(&base, 0, sizeof base);
+    int i = 0;
+#define SET_(t, f) now.f = (t)(1000 + 7 * i), base.f = (t)(3 * i + 1), i++;
+#define SET_A_(t, f, n) \
+    for (int j = 0; j < (n); j++) now.f[j] = (t)(1000 + 7 * i + j), base.f[j] = (t)(3 * i + 2 * j + 1); \
+    i++;
+    DSV4_ENGINE_STATS_FIELDS(SET_, SET_A_, SET_)
+    dsv4_engine_stats_diff(&now, &base, &d);
+    int bad = 0, n_counters = 0, n_gauges = 0;
+#define CHK_C_(t, f) bad += d.f != (t)(now.f - base.f) || d.f == now.f, n_counters++;
+#define CHK_A_(t, f, n) \
+    for (int j = 0; j < (n); j++) bad += d.f[j] != (t)(now.f[j] - base.f[j]) || d.f[j] == now.f[j]; \
+    n_counters++;
+#define CHK_G_(t, f) bad += d.f != now.f, n_gauges++;
+    DSV4_ENGINE_STATS_FIELDS(CHK_C_, CHK_A_, CHK_G_)
+    CHECK_EQ_INT(bad, 0);
+    CHECK(n_counters >= 16); /* steps .. greedy_id_steps, incl. preemptions (the service once missed it) */
+    CHECK_EQ_INT(n_gauges, 6);
+    CHECK_EQ_INT(d.preemptions, now.preemptions - base.preemptions);
+    CHECK_EQ_INT(d.greedy_id_steps, now.greedy_id_steps - base.greedy_id_steps);
+    CHECK_EQ_INT(d.running, now.running);
+    dsv4_engine_stats alias = now;
+    dsv4_engine_stats_diff(&alias, &base, &alias);
+    CHECK(alias.steps == d.steps && alias.spec_draft_per_pos[2] == d.spec_draft_per_pos[2] &&
+          alias.spec_verify_seconds == d.spec_verify_seconds && alias.kv_page_bytes == d.kv_page_bytes);
+    dsv4_engine_stats_diff(&now, &now, &d); /* since itself: counters 0, gauges kept */
+    CHECK_EQ_INT(d.steps, 0);
+    CHECK(d.spec_verify_seconds == 0);
+    CHECK_EQ_INT(d.spec_draft_per_pos[3], 0);
+    CHECK_EQ_INT(d.kv_pages_total, now.kv_pages_total);
+}
+
+static void all_tests(void) {
     test_prompt_logprobs(0);
     test_prompt_logprobs(3);
     test_prefix_cache(0);
@@ -970,5 +1119,15 @@ int main(void) {
     test_logprobs(0, 0.8f);
     test_logprobs(5, 0.8f);
     test_threaded();
+}
+
+int main(void) {
+    test_stats_diff();
+    test_greedy_ids(0);
+    test_greedy_ids(4);
+    toy_ids = 0; /* the host path (full logits every step) */
+    all_tests();
+    toy_ids = 1; /* the runner offers greedy ids: every test must still pass */
+    all_tests();
     return TEST_REPORT();
 }

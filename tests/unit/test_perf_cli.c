@@ -2,7 +2,9 @@
  * `dsv4 perf` on the tiny checkpoint, CPU backend, one step per shape: the
  * table has one line per (rows, batch) with T = batch·rows, a positive step
  * time, and a roofline column equal to the step-bytes model's total / 4.58
- * TB/s; bad arguments are refused with exit 2.
+ * TB/s, once with every row's logits read back (out=full: T·vocab·4 bytes)
+ * and once with the greedy ids only (out=ids: T·4 bytes); bad arguments are
+ * refused with exit 2.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,12 +48,17 @@ int main(void) {
     int want[4][2] = {{1, 1}, {2, 1}, {1, 3}, {2, 3}}, seen = 0;
     for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
         int B, R, T;
-        double ms, tps, gb, roof, ratio;
-        if (sscanf(line, "%d %d %d %lf %lf %lf %lf %lf", &B, &R, &T, &ms, &tps, &gb, &roof, &ratio) != 8) continue;
-        CHECK(seen < 4);
-        if (seen >= 4) break;
-        CHECK_EQ_INT(B, want[seen][0]);
-        CHECK_EQ_INT(R, want[seen][1]);
+        double ms, tps, gb, roof, ratio, d2h;
+        char mode[8];
+        if (sscanf(line, "%d %d %d %lf %lf %lf %lf %lf %lf %7s", &B, &R, &T, &ms, &tps, &gb, &roof, &ratio, &d2h,
+                   mode) != 10)
+            continue;
+        CHECK(seen < 8);
+        if (seen >= 8) break;
+        CHECK_EQ_INT(B, want[seen / 2][0]);
+        CHECK_EQ_INT(R, want[seen / 2][1]);
+        CHECK_STR(mode, seen % 2 ? "ids" : "full");
+        CHECK_NEAR(d2h, (double)T * (seen % 2 ? 4.0 : 4.0 * cfg.vocab_size) / 1e6, 1e-4);
         CHECK_EQ_INT(T, B * R);
         CHECK(ms > 0);
         dsv4_step_bytes sb;
@@ -60,7 +67,15 @@ int main(void) {
         CHECK_NEAR(ratio, ms / (sb.total / 4.58e12 * 1e3), 0.01 * ratio + 0.01);
         seen++;
     }
-    CHECK_EQ_INT(seen, 4);
+    CHECK_EQ_INT(seen, 8);
+    /* --logits ids: only the ids lines */
+    char *argv2[] = {"perf", "models/tiny-flash", "--device", "cpu", "--batch", "2", "--rows-per-seq", "3",
+                     "--context", "20", "--steps", "1", "--warmup", "0", "--logits", "ids"};
+    CHECK_EQ_INT(run_perf(argv2, (int)(sizeof argv2 / sizeof argv2[0]), out, sizeof out), 0);
+    CHECK_CONTAINS(out, " ids\n");
+    CHECK(!strstr(out, " full\n"));
+    char *bad4[] = {"perf", "models/tiny-flash", "--logits", "some"};
+    CHECK_EQ_INT(run_perf(bad4, 4, out, sizeof out), 2);
     /* chunked prefill: 100 tokens in chunks of 32 = 4 chunks; 37 tokens = 2 chunks; rate = tokens / total */
     char *pf[] = {"perf", "models/tiny-flash", "--device", "cpu", "--batch", "1", "--rows-per-seq", "1", "--steps",
                   "1", "--warmup", "0", "--prefill", "100,37", "--prefill-chunk", "32"};

@@ -195,5 +195,6 @@ dsv4_backend *dsv4_backend_cpu_create(dsv4_numerics numerics, dsv4_err *err) {
     be->moe_experts = dsv4_cpu_moe_experts;
     be->swiglu = dsv4_cpu_swiglu;
     be->fill_dummy = dsv4_cpu_fill_dummy;
+    be->logit_top = dsv4_cpu_logit_top;
     return be;
 }

@@ -103,6 +103,8 @@ int dsv4_cpu_qat_hadamard_fp4(dsv4_backend *be, dsv4_buf *x, int head_dim, dsv4_
 int dsv4_cpu_swiglu(dsv4_backend *be, const dsv4_buf *g, const dsv4_buf *u, float limit,
                     dsv4_buf *h, dsv4_err *err);
 float dsv4_cpu_swiglu1(float g, float u, float limit);
+/* Greedy id and top logprobs per logit row (backend.h logit_top; cpu_logit_top.c). */
+int dsv4_cpu_logit_top(dsv4_backend *be, const dsv4_buf *x, dsv4_buf *ids, dsv4_buf *lp, dsv4_err *err);
 
 int dsv4_cpu_linear(dsv4_backend *be, const dsv4_buf *x, const dsv4_linear *w, dsv4_buf *y,
                     dsv4_err *err);

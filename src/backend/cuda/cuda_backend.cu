@@ -21,6 +21,7 @@
  */
 #include "backend/cuda/cuda_be_internal.cuh"
 #include "backend/cuda/cuda_rows.cuh"
+#include "backend/cuda/cuda_logit_top.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -709,6 +710,7 @@ extern "C" dsv4_backend *dsv4_backend_cuda_create(dsv4_numerics numerics, int de
     be->moe_experts = cu_moe_experts;
     be->swiglu = cu_be_swiglu;
     be->hc_mean = cu_hc_mean;
+    be->logit_top = cu_be_logit_top;
     be->graph_begin = cu_graph_begin;
     be->graph_end = cu_graph_end;
     be->graph_launch = cu_graph_launch;
