@@ -158,7 +158,7 @@ static int wait_default_stream(nccl_rank *r, const char *what, dsv4_err *err) {
 }
 
 static int alive(nccl_rank *r, dsv4_err *err) {
-    if (!r->dead) return 0;
+    if (!__atomic_load_n(&r->dead, __ATOMIC_ACQUIRE)) return 0;
     return dsv4_err_set(err, DSV4_EBACKEND,
                         "NCCL rank %d: the communicator was aborted after an earlier failure; restart the server",
                         r->c.rank);
@@ -265,10 +265,11 @@ static int n_barrier(dsv4_comm *c, dsv4_err *err) {
     return wait_default_stream(r, "barrier", err);
 }
 
+/* Any thread may abort any rank's handle (tp_runner.c aborts them all when one
+ * rank fails): the exchange makes sure ncclCommAbort runs once per handle. */
 static void n_abort(dsv4_comm *c) {
     nccl_rank *r = (nccl_rank *)c;
-    if (r->dead) return;
-    r->dead = 1;
+    if (__atomic_exchange_n(&r->dead, 1, __ATOMIC_ACQ_REL)) return;
     N.abort(r->comm);
 }
 
@@ -278,7 +279,7 @@ static void n_free(dsv4_comm *c) {
 #ifdef DSV4_HAVE_CUDA
     dsv4_cuda_oneshot_free(r->os);
 #endif
-    if (!r->dead) N.destroy(r->comm);
+    if (!__atomic_load_n(&r->dead, __ATOMIC_ACQUIRE)) N.destroy(r->comm);
     if (r->scratch) N.free_(r->scratch);
     free(r);
 }

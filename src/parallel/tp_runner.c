@@ -78,11 +78,24 @@ struct dsv4_tp_runner {
     } job;
 };
 
+/*
+ * A rank failed: abort EVERY rank's communicator, not only the failing one's.
+ * Why: with NCCL each rank holds its own communicator, and a peer already
+ * waiting inside a collective (possibly inside a replayed CUDA graph) only
+ * returns when its own communicator is aborted; aborting just the failing
+ * rank's handle left the peers spinning forever (a step that never ends is a
+ * hung request, with no message). All ranks live in this process, so the
+ * failing thread can reach them. The error is logged here, at once, because
+ * the caller only sees it after every rank has returned.
+ */
 static void note_fail(dsv4_tp_runner *t, tp_rank *r) {
     pthread_mutex_lock(&t->mu);
-    if (t->first_fail < 0) t->first_fail = r->rank;
+    int first = t->first_fail < 0;
+    if (first) t->first_fail = r->rank;
     pthread_mutex_unlock(&t->mu);
-    if (t->comms && t->comms[r->rank]) t->comms[r->rank]->abort(t->comms[r->rank]);
+    if (first) dsv4_log(DSV4_LOG_ERROR, "tensor parallel: rank %d failed: %s", r->rank, r->err.msg);
+    for (int i = 0; t->comms && i < t->n; i++)
+        if (t->comms[i]) t->comms[i]->abort(t->comms[i]);
 }
 
 /* The bare target forward (no drafter bookkeeping): what `dsv4 perf` times. */
