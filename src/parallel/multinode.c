@@ -25,11 +25,12 @@ struct dsv4_multinode {
 };
 
 /* What must agree across nodes, as one rank built it. */
-enum { P_SLOTS, P_VOCAB, P_PAGE_TOKENS, P_PAGES, P_MAX_LEN, P_MAX_SPEC, P_N };
-static const char *const P_NAME[P_N] = {"request slots (--max-num-seqs + prefix-cache slots)", "vocabulary",
+/* causes before consequences: a different --max-model-len also changes the page count */
+enum { P_MAX_LEN, P_SLOTS, P_MAX_SPEC, P_VOCAB, P_PAGE_TOKENS, P_PAGES, P_N };
+static const char *const P_NAME[P_N] = {"--max-model-len", "request slots (--max-num-seqs + prefix-cache slots)",
+                                        "speculative tokens (--speculative-config)", "vocabulary",
                                         "tokens per KV page (--block-size)",
-                                        "KV pages (--kv-cache-memory-bytes / --num-gpu-blocks-override)",
-                                        "--max-model-len", "speculative tokens (--speculative-config)"};
+                                        "KV pages (--kv-cache-memory-bytes / --num-gpu-blocks-override)"};
 
 static void pool_of(const dsv4_runner *it, const dsv4_model_runner_opts *o, int64_t *p) {
     p[P_SLOTS] = it->n_slots;
@@ -96,12 +97,6 @@ static int config_hash(const dsv4_multinode_opts *o, uint64_t *h, dsv4_err *err)
 int dsv4_multinode_join(const dsv4_multinode_opts *o, dsv4_multinode **out, dsv4_err *err) {
     *out = NULL;
     if (o->nnodes < 2) return dsv4_err_set(err, DSV4_EINVAL, "multi-node: --nnodes %d (need 2 or more)", o->nnodes);
-    if (o->tp_size != o->nnodes)
-        return dsv4_err_set(err, DSV4_EINVAL,
-                            "multi-node: --tensor-parallel-size %d with --nnodes %d: this build runs one rank per "
-                            "node, so --tensor-parallel-size must equal --nnodes (%d ranks per node are not "
-                            "supported yet)",
-                            o->tp_size, o->nnodes, o->tp_size % o->nnodes ? 0 : o->tp_size / o->nnodes);
     if (!o->use_nccl && o->master_port >= 65535)
         return dsv4_err_set(err, DSV4_EINVAL,
                             "multi-node: --master-port %d: the TCP communicator listens on --master-port + 1",
@@ -122,6 +117,13 @@ int dsv4_multinode_join(const dsv4_multinode_opts *o, dsv4_multinode **out, dsv4
     dsv4_log(DSV4_LOG_INFO, "node %d of %d: rendezvous at %s:%d", o->node_rank, o->nnodes, o->master_addr,
              o->master_port);
     if ((rc = dsv4_rendezvous(&ro, id, err))) return rc;
+    /* after the rendezvous, so that nodes launched with different sizes hear that (naming the node) first */
+    if (o->tp_size != o->nnodes)
+        return dsv4_err_set(err, DSV4_EINVAL,
+                            "multi-node: --tensor-parallel-size %d with --nnodes %d: this build runs one rank per "
+                            "node, so --tensor-parallel-size must equal --nnodes (several ranks per node are not "
+                            "supported yet)",
+                            o->tp_size, o->nnodes);
     dsv4_multinode *m = calloc(1, sizeof *m);
     if (!m) return dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
     m->o = *o;

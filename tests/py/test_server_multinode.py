@@ -1,0 +1,191 @@
+"""Two nodes serving one model (issue 7, DESIGN.md "Parallelism"; src/parallel/multinode.h):
+`dsv4 serve --nnodes 2 --node-rank 0|1 --master-addr 127.0.0.1 --master-port P -tp 2` as two
+processes on this host, ranks joined by the TCP communicator (src/parallel/comm_tcp.c).
+
+- greedy output over HTTP equals the single-process TP=1 server's, with DSpark speculation
+  off and on (chat and completions), and node 1 logs that it follows node 0;
+- node 0 stopping (SIGTERM) makes the follower exit 0;
+- different --tensor-parallel-size on the two nodes fails at start on BOTH nodes with the
+  field named; a follower started with another --max-model-len fails at the pool check;
+- a follower killed mid-generation fails the request and makes node 0 exit 1 with an error
+  naming node 1 (vLLM's policy when a worker dies), never a hang.
+Every wait has a timeout."""
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+
+from conftest import DEFAULT_MODEL, DSV4, Server, free_port
+
+SPEC = '{"method":"dspark","num_speculative_tokens":3}'
+COMMON = ("--device", "cpu", "--max-model-len", "512", "--max-num-seqs", "4")
+
+
+def env():
+    e = dict(os.environ)
+    e.setdefault("OMP_WAIT_POLICY", "passive")
+    e["DSV4_RDV_TIMEOUT_S"] = "20"
+    return e
+
+
+def free_pair():
+    """A master port whose next port (the TCP communicator's) is free too."""
+    for _ in range(50):
+        p = free_port()
+        if p < 65535:
+            try:
+                import socket
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p + 1))
+                return p
+            except OSError:
+                continue
+    raise RuntimeError("no free port pair")
+
+
+class Follower:
+    """Node R > 0: a `dsv4 serve` with no HTTP server; its log in a file."""
+
+    def __init__(self, mport, *args, rank=1):
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(
+            [DSV4, "serve", DEFAULT_MODEL, "--port", str(free_port()), "--nnodes", "2", "--node-rank", str(rank),
+             "--master-addr", "127.0.0.1", "--master-port", str(mport), *args],
+            stdout=self.log, stderr=subprocess.STDOUT, env=env())
+
+    def text(self):
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+def node0(mport, *args):
+    return Server(DEFAULT_MODEL, "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1",
+                  "--master-port", str(mport), *args, env=env(), ready=True)
+
+
+def pair(*args):
+    mport = free_pair()
+    f = Follower(mport, "-tp", "2", *COMMON, *args)
+    try:
+        s = node0(mport, "-tp", "2", *COMMON, *args)
+    except Exception:
+        f.kill()
+        raise
+    return s, f
+
+
+def post(base, path, body, timeout=120):
+    req = urllib.request.Request(base + path, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def chat(base, content, n):
+    return post(base, "/v1/chat/completions",
+                {"messages": [{"role": "user", "content": content}], "temperature": 0, "max_tokens": n})
+
+
+def complete(base, prompt, n):
+    return post(base, "/v1/completions", {"prompt": prompt, "temperature": 0, "max_tokens": n, "ignore_eos": True})
+
+
+def log_of(server):
+    server.log.seek(0)
+    return server.log.read().decode(errors="replace")
+
+
+def test_two_nodes_match_one_process(default_server):
+    for extra in [(), ("--speculative-config", SPEC)]:
+        s, f = pair(*extra)
+        try:
+            for p in ["Count to ten.", "What is 2+2?"]:
+                a = chat(default_server.base, p, 12)
+                b = chat(s.base, p, 12)
+                assert b["choices"][0]["message"]["content"] == a["choices"][0]["message"]["content"]
+                assert b["usage"]["completion_tokens"] == a["usage"]["completion_tokens"]
+            a = complete(default_server.base, "The quick brown fox", 24)
+            b = complete(s.base, "The quick brown fox", 24)
+            assert b["choices"][0]["text"] == a["choices"][0]["text"]
+        finally:
+            rc0 = s.stop()
+            rc1 = f.proc.wait(timeout=20)  # node 0 stopping makes the follower exit
+        assert rc0 == 0
+        assert rc1 == 0, f.text()
+        log0, log1 = log_of(s), f.text()
+        assert "tcp communicator up (2 ranks, one per node)" in log0
+        assert "tensor parallel 2" in log0
+        assert ("speculation dspark k=3" if extra else "speculation off") in log0
+        assert f"node 1 following node 0 at 127.0.0.1:" in log1
+        assert "node 0 quit; exiting" in log1
+        assert "listening on" not in log1  # no HTTP server on a follower
+
+
+def test_different_tp_on_the_two_nodes_fails_at_start():
+    mport = free_pair()
+    f = Follower(mport, "-tp", "4", *COMMON)
+    r0 = subprocess.run([DSV4, "serve", DEFAULT_MODEL, "--port", str(free_port()), "--nnodes", "2", "--node-rank",
+                         "0", "--master-port", str(mport), "-tp", "2", *COMMON],
+                        capture_output=True, text=True, timeout=60, env=env())
+    rc1 = f.proc.wait(timeout=30)
+    assert r0.returncode != 0
+    assert "node 1 has --tensor-parallel-size 4, node 0 has 2" in r0.stderr
+    assert rc1 != 0
+    assert "refused node 1: node 1 has --tensor-parallel-size 4, node 0 has 2" in f.text()
+
+
+def test_follower_with_other_pool_fails_at_start():
+    mport = free_pair()
+    f = Follower(mport, "-tp", "2", "--device", "cpu", "--max-model-len", "256", "--max-num-seqs", "4")
+    r0 = subprocess.run([DSV4, "serve", DEFAULT_MODEL, "--port", str(free_port()), "--nnodes", "2", "--node-rank",
+                         "0", "--master-port", str(mport), "-tp", "2", *COMMON],
+                        capture_output=True, text=True, timeout=60, env=env())
+    rc1 = f.proc.wait(timeout=30)
+    assert r0.returncode != 0
+    assert "node 1 has 256 --max-model-len, node 0 has 512" in r0.stderr
+    assert rc1 != 0
+    assert "node 1 has 256 --max-model-len, node 0 has 512" in f.text()
+
+
+def test_follower_killed_mid_run_fails_node0_not_hangs():
+    s, f = pair()
+    got = {}
+
+    def long_request():
+        try:
+            got["reply"] = complete(s.base, "Hello", 400)
+        except urllib.error.HTTPError as e:
+            got["status"] = e.code
+            got["body"] = e.read().decode(errors="replace")
+        except OSError as e:  # the server may close the connection while shutting down
+            got["oserror"] = str(e)
+
+    t = threading.Thread(target=long_request)
+    try:
+        t.start()
+        time.sleep(0.5)  # the request is decoding (400 tokens take seconds on this CPU)
+        f.proc.send_signal(signal.SIGKILL)
+        t.join(timeout=30)
+        assert not t.is_alive()
+        rc0 = s.proc.wait(timeout=30)  # node 0 shuts down by itself
+    finally:
+        if s.proc.poll() is None:
+            s.proc.kill()
+        f.kill()
+    assert "reply" not in got, "the request finished before the follower died: make it longer"
+    assert got.get("status") == 500 or "oserror" in got
+    assert rc0 == 1
+    log0 = log_of(s)
+    assert "rank 1 (node 1 at 127.0.0.1:" in log0
+    assert "closed the connection: it exited, crashed or aborted" in log0
+    assert "; shutting down" in log0
