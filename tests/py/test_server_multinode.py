@@ -109,13 +109,12 @@ def test_two_nodes_match_one_process(default_server):
     for extra in [(), ("--speculative-config", SPEC)]:
         s, f = pair(*extra)
         try:
-            for p in ["Count to ten.", "What is 2+2?"]:
-                a = chat(default_server.base, p, 12)
-                b = chat(s.base, p, 12)
-                assert b["choices"][0]["message"]["content"] == a["choices"][0]["message"]["content"]
-                assert b["usage"]["completion_tokens"] == a["usage"]["completion_tokens"]
-            a = complete(default_server.base, "The quick brown fox", 24)
-            b = complete(s.base, "The quick brown fox", 24)
+            a = chat(default_server.base, "Count to ten.", 12)
+            b = chat(s.base, "Count to ten.", 12)
+            assert b["choices"][0]["message"]["content"] == a["choices"][0]["message"]["content"]
+            assert b["usage"]["completion_tokens"] == a["usage"]["completion_tokens"] == 12
+            a = complete(default_server.base, "The quick brown fox", 16)
+            b = complete(s.base, "The quick brown fox", 16)
             assert b["choices"][0]["text"] == a["choices"][0]["text"]
         finally:
             rc0 = s.stop()
