@@ -215,6 +215,13 @@ typedef struct dsv4_fill {
     uint64_t seed;
     double center, half; /* UNIFORM */
     int lo, hi;          /* E4M3: hi; E8M0: [lo, hi]; INDEX: hi = number of ids */
+    /* A slice of a larger tensor (tensor parallelism, src/parallel/tp_shard.c):
+     * element i of the slice takes the value of element
+     * map_off + (map_cols ? (i / map_cols) * map_stride + i % map_cols : i)
+     * of the whole tensor, so each rank's shard holds exactly the values the
+     * whole tensor has there. All zero (the default) = the whole tensor. */
+    uint64_t map_off;
+    int64_t map_cols, map_stride;
 } dsv4_fill;
 
 typedef struct dsv4_backend dsv4_backend;
@@ -234,6 +241,11 @@ struct dsv4_backend {
     /* Bumped by the backend whenever device addresses that captured graphs
      * bake in (the batch mirror) move: graphs of an older epoch are stale. */
     int graph_epoch;
+    /* The device stream every op is queued on (CUDA: its cudaStream_t), or NULL
+     * (CPU: ops complete before they return). Communicators (src/parallel/comm.h)
+     * queue their collectives on it, in order with the ops, so a tensor-parallel
+     * step needs no host synchronisation and can be captured in a CUDA graph. */
+    void *stream;
 
     /* ---- lifetime and memory ---- */
 

@@ -34,8 +34,18 @@ DSV4_FILL_FN uint64_t dsv4_fill_hash(uint64_t seed, uint64_t i) {
     return z ^ (z >> 31);
 }
 
+/* The whole tensor's element index of a slice's element i (backend.h dsv4_fill map_*). */
+DSV4_FILL_FN uint64_t dsv4_fill_map(const dsv4_fill *f, uint64_t i) {
+    if (f->map_cols > 0) {
+        uint64_t c = (uint64_t)f->map_cols;
+        return f->map_off + (i / c) * (uint64_t)f->map_stride + i % c;
+    }
+    return f->map_off + i;
+}
+
 /* UNIFORM element i as float: center + half·u, u = (24-bit integer)/2^23 in [-1, 1). */
 DSV4_FILL_FN float dsv4_fill_uniform(const dsv4_fill *f, uint64_t i) {
+    i = dsv4_fill_map(f, i);
     int32_t u = (int32_t)(dsv4_fill_hash(f->seed, i) >> 40) - (1 << 23);
     double step = f->half * (1.0 / 8388608.0);
 #ifdef __CUDA_ARCH__
@@ -60,6 +70,7 @@ DSV4_FILL_FN uint16_t dsv4_fill_bf16(float x) {
  * the model) takes 8 bytes from one hash: byte i is byte i mod 8 (little
  * end first) of hash(seed, i / 8). */
 DSV4_FILL_FN uint8_t dsv4_fill_byte(const dsv4_fill *f, uint64_t i) {
+    i = dsv4_fill_map(f, i);
     uint64_t h = f->kind == DSV4_FILL_BYTES ? 0 : dsv4_fill_hash(f->seed, i);
     switch (f->kind) {
     case DSV4_FILL_E4M3: return (uint8_t)(((h >> 63) << 7) | ((h >> 32) % (uint64_t)(f->hi + 1)));
@@ -72,6 +83,7 @@ DSV4_FILL_FN uint8_t dsv4_fill_byte(const dsv4_fill *f, uint64_t i) {
  * start + j·step (mod n), j < k, with (k-1)·step < n, so the k ids of a row
  * are distinct (tid2eid rows name k different experts). */
 DSV4_FILL_FN int64_t dsv4_fill_index(const dsv4_fill *f, uint64_t i, int64_t k) {
+    i = dsv4_fill_map(f, i);
     uint64_t n = (uint64_t)f->hi, r = i / (uint64_t)k, j = i % (uint64_t)k;
     uint64_t h = dsv4_fill_hash(f->seed, r);
     uint64_t span = k > 1 ? (n - 1) / (uint64_t)(k - 1) : 1;

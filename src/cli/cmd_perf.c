@@ -30,6 +30,7 @@
 #include "engine/model_runner.h"
 #include "engine/step_bytes.h"
 #include "model/forward.h"
+#include "parallel/tp_runner.h"
 
 #define PERF_MAX_LIST 16
 #define PERF_HBM_BPS 4.58e12 /* bytes/s, PERFORMANCE.md §1 */
@@ -43,6 +44,8 @@ typedef struct perf_opts {
     int steps, warmup;
     int prefill[PERF_MAX_LIST], n_prefill, prefill_chunk;
     int cuda_graphs;
+    int tp;
+    int ar_bench;
 } perf_opts;
 
 static void usage(FILE *f) {
@@ -65,6 +68,11 @@ static void usage(FILE *f) {
             "                        chunk attends to the chunks before it, as chunked prefill does\n"
             "  --load-format F       auto (the checkpoint's weights) | dummy\n"
             "  --hf-overrides JSON   config overrides (with --load-format dummy)\n"
+            "  --tensor-parallel-size N, -tp N\n"
+            "                        N ranks in this process (GPUs 0..N-1 with --device cuda, NCCL); the\n"
+            "                        roofline is then per GPU (each reads its 1/N of the split weights)\n"
+            "  --all-reduce-bench    with -tp: first time the all-reduce of 1, 6, 8, 48, 64 and 384 rows of\n"
+            "                        hidden_size floats, NCCL and (DSV4_TP_ONESHOT=1) the NVLink one-shot\n"
             "MODEL_DIR defaults to the embedded default model (%s).\n",
             dsv4_default_model_dir());
 }
@@ -113,6 +121,7 @@ static int parse_args(int argc, char **argv, perf_opts *o) {
     o->warmup = 1;
     o->cuda_graphs = 1;
     o->prefill_chunk = 8192;
+    o->tp = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         long n;
@@ -128,6 +137,9 @@ static int parse_args(int argc, char **argv, perf_opts *o) {
             continue;
         } else if (!strcmp(a, "--cuda-graphs") || !strcmp(a, "--enforce-eager")) {
             o->cuda_graphs = a[2] == 'c';
+            continue;
+        } else if (!strcmp(a, "--all-reduce-bench")) {
+            o->ar_bench = 1;
             continue;
         } else if (!v) {
             fprintf(stderr, "dsv4 perf: unknown or incomplete option '%s' (see --help)\n", a);
@@ -167,6 +179,9 @@ static int parse_args(int argc, char **argv, perf_opts *o) {
             o->load_format = v;
         } else if (!strcmp(a, "--hf-overrides")) {
             o->hf_overrides = v;
+        } else if (!strcmp(a, "--tensor-parallel-size") || !strcmp(a, "-tp")) {
+            if (parse_count(a, v, 1, 64, &n)) return 2;
+            o->tp = (int)n;
         } else {
             fprintf(stderr, "dsv4 perf: unknown option '%s' (see --help)\n", a);
             return 2;
@@ -234,16 +249,28 @@ static int batch_make(perf_batch *p, int n_seqs, int rows, int64_t pos0, int voc
     return DSV4_OK;
 }
 
+/* The bare target forward: one model, or every tensor-parallel rank's slice. */
+typedef struct perf_target {
+    dsv4_model *m;
+    dsv4_state *st;
+    dsv4_tp_runner *tp;
+} perf_target;
+
+static int target_forward(perf_target *t, perf_batch *pb, float *logits, dsv4_err *err) {
+    if (t->tp) return dsv4_tp_runner_forward_target(t->tp, &pb->b, pb->logit_rows, pb->n_logits, logits, err);
+    return dsv4_forward(t->m, t->st, &pb->b, pb->logit_rows, pb->n_logits, logits, NULL, err);
+}
+
 /* Mean ms of `steps` target forwards (after `warmup`). */
-static int time_steps(dsv4_model *m, dsv4_state *st, perf_batch *pb, int warmup, int steps, float *logits,
-                      double *ms, dsv4_err *err) {
+static int time_steps(perf_target *t, perf_batch *pb, int warmup, int steps, float *logits, double *ms,
+                      dsv4_err *err) {
     for (int i = 0; i < warmup; i++) {
-        int rc = dsv4_forward(m, st, &pb->b, pb->logit_rows, pb->n_logits, logits, NULL, err);
+        int rc = target_forward(t, pb, logits, err);
         if (rc) return rc;
     }
     double t0 = now_s();
     for (int i = 0; i < steps; i++) {
-        int rc = dsv4_forward(m, st, &pb->b, pb->logit_rows, pb->n_logits, logits, NULL, err);
+        int rc = target_forward(t, pb, logits, err);
         if (rc) return rc;
     }
     *ms = (now_s() - t0) * 1e3 / steps;
@@ -258,12 +285,12 @@ static int time_steps(dsv4_model *m, dsv4_state *st, perf_batch *pb, int warmup,
  * warm-up), then one timed pass; prints the total rate and the first / last
  * chunk times. Logits of the last row of each chunk only (as the engine asks).
  */
-static int time_prefill(dsv4_model *m, dsv4_state *st, const perf_opts *o, int total, const dsv4_config *cfg,
+static int time_prefill(perf_target *t, const perf_opts *o, int total, const dsv4_config *cfg,
                         float *logits, dsv4_err *err) {
     int C = o->prefill_chunk < total ? o->prefill_chunk : total, n_chunks = (total + C - 1) / C;
     perf_batch pb;
     if (batch_make(&pb, 1, C, 0, cfg->vocab_size, 1)) return dsv4_err_set(err, DSV4_ENOMEM, "out of memory for the batch");
-    int rc = dsv4_forward(m, st, &pb.b, pb.logit_rows, pb.n_logits, logits, NULL, err);
+    int rc = target_forward(t, &pb, logits, err);
     batch_free(&pb);
     double first = 0, last = 0, t_all = 0;
     for (int c = 0; c < n_chunks && !rc; c++) {
@@ -271,7 +298,7 @@ static int time_prefill(dsv4_model *m, dsv4_state *st, const perf_opts *o, int t
         if (batch_make(&pb, 1, rows, (int64_t)c * C, cfg->vocab_size, 1))
             return dsv4_err_set(err, DSV4_ENOMEM, "out of memory for the batch");
         double t0 = now_s();
-        rc = dsv4_forward(m, st, &pb.b, pb.logit_rows, pb.n_logits, logits, NULL, err);
+        rc = target_forward(t, &pb, logits, err);
         double ms = (now_s() - t0) * 1e3;
         batch_free(&pb);
         t_all += ms;
@@ -302,6 +329,7 @@ int dsv4_cmd_perf(int argc, char **argv) {
     }
     dsv4_err err = {0};
     dsv4_model_runner *mr = NULL;
+    dsv4_tp_runner *tp = NULL;
     /* max_spec = rows-1: the state's rings are sized for verify rows that may be rejected */
     dsv4_model_runner_opts mo = {.n_slots = max_b, .max_len = (int)max_len, .max_spec = max_r - 1,
                                  .numerics = DSV4_NUMERICS_REFERENCE, .device = o.device,
@@ -309,18 +337,23 @@ int dsv4_cmd_perf(int argc, char **argv) {
     double t0 = now_s();
     const dsv4_config *cfg = NULL;
     dsv4_load_opts lo = {.dummy = strcmp(o.load_format, "dummy") == 0, .hf_overrides = o.hf_overrides};
-    int rc = dsv4_model_runner_open_ex(o.dir, &mo, &lo, &mr, &err);
+    int rc;
+    if (o.tp > 1) {
+        dsv4_tp_runner_opts to = {.tp_size = o.tp};
+        rc = dsv4_tp_runner_open(o.dir, &mo, &lo, &to, &tp, &err);
+    } else {
+        rc = dsv4_model_runner_open_ex(o.dir, &mo, &lo, &mr, &err);
+    }
     if (rc) {
         fprintf(stderr, "dsv4 perf: %s: %s\n", dsv4_status_name(rc), err.msg);
         return 1;
     }
-    cfg = dsv4_model_runner_config(mr);
-    dsv4_model *model;
-    dsv4_state *state;
-    dsv4_model_runner_target(mr, &model, &state);
+    cfg = tp ? dsv4_tp_runner_config(tp) : dsv4_model_runner_config(mr);
+    perf_target tgt = {.tp = tp};
+    if (!tp) dsv4_model_runner_target(mr, &tgt.m, &tgt.st);
     /* paged state (the engine's pool): map every slot's pages, as the engine
      * would for requests of max_len positions (the pool is sized for that) */
-    dsv4_runner run = dsv4_model_runner_iface(mr);
+    dsv4_runner run = tp ? dsv4_tp_runner_iface(tp) : dsv4_model_runner_iface(mr);
     if (run.page_tokens > 0 && run.set_pages) {
         int per = (int)((max_len + run.page_tokens - 1) / run.page_tokens);
         int32_t *ids = malloc(sizeof(int32_t) * (size_t)(per > 0 ? per : 1));
@@ -333,14 +366,43 @@ int dsv4_cmd_perf(int argc, char **argv) {
         }
         free(ids);
     }
-    printf("# dsv4 perf: %s%s on %s, %d layers, context %lld, %d steps (+%d warmup), load %.1f s\n", o.dir,
-           lo.dummy ? " (dummy weights)" : "", dsv4_model_runner_backend(mr)->name, cfg->num_hidden_layers,
-           (long long)o.context, o.steps, o.warmup, now_s() - t0);
+    dsv4_backend *be0 = tp ? dsv4_tp_runner_backend(tp, 0) : dsv4_model_runner_backend(mr);
+    printf("# dsv4 perf: %s%s on %s%s, %d layers, context %lld, %d steps (+%d warmup), load %.1f s\n", o.dir,
+           lo.dummy ? " (dummy weights)" : "", be0 ? be0->name : "?", tp ? " (rank 0 of a tensor-parallel group)" : "",
+           cfg->num_hidden_layers, (long long)o.context, o.steps, o.warmup, now_s() - t0);
+    if (tp)
+        printf("# tensor parallel %d: every step runs on all ranks (2 all-reduces per layer + the logit all-gather);"
+               " roofline_ms is one GPU's share (split weights / %d, replicated weights and state whole)\n",
+               o.tp, o.tp);
     printf("# roofline = (dense weights once + expected distinct routed experts + gathered rows + F32 state read)"
            " / 4.58 TB/s\n");
     printf("# logits of every row come back to the host (as the engine's sampler needs): D2H_MB per step\n");
     printf("%-6s %-5s %-6s %10s %12s %10s %12s %8s %8s\n", "batch", "rows", "T", "ms/step", "rows/s", "GB/step",
            "roofline_ms", "ratio", "D2H_MB");
+    /* one GPU's bytes under TP: the split dims (heads, output groups, expert widths, the
+     * vocabulary-parallel head) divided as src/parallel/tp_shard.c splits them */
+    dsv4_config lc = *cfg;
+    if (tp) {
+        lc.num_attention_heads /= o.tp;
+        lc.o_groups /= o.tp;
+        lc.moe_intermediate_size /= o.tp;
+        if (lc.vocab_size % o.tp == 0) lc.vocab_size /= o.tp;
+    }
+    if (tp && o.ar_bench) { /* the collective alone, both paths, one row = hidden_size floats */
+        static const int ar_rows[] = {1, 6, 8, 48, 64, 384};
+        printf("# all-reduce of [rows][%d] F32 over %d ranks, mean of 200 back-to-back calls (slowest rank)\n",
+               cfg->hidden_size, o.tp);
+        printf("%-6s %10s %12s %12s\n", "rows", "KB", "nccl_us", "oneshot_us");
+        for (size_t i = 0; i < sizeof ar_rows / sizeof ar_rows[0] && !rc; i++) {
+            double us_n = 0, us_o = 0;
+            int used = 0;
+            rc = dsv4_tp_runner_bench_all_reduce(tp, ar_rows[i], cfg->hidden_size, 200, 0, &us_n, &used, &err);
+            if (!rc) rc = dsv4_tp_runner_bench_all_reduce(tp, ar_rows[i], cfg->hidden_size, 200, 1, &us_o, &used, &err);
+            if (!rc && used) printf("%-6d %10.1f %12.2f %12.2f\n", ar_rows[i], ar_rows[i] * cfg->hidden_size * 4 / 1024.0, us_n, us_o);
+            else if (!rc) printf("%-6d %10.1f %12.2f %12s\n", ar_rows[i], ar_rows[i] * cfg->hidden_size * 4 / 1024.0, us_n, "-");
+        }
+        fflush(stdout);
+    }
     size_t logit_cap = (size_t)max_b * (size_t)max_r;
     float *logits = malloc(sizeof(float) * logit_cap * (size_t)cfg->vocab_size);
     if (!logits) rc = dsv4_err_set(&err, DSV4_ENOMEM, "out of memory for logits");
@@ -353,9 +415,9 @@ int dsv4_cmd_perf(int argc, char **argv) {
                 break;
             }
             double ms = 0;
-            rc = time_steps(model, state, &pb, o.warmup, o.steps, logits, &ms, &err);
+            rc = time_steps(&tgt, &pb, o.warmup, o.steps, logits, &ms, &err);
             dsv4_step_bytes sb;
-            if (!rc) rc = dsv4_step_bytes_compute(cfg, B, R, o.context, 4, &sb, &err);
+            if (!rc) rc = dsv4_step_bytes_compute(&lc, B, R, o.context, 4, &sb, &err);
             if (!rc) {
                 double roof = sb.total / PERF_HBM_BPS * 1e3;
                 printf("%-6d %-5d %-6d %10.3f %12.1f %10.4g %12.6g %8.2f %8.1f\n", B, R, B * R, ms,
@@ -365,9 +427,10 @@ int dsv4_cmd_perf(int argc, char **argv) {
             }
             batch_free(&pb);
         }
-    for (int pi = 0; pi < o.n_prefill && !rc; pi++) rc = time_prefill(model, state, &o, o.prefill[pi], cfg, logits, &err);
+    for (int pi = 0; pi < o.n_prefill && !rc; pi++) rc = time_prefill(&tgt, &o, o.prefill[pi], cfg, logits, &err);
     if (rc) fprintf(stderr, "dsv4 perf: %s: %s\n", dsv4_status_name(rc), err.msg);
     free(logits);
     dsv4_model_runner_free(mr);
+    dsv4_tp_runner_free(tp);
     return rc ? 1 : 0;
 }

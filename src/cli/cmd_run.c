@@ -21,6 +21,7 @@
 #include "cli/cli.h"
 #include "engine/engine.h"
 #include "engine/model_runner.h"
+#include "parallel/tp_runner.h"
 #include "text/encoder.h"
 #include "text/tokenizer.h"
 
@@ -45,7 +46,11 @@ static void usage(FILE *f) {
             "                       captured per batch shape)\n"
             "  --load-format F      auto | safetensors | dummy (random weights, real shapes: MODEL_DIR\n"
             "                       needs only config.json; no tokenizer.json -> the default model's)\n"
-            "  --hf-overrides JSON  merged over config.json, e.g. '{\"num_hidden_layers\": 8}'\n",
+            "  --hf-overrides JSON  merged over config.json, e.g. '{\"num_hidden_layers\": 8}'\n"
+            "  --tensor-parallel-size N, -tp N\n"
+            "                       split the model over N ranks in this process: GPUs 0..N-1 with\n"
+            "                       --device cuda (NCCL), CPU threads with --device cpu\n"
+            "                       (DSV4_TP_CHECK_RANKS=1: every step checks the ranks' logits agree)\n",
             dsv4_default_model_dir());
 }
 
@@ -53,7 +58,7 @@ typedef struct run_opts {
     const char *dir, *prompt, *prompt_ids;
     const char *hf_overrides, *tok_dir, *enc_dir;
     int dummy;
-    int raw, max_tokens, thinking, show_ids, spec_k, cuda_graphs;
+    int raw, max_tokens, thinking, show_ids, spec_k, cuda_graphs, tp;
     dsv4_numerics numerics;
     dsv4_device device;
 } run_opts;
@@ -64,6 +69,7 @@ static int parse_args(int argc, char **argv, run_opts *o) {
     o->numerics = DSV4_NUMERICS_REFERENCE;
     o->device = DSV4_DEVICE_AUTO;
     o->cuda_graphs = 1;
+    o->tp = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -101,6 +107,14 @@ static int parse_args(int argc, char **argv, run_opts *o) {
                 fprintf(stderr, "dsv4 run: %s\n", e.msg);
                 return 2;
             }
+        } else if ((!strcmp(a, "--tensor-parallel-size") || !strcmp(a, "-tp")) && i + 1 < argc) {
+            char *end;
+            long v = strtol(argv[++i], &end, 10);
+            if (*end || v < 1 || v > 64) {
+                fprintf(stderr, "dsv4 run: %s: '%s' is not a rank count in [1, 64]\n", a, argv[i]);
+                return 2;
+            }
+            o->tp = (int)v;
         } else if (!strcmp(a, "--prompt-ids") && i + 1 < argc) {
             o->prompt_ids = argv[++i];
         } else if (!strcmp(a, "--load-format") && i + 1 < argc) {
@@ -214,6 +228,7 @@ int dsv4_cmd_run(int argc, char **argv) {
     dsv4_tokenizer *tok = NULL;
     dsv4_tokvec ids = {0};
     dsv4_model_runner *mr = NULL;
+    dsv4_tp_runner *tp = NULL;
     dsv4_engine *e = NULL;
     dsv4_request *r = NULL;
     char path[4096];
@@ -228,15 +243,21 @@ int dsv4_cmd_run(int argc, char **argv) {
         dsv4_model_runner_opts mo = {.n_slots = 1, .max_len = max_len, .max_spec = o.spec_k, .numerics = o.numerics,
                                      .device = o.device, .cuda_graphs = o.cuda_graphs};
         dsv4_load_opts lo = {.dummy = o.dummy, .hf_overrides = o.hf_overrides};
-        rc = dsv4_model_runner_open_ex(o.dir, &mo, &lo, &mr, &err);
+        if (o.tp > 1) { /* ranks as threads of this process (src/parallel/tp_runner.h) */
+            dsv4_tp_runner_opts to = {.tp_size = o.tp};
+            rc = dsv4_tp_runner_open(o.dir, &mo, &lo, &to, &tp, &err);
+        } else {
+            rc = dsv4_model_runner_open_ex(o.dir, &mo, &lo, &mr, &err);
+        }
     }
     dsv4_drafter dr;
     int has_drafter = 0;
-    if (!rc && o.spec_k > 0 && !(has_drafter = dsv4_model_runner_drafter(mr, &dr)))
+    if (!rc && o.spec_k > 0 &&
+        !(has_drafter = tp ? dsv4_tp_runner_drafter(tp, &dr) : dsv4_model_runner_drafter(mr, &dr)))
         rc = dsv4_err_set(&err, DSV4_EINVAL, "--spec: %s has neither DSpark draft stages nor an MTP block", o.dir);
     if (!rc) {
-        dsv4_runner run = dsv4_model_runner_iface(mr);
-        const dsv4_config *cfg = dsv4_model_runner_config(mr);
+        dsv4_runner run = tp ? dsv4_tp_runner_iface(tp) : dsv4_model_runner_iface(mr);
+        const dsv4_config *cfg = tp ? dsv4_tp_runner_config(tp) : dsv4_model_runner_config(mr);
         dsv4_engine_opts eo = {1, max_len, max_len, o.spec_k, cfg->eos_token_id, {{0}}, 0, 0}; /* one prompt per run: nothing to cache */
         rc = dsv4_engine_create(&eo, &run, has_drafter ? &dr : NULL, &e, &err);
     }
@@ -284,6 +305,7 @@ int dsv4_cmd_run(int argc, char **argv) {
     dsv4_request_release(r);
     dsv4_engine_free(e);
     dsv4_model_runner_free(mr);
+    dsv4_tp_runner_free(tp);
     dsv4_tokvec_free(&ids);
     dsv4_tokenizer_free(tok);
     return rc ? 1 : 0;

@@ -141,14 +141,9 @@ int dsv4_cmd_serve(int argc, char **argv) {
         return 2;
     }
     if (a.help_shown) return 0;
-    if (strcmp(a.device, "cuda") == 0 && a.tensor_parallel_size > 1 && a.nnodes == 1) {
-        fprintf(stderr, "dsv4 serve: --device cuda with --tensor-parallel-size %d: tensor parallelism runs CPU ranks "
-                        "only in this build (one CUDA backend per rank over NCCL is not wired yet); use --device cpu "
-                        "or --tensor-parallel-size 1\n", a.tensor_parallel_size);
-        return 1;
-    }
-    /* Tensor parallelism in one process: ranks are threads with their own CPU
-     * backend, joined by the local communicator (src/parallel/tp_runner.h).
+    /* Tensor parallelism in one process: ranks are threads, each with its own
+     * backend — CPU ranks joined by the local communicator, or rank r on GPU r
+     * joined by NCCL (--device cuda / auto; src/parallel/tp_runner.h).
      * Several nodes (--nnodes): one rank per node over TCP (CPU) or NCCL (cuda),
      * node 0 serves and the others follow its step plans (src/parallel/multinode.h). */
     const char *dir = a.model_dir ? a.model_dir : dsv4_default_model_dir();

@@ -13,6 +13,7 @@
 #include "model/forward.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
+#include "parallel/comm.h"
 #include "parallel/tp_shard.h"
 #ifdef DSV4_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -95,7 +96,7 @@ static dsv4_backend *open_backend(const dsv4_model_runner_opts *o, dsv4_err *err
     if (o->device == DSV4_DEVICE_CPU) return dsv4_backend_cpu_create(o->numerics, err);
 #ifdef DSV4_HAVE_CUDA
     dsv4_err ce = {0};
-    dsv4_backend *be = dsv4_backend_cuda_create(o->numerics, 0, &ce);
+    dsv4_backend *be = dsv4_backend_cuda_create(o->numerics, o->device_index, &ce);
     if (be) {
         dsv4_log(DSV4_LOG_INFO, "device: %s (CUDA backend%s)", be->name,
                  o->device == DSV4_DEVICE_AUTO ? ", --device auto" : "");
@@ -150,11 +151,6 @@ int dsv4_model_runner_open_tp(const char *dir, const dsv4_model_runner_opts *o, 
                               int tp_rank, int tp_size, struct dsv4_comm *comm, dsv4_model_runner **out,
                               dsv4_err *err) {
     *out = NULL;
-    if (tp_size > 1 && lo && lo->dummy)
-        return dsv4_err_set(err, DSV4_EUNSUPPORTED,
-                            "--load-format dummy with --tensor-parallel-size %d is not supported yet (dummy views "
-                            "carry no bytes to slice)",
-                            tp_size);
     if (o->n_slots < 1 || o->max_len < 2 || o->max_spec < 0)
         return dsv4_err_set(err, DSV4_EINVAL, "model runner: bad sizes (slots %d, max_len %d, max_spec %d)",
                             o->n_slots, o->max_len, o->max_spec);
@@ -170,13 +166,16 @@ int dsv4_model_runner_open_tp(const char *dir, const dsv4_model_runner_opts *o, 
         rc = err ? err->code : DSV4_EBACKEND;
         goto fail;
     }
-    if (tp_size > 1 && (rc = dsv4_tp_shard_create(&mr->cfg, mr->w, tp_rank, tp_size, &mr->shard, err)))
+    if (tp_size > 1 &&
+        (rc = dsv4_tp_shard_create_ex(&mr->cfg, mr->w, tp_rank, tp_size, mr->dummy, &mr->shard, err)))
         goto fail;
     if ((rc = dsv4_model_create(mr->shard ? &mr->shard->cfg : &mr->cfg, mr->shard ? &mr->shard->w : mr->w, mr->be,
                                 &mr->model, err)))
         goto fail;
     for (int l = 0; l < mr->model->n_layers; l++) mr->model->layers[l].comm = comm;
-    if (o->cuda_graphs && mr->be->graph_launch && !comm) { /* issue 7: per-shape graph replay */
+    /* issue 7: per-shape graph replay; under TP only when the collectives are queued on the
+     * backend's stream (NCCL on CUDA: comm.h capturable), each rank capturing its own graphs */
+    if (o->cuda_graphs && mr->be->graph_launch && (!comm || (comm->capturable && mr->be->stream))) {
         mr->model->graphs_on = o->cuda_graphs == 1; /* 2: shape-static launches, no graphs (tests) */
         mr->be->static_shapes = 1;
     }

@@ -29,6 +29,8 @@ typedef struct dsv4_model_runner_opts {
                              * > 0 on a DSpark checkpoint also loads the drafter */
     dsv4_numerics numerics; /* DSV4_NUMERICS_REFERENCE for serving */
     dsv4_device device;     /* backend choice (0 = CPU) */
+    int device_index;       /* CUDA: the GPU ordinal (0 = the first visible GPU; the TP runner gives
+                             * rank r GPU r) */
     int draft_sampled;      /* 1: DSpark drafts are sampled from softmax(z/T) for requests with
                              * temperature > 0 (vLLM draft_sample_method "probabilistic",
                              * spec/DSPARK.md §4.3); 0: argmax drafts ("greedy") */
@@ -89,9 +91,12 @@ int dsv4_model_runner_open_ex(const char *dir, const dsv4_model_runner_opts *o, 
  * rank tp_rank's slice of tp_size (src/parallel/tp_shard.h), its blocks
  * all-reduce and its LM head all-gathers through comm, and only rank 0 loads
  * the drafter (replicated, not sharded). tp_size 1 with comm NULL is open_ex.
+ * Dummy weights are sliced by tag (tp_shard.h dsv4_tp_shard_create_ex): each
+ * rank fills exactly its part of the unsharded dummy model in its backend.
+ * With a capturable communicator (NCCL) on a backend with a stream, decode /
+ * verify forwards replay CUDA graphs that contain the collectives.
  * Errors: as open_ex; dsv4_tp_check's refusal of a size that does not divide
- * the model; dummy weights with tp_size > 1 (DSV4_EUNSUPPORTED: their views
- * carry no bytes to slice).
+ * the model.
  */
 int dsv4_model_runner_open_tp(const char *dir, const dsv4_model_runner_opts *o, const dsv4_load_opts *lo,
                               int tp_rank, int tp_size, struct dsv4_comm *comm, dsv4_model_runner **out,

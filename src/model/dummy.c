@@ -35,6 +35,10 @@ struct dsv4_dummy {
     uint64_t seed;
     uint64_t made_n, made_bytes;
     int oom;
+    /* slices (dsv4_dummy_slice): tag sub_tags + j fills per sub_fill[j]; at most n */
+    char *sub_tags;
+    dsv4_fill *sub_fill;
+    size_t n_sub;
 };
 
 /* ---- fills ---------------------------------------------------------------- */
@@ -76,7 +80,7 @@ static int scale_byte(double msq, int64_t in) {
 }
 
 static dsv4_fill uniform(uint64_t seed, double center, double half) {
-    dsv4_fill f = {DSV4_FILL_UNIFORM, seed, center, half, 0, 0};
+    dsv4_fill f = {.kind = DSV4_FILL_UNIFORM, .seed = seed, .center = center, .half = half};
     return f;
 }
 
@@ -312,6 +316,8 @@ void dsv4_dummy_free(dsv4_dummy *d) {
     for (size_t i = 0; i < d->n; i++) free((char *)d->e[i].v.name);
     free(d->e);
     free(d->tags);
+    free(d->sub_tags);
+    free(d->sub_fill);
     for (size_t i = 0; i < d->n_host; i++) free(d->host[i]);
     free(d->host);
     free(d);
@@ -355,8 +361,45 @@ const dsv4_ckpt *dsv4_dummy_ckpt(const dsv4_dummy *d) { return d ? d->ck : NULL;
 const dsv4_fill *dsv4_dummy_fill_for(const dsv4_dummy *d, const dsv4_tview *v) {
     if (!d || !v || !v->data) return NULL;
     const char *p = v->data;
+    if (d->sub_tags && p >= d->sub_tags && p < d->sub_tags + d->n_sub) return &d->sub_fill[p - d->sub_tags];
     if (p < d->tags || p >= d->tags + d->n) return NULL;
     return &d->e[p - d->tags].fill;
+}
+
+const void *dsv4_dummy_slice(dsv4_dummy *d, const void *tag, uint64_t off, int64_t cols, int64_t stride,
+                             dsv4_err *err) {
+    dsv4_tview v = {.data = tag};
+    const dsv4_fill *f = dsv4_dummy_fill_for(d, &v);
+    if (!f) {
+        dsv4_err_set(err, DSV4_EINTERNAL, "dummy weights: slicing a view that is not a dummy tensor");
+        return NULL;
+    }
+    if (f->map_off || f->map_cols) {
+        dsv4_err_set(err, DSV4_EINTERNAL, "dummy weights: a slice of a slice");
+        return NULL;
+    }
+    if (!d->sub_tags) {
+        d->sub_tags = malloc(d->n ? d->n : 1);
+        d->sub_fill = calloc(d->n ? d->n : 1, sizeof *d->sub_fill);
+        if (!d->sub_tags || !d->sub_fill) {
+            free(d->sub_tags);
+            free(d->sub_fill);
+            d->sub_tags = NULL;
+            d->sub_fill = NULL;
+            dsv4_err_set(err, DSV4_ENOMEM, "dummy weights: out of memory");
+            return NULL;
+        }
+    }
+    if (d->n_sub == d->n) {
+        dsv4_err_set(err, DSV4_EINTERNAL, "dummy weights: more slices than tensors");
+        return NULL;
+    }
+    dsv4_fill *g = &d->sub_fill[d->n_sub];
+    *g = *f;
+    g->map_off = off;
+    g->map_cols = cols;
+    g->map_stride = stride;
+    return d->sub_tags + d->n_sub++;
 }
 
 void dsv4_dummy_stats(const dsv4_dummy *d, uint64_t *n_tensors, uint64_t *n_bytes) {

@@ -81,6 +81,20 @@ const dsv4_fill *dsv4_dummy_fill_for(const dsv4_dummy *d, const dsv4_tview *v);
  */
 dsv4_backend *dsv4_dummy_backend(dsv4_dummy *d, dsv4_backend *real, dsv4_err *err);
 
+/*
+ * dsv4_dummy_slice — a tag for part of the dummy tensor whose view data is
+ * `tag` (tensor parallelism: a rank's rows or columns, src/parallel/tp_shard.c):
+ * element i of a view carrying the returned tag is filled with the value of
+ * element off + (cols ? (i / cols) * stride + i % cols : i) of the whole
+ * tensor (dsv4_fill map_*), so a sharded dummy model holds exactly the
+ * values of the unsharded one. Units are the stored elements (bytes for FP8,
+ * E8M0 and packed FP4). Valid while d lives. Errors (NULL returned):
+ * DSV4_EINTERNAL tag is not one of d's whole tensors, or more slices than
+ * tensors; DSV4_ENOMEM.
+ */
+const void *dsv4_dummy_slice(dsv4_dummy *d, const void *tag, uint64_t off, int64_t cols, int64_t stride,
+                             dsv4_err *err);
+
 /* Tensors and bytes made resident through dummy backends of d so far
  * (filled or, for tid2eid, uploaded). */
 void dsv4_dummy_stats(const dsv4_dummy *d, uint64_t *n_tensors, uint64_t *n_bytes);

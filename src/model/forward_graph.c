@@ -20,6 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "parallel/comm.h"
+
 #define FG_MAX 64     /* captured shapes kept; further shapes run eagerly */
 #define FG_MAX_ROWS 512 /* decode / verify shapes only: prefills run eagerly */
 #define FG_MAX_ROWS_PER_SEQ 16 /* a verify step is k+1 rows per sequence; longer chunks are prefills */
@@ -60,7 +62,8 @@ int dsv4_forward_graph(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const
                        dsv4_err *err) {
     dsv4_backend *be = m->be;
     int n_logits = out->logits ? out->n_logits : 0, n_taps = out->taps ? out->n_taps : 0;
-    if (!be->graph_begin || !be->graph_end || !be->graph_launch || m->head_comm || b->n_rows > FG_MAX_ROWS ||
+    if (!be->graph_begin || !be->graph_end || !be->graph_launch || (m->head_comm && !m->head_comm->capturable) ||
+        b->n_rows > FG_MAX_ROWS ||
         b->n_rows > FG_MAX_ROWS_PER_SEQ * b->n_seqs ||
         (n_taps && !be->hc_mean))
         return 1;

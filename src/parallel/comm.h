@@ -62,6 +62,10 @@ struct dsv4_comm {
     void (*abort)(dsv4_comm *c);
     /* Release this rank's handle. NULL-safe. */
     void (*free)(dsv4_comm *c);
+    /* 1: all_reduce_sum / all_gather on a backend with a device stream are
+     * queued on that stream with no host synchronisation, so a forward that
+     * calls them can be captured in a CUDA graph (NCCL); 0: they block (local). */
+    int capturable;
 };
 
 /*
@@ -123,6 +127,32 @@ int dsv4_comm_tcp_check(dsv4_comm *c, dsv4_err *err);
  *   looked and which variable to set); DSV4_EBACKEND an NCCL error string.
  */
 #define DSV4_NCCL_ID_BYTES 128
+/*
+ * dsv4_comm_nccl_create_all — n ranks on GPUs 0..n-1 of this host, one
+ * process (ncclCommInitAll): ranks[r] is rank r's handle, to be used from the
+ * thread that drives GPU r (its collectives run on that thread's backend
+ * stream). Free every handle, each from its rank's thread (ncclCommDestroy
+ * may wait for the peers). Errors: DSV4_EINVAL fewer visible GPUs than n
+ * (the message gives both numbers); DSV4_EUNSUPPORTED NCCL or the CUDA
+ * runtime cannot be loaded (as dsv4_comm_nccl_create); DSV4_EBACKEND NCCL's
+ * error string.
+ */
+int dsv4_comm_nccl_create_all(int n, dsv4_comm **ranks, dsv4_err *err);
+/*
+ * dsv4_comm_nccl_set_oneshot — with DSV4_TP_ONESHOT=1 in the environment at
+ * dsv4_comm_nccl_create_all, small F32 all-reduces of a CUDA build go through
+ * a one-shot kernel over NVLink peer memory (backend/cuda/cuda_backend.h)
+ * instead of NCCL; this turns that path on (1) or off (0) for rank c (every
+ * rank must be set the same way between the same pair of steps). Returns
+ * whether the one-shot path is now in use (0 for other communicators).
+ */
+int dsv4_comm_nccl_set_oneshot(dsv4_comm *c, int on);
+/* The largest F32 message (floats) the one-shot path takes; larger ones go through NCCL. 0 = no one-shot path. */
+int64_t dsv4_comm_nccl_oneshot_max(const dsv4_comm *c);
+/* The number of CUDA devices this process sees (cudaGetDeviceCount through the
+ * runtime NCCL's loader finds), or -1 with err set (no runtime: DSV4_EUNSUPPORTED;
+ * no driver / GPU: DSV4_EBACKEND). */
+int dsv4_cuda_visible_devices(dsv4_err *err);
 int dsv4_nccl_unique_id(uint8_t id[DSV4_NCCL_ID_BYTES], dsv4_err *err);
 int dsv4_comm_nccl_create(int rank, int size, const uint8_t id[DSV4_NCCL_ID_BYTES], dsv4_comm **out,
                           dsv4_err *err);

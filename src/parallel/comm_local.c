@@ -259,7 +259,7 @@ int dsv4_comm_local_create(int n, dsv4_comm **ranks, dsv4_err *err) {
             break;
         }
         r->g = g;
-        r->c = (dsv4_comm){"local", i, n, NULL, lall_reduce, lall_gather, lbroadcast, lbarrier, labort, lfree};
+        r->c = (dsv4_comm){"local", i, n, NULL, lall_reduce, lall_gather, lbroadcast, lbarrier, labort, lfree, 0};
         r->c.ctx = r;
         g->refs++;
         ranks[i] = &r->c;

@@ -11,10 +11,20 @@
  * (ncclUniqueId is 128 bytes passed by value; datatype and op enums as in
  * nccl.h 2.x: ncclFloat32 = 7, ncclBfloat16 = 9, ncclSum = 0).
  *
- * Correct before fast: all_reduce_sum syncs the backend, reduces in place on
- * the legacy default stream and waits for it. The fast path for small decode
- * messages is a one-shot peer-memory all-reduce fused into the neighbouring
- * kernel (spec/PERFORMANCE.md §1, §6.3) — not here yet.
+ * Stream order: when the backend has a device stream (be->stream, the CUDA
+ * backend) the collectives are queued on it after the ops that produced the
+ * buffer and before the ops that read it — no host synchronisation inside a
+ * step, and a forward that contains them can be captured in a CUDA graph
+ * (NCCL supports capture; the communicator says so with `capturable`).
+ * Scratch for the logit all-gather comes from be->buf_alloc (stream-ordered,
+ * so a captured graph owns its copy: a later, larger gather cannot free
+ * memory an older graph replays into). Without a stream (a host backend) a
+ * collective syncs the backend, runs on the legacy default stream and waits.
+ *
+ * NVLink SHARP / multicast (NVLS) is never asked for: load() sets
+ * NCCL_NVLS_ENABLE=0 unless the environment already says otherwise, since a
+ * decode step's messages are small (16 KB a row) and multicast objects have
+ * put shared GPU hosts out of service (the GPU machine's notes).
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -23,6 +33,9 @@
 #include <string.h>
 
 #include "parallel/comm.h"
+#ifdef DSV4_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 
 typedef int nccl_res;
 typedef void *nccl_comm_t;
@@ -37,6 +50,7 @@ static struct {
     char where[1024];
     nccl_res (*get_unique_id)(nccl_id *);
     nccl_res (*comm_init_rank)(nccl_comm_t *, int, nccl_id, int);
+    nccl_res (*comm_init_all)(nccl_comm_t *, int, const int *);
     nccl_res (*all_reduce)(const void *, void *, size_t, int, int, nccl_comm_t, void *);
     nccl_res (*all_gather)(const void *, void *, size_t, int, nccl_comm_t, void *);
     nccl_res (*bcast)(const void *, void *, size_t, int, int, nccl_comm_t, void *);
@@ -48,6 +62,8 @@ static struct {
     int (*free_)(void *);
     int (*memcpy_)(void *, const void *, size_t, int);
     int (*memcpy2d)(void *, size_t, const void *, size_t, size_t, size_t, int);
+    int (*memcpy2d_async)(void *, size_t, const void *, size_t, size_t, size_t, int, void *);
+    int (*get_device_count)(int *);
 } N;
 
 static void *cuda_sym(const char *name) {
@@ -75,6 +91,7 @@ static int load(dsv4_err *err) {
 static int load_locked(dsv4_err *err) {
     if (N.loaded) return 0;
     N.where[0] = 0;
+    if (!getenv("NCCL_NVLS_ENABLE")) setenv("NCCL_NVLS_ENABLE", "0", 0); /* never multicast (banner) */
     /* the first of these that is set is the only one tried: an explicit path that fails is an error */
     const char *cand[3] = {getenv("DSV4_NCCL_LIB"), getenv("NCCL_LIBRARY"), "libnccl.so.2"};
     size_t off = 0;
@@ -94,6 +111,7 @@ static int load_locked(dsv4_err *err) {
 #define SYM(f, name) *(void **)&N.f = dlsym(N.lib, name)
     SYM(get_unique_id, "ncclGetUniqueId");
     SYM(comm_init_rank, "ncclCommInitRank");
+    SYM(comm_init_all, "ncclCommInitAll");
     SYM(all_reduce, "ncclAllReduce");
     SYM(all_gather, "ncclAllGather");
     SYM(bcast, "ncclBroadcast");
@@ -106,10 +124,13 @@ static int load_locked(dsv4_err *err) {
     *(void **)&N.free_ = cuda_sym("cudaFree");
     *(void **)&N.memcpy_ = cuda_sym("cudaMemcpy");
     *(void **)&N.memcpy2d = cuda_sym("cudaMemcpy2D");
-    if (!N.get_unique_id || !N.comm_init_rank || !N.all_reduce || !N.all_gather || !N.bcast || !N.destroy ||
+    *(void **)&N.memcpy2d_async = cuda_sym("cudaMemcpy2DAsync");
+    *(void **)&N.get_device_count = cuda_sym("cudaGetDeviceCount");
+    if (!N.get_unique_id || !N.comm_init_rank || !N.comm_init_all || !N.all_reduce || !N.all_gather || !N.bcast || !N.destroy ||
         !N.abort || !N.errstr)
         return dsv4_err_set(err, DSV4_EUNSUPPORTED, "NCCL library lacks the 2.x API (ncclCommInitRank, ...)");
-    if (!N.stream_sync || !N.malloc_ || !N.free_ || !N.memcpy_ || !N.memcpy2d)
+    if (!N.stream_sync || !N.malloc_ || !N.free_ || !N.memcpy_ || !N.memcpy2d || !N.memcpy2d_async ||
+        !N.get_device_count)
         return dsv4_err_set(err, DSV4_EUNSUPPORTED, "NCCL: the CUDA runtime (libcudart) is not available");
     N.loaded = 1;
     return 0;
@@ -119,6 +140,8 @@ typedef struct nccl_rank {
     dsv4_comm c;
     nccl_comm_t comm;
     int dead;
+    void *os;      /* dsv4_cuda_oneshot (CUDA builds, DSV4_TP_ONESHOT=1): small F32 all-reduces */
+    int os_on;     /* use it (dsv4_comm_nccl_set_oneshot) */
     void *scratch; /* device bytes for host broadcasts / barriers */
     size_t scratch_cap;
 } nccl_rank;
@@ -150,6 +173,15 @@ static int n_all_reduce(dsv4_comm *c, dsv4_backend *be, dsv4_buf *buf, dsv4_err 
         return dsv4_err_set(err, DSV4_EINVAL, "NCCL all_reduce: dtype %s (F32, BF16)", dsv4_dtype_name(buf->dtype));
     size_t n = (size_t)buf->rows * (size_t)buf->cols;
     if (!n) return 0;
+#ifdef DSV4_HAVE_CUDA
+    /* small decode messages: one kernel over NVLink peer memory (cuda_tp.cu); every rank decides the
+     * same way (same n, same dtype), so the ranks' sequences of collectives stay in step */
+    if (r->os && r->os_on && be->stream && dt == NCCL_FLOAT32 && (int64_t)n <= dsv4_cuda_oneshot_capacity(r->os))
+        return dsv4_cuda_oneshot_all_reduce(r->os, buf->data, (int64_t)n, be->stream, err);
+#endif
+    if (be->stream) /* in order with the backend's ops (banner) */
+        return nerr(r, N.all_reduce(buf->data, buf->data, n, dt, NCCL_SUM, r->comm, be->stream), "ncclAllReduce",
+                    err);
     if ((rc = be->sync(be, err))) return rc;
     if ((rc = nerr(r, N.all_reduce(buf->data, buf->data, n, dt, NCCL_SUM, r->comm, NULL), "ncclAllReduce", err)))
         return rc;
@@ -175,6 +207,21 @@ static int n_all_gather(dsv4_comm *c, dsv4_backend *be, const dsv4_buf *in, dsv4
         return dsv4_err_set(err, DSV4_EINVAL, "NCCL all_gather: need F32 in [r][c] and out [r][%d*c]", S);
     size_t rows = (size_t)in->rows, cols = (size_t)in->cols, n = rows * cols;
     if (!n) return 0;
+    if (be->stream) {
+        void *st = be->stream;
+        if (rows == 1) /* rank-major is already the wanted layout */
+            return nerr(r, N.all_gather(in->data, out->data, n, NCCL_FLOAT32, r->comm, st), "ncclAllGather", err);
+        dsv4_buf tmp = {0}; /* [S][rows][cols], stream-ordered (banner) */
+        if ((rc = be->buf_alloc(be, DSV4_DT_F32, (int64_t)S * in->rows, in->cols, &tmp, err))) return rc;
+        rc = nerr(r, N.all_gather(in->data, tmp.data, n, NCCL_FLOAT32, r->comm, st), "ncclAllGather", err);
+        for (int k = 0; k < S && !rc; k++) /* [S][rows][cols] -> [rows][S*cols] */
+            if (N.memcpy2d_async((float *)out->data + (size_t)k * cols, (size_t)S * cols * sizeof(float),
+                                 (const float *)tmp.data + (size_t)k * n, cols * sizeof(float), cols * sizeof(float),
+                                 rows, 3 /* cudaMemcpyDeviceToDevice */, st))
+                rc = dsv4_err_set(err, DSV4_EBACKEND, "NCCL rank %d: all_gather: cudaMemcpy2DAsync failed", r->c.rank);
+        be->buf_free(be, &tmp);
+        return rc;
+    }
     if ((rc = be->sync(be, err))) return rc;
     if (rows == 1) { /* rank-major is already the wanted layout */
         if ((rc = nerr(r, N.all_gather(in->data, out->data, n, NCCL_FLOAT32, r->comm, NULL), "ncclAllGather", err)))
@@ -228,6 +275,9 @@ static void n_abort(dsv4_comm *c) {
 static void n_free(dsv4_comm *c) {
     if (!c) return;
     nccl_rank *r = (nccl_rank *)c;
+#ifdef DSV4_HAVE_CUDA
+    dsv4_cuda_oneshot_free(r->os);
+#endif
     if (!r->dead) N.destroy(r->comm);
     if (r->scratch) N.free_(r->scratch);
     free(r);
@@ -252,7 +302,7 @@ int dsv4_comm_nccl_create(int rank, int size, const uint8_t id[DSV4_NCCL_ID_BYTE
     if (rc) return rc;
     nccl_rank *r = calloc(1, sizeof *r);
     if (!r) return dsv4_err_set(err, DSV4_ENOMEM, "NCCL: out of memory");
-    r->c = (dsv4_comm){"nccl", rank, size, r, n_all_reduce, n_all_gather, n_broadcast, n_barrier, n_abort, n_free};
+    r->c = (dsv4_comm){"nccl", rank, size, r, n_all_reduce, n_all_gather, n_broadcast, n_barrier, n_abort, n_free, 1};
     nccl_id u;
     memcpy(u.internal, id, DSV4_NCCL_ID_BYTES);
     if ((rc = nerr(r, N.comm_init_rank(&r->comm, size, u, rank), "ncclCommInitRank", err))) {
@@ -261,4 +311,84 @@ int dsv4_comm_nccl_create(int rank, int size, const uint8_t id[DSV4_NCCL_ID_BYTE
     }
     *out = &r->c;
     return 0;
+}
+
+int dsv4_cuda_visible_devices(dsv4_err *err) {
+    int rc = load(err), n = 0;
+    if (rc) return -1;
+    int e = N.get_device_count(&n);
+    if (e) {
+        dsv4_err_set(err, DSV4_EBACKEND, "cudaGetDeviceCount: CUDA error %d (no usable GPU or driver)", e);
+        return -1;
+    }
+    return n;
+}
+
+int dsv4_comm_nccl_create_all(int n, dsv4_comm **ranks, dsv4_err *err) {
+    for (int i = 0; i < n && i < 64; i++) ranks[i] = NULL;
+    if (n < 1 || n > 64) return dsv4_err_set(err, DSV4_EINVAL, "NCCL: %d ranks outside [1,64]", n);
+    int have = dsv4_cuda_visible_devices(err);
+    if (have < 0) return err ? (err->code ? err->code : DSV4_EBACKEND) : DSV4_EBACKEND;
+    if (have < n)
+        return dsv4_err_set(err, DSV4_EINVAL,
+                            "--tensor-parallel-size %d needs %d GPUs on this host, but %d %s visible "
+                            "(CUDA_VISIBLE_DEVICES / the GPUs present)",
+                            n, n, have, have == 1 ? "is" : "are");
+    nccl_comm_t comms[64];
+    int devs[64];
+    for (int i = 0; i < n; i++) devs[i] = i;
+    nccl_res res = N.comm_init_all(comms, n, devs);
+    if (res) return dsv4_err_set(err, DSV4_EBACKEND, "NCCL: ncclCommInitAll over %d GPUs: %s", n, N.errstr(res));
+    for (int i = 0; i < n; i++) {
+        nccl_rank *r = calloc(1, sizeof *r);
+        if (!r) {
+            for (int j = i; j < n; j++) N.destroy(comms[j]);
+            for (int j = 0; j < i; j++) {
+                ranks[j]->free(ranks[j]);
+                ranks[j] = NULL;
+            }
+            return dsv4_err_set(err, DSV4_ENOMEM, "NCCL: out of memory");
+        }
+        r->c = (dsv4_comm){"nccl", i, n, r, n_all_reduce, n_all_gather, n_broadcast, n_barrier, n_abort, n_free, 1};
+        r->comm = comms[i];
+        ranks[i] = &r->c;
+    }
+#ifdef DSV4_HAVE_CUDA
+    /* opt-in (the default stays NCCL until the one-shot path has run whole models on every kind):
+     * DSV4_TP_ONESHOT=1, messages up to DSV4_TP_ONESHOT_MAX bytes (default 512 KB = 32 rows of 4096) */
+    const char *on = getenv("DSV4_TP_ONESHOT"), *mx = getenv("DSV4_TP_ONESHOT_MAX");
+    if (n >= 2 && n <= 8 && on && strcmp(on, "0")) {
+        long long cap = mx && atoll(mx) > 0 ? atoll(mx) / 4 : 128 * 1024;
+        dsv4_cuda_oneshot *os[8];
+        dsv4_err oe = {0};
+        if (dsv4_cuda_oneshot_create(n, cap, os, &oe)) {
+            dsv4_log(DSV4_LOG_WARN, "tensor parallel: one-shot all-reduce unavailable (%s); NCCL for all sizes", oe.msg);
+        } else {
+            for (int i = 0; i < n; i++) {
+                ((nccl_rank *)ranks[i])->os = os[i];
+                ((nccl_rank *)ranks[i])->os_on = 1;
+            }
+            dsv4_log(DSV4_LOG_INFO, "tensor parallel: one-shot all-reduce over NVLink peer memory for F32 messages up "
+                                    "to %lld bytes, NCCL above", cap * 4);
+        }
+    }
+#endif
+    return 0;
+}
+
+int64_t dsv4_comm_nccl_oneshot_max(const dsv4_comm *c) {
+    if (!c || strcmp(c->name, "nccl")) return 0;
+#ifdef DSV4_HAVE_CUDA
+    const nccl_rank *r = (const nccl_rank *)c;
+    return r->os ? dsv4_cuda_oneshot_capacity(r->os) : 0;
+#else
+    return 0;
+#endif
+}
+
+int dsv4_comm_nccl_set_oneshot(dsv4_comm *c, int on) {
+    if (!c || strcmp(c->name, "nccl")) return 0;
+    nccl_rank *r = (nccl_rank *)c;
+    r->os_on = on && r->os;
+    return r->os_on;
 }

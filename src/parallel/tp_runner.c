@@ -9,16 +9,31 @@
  * others, possibly blocked in an all-reduce, return instead of hanging; the
  * step then fails with the FIRST failing rank's message (the others only say
  * "aborted") and the local communicator is re-armed for the next step.
+ *
+ * GPU ranks (--device cuda, or auto on a host with enough GPUs): rank r
+ * drives GPU r. Its model runner is opened, used and freed only on its own
+ * thread (rank 0: whichever thread calls the runner, bound to GPU 0 before
+ * every job), and the ranks are joined by NCCL communicators made in this
+ * process with ncclCommInitAll; their collectives are queued on each rank's
+ * backend stream (comm_nccl.c), so ranks run their steps without host
+ * synchronisation and capture CUDA graphs that contain the collectives. The
+ * communicators are destroyed on the ranks' threads at the same time (an
+ * NCCL destroy may wait for its peers).
  */
 #include "parallel/tp_runner.h"
 
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "model/forward.h"
 #include "parallel/tp_shard.h"
+#ifdef DSV4_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 
-enum { JOB_OPEN = 1, JOB_FORWARD, JOB_RELEASE, JOB_RESUME, JOB_COPY, JOB_PAGES, JOB_QUIT };
+enum { JOB_OPEN = 1, JOB_FORWARD, JOB_TARGET, JOB_BENCH, JOB_RELEASE, JOB_RESUME, JOB_COPY, JOB_PAGES, JOB_CLOSE, JOB_QUIT };
 
 typedef struct tp_rank {
     struct dsv4_tp_runner *t;
@@ -31,10 +46,13 @@ typedef struct tp_rank {
     size_t logits_cap;
     int rc;
     dsv4_err err;
+    double bench_us; /* JOB_BENCH: mean µs per all-reduce on this rank */
+    int bench_path;  /* 1: the one-shot path ran */
 } tp_rank;
 
 struct dsv4_tp_runner {
     int n, check, local;
+    int gpu; /* rank r runs on GPU r (CUDA backends, NCCL communicators) */
     dsv4_comm **comms;
     tp_rank *ranks;
     const char *dir;
@@ -55,6 +73,8 @@ struct dsv4_tp_runner {
         int slot, src, dst, n_ids;
         const int32_t *ids;
         int64_t pos;
+        int64_t ar_rows, ar_cols;
+        int iters, oneshot;
     } job;
 };
 
@@ -65,17 +85,89 @@ static void note_fail(dsv4_tp_runner *t, tp_rank *r) {
     if (t->comms && t->comms[r->rank]) t->comms[r->rank]->abort(t->comms[r->rank]);
 }
 
+/* The bare target forward (no drafter bookkeeping): what `dsv4 perf` times. */
+static int target_forward(tp_rank *r, const dsv4_batch *b, const int32_t *rows, int n, float *logits, dsv4_err *err) {
+    struct dsv4_model *m;
+    struct dsv4_state *st;
+    dsv4_model_runner_target(r->mr, &m, &st);
+    return dsv4_forward(m, st, b, rows, n, logits, NULL, err);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* One rank of dsv4_tp_runner_bench_all_reduce: check one sum, then time back-to-back calls. */
+static int bench_rank(dsv4_tp_runner *t, tp_rank *r, dsv4_err *err) {
+    dsv4_backend *be = dsv4_model_runner_backend(r->mr);
+    dsv4_comm *c = t->comms[r->rank];
+    int64_t rows = t->job.ar_rows, cols = t->job.ar_cols;
+    size_t n = (size_t)(rows * cols);
+    r->bench_path = dsv4_comm_nccl_set_oneshot(c, t->job.oneshot) && (int64_t)n <= dsv4_comm_nccl_oneshot_max(c);
+    dsv4_buf b = {0};
+    float *h = malloc(n * sizeof(float));
+    int rc = h ? be->buf_alloc(be, DSV4_DT_F32, rows, cols, &b, err) : dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
+    for (size_t i = 0; !rc && i < n; i++) h[i] = (float)(r->rank + 1) * (float)(1 + i % 7);
+    if (!rc) rc = be->buf_write(be, &b, h, err);
+    if (!rc) rc = c->all_reduce_sum(c, be, &b, err);
+    if (!rc) rc = be->buf_read(be, &b, h, err);
+    float S = (float)(t->n * (t->n + 1) / 2);
+    for (size_t i = 0; !rc && i < n; i++)
+        if (h[i] != S * (float)(1 + i % 7))
+            rc = dsv4_err_set(err, DSV4_EINTERNAL, "all-reduce check: element %zu is %g, want %g", i, (double)h[i],
+                              (double)(S * (float)(1 + i % 7)));
+    if (!rc) {
+        memset(h, 0, n * sizeof(float));
+        rc = be->buf_write(be, &b, h, err);
+    }
+    for (int i = 0; i < 10 && !rc; i++) rc = c->all_reduce_sum(c, be, &b, err);
+    if (!rc) rc = be->sync(be, err);
+    double t0 = now_s();
+    for (int i = 0; i < t->job.iters && !rc; i++) rc = c->all_reduce_sum(c, be, &b, err);
+    if (!rc) rc = be->sync(be, err);
+    r->bench_us = (now_s() - t0) * 1e6 / (t->job.iters > 0 ? t->job.iters : 1);
+    be->buf_free(be, &b);
+    free(h);
+    dsv4_comm_nccl_set_oneshot(c, 1); /* back to the default: one-shot when it was set up */
+    return rc;
+}
+
 /* Run the current job on rank r (any thread). */
 static void run_job(dsv4_tp_runner *t, tp_rank *r, float *logits0) {
     dsv4_err_clear(&r->err);
     r->rc = 0;
+#ifdef DSV4_HAVE_CUDA
+    if (t->gpu && t->job.op != JOB_QUIT && (r->rc = dsv4_cuda_bind(r->rank, &r->err))) {
+        note_fail(t, r);
+        return;
+    }
+#endif
     switch (t->job.op) {
     case JOB_OPEN: {
-        r->rc = dsv4_model_runner_open_tp(t->dir, &t->mo, t->has_lo ? &t->lo : NULL, r->rank, t->n, t->comms[r->rank],
+        dsv4_model_runner_opts mo = t->mo;
+        if (t->gpu) {
+            mo.device = DSV4_DEVICE_CUDA;
+            mo.device_index = r->rank;
+        }
+        r->rc = dsv4_model_runner_open_tp(t->dir, &mo, t->has_lo ? &t->lo : NULL, r->rank, t->n, t->comms[r->rank],
                                           &r->mr, &r->err);
         if (!r->rc) r->it = dsv4_model_runner_iface(r->mr);
         break;
     }
+    case JOB_BENCH:
+        r->rc = bench_rank(t, r, &r->err);
+        break;
+    case JOB_CLOSE: /* on the rank's own thread: its GPU, and NCCL destroys side by side */
+        dsv4_model_runner_free(r->mr);
+        r->mr = NULL;
+        if (!t->local && t->comms && t->comms[r->rank]) {
+            t->comms[r->rank]->free(t->comms[r->rank]);
+            t->comms[r->rank] = NULL;
+        }
+        return;
+    case JOB_TARGET:
     case JOB_FORWARD: {
         int nl = t->job.n_logits;
         float *lg = logits0;
@@ -92,7 +184,8 @@ static void run_job(dsv4_tp_runner *t, tp_rank *r, float *logits0) {
             }
             lg = r->logits;
         }
-        r->rc = r->it.forward(r->it.ctx, t->job.b, t->job.rows, nl, lg, &r->err);
+        if (t->job.op == JOB_TARGET) r->rc = target_forward(r, t->job.b, t->job.rows, nl, lg, &r->err);
+        else r->rc = r->it.forward(r->it.ctx, t->job.b, t->job.rows, nl, lg, &r->err);
         break;
     }
     case JOB_RELEASE:
@@ -202,6 +295,36 @@ static int tp_forward(void *ctx, const dsv4_batch *b, const int32_t *rows, int n
     return rc;
 }
 
+int dsv4_tp_runner_forward_target(dsv4_tp_runner *t, const dsv4_batch *b, const int32_t *rows, int n_logits,
+                                  float *logits, dsv4_err *err) {
+    int rc = dsv4_tp_check_batch(t->mo.n_slots, t->mo.max_len, t->it0.vocab, b, rows, n_logits, err);
+    if (rc) return rc;
+    t->job.op = JOB_TARGET;
+    t->job.b = b;
+    t->job.rows = rows;
+    t->job.n_logits = n_logits;
+    rc = dispatch(t, logits, err);
+    if (!rc && t->check) rc = check_logits(t, n_logits, logits, err);
+    return rc;
+}
+
+int dsv4_tp_runner_bench_all_reduce(dsv4_tp_runner *t, int64_t rows, int64_t cols, int iters, int oneshot,
+                                    double *us, int *used_oneshot, dsv4_err *err) {
+    if (rows < 1 || cols < 1 || iters < 1) return dsv4_err_set(err, DSV4_EINVAL, "all-reduce bench: bad sizes");
+    t->job.op = JOB_BENCH;
+    t->job.ar_rows = rows;
+    t->job.ar_cols = cols;
+    t->job.iters = iters;
+    t->job.oneshot = oneshot;
+    int rc = dispatch(t, NULL, err);
+    if (rc) return rc;
+    double m = 0;
+    for (int i = 0; i < t->n; i++) m = t->ranks[i].bench_us > m ? t->ranks[i].bench_us : m;
+    *us = m;
+    *used_oneshot = t->ranks[0].bench_path;
+    return 0;
+}
+
 static void tp_release(void *ctx, int slot) {
     dsv4_tp_runner *t = ctx;
     dsv4_err err = {0};
@@ -244,9 +367,17 @@ static int tp_set_pages(void *ctx, int slot, int n, const int32_t *ids, dsv4_err
 
 void dsv4_tp_runner_free(dsv4_tp_runner *t) {
     if (!t) return;
-    int started = 0;
-    for (int i = 1; i < t->n; i++) started |= t->ranks[i].started;
+    int started = 0, all = 1;
+    for (int i = 1; i < t->n; i++) {
+        started |= t->ranks[i].started;
+        all &= t->ranks[i].started;
+    }
     if (started) {
+        if (all) { /* every rank frees its runner (and NCCL handle) on its own thread */
+            dsv4_err e = {0};
+            t->job.op = JOB_CLOSE;
+            dispatch(t, NULL, &e);
+        }
         pthread_mutex_lock(&t->mu);
         t->job.op = JOB_QUIT;
         t->gen++;
@@ -270,6 +401,41 @@ void dsv4_tp_runner_free(dsv4_tp_runner *t) {
     free(t);
 }
 
+/*
+ * Which ranks: GPUs (1) or CPU threads (0), for o->device and n ranks.
+ * CUDA needs n visible GPUs (a clear error otherwise); AUTO takes the GPUs
+ * when there are enough, else CPU ranks with a log line saying why.
+ */
+static int pick_gpu(const dsv4_model_runner_opts *o, int n, int *gpu, dsv4_err *err) {
+    *gpu = 0;
+    if (o->device == DSV4_DEVICE_CPU) return 0;
+#ifdef DSV4_HAVE_CUDA
+    dsv4_err ce = {0};
+    int have = dsv4_cuda_device_count(&ce);
+    if (have >= n) {
+        *gpu = 1;
+        dsv4_log(DSV4_LOG_INFO, "tensor parallel: %d ranks on GPUs 0..%d (NCCL)", n, n - 1);
+        return 0;
+    }
+    if (o->device == DSV4_DEVICE_CUDA) {
+        if (have < 0) return dsv4_err_set(err, DSV4_EBACKEND, "--device cuda: %s", ce.msg);
+        return dsv4_err_set(err, DSV4_EINVAL,
+                            "--tensor-parallel-size %d with --device cuda needs %d GPUs, but this host has %d visible "
+                            "(check CUDA_VISIBLE_DEVICES, or lower --tensor-parallel-size)",
+                            n, n, have);
+    }
+    dsv4_log(DSV4_LOG_INFO, "tensor parallel: %d CPU ranks (--device auto: %d GPU%s visible)", n, have < 0 ? 0 : have,
+             have == 1 ? "" : "s");
+    return 0;
+#else
+    if (o->device == DSV4_DEVICE_CUDA)
+        return dsv4_err_set(err, DSV4_EUNSUPPORTED,
+                            "--device cuda: this build has no CUDA backend (configure with -DDSV4_CUDA=ON)");
+    (void)n;
+    return 0;
+#endif
+}
+
 int dsv4_tp_runner_open(const char *dir, const dsv4_model_runner_opts *o, const dsv4_load_opts *lo,
                         const dsv4_tp_runner_opts *tp, dsv4_tp_runner **out, dsv4_err *err) {
     *out = NULL;
@@ -279,6 +445,8 @@ int dsv4_tp_runner_open(const char *dir, const dsv4_model_runner_opts *o, const 
     if (n < 1 || n > 64) rc = dsv4_err_set(err, DSV4_EINVAL, "--tensor-parallel-size %d outside [1,64]", n);
     if (!rc && !(rc = dsv4_config_load_ex(dir, lo ? lo->hf_overrides : NULL, &cfg, err))) rc = dsv4_tp_check(&cfg, n, err);
     if (rc && n >= 1 && n <= 64) dsv4_err_prefix(err, "%s: ", dir);
+    int gpu = 0;
+    if (!rc && !tp->comms) rc = pick_gpu(o, n, &gpu, err);
     if (!rc && !(t = calloc(1, sizeof *t))) rc = dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
     if (rc) { /* the caller's communicators are ours whatever happens */
         for (int i = 0; tp->comms && i < n && i < 64; i++)
@@ -289,7 +457,9 @@ int dsv4_tp_runner_open(const char *dir, const dsv4_model_runner_opts *o, const 
     pthread_cond_init(&t->cv_job, NULL);
     pthread_cond_init(&t->cv_done, NULL);
     t->n = n;
+    t->gpu = gpu;
     t->check = tp->check_ranks;
+    if (!t->check && getenv("DSV4_TP_CHECK_RANKS") && strcmp(getenv("DSV4_TP_CHECK_RANKS"), "0")) t->check = 1;
     t->dir = dir;
     t->mo = *o;
     if (lo) {
@@ -306,6 +476,12 @@ int dsv4_tp_runner_open(const char *dir, const dsv4_model_runner_opts *o, const 
     }
     if (tp->comms) {
         memcpy(t->comms, tp->comms, sizeof(dsv4_comm *) * (size_t)n);
+    } else if (gpu) {
+        if ((rc = dsv4_comm_nccl_create_all(n, t->comms, err))) {
+            dsv4_err_prefix(err, "tensor parallel over %d GPUs: ", n);
+            dsv4_tp_runner_free(t);
+            return rc;
+        }
     } else {
         t->local = 1;
         if ((rc = dsv4_comm_local_create(n, t->comms, err))) {
@@ -364,3 +540,8 @@ dsv4_runner dsv4_tp_runner_iface(dsv4_tp_runner *t) {
 int dsv4_tp_runner_drafter(dsv4_tp_runner *t, dsv4_drafter *out) { return dsv4_model_runner_drafter(t->ranks[0].mr, out); }
 
 const dsv4_config *dsv4_tp_runner_config(const dsv4_tp_runner *t) { return dsv4_model_runner_config(t->ranks[0].mr); }
+
+dsv4_backend *dsv4_tp_runner_backend(dsv4_tp_runner *t, int rank) {
+    if (!t || rank < 0 || rank >= t->n || !t->ranks[rank].mr) return NULL;
+    return dsv4_model_runner_backend(t->ranks[rank].mr);
+}

@@ -33,21 +33,50 @@ typedef struct dsv4_tp_runner_opts {
     dsv4_comm **comms;      /* [tp_size] one handle per rank, taken over by the runner (freed by it even
                                when open fails); NULL = local communicator made here */
     /* Debug/test knob: each step fails (DSV4_EINTERNAL, naming rank, row and
-     * token) unless every rank's logits are bit-identical to rank 0's. */
+     * token) unless every rank's logits are bit-identical to rank 0's. Also
+     * on when the environment has DSV4_TP_CHECK_RANKS=1 (the CLIs). */
     int check_ranks;
 } dsv4_tp_runner_opts;
 
 /*
  * dsv4_tp_runner_open — open checkpoint dir once per rank (in parallel, one
  * thread each) with the model runner options o (n_slots, max_len, max_spec,
- * numerics) and load options lo (NULL = a real checkpoint; --hf-overrides
- * apply; dummy weights are refused) through dsv4_model_runner_open_tp. Checks dsv4_tp_check
- * first so a TP size that does not divide the model is refused before any
- * loading. Errors: the first failing rank's error prefixed "rank R: ";
- * DSV4_EINVAL bad tp_size; DSV4_ENOMEM / thread creation failures.
+ * numerics, device) and load options lo (NULL = a real checkpoint;
+ * --hf-overrides and dummy weights apply, each rank filling its own slice)
+ * through dsv4_model_runner_open_tp. Checks dsv4_tp_check first so a TP size
+ * that does not divide the model is refused before any loading.
+ * Devices (when tp->comms is NULL): o->device CPU gives CPU ranks and the
+ * local communicator; CUDA gives rank r GPU r and NCCL communicators made in
+ * this process (comm.h dsv4_comm_nccl_create_all); AUTO takes the GPUs when
+ * the host has tp_size of them, else CPU ranks. Every rank sizes the same KV
+ * pool from o (the pool lives on each rank's device).
+ * Errors: the first failing rank's error prefixed "rank R: "; DSV4_EINVAL
+ * bad tp_size, or --device cuda with fewer visible GPUs than tp_size (the
+ * message gives both); DSV4_EUNSUPPORTED --device cuda in a build without
+ * CUDA, or NCCL not loadable (the message says which variable to set);
+ * DSV4_ENOMEM / thread creation failures.
  */
 int dsv4_tp_runner_open(const char *dir, const dsv4_model_runner_opts *o, const dsv4_load_opts *lo,
                         const dsv4_tp_runner_opts *tp, dsv4_tp_runner **out, dsv4_err *err);
+/*
+ * dsv4_tp_runner_forward_target — the bare target forward on every rank (no
+ * drafter features: what `dsv4 perf` times), logits of rows[0..n_logits) of
+ * b into logits [n_logits][vocab] (rank 0's; checked against the others with
+ * check_ranks). Errors: dsv4_tp_check_batch's; the first failing rank's.
+ */
+int dsv4_tp_runner_forward_target(dsv4_tp_runner *t, const dsv4_batch *b, const int32_t *rows, int n_logits,
+                                  float *logits, dsv4_err *err);
+/*
+ * dsv4_tp_runner_bench_all_reduce — the all-reduce of a [rows][cols] F32
+ * buffer on every rank's backend: one call checked (every element the sum
+ * over ranks, exactly), then `iters` calls back to back; *us = the slowest
+ * rank's mean µs per call. oneshot 1 asks for the NVLink one-shot path
+ * (comm.h dsv4_comm_nccl_set_oneshot; *used_oneshot says whether it ran:
+ * messages above its capacity still go through NCCL),
+ * 0 for NCCL. Errors: DSV4_EINTERNAL a wrong sum; the communicator's.
+ */
+int dsv4_tp_runner_bench_all_reduce(dsv4_tp_runner *t, int64_t rows, int64_t cols, int iters, int oneshot,
+                                    double *us, int *used_oneshot, dsv4_err *err);
 /* Stop the workers and free every rank. NULL-safe. */
 void dsv4_tp_runner_free(dsv4_tp_runner *t);
 
@@ -55,6 +84,8 @@ void dsv4_tp_runner_free(dsv4_tp_runner *t);
 dsv4_runner dsv4_tp_runner_iface(dsv4_tp_runner *t);
 /* Rank 0's drafter (see banner); returns 0 when the checkpoint has none or max_spec was 0. */
 int dsv4_tp_runner_drafter(dsv4_tp_runner *t, dsv4_drafter *out);
+/* Rank r's backend (e.g. "cuda:1"), or NULL for r out of range. */
+dsv4_backend *dsv4_tp_runner_backend(dsv4_tp_runner *t, int rank);
 /* The whole model's config. */
 const dsv4_config *dsv4_tp_runner_config(const dsv4_tp_runner *t);
 

@@ -45,11 +45,18 @@
  * the tiny models split inside a block, so their reference-numerics TP
  * results differ from TP = 1 by more than summation order (the tests say by
  * how much).
+ *
+ * Dummy weights (--load-format dummy): their views carry a tag, not bytes, so
+ * a slice is not an offset pointer or a copy but a new tag whose fill maps
+ * the slice's elements to the whole tensor's (dsv4_dummy_slice): each rank
+ * then fills exactly its part of the unsharded dummy model on its own device.
  */
 #include "parallel/tp_shard.h"
 
 #include <stdlib.h>
 #include <string.h>
+
+#include "model/dummy.h"
 
 static int rule128(int64_t n) { return n > 0 && (n % 128 == 0 || (n < 128 && 128 % n == 0)); }
 
@@ -110,32 +117,62 @@ static int is_fp4(dsv4_dtype d) { return d == DSV4_DT_I8 || d == DSV4_DT_U8; }
 
 static const char *nm(const dsv4_linear *l) { return l->w.name ? l->w.name : "linear"; }
 
+/* A dummy tensor's slice: retag v (see banner). FP4 bytes keep 4-byte runs aligned (cuda_fill.cu). */
+static int dummy_tag(dsv4_tp_shard *s, dsv4_tview *v, uint64_t off, int64_t cols, int64_t stride, dsv4_err *err) {
+    if ((v->dtype == DSV4_DT_I8 || v->dtype == DSV4_DT_U8) && (off % 4 || cols % 4 || stride % 4))
+        return dsv4_err_set(err, DSV4_EUNSUPPORTED,
+                            "tensor parallel: %s: dummy FP4 slice at byte %llu (%lld of %lld per row) is not 4-byte "
+                            "aligned",
+                            v->name ? v->name : "tensor", (unsigned long long)off, (long long)cols, (long long)stride);
+    const void *t = dsv4_dummy_slice(s->dummy, v->data, off, cols, stride, err);
+    if (!t) return err && err->code ? err->code : DSV4_EINTERNAL;
+    v->data = t;
+    return 0;
+}
+
+static int is_dummy(const dsv4_tp_shard *s, const dsv4_tview *v) {
+    return s->dummy && dsv4_dummy_fill_for(s->dummy, v) != NULL;
+}
+
 /* Rows [o, o+n) of a linear, as views into the same bytes. */
-static int slice_rows(dsv4_linear *l, int64_t o, int64_t n, dsv4_err *err) {
+static int slice_rows(dsv4_tp_shard *s, dsv4_linear *l, int64_t o, int64_t n, dsv4_err *err) {
     if (l->w.dtype == DSV4_DT_INVALID) return 0;
     if (o < 0 || n <= 0 || o + n > l->out || l->w.ndim != 2)
         return dsv4_err_set(err, DSV4_EINTERNAL, "tensor parallel: %s: rows [%lld,+%lld) of %lld", nm(l),
                             (long long)o, (long long)n, (long long)l->out);
     const uint8_t *w = l->w.data;
     size_t row_bytes = (size_t)l->w.shape[1] * dsv4_dtype_size(l->w.dtype);
+    int dummy = is_dummy(s, &l->w), rc;
     if (l->w.dtype == DSV4_DT_F8_E4M3) {
         if (!(o % 128 == 0 || o / 128 == (o + n - 1) / 128))
             return dsv4_err_set(err, DSV4_EINVAL, "tensor parallel: %s: rows [%lld,+%lld) split an FP8 scale block",
                                 nm(l), (long long)o, (long long)n);
         size_t srow = (size_t)l->scale.shape[1] * dsv4_dtype_size(l->scale.dtype);
-        l->scale.data = (const uint8_t *)l->scale.data + (size_t)(o / 128) * srow;
+        if (dummy) {
+            if ((rc = dummy_tag(s, &l->scale, (uint64_t)(o / 128) * (uint64_t)l->scale.shape[1], 0, 0, err))) return rc;
+        } else {
+            l->scale.data = (const uint8_t *)l->scale.data + (size_t)(o / 128) * srow;
+        }
         l->scale.shape[0] = (n + 127) / 128;
         l->scale.nbytes = (size_t)l->scale.shape[0] * srow;
     } else if (is_fp4(l->w.dtype)) {
         size_t srow = (size_t)l->scale.shape[1] * dsv4_dtype_size(l->scale.dtype);
-        l->scale.data = (const uint8_t *)l->scale.data + (size_t)o * srow;
+        if (dummy) {
+            if ((rc = dummy_tag(s, &l->scale, (uint64_t)o * (uint64_t)l->scale.shape[1], 0, 0, err))) return rc;
+        } else {
+            l->scale.data = (const uint8_t *)l->scale.data + (size_t)o * srow;
+        }
         l->scale.shape[0] = n;
         l->scale.nbytes = (size_t)n * srow;
     } else if (l->scale.dtype != DSV4_DT_INVALID) {
         return dsv4_err_set(err, DSV4_EUNSUPPORTED, "tensor parallel: %s: scaled %s weight", nm(l),
                             dsv4_dtype_name(l->w.dtype));
     }
-    l->w.data = w + (size_t)o * row_bytes;
+    if (dummy) {
+        if ((rc = dummy_tag(s, &l->w, (uint64_t)o * (uint64_t)l->w.shape[1], 0, 0, err))) return rc;
+    } else {
+        l->w.data = w + (size_t)o * row_bytes;
+    }
     l->w.shape[0] = n;
     l->w.nbytes = (size_t)n * row_bytes;
     l->out = n;
@@ -183,6 +220,19 @@ static int slice_cols(dsv4_tp_shard *s, dsv4_linear *l, int64_t o, int64_t n, ds
         wc0 = (size_t)o * we;
         wnc = (size_t)n * we;
     }
+    if (is_dummy(s, &l->w)) { /* a tag with a column map, no copy (banner) */
+        int rc = dummy_tag(s, &l->w, wc0 / we, (int64_t)(wnc / we), l->w.shape[1], err);
+        if (!rc && snc) rc = dummy_tag(s, &l->scale, sc0, (int64_t)snc, l->scale.shape[1], err);
+        if (rc) return rc;
+        if (snc) {
+            l->scale.shape[1] = (int64_t)snc;
+            l->scale.nbytes = (size_t)l->scale.shape[0] * snc * dsv4_dtype_size(l->scale.dtype);
+        }
+        l->w.shape[1] = (int64_t)(wnc / we);
+        l->w.nbytes = (size_t)l->w.shape[0] * wnc;
+        l->in = n;
+        return 0;
+    }
     void *wd = copy_cols(l->w.data, l->w.shape[0], wrow, wc0, wnc);
     int rc = own(s, wd, err);
     if (rc) return rc;
@@ -206,12 +256,16 @@ static int shard_block(dsv4_tp_shard *s, const dsv4_config *c, dsv4_block_w *b, 
     int r = s->rank, N = s->size, rc;
     int64_t Hl = c->num_attention_heads / N, hd = c->head_dim, GR = (int64_t)(c->o_groups / N) * c->o_lora_rank;
     dsv4_attn_w *a = &b->attn;
-    if ((rc = slice_rows(&a->wq_b, r * Hl * hd, Hl * hd, err)) || (rc = slice_rows(&a->wo_a, r * GR, GR, err)) ||
+    if ((rc = slice_rows(s, &a->wq_b, r * Hl * hd, Hl * hd, err)) || (rc = slice_rows(s, &a->wo_a, r * GR, GR, err)) ||
         (rc = slice_cols(s, &a->wo_b, r * GR, GR, err)))
         return rc;
     if (a->sink.dtype != DSV4_DT_INVALID) {
         size_t e = dsv4_dtype_size(a->sink.dtype);
-        a->sink.data = (const uint8_t *)a->sink.data + (size_t)(r * Hl) * e;
+        if (is_dummy(s, &a->sink)) {
+            if ((rc = dummy_tag(s, &a->sink, (uint64_t)(r * Hl), 0, 0, err))) return rc;
+        } else {
+            a->sink.data = (const uint8_t *)a->sink.data + (size_t)(r * Hl) * e;
+        }
         a->sink.shape[0] = Hl;
         a->sink.nbytes = (size_t)Hl * e;
     }
@@ -220,7 +274,7 @@ static int shard_block(dsv4_tp_shard *s, const dsv4_config *c, dsv4_block_w *b, 
     if (f->shared.w1.out % N)
         return dsv4_err_set(err, DSV4_EINVAL, "tensor parallel: %s: %lld rows over %d ranks", nm(&f->shared.w1),
                             (long long)f->shared.w1.out, N);
-    if ((rc = slice_rows(&f->shared.w1, r * Fs, Fs, err)) || (rc = slice_rows(&f->shared.w3, r * Fs, Fs, err)) ||
+    if ((rc = slice_rows(s, &f->shared.w1, r * Fs, Fs, err)) || (rc = slice_rows(s, &f->shared.w3, r * Fs, Fs, err)) ||
         (rc = slice_cols(s, &f->shared.w2, r * Fs, Fs, err)))
         return rc;
     for (int e = 0; e < f->n_experts; e++) {
@@ -229,7 +283,7 @@ static int shard_block(dsv4_tp_shard *s, const dsv4_config *c, dsv4_block_w *b, 
         if (ex[e].w1.out % N)
             return dsv4_err_set(err, DSV4_EINVAL, "tensor parallel: %s: %lld rows over %d ranks", nm(&ex[e].w1),
                                 (long long)ex[e].w1.out, N);
-        if ((rc = slice_rows(&ex[e].w1, r * Fe, Fe, err)) || (rc = slice_rows(&ex[e].w3, r * Fe, Fe, err)) ||
+        if ((rc = slice_rows(s, &ex[e].w1, r * Fe, Fe, err)) || (rc = slice_rows(s, &ex[e].w3, r * Fe, Fe, err)) ||
             (rc = slice_cols(s, &ex[e].w2, r * Fe, Fe, err)))
             return rc;
     }
@@ -248,6 +302,11 @@ void dsv4_tp_shard_free(dsv4_tp_shard *s) {
 
 int dsv4_tp_shard_create(const dsv4_config *cfg, const dsv4_weights *w, int rank, int size,
                          dsv4_tp_shard **out, dsv4_err *err) {
+    return dsv4_tp_shard_create_ex(cfg, w, rank, size, NULL, out, err);
+}
+
+int dsv4_tp_shard_create_ex(const dsv4_config *cfg, const dsv4_weights *w, int rank, int size,
+                            struct dsv4_dummy *dummy, dsv4_tp_shard **out, dsv4_err *err) {
     *out = NULL;
     int rc = dsv4_tp_check(cfg, size, err);
     if (rc) return rc;
@@ -257,6 +316,7 @@ int dsv4_tp_shard_create(const dsv4_config *cfg, const dsv4_weights *w, int rank
     if (!s) return dsv4_err_set(err, DSV4_ENOMEM, "tensor parallel: out of memory");
     s->rank = rank;
     s->size = size;
+    s->dummy = dummy;
     s->cfg = *cfg;
     s->cfg.num_attention_heads /= size;
     s->cfg.o_groups /= size;
@@ -285,7 +345,7 @@ int dsv4_tp_shard_create(const dsv4_config *cfg, const dsv4_weights *w, int rank
     /* vocabulary-parallel LM head when the vocabulary divides (129280 = 2^7 * 1010) */
     if (w->head.out % size == 0 && w->head.w.dtype != DSV4_DT_INVALID) {
         int64_t Vl = w->head.out / size;
-        if ((rc = slice_rows(&s->w.head, rank * Vl, Vl, err))) {
+        if ((rc = slice_rows(s, &s->w.head, rank * Vl, Vl, err))) {
             dsv4_tp_shard_free(s);
             return dsv4_err_prefix(err, "LM head: ");
         }

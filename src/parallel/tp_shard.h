@@ -19,6 +19,8 @@
 extern "C" {
 #endif
 
+struct dsv4_dummy; /* model/dummy.h */
+
 typedef struct dsv4_tp_shard {
     int rank, size;
     dsv4_config cfg;   /* local: heads and output groups divided by size */
@@ -29,6 +31,7 @@ typedef struct dsv4_tp_shard {
     dsv4_expert_w *experts;  /* all layers' expert slices, one allocation */
     void **owned;
     int n_owned, cap_owned;
+    struct dsv4_dummy *dummy; /* the weights' dummy source, or NULL */
 } dsv4_tp_shard;
 
 /*
@@ -53,6 +56,16 @@ int dsv4_tp_check(const dsv4_config *cfg, int tp, dsv4_err *err);
  */
 int dsv4_tp_shard_create(const dsv4_config *cfg, const dsv4_weights *w, int rank, int size,
                          dsv4_tp_shard **out, dsv4_err *err);
+/*
+ * dsv4_tp_shard_create_ex — the same for weights bound to a dummy checkpoint
+ * (model/dummy.h; dummy NULL = a real one, as dsv4_tp_shard_create): sliced
+ * dummy tensors get tags of dsv4_dummy_slice instead of offset pointers or
+ * copies, so each rank's backend fills exactly its part of the whole dummy
+ * model. Errors additionally: DSV4_EUNSUPPORTED an FP4 slice that is not
+ * 4-byte aligned (the CUDA fill writes words), dsv4_dummy_slice's.
+ */
+int dsv4_tp_shard_create_ex(const dsv4_config *cfg, const dsv4_weights *w, int rank, int size,
+                            struct dsv4_dummy *dummy, dsv4_tp_shard **out, dsv4_err *err);
 void dsv4_tp_shard_free(dsv4_tp_shard *s);
 
 #ifdef __cplusplus

@@ -132,9 +132,7 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
     if (o->multinode) { /* node 0 of several: rank 0's slice here, the other nodes follow its step plans */
         if ((rc = dsv4_multinode_open_leader(o->multinode, o->model_dir, &mo, &lo, &s->mr, &mn_run, err))) goto fail;
         s->mn = o->multinode;
-    } else
-    if (o->tensor_parallel_size > 1) { /* ranks as threads of this process (src/parallel/tp_runner.h) */
-        mo.device = DSV4_DEVICE_CPU; /* ranks are CPU backends until TP is wired to CUDA + NCCL */
+    } else if (o->tensor_parallel_size > 1) { /* ranks as threads of this process (src/parallel/tp_runner.h) */
         dsv4_tp_runner_opts to = {.tp_size = o->tensor_parallel_size};
         if ((rc = dsv4_tp_runner_open(o->model_dir, &mo, &lo, &to, &s->tp, err))) goto fail;
     } else if ((rc = dsv4_model_runner_open_ex(o->model_dir, &mo, &lo, &s->mr, err))) {
@@ -200,7 +198,9 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
              "max_num_seqs %d (%d request slots; KV pool %d pages of %d, kv dtype %s); speculation %s k=%d; "
              "prefix caching %s",
              o->model_dir, dsv4_config_kind_name(cfg), cfg->num_hidden_layers, cfg->vocab_size,
-             dsv4_profile_name(profile), s->mr ? dsv4_model_runner_backend(s->mr)->name : "cpu",
+             dsv4_profile_name(profile),
+             s->mr ? dsv4_model_runner_backend(s->mr)->name
+                   : (dsv4_tp_runner_backend(s->tp, 0) ? dsv4_tp_runner_backend(s->tp, 0)->name : "cpu"),
              o->tensor_parallel_size > 1 ? o->tensor_parallel_size : 1,
              (long long)s->max_model_len, o->max_num_seqs, o->max_num_seqs + cache_slots,
              run.n_pages, run.page_tokens, dsv4_kv_dtype_name(kvt), o->spec_k ? "dspark" : "off", o->spec_k,

@@ -66,8 +66,8 @@ static void check_linear(dsv4_backend *cpu, dsv4_backend *cu, const char *name, 
     l.in = in;
     l.w = view(name, dt, o, fp4 ? in / 2 : in);
     if (q) l.scale = view("scale", DSV4_DT_F8_E8M0, fp4 ? o : o / 128, fp4 ? in / 32 : in / 128);
-    dsv4_fill wf = {fp4 ? DSV4_FILL_BYTES : q ? DSV4_FILL_E4M3 : DSV4_FILL_UNIFORM, 11, 0, 0.05, 0, 0x38};
-    dsv4_fill sf = {DSV4_FILL_E8M0, 12, 0, 0, 118, 121};
+    dsv4_fill wf = {fp4 ? DSV4_FILL_BYTES : q ? DSV4_FILL_E4M3 : DSV4_FILL_UNIFORM, 11, 0, 0.05, 0, 0x38, 0, 0, 0};
+    dsv4_fill sf = {DSV4_FILL_E8M0, 12, 0, 0, 118, 121, 0, 0, 0};
     dsv4_linear host = l, viacpu, filled = l;
     if (cpu->fill_dummy(cpu, &wf, &host.w, &e) || (q && cpu->fill_dummy(cpu, &sf, &host.scale, &e)) ||
         cu->upload_linear(cu, &host, &viacpu, &e) || cu->fill_dummy_linear(cu, &wf, q ? &sf : NULL, &filled, &e)) {
@@ -111,9 +111,9 @@ int main(void) {
         printf("ERROR: %s\n", e.msg);
         return 2;
     }
-    dsv4_fill un = {DSV4_FILL_UNIFORM, 1, 1.0, 0.05, 0, 0}, un2 = {DSV4_FILL_UNIFORM, 2, 0.0, 0.03, 0, 0};
-    dsv4_fill e4 = {DSV4_FILL_E4M3, 3, 0, 0, 0, 0x38}, e8 = {DSV4_FILL_E8M0, 4, 0, 0, 110, 130};
-    dsv4_fill by = {DSV4_FILL_BYTES, 5, 0, 0, 0, 0}, ix = {DSV4_FILL_INDEX, 6, 0, 0, 0, 256};
+    dsv4_fill un = {DSV4_FILL_UNIFORM, 1, 1.0, 0.05, 0, 0, 0, 0, 0}, un2 = {DSV4_FILL_UNIFORM, 2, 0.0, 0.03, 0, 0, 0, 0, 0};
+    dsv4_fill e4 = {DSV4_FILL_E4M3, 3, 0, 0, 0, 0x38, 0, 0, 0}, e8 = {DSV4_FILL_E8M0, 4, 0, 0, 110, 130, 0, 0, 0};
+    dsv4_fill by = {DSV4_FILL_BYTES, 5, 0, 0, 0, 0, 0, 0, 0}, ix = {DSV4_FILL_INDEX, 6, 0, 0, 0, 256, 0, 0, 0};
     check_view(cpu, cu, &un, view("uniform F32 (norm-like)", DSV4_DT_F32, 3, 1001));
     check_view(cpu, cu, &un2, view("uniform BF16 (embed-like)", DSV4_DT_BF16, 129280, 4096));
     check_view(cpu, cu, &e4, view("E4M3", DSV4_DT_F8_E4M3, 257, 999));

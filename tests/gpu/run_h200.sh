@@ -5,6 +5,7 @@
 # Output goes to $OUT (the device tool's folder) or /tmp/gpuops-out.
 # Usage: tests/gpu/run_h200.sh [harness args, default --perf]
 # Env: COMPARE=0 skips the comparison runs (PDL off; MoE variants in MOE_VARIANTS);
+#      PREFILL=1 adds dsv4-gpu-ops --prefill (tiled GEMMs at prefill sizes);
 #      NCU=1 adds an ncu profile of --profile (mind the kernel regex).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -31,6 +32,9 @@ if command -v compute-sanitizer >/dev/null; then
   echo "compute-sanitizer memcheck --tiny: rc=$? $(grep -E 'ERROR SUMMARY' "$OUTD/sanitizer.txt")"
 fi
 "$B/dsv4-gpu-ops" "${@:---perf}" 2>&1 | tee "$OUTD/gpu_ops.txt"
+# prefill sizes (PREFILL=1): MoE 1365/4096/8192 tokens with skewed routing, FP8 linears to n=4096,
+# tiled GEMMs vs the decode kernels (correctness, then timings of every tile shape)
+[ -n "${PREFILL:-}" ] && "$B/dsv4-gpu-ops" --prefill 2>&1 | tee "$OUTD/gpu_ops_prefill.txt"
 if [ -n "${NCU:-}" ] && command -v ncu >/dev/null; then
   ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
       --section LaunchStats -k "regex:^(k_fp4|k_fp8|k_route|k_moe|k_act)" "$B/dsv4-gpu-ops" --profile \

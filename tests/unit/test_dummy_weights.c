@@ -164,7 +164,7 @@ static void test_values(void) {
         CHECK_EQ_INT(be->fill_dummy(be, &f2, &x, &err), 0);
         CHECK(memcmp(a.data, x.data, a.nbytes) != 0);
         /* a kind that does not fit the dtype is refused */
-        dsv4_fill bf = {DSV4_FILL_UNIFORM, 1, 0, 1, 0, 0};
+        dsv4_fill bf = {DSV4_FILL_UNIFORM, 1, 0, 1, 0, 0, 0, 0, 0};
         x = *e;
         CHECK_EQ_INT(be->fill_dummy(be, &bf, &x, &err), DSV4_EINVAL);
     }

@@ -565,7 +565,7 @@ static void test_rank_failure(void) {
     dsv4_comm *inner0 = in[0];
     for (int r = 0; r < 2; r++) {
         flaky *f = calloc(1, sizeof *f);
-        f->c = (dsv4_comm){"flaky", r, 2, f, fl_reduce, fl_gather, fl_bcast, fl_barrier, fl_abort, fl_free};
+        f->c = (dsv4_comm){"flaky", r, 2, f, fl_reduce, fl_gather, fl_bcast, fl_barrier, fl_abort, fl_free, 0};
         f->in = in[r];
         f->fail_at = 3; /* layer 1's attention all-reduce */
         wrap[r] = &f->c;

@@ -56,9 +56,9 @@ static void fill_range(const dsv4_fill *how, dsv4_dtype dt, void *p, int64_t n, 
             for (int64_t i = 0; i < n; i++) q[i] = (int32_t)dsv4_fill_index(how, (uint64_t)i, k);
         }
         return;
-    case DSV4_FILL_BYTES: { /* one hash per 8 bytes (dsv4_fill_byte) */
+    case DSV4_FILL_BYTES: { /* one hash per 8 bytes (dsv4_fill_byte); a slice's map: byte by byte */
         uint8_t *b = p;
-        int64_t words = n / 8;
+        int64_t words = how->map_off || how->map_cols ? 0 : n / 8;
 #pragma omp parallel for if (n > DSV4_CPU_PAR_MIN)
         for (int64_t w = 0; w < words; w++) {
             uint64_t h = dsv4_fill_hash(how->seed, (uint64_t)w);

@@ -619,9 +619,10 @@ static int cu_moe_experts(dsv4_backend *be, const dsv4_buf *x, const dsv4_linear
     if (ex->d_model != d) return cu_err(err, DSV4_EINVAL, "cuda: moe_experts: x has %lld columns, experts %lld",
                                         (long long)d, (long long)ex->d_model);
     /* ids outside [0, n_exp) are skipped by the kernel (the CPU reference rejects them).
-     * The kernel groups at most 8192 (token, expert) entries per call, so a
-     * prefill chunk (e.g. 8192 tokens x top-6) runs as consecutive row ranges:
-     * rows are independent, and the calls are stream-ordered on one workspace. */
+     * The kernel groups at most 65536 (token, expert) entries per call, so a
+     * longer chunk runs as consecutive row ranges: rows are independent, and
+     * the calls are stream-ordered on one workspace. One call per prefill
+     * chunk gives the grouped GEMM the most rows per expert (cuda_moe.cu). */
     /* fp32 intermediates like the CPU reference; DSV4_CUDA_MOE_BF16=1 in the
      * environment selects the official bf16 storage (for measuring the gap). */
     static int moe_flags = -1;
@@ -629,7 +630,7 @@ static int cu_moe_experts(dsv4_backend *be, const dsv4_buf *x, const dsv4_linear
         const char *ev = getenv("DSV4_CUDA_MOE_BF16");
         moe_flags = ev && *ev && strcmp(ev, "0") ? DSV4_CUDA_MOE_BF16 : 0;
     }
-    const int64_t k = ids->cols, per = k > 0 ? (int64_t)(32 * 1024 / sizeof(int)) / k : T;
+    const int64_t k = ids->cols, per = k > 0 ? (int64_t)65536 / k : T;
     for (int64_t r0 = 0; r0 < T && !rc; r0 += per) {
         int64_t n = T - r0 < per ? T - r0 : per;
         rc = dsv4_cuda_moe(cb->ctx, ex, (const float *)x->data + r0 * d, (int)n, (const int32_t *)ids->data + r0 * k,
@@ -678,6 +679,7 @@ extern "C" dsv4_backend *dsv4_backend_cuda_create(dsv4_numerics numerics, int de
     be->numerics = numerics;
     be->act_dtype = DSV4_DT_F32;
     be->ctx = cb;
+    be->stream = cb->ctx->stream; /* NCCL collectives of tensor parallelism queue here (comm_nccl.c) */
     be->free = cu_be_free;
     be->buf_alloc = cu_buf_alloc;
     be->buf_free = cu_buf_free;

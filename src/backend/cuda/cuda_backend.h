@@ -36,6 +36,37 @@ extern "C" {
  */
 dsv4_backend *dsv4_backend_cuda_create(dsv4_numerics numerics, int device, dsv4_err *err);
 
+/*
+ * Tensor parallelism over the GPUs of one host (src/parallel/tp_runner.c,
+ * cuda_tp.cu). dsv4_cuda_device_count — GPUs this process sees, or -1 with
+ * err set (DSV4_EBACKEND: no driver / no device). dsv4_cuda_bind — make GPU
+ * `device` the calling thread's current device (a rank's thread does this
+ * before each call so its backend's runtime calls land on its GPU); returns
+ * 0 or DSV4_EBACKEND.
+ */
+int dsv4_cuda_device_count(dsv4_err *err);
+int dsv4_cuda_bind(int device, dsv4_err *err);
+
+/*
+ * One-shot all-reduce over NVLink peer memory (cuda_tp.cu banner), for the
+ * small messages of decode steps; NCCL stays the path for large ones.
+ * dsv4_cuda_oneshot_create — ranks[r] for GPU r of 0..n-1 (n in [2,8]):
+ *   peer access enabled between every pair, a staging buffer of 2 ×
+ *   cap_floats floats and flags on each GPU. Errors: DSV4_EUNSUPPORTED a pair
+ *   of GPUs without peer access; DSV4_EBACKEND / DSV4_ENOMEM.
+ * dsv4_cuda_oneshot_all_reduce — x[0..n) (F32, rank r's device memory) :=
+ *   Σ over ranks in rank order (bit-identical on every rank), queued on
+ *   `stream` (a cudaStream_t of GPU r; capturable in a CUDA graph). Every
+ *   rank must make the same sequence of calls with the same n. Errors:
+ *   DSV4_EINVAL n > capacity; DSV4_EBACKEND launch failure.
+ * dsv4_cuda_oneshot_free — one rank's handle (after its stream's work). NULL-safe.
+ */
+typedef struct dsv4_cuda_oneshot dsv4_cuda_oneshot;
+int dsv4_cuda_oneshot_create(int n, int64_t cap_floats, dsv4_cuda_oneshot **ranks, dsv4_err *err);
+int64_t dsv4_cuda_oneshot_capacity(const dsv4_cuda_oneshot *h);
+int dsv4_cuda_oneshot_all_reduce(dsv4_cuda_oneshot *h, float *x, int64_t n, void *stream, dsv4_err *err);
+void dsv4_cuda_oneshot_free(dsv4_cuda_oneshot *h);
+
 #ifdef __cplusplus
 }
 #endif

@@ -46,7 +46,8 @@ __global__ void k_fill_fp4_packed(dsv4_fill f, uint32_t *dst, int64_t R, int64_t
         int64_t tile = tc / C, c = tc % C;
         int g = lane >> 2, t = lane & 3;
         int64_t row = tile * 16 + g + 8 * h;
-        uint64_t src = (uint64_t)(row * (K / 2) + c * 64 + 16 * s + 4 * t);
+        /* a slice's map keeps runs of 4 bytes 4-aligned (tp_shard.c checks), so this stays one hash */
+        uint64_t src = dsv4_fill_map(&f, (uint64_t)(row * (K / 2) + c * 64 + 16 * s + 4 * t));
         /* src % 4 == 0, so its 4 bytes are half of one 8-byte hash (dsv4_fill_byte, BYTES) */
         dst[o] = (uint32_t)(dsv4_fill_hash(f.seed, src >> 3) >> (8 * (src & 7)));
     }

@@ -17,6 +17,7 @@
  * no repacking of the stored weight.
  */
 #include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/cuda_gemm.cuh"
 
 /* ---------------------------------------------------------------- act quant */
 
@@ -378,6 +379,186 @@ static int launch_fp8(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const float *
     return DSV4_OK;
 }
 
+/*
+ * Many-row FP8 linear (prefill chunks, n >= DSV4_CUDA_FP8_GEMM_MIN rows).
+ * Why: the kernels above hold one 16-row weight tile per warp and walk the
+ * tokens 8·NT at a time, so every 64 tokens re-read the weights and every
+ * weight tile re-reads the activations (~110 TFLOP/s at n = 64, and no
+ * better at n = 4096). Here a block of 4 warps owns a 128-row x BN-token
+ * output tile; both operands go through shared memory in 128-column chunks
+ * (FP8_STAGES deep, cp.async), each warp computes 64 rows x BN/2 tokens with
+ * m16n8k32 FP8 mma.
+ *
+ * Numerics are today's (spec/MODEL.md §2.4): per 128-column chunk the four
+ * mma steps accumulate from zero on the tensor cores, then acc += d ·
+ * (x scale · weight-block scale) in fp32; only the order of the chunk sums
+ * differs from k_fp8_linear (which splits chunks over warps).
+ * Shared rows are padded to 144 bytes: the 8 rows of a fragment load then
+ * fall in different banks.
+ */
+#define G8_LD 144
+#define FP8_STAGES 3
+
+template <int NTW, int WN>
+__global__ void __launch_bounds__(64 * WN) k_fp8_gemm(const uint8_t *__restrict__ W,
+                                                  const uint8_t *__restrict__ WS,
+                                                  const uint8_t *__restrict__ xq,
+                                                  const float *__restrict__ xs, int n, int R, int K,
+                                                  float *__restrict__ y, int flags) {
+    constexpr int NTH = 64 * WN, BN = 8 * NTW * WN;  /* threads; tokens per block */
+    constexpr int SA = 128 * G8_LD, SB = BN * G8_LD;  /* bytes per stage */
+    constexpr int STAGE = SA + SB + BN * 4;
+    extern __shared__ __align__(16) uint8_t sm[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp & 1, wn = warp >> 1, g = lane >> 2, t = lane & 3;
+    const int r0 = blockIdx.x * 128, tok0 = blockIdx.y * BN, C = K >> 7;
+    pdl_trigger();
+    pdl_wait();
+    /* this thread's copies (16 B each): 1024 / NTH weight pieces, NTW activation pieces */
+    const int pc = tid & 7, prow = tid >> 3;
+    auto load = [&](int st, int c) {
+        uint8_t *base = sm + st * STAGE;
+#pragma unroll
+        for (int j = 0; j < 1024 / NTH; j++) {
+            const int row = prow + (NTH / 8) * j;
+            const bool ok = r0 + row < R;
+            cp_async16(base + row * G8_LD + pc * 16, W + (size_t)(ok ? r0 + row : 0) * K + (size_t)c * 128 + pc * 16, ok);
+        }
+#pragma unroll
+        for (int j = 0; j < NTW; j++) {
+            const int tk = prow + (NTH / 8) * j;
+            const bool ok = tok0 + tk < n;
+            cp_async16(base + SA + tk * G8_LD + pc * 16, xq + (size_t)(ok ? tok0 + tk : 0) * K + (size_t)c * 128 + pc * 16, ok);
+        }
+        if (tid < BN) {
+            const bool ok = tok0 + tid < n;
+            cp_async4(base + SA + SB + tid * 4, xs + (size_t)(ok ? tok0 + tid : 0) * C + c, ok);
+        }
+    };
+    float acc[4][NTW][4];
+#pragma unroll
+    for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NTW; nt++) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
+#pragma unroll
+    for (int st = 0; st < FP8_STAGES - 1; st++) {
+        if (st < C) load(st, st);
+        cp_commit();
+    }
+    const uint8_t *wsr = WS + (size_t)(r0 >> 7) * C;
+    for (int c = 0; c < C; c++) {
+        cp_wait<FP8_STAGES - 2>();
+        __syncthreads();
+        if (c + FP8_STAGES - 1 < C) load((c + FP8_STAGES - 1) % FP8_STAGES, c + FP8_STAGES - 1);
+        cp_commit();
+        const uint8_t *base = sm + (c % FP8_STAGES) * STAGE;
+        const float wsc = e8m0_to_f32(__ldg(wsr + c));
+        /* all BN/2 token fragments of this warp, then one weight tile at a time */
+        uint4 bf[NTW][2];
+        float s0[NTW], s1[NTW];
+        const float *sx = (const float *)(base + SA + SB);
+#pragma unroll
+        for (int nt = 0; nt < NTW; nt++) {
+            const int tl = wn * (NTW * 8) + nt * 8;
+            const uint8_t *pb = base + SA + (tl + g) * G8_LD + 32 * t;
+            bf[nt][0] = *(const uint4 *)pb;
+            bf[nt][1] = *(const uint4 *)(pb + 16);
+            s0[nt] = sx[tl + 2 * t] * wsc;
+            s1[nt] = sx[tl + 2 * t + 1] * wsc;
+        }
+#pragma unroll
+        for (int mt = 0; mt < 4; mt++) {
+            const uint8_t *p0 = base + (wm * 64 + mt * 16 + g) * G8_LD + 32 * t;
+            Frag8 f;
+            f.a0 = *(const uint4 *)p0;
+            f.a0b = *(const uint4 *)(p0 + 16);
+            f.a1 = *(const uint4 *)(p0 + 8 * G8_LD);
+            f.a1b = *(const uint4 *)(p0 + 8 * G8_LD + 16);
+#pragma unroll
+            for (int nt = 0; nt < NTW; nt++) {
+                const uint4 b0 = bf[nt][0], b1 = bf[nt][1];
+                float d[4] = {0.f, 0.f, 0.f, 0.f};
+                mma_e4m3(d, f.a0.x, f.a1.x, f.a0.y, f.a1.y, b0.x, b0.y);
+                mma_e4m3(d, f.a0.z, f.a1.z, f.a0.w, f.a1.w, b0.z, b0.w);
+                mma_e4m3(d, f.a0b.x, f.a1b.x, f.a0b.y, f.a1b.y, b1.x, b1.y);
+                mma_e4m3(d, f.a0b.z, f.a1b.z, f.a0b.w, f.a1b.w, b1.z, b1.w);
+                acc[mt][nt][0] += d[0] * s0[nt];
+                acc[mt][nt][1] += d[1] * s1[nt];
+                acc[mt][nt][2] += d[2] * s0[nt];
+                acc[mt][nt][3] += d[3] * s1[nt];
+            }
+        }
+    }
+    cp_wait<0>();
+#pragma unroll
+    for (int mt = 0; mt < 4; mt++) {
+        const int ra = r0 + wm * 64 + mt * 16 + g;
+        if (ra >= R) continue; /* R % 16 == 0: rows g and g+8 go together */
+#pragma unroll
+        for (int nt = 0; nt < NTW; nt++) {
+            const int tk = tok0 + wn * (NTW * 8) + nt * 8 + 2 * t;
+            float v[4] = {acc[mt][nt][0], acc[mt][nt][1], acc[mt][nt][2], acc[mt][nt][3]};
+            if (flags & DSV4_CUDA_OUT_BF16)
+                for (int i = 0; i < 4; i++) v[i] = round_bf16(v[i]);
+            if (tk < n) {
+                y[(size_t)tk * R + ra] = v[0];
+                y[(size_t)tk * R + ra + 8] = v[2];
+            }
+            if (tk + 1 < n) {
+                y[(size_t)(tk + 1) * R + ra] = v[1];
+                y[(size_t)(tk + 1) * R + ra + 8] = v[3];
+            }
+        }
+    }
+}
+
+template <int NTW, int WN>
+static int launch_fp8_gemm(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const uint8_t *xq,
+                           const float *xs, int n, float *y, int flags, dsv4_err *err) {
+    constexpr int BN = 8 * NTW * WN;
+    const size_t smem = (size_t)FP8_STAGES * (128 * G8_LD + BN * G8_LD + BN * 4);
+    /* per device (tensor parallel: one context per GPU), so on every call */
+    CU_TRY(cudaFuncSetAttribute(k_fp8_gemm<NTW, WN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+           err, "fp8 gemm (shared memory)");
+    dim3 grid((unsigned)((w->out + 127) / 128), (unsigned)((n + BN - 1) / BN));
+    CU_TRY(cu_launch(c, k_fp8_gemm<NTW, WN>, grid, dim3(64 * WN), smem, (const uint8_t *)w->w,
+                     (const uint8_t *)w->scale, xq, xs, n, (int)w->out, (int)w->in, y, flags),
+           err, "fp8 linear (gemm)");
+    return DSV4_OK;
+}
+
+/*
+ * Tile shapes (BN = 8·NTW·WN tokens x 128 rows, 2·WN warps);
+ * DSV4_CUDA_FP8_GEMM_CFG = 1..4 forces one. Measured on H200
+ * (bench/results/2026-11-30-cuda-moe-prefill-h200.md): 64 tokens x 4 warps
+ * is the fastest once its grid fills the GPU twice (252-262 TFLOP/s at
+ * n = 4096; 8 warps or 128 tokens per block were slower); below that 32
+ * tokens (twice the blocks); below ~1.5 waves of those, k_fp8_linear, whose
+ * warps split the columns (narrow weights at a few hundred rows).
+ */
+/* rows from which the tiled GEMM may run (fp8_gemm_pick decides by grid size) */
+#define FP8_GEMM_MIN_DEFAULT 64
+typedef int (*fp8_gemm_fn)(dsv4_cuda_ctx *, const dsv4_cuda_weight *, const uint8_t *, const float *, int,
+                           float *, int, dsv4_err *);
+static const fp8_gemm_fn fp8_gemm_cfgs[] = {
+    launch_fp8_gemm<2, 2>, /* 1: 32 tokens, 4 warps */
+    launch_fp8_gemm<4, 2>, /* 2: 64 tokens, 4 warps */
+    launch_fp8_gemm<2, 4>, /* 3: 64 tokens, 8 warps */
+    launch_fp8_gemm<4, 4>, /* 4: 128 tokens, 8 warps */
+};
+/* index into fp8_gemm_cfgs, or -1: not the GEMM */
+static int fp8_gemm_pick(const dsv4_cuda_weight *w, int n) {
+    const int f = cu_env_int("DSV4_CUDA_FP8_GEMM_CFG", 0);
+    const int gmin = cu_env_int("DSV4_CUDA_FP8_GEMM_MIN", FP8_GEMM_MIN_DEFAULT);
+    if (n < gmin) return -1;
+    const int forced = gmin < FP8_GEMM_MIN_DEFAULT; /* tests: every n >= gmin */
+    if (f >= 1 && f <= (int)(sizeof fp8_gemm_cfgs / sizeof fp8_gemm_cfgs[0])) return f - 1;
+    const long long rb = (w->out + 127) / 128;
+    if (rb * ((n + 63) / 64) >= 2 * 128) return 1;
+    if (forced || rb * ((n + 31) / 32) >= 192) return 0;
+    return -1;
+}
+
 /* Warps per tile: enough to keep the HBM busy on narrow matrices, at least
  * two 128-column chunks per warp so the double buffer has work. */
 static int pick_kw(int chunks) {
@@ -387,6 +568,7 @@ static int pick_kw(int chunks) {
     return kw;
 }
 
+
 static int pick_nt(int n) { return n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8; }
 
 static int fp8_linear(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const float *x,
@@ -394,6 +576,8 @@ static int fp8_linear(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const float *
     int kw = pick_kw((int)(w->in / 128));
     if (!xq) return launch_fp8_small<true>(c, w, x, xq, xs, n, y, flags, err);
     if (n <= 8) return launch_fp8_small<false>(c, w, x, xq, xs, n, y, flags, err);
+    const int gi = fp8_gemm_pick(w, n);
+    if (gi >= 0) return fp8_gemm_cfgs[gi](c, w, xq, xs, n, y, flags, err);
     switch (pick_nt(n)) {
     case 1: return launch_fp8<1, false>(c, w, x, xq, xs, n, y, flags, kw, err);
     case 2: return launch_fp8<2, false>(c, w, x, xq, xs, n, y, flags, kw, err);

@@ -16,7 +16,9 @@
  * fixed order (deterministic; no atomics).
  */
 #include "backend/cuda/cuda_internal.cuh"
+#include "backend/cuda/cuda_gemm.cuh"
 
+#include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 #include <climits>
 
@@ -448,6 +450,271 @@ static int launch_moe_fp4(dsv4_cuda_ctx *c, const Fp4Args &a, int slots, dsv4_er
     return DSV4_OK;
 }
 
+/*
+ * Grouped expert GEMM (prefill: many rows per expert). Why: the kernels
+ * above stream an expert's weights once per 8 of its rows, with every
+ * (expert, 16-row tile) block re-reading the activations; at a 4096-token
+ * chunk (~96 rows per expert) that is ~60 TFLOP/s. Here a block of 2·WN
+ * warps owns one (expert, BN-row group) x (128 weight rows) tile: 8 tiles of
+ * the repacked FP4 weights (GATEUP: 4 of w1 and the same 4 of w3, so g and u
+ * meet in one thread's registers for the SwiGLU epilogue; DOWN: 8 of w2)
+ * and BN = 8·NTW·WN activation rows (gathered through the token list) go
+ * through shared memory in 128-column chunks, MG_STAGES deep (cp.async).
+ * Each warp converts its 4 weight tiles E2M1 -> E4M3 once per chunk and
+ * multiplies them against 8·NTW rows with m16n8k32 FP8 mma. Tile work items
+ * (slot | row group << 16) come from k_group_scan; blocks past the count
+ * exit at once (the grid is sized by an upper bound, graph-capturable).
+ *
+ * Numerics are k_fp4's (spec/MODEL.md §2.4, §3.5): per 32 columns an mma
+ * from zero, × the weight's E8M0 scale (× 2^6 for the bit move), summed over
+ * the chunk's 4 steps, × the activation block scale, added in fp32; only
+ * the order of the chunk sums differs (k_fp4 splits chunks over warps).
+ *
+ * Shared layout per stage: weight tile i's 1024 bytes with its two 16-byte
+ * halves of lane l at l*16 and 512 + l*16 (conflict-free 16-byte loads),
+ * its 64 scale bytes, the BN rows at a 160-byte pitch (the 8-byte loads
+ * of a half-warp fall in distinct banks), the BN row scales.
+ */
+#define MG_STAGES 4
+#define MG_LDB 160
+
+template <int MODE, int NTW, int WN, bool PART>
+__global__ void __launch_bounds__(64 * WN, WN == 4 && !PART ? 2 : 1) k_moe_gemm(Fp4Args a, const int *__restrict__ tiles) {
+    constexpr int NTH = 64 * WN, BN = 8 * NTW * WN; /* threads; rows per tile */
+    constexpr int SA = 8 * 1024, SAS = 8 * 64, SB = BN * MG_LDB;
+    constexpr int STAGE = SA + SAS + SB + BN * 4;
+    extern __shared__ __align__(16) uint8_t sm[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp & 1, wn = warp >> 1, g = lane >> 2, t = lane & 3;
+    pdl_trigger();
+    pdl_wait(); /* the tile list and x come from the previous kernels */
+    if ((int)blockIdx.y >= tiles[0]) return;
+    const int tv = tiles[1 + blockIdx.y], slot = tv & 0xffff, nb = tv >> 16;
+    const int e = a.act_exp[slot], off = a.act_off[slot] + nb * BN;
+    const int cnt = min(BN, a.act_off[slot + 1] - off), C = a.K >> 7;
+
+    /* weight tile of shared slot i: GATEUP w1/w3 tiles 4bx + 2(i>>2) + (i&1), DOWN tile 8bx + i */
+    auto wtile = [&](int i, const uint8_t *&W, const uint8_t *&S) {
+        int tile;
+        if (MODE == FP4_GATEUP) {
+            const bool up = (i & 3) >= 2;
+            W = up ? a.w3 : a.w1;
+            S = up ? a.s3 : a.s1;
+            tile = blockIdx.x * 4 + (i >> 2) * 2 + (i & 1);
+        } else {
+            W = a.w1;
+            S = a.s1;
+            tile = blockIdx.x * 8 + i;
+        }
+        return tile;
+    };
+    constexpr int NA = 512 / NTH; /* 16-byte weight pieces per thread and chunk */
+    const uint8_t *asrc[NA];
+    int adst[NA];
+    const int q = tid & 63;
+#pragma unroll
+    for (int j = 0; j < NA; j++) {
+        const int i = (tid >> 6) + (NTH / 64) * j;
+        const uint8_t *W, *S;
+        const int tile = wtile(i, W, S);
+        asrc[j] = W + (size_t)e * a.wstride + (size_t)tile * C * 1024 + q * 16;
+        adst[j] = i * 1024 + (q & 1) * 512 + (q >> 1) * 16;
+    }
+    const uint8_t *ssrc = nullptr;
+    if (tid < 32) {
+        const uint8_t *W, *S;
+        const int tile = wtile(tid >> 2, W, S);
+        ssrc = S + (size_t)e * a.sstride + (size_t)tile * C * 64 + (tid & 3) * 16;
+    }
+    auto rowof = [&](int j) { return MODE == FP4_GATEUP ? a.list[off + j] / a.topk : off + j; };
+    const uint8_t *bsrc[NTW]; /* BN rows x 8 pieces over NTH threads */
+    const int pc = tid & 7;
+#pragma unroll
+    for (int j = 0; j < NTW; j++) {
+        const int tk = (tid >> 3) + (NTH / 8) * j;
+        bsrc[j] = tk < cnt ? a.xq + (size_t)rowof(tk) * a.K + pc * 16 : nullptr;
+    }
+    const float *xsrc = tid < BN && tid < cnt ? a.xs + (size_t)rowof(tid) * C : nullptr;
+
+    auto load = [&](int st, int c) {
+        uint8_t *base = sm + st * STAGE;
+#pragma unroll
+        for (int j = 0; j < NA; j++) cp_async16(base + adst[j], asrc[j] + (size_t)c * 1024, true);
+        if (tid < 32) cp_async16(base + SA + tid * 16, ssrc + (size_t)c * 64, true);
+#pragma unroll
+        for (int j = 0; j < NTW; j++) {
+            const int tk = (tid >> 3) + (NTH / 8) * j;
+            cp_async16(base + SA + SAS + tk * MG_LDB + pc * 16, bsrc[j] ? bsrc[j] + (size_t)c * 128 : a.xq,
+                       bsrc[j] != nullptr);
+        }
+        if (tid < BN) cp_async4(base + SA + SAS + SB + tid * 4, xsrc ? xsrc + c : a.xs, xsrc != nullptr);
+    };
+
+    float acc[4][NTW][4];
+#pragma unroll
+    for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NTW; nt++) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
+#pragma unroll
+    for (int st = 0; st < MG_STAGES - 1; st++) {
+        if (st < C) load(st, st);
+        cp_commit();
+    }
+    for (int c = 0; c < C; c++) {
+        cp_wait<MG_STAGES - 2>();
+        __syncthreads();
+        if (c + MG_STAGES - 1 < C) load((c + MG_STAGES - 1) % MG_STAGES, c + MG_STAGES - 1);
+        cp_commit();
+        const uint8_t *base = sm + (c % MG_STAGES) * STAGE;
+        uint4 wa[4][2];
+        uint2 sc[4];
+#pragma unroll
+        for (int mt = 0; mt < 4; mt++) {
+            const uint8_t *pa = base + (wm * 4 + mt) * 1024 + lane * 16;
+            wa[mt][0] = *(const uint4 *)pa;
+            wa[mt][1] = *(const uint4 *)(pa + 512);
+            sc[mt] = *(const uint2 *)(base + SA + (wm * 4 + mt) * 64 + g * 8);
+        }
+        /* PART: chunk partial sums, × the row scale at the end (k_fp4's form);
+         * else d · (w scale · x scale) straight into acc: the same products
+         * (both scales are powers of two), summed in another order, fewer
+         * registers */
+        float part[PART ? 4 : 1][PART ? NTW : 1][4];
+        float xsc[NTW][2];
+        const float *sx = (const float *)(base + SA + SAS + SB);
+#pragma unroll
+        for (int nt = 0; nt < NTW; nt++) {
+            const int tl = wn * (NTW * 8) + nt * 8 + 2 * t;
+            xsc[nt][0] = sx[tl];
+            xsc[nt][1] = sx[tl + 1];
+        }
+        if (PART) {
+#pragma unroll
+            for (int mt = 0; mt < (PART ? 4 : 1); mt++)
+#pragma unroll
+                for (int nt = 0; nt < (PART ? NTW : 1); nt++)
+                    part[mt][nt][0] = part[mt][nt][1] = part[mt][nt][2] = part[mt][nt][3] = 0.f;
+        }
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            uint32_t b0[NTW], b1[NTW];
+#pragma unroll
+            for (int nt = 0; nt < NTW; nt++) {
+                const int tl = wn * (NTW * 8) + nt * 8;
+                const uint2 xv = *(const uint2 *)(base + SA + SAS + (tl + g) * MG_LDB + 32 * s + 8 * t);
+                b0[nt] = __byte_perm(xv.x, xv.y, 0x6420); /* even columns */
+                b1[nt] = __byte_perm(xv.x, xv.y, 0x7531); /* odd columns  */
+            }
+#pragma unroll
+            for (int mt = 0; mt < 4; mt++) {
+                const uint4 &h = wa[mt][s >> 1];
+                const uint32_t w0 = (s & 1) ? h.z : h.x, w1 = (s & 1) ? h.w : h.y; /* rows g, g+8 */
+                uint32_t lo0, hi0, lo1, hi1;
+                fp4x8_to_e4m3(w0, lo0, hi0);
+                fp4x8_to_e4m3(w1, lo1, hi1);
+                /* 2^6 undoes the E2M1 -> E4M3 bit move */
+                const float ws0 = e8m0_to_f32((sc[mt].x >> (8 * s)) & 0xffu) * 64.f;
+                const float ws1 = e8m0_to_f32((sc[mt].y >> (8 * s)) & 0xffu) * 64.f;
+#pragma unroll
+                for (int nt = 0; nt < NTW; nt++) {
+                    float d[4] = {0.f, 0.f, 0.f, 0.f};
+                    mma_e4m3(d, lo0, lo1, hi0, hi1, b0[nt], b1[nt]);
+                    if (PART) {
+                        float(&pp)[4] = part[PART ? mt : 0][PART ? nt : 0];
+                        pp[0] += d[0] * ws0;
+                        pp[1] += d[1] * ws0;
+                        pp[2] += d[2] * ws1;
+                        pp[3] += d[3] * ws1;
+                    } else {
+                        acc[mt][nt][0] += d[0] * (ws0 * xsc[nt][0]);
+                        acc[mt][nt][1] += d[1] * (ws0 * xsc[nt][1]);
+                        acc[mt][nt][2] += d[2] * (ws1 * xsc[nt][0]);
+                        acc[mt][nt][3] += d[3] * (ws1 * xsc[nt][1]);
+                    }
+                }
+            }
+        }
+        if (PART) {
+#pragma unroll
+            for (int nt = 0; nt < NTW; nt++)
+#pragma unroll
+                for (int mt = 0; mt < 4; mt++) {
+                    const float(&pp)[4] = part[PART ? mt : 0][PART ? nt : 0];
+                    acc[mt][nt][0] += pp[0] * xsc[nt][0];
+                    acc[mt][nt][1] += pp[1] * xsc[nt][1];
+                    acc[mt][nt][2] += pp[2] * xsc[nt][0];
+                    acc[mt][nt][3] += pp[3] * xsc[nt][1];
+                }
+        }
+    }
+    cp_wait<0>();
+#pragma unroll
+    for (int nt = 0; nt < NTW; nt++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int j = wn * (NTW * 8) + nt * 8 + 2 * t + (i & 1);
+            if (j >= cnt) continue;
+            float *yr = a.y + (size_t)(off + j) * a.R + g + (i >> 1) * 8;
+            if (MODE == FP4_GATEUP) {
+                const float wk = a.wts[a.list[off + j]];
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+                    yr[(blockIdx.x * 4 + wm * 2 + mt) * 16] = moe_h(acc[mt][nt][i], acc[mt + 2][nt][i], wk, a.flags);
+            } else {
+#pragma unroll
+                for (int mt = 0; mt < 4; mt++) {
+                    float out = acc[mt][nt][i];
+                    if (a.flags & DSV4_CUDA_MOE_BF16) out = round_bf16(out);
+                    yr[(blockIdx.x * 8 + wm * 4 + mt) * 16] = out;
+                }
+            }
+        }
+    }
+}
+
+template <int MODE, int NTW, int WN, bool PART>
+static int launch_moe_gemm(dsv4_cuda_ctx *c, const Fp4Args &a, const int *tiles, int max_tiles,
+                           dsv4_err *err) {
+    constexpr int BN = 8 * NTW * WN;
+    const size_t smem = (size_t)MG_STAGES * (8 * 1024 + 8 * 64 + BN * MG_LDB + BN * 4);
+    CU_TRY(cudaFuncSetAttribute(k_moe_gemm<MODE, NTW, WN, PART>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+           err, "fp4 experts gemm (shared memory)");
+    dim3 grid((unsigned)(a.R / (MODE == FP4_GATEUP ? 64 : 128)), (unsigned)max_tiles);
+    CU_TRY(cu_launch(c, k_moe_gemm<MODE, NTW, WN, PART>, grid, dim3(64 * WN), smem, a, tiles), err,
+           MODE == FP4_GATEUP ? "fp4 experts gemm w1/w3" : "fp4 experts gemm w2");
+    return DSV4_OK;
+}
+
+/*
+ * Tile shapes of the grouped GEMM (rows per tile BN = 8·NTW·WN, 2·WN warps);
+ * DSV4_CUDA_MOE_GEMM_CFG = 1..5 forces one (0 / unset: by rows per expert).
+ * Measured on H200, skewed top-6 routing (bench/results/
+ * 2026-11-30-cuda-moe-prefill-h200.md): 64 rows x 4 warps is the fastest
+ * from ~48 rows per expert (8.8 ms at 4096 tokens, 15.3 ms at 8192), 32 rows
+ * x 4 warps below; 8 warps per block, 128 rows, and the folded-scale variant
+ * at 2 blocks / SM were all slower.
+ */
+struct MoeGemmCfg {
+    int bn;
+    int (*gateup)(dsv4_cuda_ctx *, const Fp4Args &, const int *, int, dsv4_err *);
+    int (*down)(dsv4_cuda_ctx *, const Fp4Args &, const int *, int, dsv4_err *);
+};
+#define MG_CFG(NTW, WN, PART) \
+    { 8 * NTW * WN, launch_moe_gemm<FP4_GATEUP, NTW, WN, PART>, launch_moe_gemm<FP4_DOWN, NTW, WN, PART> }
+static const MoeGemmCfg moe_gemm_cfgs[] = {
+    MG_CFG(2, 2, true),  /* 1: 32 rows, 4 warps */
+    MG_CFG(4, 2, true),  /* 2: 64 rows, 4 warps */
+    MG_CFG(2, 4, true),  /* 3: 64 rows, 8 warps */
+    MG_CFG(2, 4, false), /* 4: 64 rows, 8 warps, scales folded (2 blocks / SM) */
+    MG_CFG(4, 4, true),  /* 5: 128 rows, 8 warps */
+};
+
+static const MoeGemmCfg &pick_moe_gemm(int nent, int E) {
+    const int f = cu_env_int("DSV4_CUDA_MOE_GEMM_CFG", 0);
+    if (f >= 1 && f <= (int)(sizeof moe_gemm_cfgs / sizeof moe_gemm_cfgs[0])) return moe_gemm_cfgs[f - 1];
+    return moe_gemm_cfgs[nent >= 48 * E ? 1 : 0];
+}
+
 static int pick_nt4(int n) { return n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8; }
 
 /* nt = 0: one n-tile with the activations quantised in the kernel (FQ). */
@@ -593,6 +860,105 @@ __global__ void __launch_bounds__(ROUTE_THREADS) k_route_group(const int *__rest
     }
 }
 
+/*
+ * Grouping for large steps (prefill chunks up to MOE_MAX_ENT choices).
+ * Why: k_route_group ranks every choice by scanning all earlier ones in one
+ * block (O(nent²), ~0.6 ms at 8192 choices) and holds the ids in 32 KB of
+ * shared memory. Same layout, three passes: count per expert (a block per
+ * expert), one scan (slots, offsets, and the GEMM's tile list), then a
+ * block per expert places its choices in id order (stable, so the layout is
+ * k_route_group's exactly: a pure function of the ids).
+ */
+#define MOE_MAX_ENT 65536
+/* average rows per expert from which the grouped GEMM runs (measured: bench/results/2026-11-30-cuda-moe-prefill-h200.md) */
+#define MOE_GEMM_MIN_DEFAULT 8
+
+__global__ void __launch_bounds__(256) k_group_count(const int *__restrict__ ids, int nent, int *cnt) {
+    pdl_trigger();
+    pdl_wait();
+    typedef cub::BlockReduce<int, 256> Red;
+    __shared__ typename Red::TempStorage tmp;
+    const int e = blockIdx.x;
+    int c = 0;
+    for (int i = threadIdx.x; i < nent; i += 256) c += __ldg(ids + i) == e;
+    c = Red(tmp).Sum(c);
+    if (threadIdx.x == 0) cnt[e] = c;
+}
+
+/* One block: bn = rows per GEMM tile (0: no tile list). tiles[0] = count,
+ * tiles[1 + k] = slot | (row group << 16). */
+__global__ void __launch_bounds__(ROUTE_THREADS) k_group_scan(const int *__restrict__ cnt, int E, int bn,
+                                                              int *act_n, int *act_exp, int *act_off,
+                                                              int *start, int *tiles) {
+    pdl_trigger();
+    pdl_wait();
+    typedef cub::BlockScan<int, ROUTE_THREADS> Scan;
+    __shared__ typename Scan::TempStorage tmp;
+    const int tid = threadIdx.x;
+    int cv[ROUTE_IPT], fv[ROUTE_IPT], tv[ROUTE_IPT], cs[ROUTE_IPT], fs[ROUTE_IPT], ts[ROUTE_IPT];
+#pragma unroll
+    for (int k = 0; k < ROUTE_IPT; k++) {
+        const int e = tid * ROUTE_IPT + k;
+        cv[k] = e < E ? cnt[e] : 0;
+        fv[k] = cv[k] > 0;
+        tv[k] = bn > 0 ? (cv[k] + bn - 1) / bn : 0;
+    }
+    int total_c, total_f, total_t;
+    Scan(tmp).ExclusiveSum(cv, cs, total_c);
+    __syncthreads();
+    Scan(tmp).ExclusiveSum(fv, fs, total_f);
+    __syncthreads();
+    Scan(tmp).ExclusiveSum(tv, ts, total_t);
+#pragma unroll
+    for (int k = 0; k < ROUTE_IPT; k++) {
+        const int e = tid * ROUTE_IPT + k;
+        if (e < E) start[e] = cs[k];
+        if (fv[k]) {
+            act_exp[fs[k]] = e;
+            act_off[fs[k]] = cs[k];
+            for (int b = 0; b < tv[k]; b++) tiles[1 + ts[k] + b] = fs[k] | b << 16;
+        }
+    }
+    if (tid == 0) {
+        *act_n = total_f;
+        act_off[total_f] = total_c;
+        if (bn > 0) tiles[0] = total_t;
+    }
+}
+
+/* A block per expert: its choices in ascending index get start[e], +1, ...
+ * The ids sit in shared memory as 16-bit (E <= 1024); thread k takes a
+ * contiguous run, so ranks are a run count plus a block scan. Block 0 also
+ * marks the out-of-range ids (inv = -1). */
+__global__ void __launch_bounds__(256) k_group_place(const int *__restrict__ ids, int nent, int E,
+                                                     const int *__restrict__ start, int *list, int *inv) {
+    pdl_trigger();
+    pdl_wait();
+    typedef cub::BlockScan<int, 256> Scan;
+    __shared__ typename Scan::TempStorage tmp;
+    extern __shared__ uint16_t sid16[];
+    const int tid = threadIdx.x, e = blockIdx.x;
+    for (int i = tid; i < nent; i += 256) {
+        const int v = __ldg(ids + i);
+        const bool ok = v >= 0 && v < E;
+        sid16[i] = ok ? (uint16_t)v : (uint16_t)0xffffu;
+        if (e == 0 && !ok) inv[i] = -1;
+    }
+    __syncthreads();
+    const int per = (nent + 255) / 256, i0 = tid * per, i1 = min(nent, i0 + per);
+    int c = 0;
+    for (int i = i0; i < i1; i++) c += sid16[i] == e;
+    int r;
+    Scan(tmp).ExclusiveSum(c, r);
+    int pos = start[e] + r;
+    for (int i = i0; i < i1; i++)
+        if (sid16[i] == e) {
+            list[pos] = i;
+            inv[i] = pos;
+            pos++;
+        }
+}
+
 /* y[t] = Σ_k O[inv[t,k]] (+ shared[t]) in expert order; 4 columns per thread. */
 __global__ void k_moe_combine(const float *__restrict__ O, const int *__restrict__ inv, int n,
                               int topk, int D, const float *__restrict__ shared,
@@ -658,14 +1024,25 @@ static int moe_run(dsv4_cuda_ctx *c, const dsv4_cuda_experts *ex, const float *x
         return cu_err(err, DSV4_EINVAL, "dsv4_cuda_moe: %d experts (need 1..%d, uploaded)",
                       ex->n_experts, ROUTE_THREADS * ROUTE_IPT);
     if (n == 0) return DSV4_OK;
-    const int dm = (int)ex->d_model, dff = (int)ex->d_ff, nent = n * topk;
-    const int slots = nent < ex->n_experts ? nent : ex->n_experts;
-    if ((size_t)nent * sizeof(int) > 32 * 1024)
-        return cu_err(err, DSV4_EINVAL, "dsv4_cuda_moe: %d tokens x top-%d exceeds one grouping block", n, topk);
-    /* workspace: act_n act_exp act_off list inv | H [nent, dff] | O [nent, dm]
-     *            | xq xs (x quantised) | hq hs (H quantised) */
+    const int dm = (int)ex->d_model, dff = (int)ex->d_ff, nent = n * topk, E = ex->n_experts;
+    const int slots = nent < E ? nent : E;
+    if ((long long)n * topk > MOE_MAX_ENT)
+        return cu_err(err, DSV4_EINVAL, "dsv4_cuda_moe: %d tokens x top-%d exceeds %d choices per call", n, topk,
+                      MOE_MAX_ENT);
+    /* Grouped GEMM from an average of DSV4_CUDA_MOE_GEMM_MIN rows per expert
+     * (cuda_gemm.cuh), tile shape from pick_moe_gemm. The
+     * decode / verify steps (a few rows per expert) keep k_fp4. */
+    const int fq = c->moe_fq && !xq_in;
+    const int gemm = !fq && nent >= (long long)cu_env_int("DSV4_CUDA_MOE_GEMM_MIN", MOE_GEMM_MIN_DEFAULT) * E;
+    const MoeGemmCfg &mg = pick_moe_gemm(nent, E);
+    const int bn = gemm ? mg.bn : 0;
+    const int big = gemm || nent * (int)sizeof(int) > 32 * 1024; /* k_group_* instead of k_route_group */
+    const int max_tiles = bn ? (nent + slots * (bn - 1)) / bn + 1 : 0;
+    /* workspace: act_n act_exp act_off list inv [cnt start tiles] | H [nent, dff]
+     *            | O [nent, dm] | xq xs (x quantised) | hq hs (H quantised) */
     size_t o_g = 0;
-    size_t o_h = o_g + cu_align((size_t)(1 + slots + slots + 1 + 2 * nent) * 4);
+    size_t gi = (size_t)(1 + slots + slots + 1 + 2 * nent) + (big ? (size_t)2 * E + 1 + max_tiles : 0);
+    size_t o_h = o_g + cu_align(gi * 4);
     size_t o_o = o_h + cu_align((size_t)nent * dff * 4);
     size_t o_xq = o_o + cu_align((size_t)nent * dm * 4);
     size_t o_xs = o_xq + cu_align((size_t)n * dm);
@@ -681,7 +1058,6 @@ static int moe_run(dsv4_cuda_ctx *c, const dsv4_cuda_experts *ex, const float *x
     float *xs = (float *)(base + o_xs), *hs = (float *)(base + o_hs);
     /* measured on H200: quantising x / H once (act_quant) beats quantising
      * the same rows again in every (expert, tile) block (bench/results) */
-    const int fq = c->moe_fq && !xq_in;
     if (xq_in) {
         xq = (uint8_t *)xq_in; /* the caller quantised x (shared with other linears) */
         xs = (float *)xs_in;
@@ -690,10 +1066,25 @@ static int moe_run(dsv4_cuda_ctx *c, const dsv4_cuda_experts *ex, const float *x
     }
     int *act_n = (int *)(base + o_g), *act_exp = act_n + 1, *act_off = act_exp + slots;
     int *list = act_off + slots + 1, *inv = list + nent;
+    int *gcnt = inv + nent, *gstart = gcnt + E, *tiles = gstart + E;
 
-    CU_TRY(cu_launch(c, k_route_group, dim3(1), dim3(ROUTE_THREADS), (size_t)ROUTE_WARPS * ex->n_experts * sizeof(int), ids,
-                     nent, ex->n_experts, act_n, act_exp, act_off, list, inv),
-           err, "moe grouping");
+    if (!big) {
+        CU_TRY(cu_launch(c, k_route_group, dim3(1), dim3(ROUTE_THREADS), (size_t)ROUTE_WARPS * E * sizeof(int), ids,
+                         nent, E, act_n, act_exp, act_off, list, inv),
+               err, "moe grouping");
+    } else {
+        CU_TRY(cu_launch(c, k_group_count, dim3((unsigned)E), dim3(256), 0, (const int *)ids, nent, gcnt), err,
+               "moe grouping (count)");
+        CU_TRY(cu_launch(c, k_group_scan, dim3(1), dim3(ROUTE_THREADS), 0, (const int *)gcnt, E, bn, act_n,
+                         act_exp, act_off, gstart, tiles),
+               err, "moe grouping (scan)");
+        const size_t psm = (size_t)nent * sizeof(uint16_t);
+        CU_TRY(cudaFuncSetAttribute(k_group_place, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)psm), err,
+               "moe grouping (shared memory)");
+        CU_TRY(cu_launch(c, k_group_place, dim3((unsigned)E), dim3(256), psm, (const int *)ids, nent, E,
+                         (const int *)gstart, list, inv),
+               err, "moe grouping (place)");
+    }
 
     Fp4Args a;
     memset(&a, 0, sizeof a);
@@ -719,7 +1110,8 @@ static int moe_run(dsv4_cuda_ctx *c, const dsv4_cuda_experts *ex, const float *x
     a.y = H;
     /* One n-tile of 8 rows per pass: most experts get 1-2 rows of a decode /
      * verify step; an expert chosen by more rows is streamed once per 8. */
-    if (!c->moe_persistent) rc = launch_fp4<FP4_GATEUP>(c, a, fq ? 0 : 1, (unsigned)slots, err);
+    if (gemm) rc = mg.gateup(c, a, tiles, max_tiles, err);
+    else if (!c->moe_persistent) rc = launch_fp4<FP4_GATEUP>(c, a, fq ? 0 : 1, (unsigned)slots, err);
     else rc = fq ? launch_moe_fp4<FP4_GATEUP, true>(c, a, slots, err)
                  : launch_moe_fp4<FP4_GATEUP, false>(c, a, slots, err);
     if (rc) return rc;
@@ -734,7 +1126,8 @@ static int moe_run(dsv4_cuda_ctx *c, const dsv4_cuda_experts *ex, const float *x
     a.xq = hq;
     a.xs = hs;
     a.y = O;
-    if (!c->moe_persistent) rc = launch_fp4<FP4_DOWN>(c, a, fq ? 0 : 1, (unsigned)slots, err);
+    if (gemm) rc = mg.down(c, a, tiles, max_tiles, err);
+    else if (!c->moe_persistent) rc = launch_fp4<FP4_DOWN>(c, a, fq ? 0 : 1, (unsigned)slots, err);
     else rc = fq ? launch_moe_fp4<FP4_DOWN, true>(c, a, slots, err)
                  : launch_moe_fp4<FP4_DOWN, false>(c, a, slots, err);
     if (rc) return rc;
