@@ -8,7 +8,8 @@ processes on this host, ranks joined by the TCP communicator (src/parallel/comm_
 - different --tensor-parallel-size on the two nodes fails at start on BOTH nodes with the
   field named; a follower started with another --max-model-len fails at the pool check;
 - a follower killed mid-generation fails the request and makes node 0 exit 1 with an error
-  naming node 1 (vLLM's policy when a worker dies), never a hang.
+  naming node 1 (vLLM's policy when a worker dies), never a hang;
+- `dsv4 run --nnodes 2` prints the single-process greedy ids, speculation off and on.
 Every wait has a timeout."""
 import json
 import os
@@ -188,3 +189,29 @@ def test_follower_killed_mid_run_fails_node0_not_hangs():
     assert "rank 1 (node 1 at 127.0.0.1:" in log0
     assert "closed the connection: it exited, crashed or aborted" in log0
     assert "; shutting down" in log0
+
+
+def test_run_on_two_nodes_gives_one_process_tokens():
+    # `dsv4 run` with the same flags: node 0 prints the generation, node 1 follows and exits 0
+    base = ["--prompt-ids", "5,17,42,7", "--max-tokens", "8", "--show-ids", "--device", "cpu"]
+    for k in ("0", "3"):
+        one = subprocess.run([DSV4, "run", DEFAULT_MODEL, *base, "--spec", k], capture_output=True, text=True,
+                             errors="replace", timeout=120, env=env())
+        assert one.returncode == 0, one.stderr
+        want = [ln for ln in one.stderr.splitlines() if ln.startswith("[")]
+        mport = free_pair()
+        args = [DSV4, "run", DEFAULT_MODEL, *base, "--spec", k, "-tp", "2", "--nnodes", "2", "--master-port",
+                str(mport), "--node-rank"]
+        f = subprocess.Popen(args + ["1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             errors="replace", env=env())
+        try:
+            r0 = subprocess.run(args + ["0"], capture_output=True, text=True, errors="replace", timeout=120, env=env())
+            out1, err1 = f.communicate(timeout=30)
+        finally:
+            if f.poll() is None:
+                f.kill()
+        assert r0.returncode == 0, r0.stderr
+        assert want and [ln for ln in r0.stderr.splitlines() if ln.startswith("[")] == want
+        assert f.returncode == 0, err1
+        assert out1 == ""  # the follower prints no generation
+        assert "node 1 following node 0 at 127.0.0.1:" in err1
