@@ -115,12 +115,9 @@ static int xfer(tcp_rank *r, int k, void *buf, size_t n, int writing, dsv4_err *
             int was_dead = r->dead;
             pthread_mutex_unlock(&r->mu);
             if (was_dead) return check_dead(r, err);
-            if (got == 0)
-                return fail(r, DSV4_EBACKEND, err,
-                            "rank %d (node %d at %s) closed the connection: it exited, crashed or aborted", k, k,
-                            r->peer[k]);
-            return fail(r, DSV4_EBACKEND, err, "lost rank %d (node %d at %s): %s", k, k, r->peer[k],
-                        strerror(errno));
+            return fail(r, DSV4_EBACKEND, err,
+                        "rank %d (node %d at %s) closed the connection: it exited, crashed or aborted%s%s%s", k, k,
+                        r->peer[k], got ? " (" : "", got ? strerror(errno) : "", got ? ")" : "");
         }
         p += got;
         n -= (size_t)got;
