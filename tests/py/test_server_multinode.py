@@ -20,6 +20,8 @@ import time
 import urllib.error
 import urllib.request
 
+import pytest
+
 from conftest import DEFAULT_MODEL, DSV4, Server, free_port
 
 SPEC = '{"method":"dspark","num_speculative_tokens":3}'
@@ -105,29 +107,29 @@ def log_of(server):
     return server.log.read().decode(errors="replace")
 
 
-def test_two_nodes_match_one_process(default_server):
-    for extra in [(), ("--speculative-config", SPEC)]:
-        s, f = pair(*extra)
-        try:
-            a = chat(default_server.base, "Count to ten.", 12)
-            b = chat(s.base, "Count to ten.", 12)
-            assert b["choices"][0]["message"]["content"] == a["choices"][0]["message"]["content"]
-            assert b["usage"]["completion_tokens"] == a["usage"]["completion_tokens"] == 12
-            a = complete(default_server.base, "The quick brown fox", 16)
-            b = complete(s.base, "The quick brown fox", 16)
-            assert b["choices"][0]["text"] == a["choices"][0]["text"]
-        finally:
-            rc0 = s.stop()
-            rc1 = f.proc.wait(timeout=20)  # node 0 stopping makes the follower exit
-        assert rc0 == 0
-        assert rc1 == 0, f.text()
-        log0, log1 = log_of(s), f.text()
-        assert "tcp communicator up (2 ranks, one per node)" in log0
-        assert "tensor parallel 2" in log0
-        assert ("speculation dspark k=3" if extra else "speculation off") in log0
-        assert f"node 1 following node 0 at 127.0.0.1:" in log1
-        assert "node 0 quit; exiting" in log1
-        assert "listening on" not in log1  # no HTTP server on a follower
+@pytest.mark.parametrize("extra", [(), ("--speculative-config", SPEC)], ids=["spec-off", "spec-on"])
+def test_two_nodes_match_one_process(default_server, extra):
+    s, f = pair(*extra)
+    try:
+        a = chat(default_server.base, "Count to ten.", 12)
+        b = chat(s.base, "Count to ten.", 12)
+        assert b["choices"][0]["message"]["content"] == a["choices"][0]["message"]["content"]
+        assert b["usage"]["completion_tokens"] == a["usage"]["completion_tokens"] == 12
+        a = complete(default_server.base, "The quick brown fox", 16)
+        b = complete(s.base, "The quick brown fox", 16)
+        assert b["choices"][0]["text"] == a["choices"][0]["text"]
+    finally:
+        rc0 = s.stop()
+        rc1 = f.proc.wait(timeout=20)  # node 0 stopping makes the follower exit
+    assert rc0 == 0
+    assert rc1 == 0, f.text()
+    log0, log1 = log_of(s), f.text()
+    assert "tcp communicator up (2 ranks, one per node)" in log0
+    assert "tensor parallel 2" in log0
+    assert ("speculation dspark k=3" if extra else "speculation off") in log0
+    assert "node 1 following node 0 at 127.0.0.1:" in log1
+    assert "node 0 quit; exiting" in log1
+    assert "listening on" not in log1  # no HTTP server on a follower
 
 
 def test_different_tp_on_the_two_nodes_fails_at_start():
