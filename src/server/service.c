@@ -212,6 +212,8 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
 fail_flag:
     dsv4_err_prefix(err, "server flag: ");
 fail:
+    if (s->mn) /* the followers must not take this for a clean stop (dsv4_service_free sends quit) */
+        dsv4_multinode_comm(s->mn)->abort(dsv4_multinode_comm(s->mn));
     dsv4_service_free(s);
     return rc;
 }

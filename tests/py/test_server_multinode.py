@@ -213,3 +213,19 @@ def test_run_on_two_nodes_gives_one_process_tokens():
         assert f.returncode == 0, err1
         assert out1 == ""  # the follower prints no generation
         assert "node 1 following node 0 at 127.0.0.1:" in err1
+
+
+def test_node0_failing_after_the_join_fails_the_follower():
+    # both nodes load, then node 0 refuses the flags (no MTP block in a DSpark checkpoint): the
+    # follower must not mistake that for a clean stop
+    mport = free_pair()
+    bad = ("--speculative-config", '{"method":"mtp","num_speculative_tokens":1}')
+    f = Follower(mport, "-tp", "2", *COMMON, *bad)
+    r0 = subprocess.run([DSV4, "serve", DEFAULT_MODEL, "--port", str(free_port()), "--nnodes", "2", "--node-rank",
+                         "0", "--master-port", str(mport), "-tp", "2", *COMMON, *bad],
+                        capture_output=True, text=True, timeout=60, env=env())
+    rc1 = f.proc.wait(timeout=30)
+    assert r0.returncode != 0
+    assert "has no MTP block" in r0.stderr
+    assert rc1 == 1
+    assert "rank 0 (node 0 at 127.0.0.1:" in f.text()
