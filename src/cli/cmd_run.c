@@ -21,6 +21,7 @@
 #include "cli/cli.h"
 #include "engine/engine.h"
 #include "engine/model_runner.h"
+#include "parallel/multinode.h"
 #include "parallel/tp_runner.h"
 #include "text/encoder.h"
 #include "text/tokenizer.h"
@@ -50,7 +51,10 @@ static void usage(FILE *f) {
             "  --tensor-parallel-size N, -tp N\n"
             "                       split the model over N ranks in this process: GPUs 0..N-1 with\n"
             "                       --device cuda (NCCL), CPU threads with --device cpu\n"
-            "                       (DSV4_TP_CHECK_RANKS=1: every step checks the ranks' logits agree)\n",
+            "                       (DSV4_TP_CHECK_RANKS=1: every step checks the ranks' logits agree)\n"
+            "  --nnodes N --node-rank R --master-addr A --master-port P\n"
+            "                       one rank per node (-tp N): start every node with the same arguments\n"
+            "                       but --node-rank; node 0 prints the generation, the others follow it\n",
             dsv4_default_model_dir());
 }
 
@@ -59,6 +63,8 @@ typedef struct run_opts {
     const char *hf_overrides, *tok_dir, *enc_dir;
     int dummy;
     int raw, max_tokens, thinking, show_ids, spec_k, cuda_graphs, tp;
+    int nnodes, node_rank, master_port; /* multi-node (src/parallel/multinode.h) */
+    const char *master_addr;
     dsv4_numerics numerics;
     dsv4_device device;
 } run_opts;
@@ -70,6 +76,9 @@ static int parse_args(int argc, char **argv, run_opts *o) {
     o->device = DSV4_DEVICE_AUTO;
     o->cuda_graphs = 1;
     o->tp = 1;
+    o->nnodes = 1;
+    o->master_addr = "127.0.0.1";
+    o->master_port = 29500;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -115,6 +124,18 @@ static int parse_args(int argc, char **argv, run_opts *o) {
                 return 2;
             }
             o->tp = (int)v;
+        } else if ((!strcmp(a, "--nnodes") || !strcmp(a, "--node-rank") || !strcmp(a, "--master-port")) &&
+                   i + 1 < argc) {
+            int is_nn = !strcmp(a, "--nnodes"), is_port = !strcmp(a, "--master-port");
+            char *end;
+            long v = strtol(argv[++i], &end, 10);
+            if (*end || v < (is_nn || is_port ? 1 : 0) || v > (is_port ? 65535 : 1023)) {
+                fprintf(stderr, "dsv4 run: %s: '%s' is out of range\n", a, argv[i]);
+                return 2;
+            }
+            *(is_nn ? &o->nnodes : is_port ? &o->master_port : &o->node_rank) = (int)v;
+        } else if (!strcmp(a, "--master-addr") && i + 1 < argc) {
+            o->master_addr = argv[++i];
         } else if (!strcmp(a, "--prompt-ids") && i + 1 < argc) {
             o->prompt_ids = argv[++i];
         } else if (!strcmp(a, "--load-format") && i + 1 < argc) {
@@ -143,6 +164,10 @@ static int parse_args(int argc, char **argv, run_opts *o) {
     }
     if (!o->prompt == !o->prompt_ids) {
         fprintf(stderr, "dsv4 run: --prompt is required (or --prompt-ids, not both; see --help)\n");
+        return 2;
+    }
+    if (o->node_rank >= o->nnodes) {
+        fprintf(stderr, "dsv4 run: --node-rank %d must be less than --nnodes %d\n", o->node_rank, o->nnodes);
         return 2;
     }
     if (!o->dir) o->dir = dsv4_default_model_dir();
@@ -229,6 +254,9 @@ int dsv4_cmd_run(int argc, char **argv) {
     dsv4_tokvec ids = {0};
     dsv4_model_runner *mr = NULL;
     dsv4_tp_runner *tp = NULL;
+    dsv4_multinode *mn = NULL;
+    dsv4_runner mn_run = {0};
+    int follower = 0;
     dsv4_engine *e = NULL;
     dsv4_request *r = NULL;
     char path[4096];
@@ -243,20 +271,34 @@ int dsv4_cmd_run(int argc, char **argv) {
         dsv4_model_runner_opts mo = {.n_slots = 1, .max_len = max_len, .max_spec = o.spec_k, .numerics = o.numerics,
                                      .device = o.device, .cuda_graphs = o.cuda_graphs};
         dsv4_load_opts lo = {.dummy = o.dummy, .hf_overrides = o.hf_overrides};
-        if (o.tp > 1) { /* ranks as threads of this process (src/parallel/tp_runner.h) */
+        if (o.nnodes > 1) { /* one rank per node (src/parallel/multinode.h) */
+            dsv4_multinode_opts mno = {.master_addr = o.master_addr, .master_port = o.master_port,
+                                       .nnodes = o.nnodes, .node_rank = o.node_rank, .tp_size = o.tp,
+                                       .model_dir = o.dir, .hf_overrides = o.hf_overrides,
+                                       .use_nccl = o.device == DSV4_DEVICE_CUDA,
+                                       .timeout_s = getenv("DSV4_RDV_TIMEOUT_S") ? atof(getenv("DSV4_RDV_TIMEOUT_S")) : 0};
+            rc = dsv4_multinode_join(&mno, &mn, &err);
+            if (!rc && o.node_rank > 0) { /* a follower: node 0 prints the generation */
+                rc = dsv4_multinode_follow(mn, o.dir, &mo, &lo, &err);
+                follower = 1;
+            } else if (!rc) {
+                rc = dsv4_multinode_open_leader(mn, o.dir, &mo, &lo, &mr, &mn_run, &err);
+            }
+        } else if (o.tp > 1) { /* ranks as threads of this process (src/parallel/tp_runner.h) */
             dsv4_tp_runner_opts to = {.tp_size = o.tp};
             rc = dsv4_tp_runner_open(o.dir, &mo, &lo, &to, &tp, &err);
         } else {
             rc = dsv4_model_runner_open_ex(o.dir, &mo, &lo, &mr, &err);
         }
     }
+    if (follower) rc = rc ? rc : -1; /* done: skip the generation */
     dsv4_drafter dr;
     int has_drafter = 0;
     if (!rc && o.spec_k > 0 &&
         !(has_drafter = tp ? dsv4_tp_runner_drafter(tp, &dr) : dsv4_model_runner_drafter(mr, &dr)))
         rc = dsv4_err_set(&err, DSV4_EINVAL, "--spec: %s has neither DSpark draft stages nor an MTP block", o.dir);
     if (!rc) {
-        dsv4_runner run = tp ? dsv4_tp_runner_iface(tp) : dsv4_model_runner_iface(mr);
+        dsv4_runner run = mn ? mn_run : tp ? dsv4_tp_runner_iface(tp) : dsv4_model_runner_iface(mr);
         const dsv4_config *cfg = tp ? dsv4_tp_runner_config(tp) : dsv4_model_runner_config(mr);
         dsv4_engine_opts eo = {1, max_len, max_len, o.spec_k, cfg->eos_token_id, {{0}}, 0, 0}; /* one prompt per run: nothing to cache */
         rc = dsv4_engine_create(&eo, &run, has_drafter ? &dr : NULL, &e, &err);
@@ -301,12 +343,15 @@ int dsv4_cmd_run(int argc, char **argv) {
         dsv4_engine_get_stats(e, &st);
         print_stats(&st, (int)ids.n, n_gen, now_s() - t0, o.spec_k);
     }
+    if (rc == -1) rc = 0; /* a follower whose leader quit */
     if (rc) fprintf(stderr, "dsv4 run: %s: %s\n", dsv4_status_name(rc), err.msg);
     dsv4_request_release(r);
     dsv4_engine_free(e);
+    dsv4_multinode_stop(mn); /* the followers exit */
     dsv4_model_runner_free(mr);
     dsv4_tp_runner_free(tp);
     dsv4_tokvec_free(&ids);
     dsv4_tokenizer_free(tok);
+    dsv4_multinode_free(mn);
     return rc ? 1 : 0;
 }

@@ -14,6 +14,7 @@
 
 #include "cli/cli.h"
 #include "cli/serve_args.h"
+#include "cli/serve_multinode.h"
 #include "engine/model_runner.h"
 #include "server/server.h"
 #include "server/service.h"
@@ -97,6 +98,41 @@ out:
     return rc;
 }
 
+/* The service options the flags give (also what a multi-node follower sizes its rank from). */
+static void service_opts_from_args(dsv4_serve_args *a, const char *dir, dsv4_effort_profile prof,
+                                   const dsv4_service_opts *spec, const char *spec_method, dsv4_service_opts *so) {
+    memset(so, 0, sizeof *so);
+    so->model_dir = dir;
+    so->load_dummy = strcmp(a->load_format, "dummy") == 0;
+    so->hf_overrides = a->hf_overrides;
+    dsv4_cli_text_dirs(dir, so->load_dummy, &so->tokenizer_dir, &so->encoding_dir);
+    so->model_name = a->http.served_names[0];
+    so->max_num_seqs = a->max_num_seqs > 64 ? 64 : a->max_num_seqs; /* CPU backend: state per slot */
+    so->max_num_batched_tokens = a->max_num_batched_tokens;
+    so->max_model_len = a->max_model_len_given ? a->http.max_model_len : 0;
+    so->profile_override = prof;
+    so->default_thinking = a->default_thinking;
+    so->default_reasoning_effort = a->default_reasoning_effort;
+    so->stop_in_reasoning = strcmp(a->stop_in_reasoning, "active") == 0;
+    so->default_chat_template_kwargs = a->default_chat_template_kwargs;
+    so->spec_method = spec_method;
+    so->enable_prefix_caching = a->enable_prefix_caching;
+    so->tensor_parallel_size = a->tensor_parallel_size;
+    dsv4_device dev = DSV4_DEVICE_AUTO;
+    dsv4_device_parse(a->device, &dev, NULL); /* validated by the parser */
+    so->device = (int)dev;
+    so->cuda_graphs = !a->enforce_eager;
+    so->draft_sampled = spec->draft_sampled;
+    so->block_size = a->block_size;
+    so->num_gpu_blocks_override = a->num_gpu_blocks_override;
+    so->kv_cache_memory_bytes = a->kv_cache_memory_bytes;
+    so->kv_cache_dtype = a->kv_cache_dtype;
+    so->spec_k = spec->spec_k;
+    so->n_k_schedule = spec->n_k_schedule;
+    memcpy(so->k_schedule, spec->k_schedule, sizeof so->k_schedule);
+    if (so->max_num_seqs > so->max_num_batched_tokens) so->max_num_seqs = so->max_num_batched_tokens;
+}
+
 int dsv4_cmd_serve(int argc, char **argv) {
     dsv4_serve_args a;
     dsv4_err err = {0};
@@ -108,14 +144,8 @@ int dsv4_cmd_serve(int argc, char **argv) {
     /* Tensor parallelism in one process: ranks are threads, each with its own
      * backend — CPU ranks joined by the local communicator, or rank r on GPU r
      * joined by NCCL (--device cuda / auto; src/parallel/tp_runner.h).
-     * Several nodes need GPUs: NCCL over the rendezvous of src/parallel/rendezvous.h
-     * plus followers of node 0's step plans (src/parallel/tp_plan.h), not wired here yet. */
-    if (a.nnodes != 1) {
-        fprintf(stderr, "dsv4 serve: --nnodes %d: multi-node serving needs the CUDA backend with NCCL, which is not "
-                        "in this build yet (one node: --tensor-parallel-size N runs N ranks in this process)\n",
-                a.nnodes);
-        return 1;
-    }
+     * Several nodes (--nnodes): one rank per node over TCP (CPU) or NCCL (cuda),
+     * node 0 serves and the others follow its step plans (src/parallel/multinode.h). */
     const char *dir = a.model_dir ? a.model_dir : dsv4_default_model_dir();
     struct stat st;
     if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
@@ -135,6 +165,9 @@ int dsv4_cmd_serve(int argc, char **argv) {
         fprintf(stderr, "dsv4 serve: %s\n", err.msg);
         return 2;
     }
+    dsv4_service_opts so;
+    service_opts_from_args(&a, dir, prof, &spec, spec_method, &so);
+    if (a.nnodes > 1 && a.node_rank > 0) return dsv4_serve_follower(&a, &so); /* no HTTP server here */
     /* One descriptor per client connection: lift the soft limit (often 1024) to the
      * hard limit so a burst of clients cannot exhaust it (SERVING.md §3.1). */
     struct rlimit rl;
@@ -157,46 +190,28 @@ int dsv4_cmd_serve(int argc, char **argv) {
     }
     dsv4_log(DSV4_LOG_INFO, "listening on http://%s:%d (%d API key%s); loading %s", a.http.host, a.http.port,
              a.http.n_api_keys, a.http.n_api_keys == 1 ? "" : "s", dir);
+    dsv4_multinode *mn = NULL;
+    if (a.nnodes > 1) {
+        dsv4_router_set_ready(rt, 0, "waiting for the other nodes");
+        if (dsv4_serve_join(&a, dir, &mn, &err)) {
+            fprintf(stderr, "dsv4 serve: node 0: %s\n", err.msg);
+            dsv4_server_stop(srv);
+            dsv4_router_free(rt);
+            return 1;
+        }
+        dsv4_router_set_ready(rt, 0, "the model is loading");
+        so.multinode = mn;
+    }
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
 
-    dsv4_service_opts so;
-    memset(&so, 0, sizeof so);
-    so.model_dir = dir;
-    so.load_dummy = strcmp(a.load_format, "dummy") == 0;
-    so.hf_overrides = a.hf_overrides;
-    dsv4_cli_text_dirs(dir, so.load_dummy, &so.tokenizer_dir, &so.encoding_dir);
-    so.model_name = a.http.served_names[0];
-    so.max_num_seqs = a.max_num_seqs > 64 ? 64 : a.max_num_seqs; /* CPU backend: state per slot */
-    so.max_num_batched_tokens = a.max_num_batched_tokens;
-    so.max_model_len = a.max_model_len_given ? a.http.max_model_len : 0;
-    so.profile_override = prof;
-    so.default_thinking = a.default_thinking;
-    so.default_reasoning_effort = a.default_reasoning_effort;
-    so.stop_in_reasoning = strcmp(a.stop_in_reasoning, "active") == 0;
-    so.default_chat_template_kwargs = a.default_chat_template_kwargs;
-    so.spec_method = spec_method;
-    so.enable_prefix_caching = a.enable_prefix_caching;
-    so.tensor_parallel_size = a.tensor_parallel_size;
-    dsv4_device dev = DSV4_DEVICE_AUTO;
-    dsv4_device_parse(a.device, &dev, NULL); /* validated by the parser */
-    so.device = (int)dev;
-    so.cuda_graphs = !a.enforce_eager;
-    so.draft_sampled = spec.draft_sampled;
-    so.block_size = a.block_size;
-    so.num_gpu_blocks_override = a.num_gpu_blocks_override;
-    so.kv_cache_memory_bytes = a.kv_cache_memory_bytes;
-    so.kv_cache_dtype = a.kv_cache_dtype;
-    so.spec_k = spec.spec_k;
-    so.n_k_schedule = spec.n_k_schedule;
-    memcpy(so.k_schedule, spec.k_schedule, sizeof so.k_schedule);
-    if (so.max_num_seqs > so.max_num_batched_tokens) so.max_num_seqs = so.max_num_batched_tokens;
     dsv4_service *svc = NULL;
     int rc = dsv4_service_open(&so, &svc, &err);
     if (rc) {
         fprintf(stderr, "dsv4 serve: %s\n", err.msg);
         dsv4_server_stop(srv);
         dsv4_router_free(rt);
+        dsv4_multinode_free(mn);
         return 1;
     }
     dsv4_router_set_max_model_len(rt, dsv4_service_max_model_len(svc));
@@ -204,12 +219,22 @@ int dsv4_cmd_serve(int argc, char **argv) {
     dsv4_router_set_ready(rt, 1, "");
     dsv4_log(DSV4_LOG_INFO, "ready: serving '%s' on http://%s:%d", a.http.served_names[0], a.http.host,
              a.http.port);
-    while (!g_stop) pause();
+    int status = 0;
+    while (!g_stop && !mn) pause();
+    while (!g_stop && mn) { /* a node that goes away ends the service, as vLLM's engine does when a worker dies */
+        if (dsv4_multinode_check(mn, &err)) {
+            dsv4_log(DSV4_LOG_ERROR, "%s; shutting down", err.msg);
+            status = 1;
+            break;
+        }
+        usleep(200 * 1000);
+    }
     dsv4_log(DSV4_LOG_INFO, "shutting down");
     dsv4_router_set_ready(rt, 0, "shutting down");
     dsv4_server_stop(srv);
     dsv4_router_set_service(rt, NULL);
     dsv4_service_free(svc);
     dsv4_router_free(rt);
-    return 0;
+    dsv4_multinode_free(mn);
+    return status;
 }

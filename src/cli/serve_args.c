@@ -108,7 +108,8 @@ static void usage(void) {
            "  --default-thinking M          off | low | high | max (default off)\n"
            "  --default-reasoning-effort E  effort when thinking is on (default high)\n"
            "  --stop-in-reasoning M         dormant | active (default dormant)\n"
-           "  --nnodes N --node-rank R --master-addr A --master-port P   multi-node (needs CUDA + NCCL)\n"
+           "  --nnodes N --node-rank R --master-addr A --master-port P   one rank per node (-tp N); node 0\n"
+           "                                serves HTTP, the others follow it; node 0 listens on P and P+1\n"
            "Accepted and ignored (dsv4 always behaves this way): --tokenizer-mode, --reasoning-parser,\n"
            "  --tool-call-parser, --enable-auto-tool-choice, --enable-chunked-prefill, --async-scheduling, ...\n");
 }

@@ -37,7 +37,7 @@ extern "C" {
 typedef struct dsv4_comm dsv4_comm;
 
 struct dsv4_comm {
-    const char *name; /* "local", "nccl" */
+    const char *name; /* "local", "nccl", "tcp" */
     int rank, size;
     void *ctx;
 
@@ -79,6 +79,35 @@ struct dsv4_comm {
 int dsv4_comm_local_create(int n, dsv4_comm **ranks, dsv4_err *err);
 /* Clear an abort once every rank of the group has returned from its collectives. */
 void dsv4_comm_local_recover(dsv4_comm *c);
+
+/*
+ * TCP (src/parallel/comm_tcp.c): ranks that are separate processes, one rank
+ * per process — `dsv4 serve --nnodes N` on CPU backends runs rank r on node r
+ * and joins the group right after the rendezvous, at --master-port + 1
+ * (rendezvous.h). A star around rank 0: peers send their partials to rank 0,
+ * which sums them in rank order 0..N-1 (the local communicator's order, so
+ * the bits equal an in-process group's) and sends the one result back, so
+ * every rank holds bit-identical values. Buffers go through host memory
+ * (be->buf_read/buf_write), so any backend works.
+ *
+ * dsv4_comm_tcp_create — rank 0 listens on addr:port and waits for ranks
+ *   1..size-1; the others connect to addr:port (retrying until rank 0
+ *   listens). Returns when every rank is connected, or fails after timeout_s
+ *   (<= 0: 300 s). Errors: DSV4_EINVAL bad rank/size/port, a peer claiming a
+ *   rank twice or another group size; DSV4_EIO cannot listen (port in use),
+ *   cannot reach rank 0, timeout (naming the missing ranks).
+ * After setup a broken connection (a peer process that exits or crashes)
+ * fails the collective with DSV4_EBACKEND naming the peer ("rank 1 (node 1
+ * at A:P) closed the connection"), and the group stays dead: every later
+ * call fails at once with the first reason. abort shuts every socket down,
+ * waking this process's blocked threads and every peer.
+ * dsv4_comm_tcp_check — without blocking, 0 while every connection is up;
+ *   else DSV4_EBACKEND with the reason (a peer that hung up is noticed even
+ *   with no collective in flight). 0 for other communicators.
+ */
+int dsv4_comm_tcp_create(const char *addr, int port, int rank, int size, double timeout_s, dsv4_comm **out,
+                         dsv4_err *err);
+int dsv4_comm_tcp_check(dsv4_comm *c, dsv4_err *err);
 
 /*
  * NCCL (src/parallel/comm_nccl.c). libnccl.so.2 is loaded with dlopen at run

@@ -10,6 +10,7 @@
 #include "engine/engine.h"
 #include "engine/model_runner.h"
 #include "model/kvcodec.h"
+#include "parallel/multinode.h"
 #include "parallel/tp_runner.h"
 #include "server/service_internal.h"
 #include "text/tokenizer.h"
@@ -34,6 +35,46 @@ static int warm_up(dsv4_service *s, dsv4_err *err) {
     dsv4_request_release(r);
     if (f == DSV4_FINISH_ERROR) return dsv4_err_set(err, DSV4_EBACKEND, "warm-up generation failed (see log)");
     return DSV4_OK;
+}
+
+/*
+ * The model runner options the serving flags give. Every node of a multi-node
+ * launch derives them the same way (dsv4_service_follow), so the KV pools match.
+ */
+static int runner_opts(const dsv4_service_opts *o, dsv4_model_runner_opts *mo, dsv4_load_opts *lo, int *cache_slots_out,
+                       dsv4_kv_dtype *kvt_out, dsv4_err *err) {
+    int64_t max_model_len = o->max_model_len > 0 ? o->max_model_len : 8192;
+    /* prefix caching: a few slots beyond max_num_seqs keep the state of recent
+     * prompts while their requests decode on (SERVING.md §8.7) */
+    int cache_slots = !o->enable_prefix_caching ? 0 : o->max_num_seqs < 8 ? o->max_num_seqs : 8;
+    dsv4_kv_dtype kvt;
+    int rc = dsv4_kv_dtype_parse(o->kv_cache_dtype, &kvt, err);
+    if (rc) return rc;
+    *mo = (dsv4_model_runner_opts){.n_slots = o->max_num_seqs + cache_slots,
+                                   .max_len = (int)max_model_len,
+                                   .max_spec = o->spec_k,
+                                   .numerics = DSV4_NUMERICS_REFERENCE,
+                                   .draft_sampled = o->draft_sampled,
+                                   .device = (dsv4_device)o->device,
+                                   .cuda_graphs = o->cuda_graphs,
+                                   .block_size = o->block_size,
+                                   .n_pages = o->num_gpu_blocks_override,
+                                   .kv_cache_bytes = o->kv_cache_memory_bytes,
+                                   .kv_dtype = (int)kvt};
+    *lo = (dsv4_load_opts){.dummy = o->load_dummy, .hf_overrides = o->hf_overrides};
+    *cache_slots_out = cache_slots;
+    *kvt_out = kvt;
+    return 0;
+}
+
+int dsv4_service_follow(const dsv4_service_opts *o, dsv4_err *err) {
+    dsv4_model_runner_opts mo;
+    dsv4_load_opts lo;
+    int cache_slots;
+    dsv4_kv_dtype kvt;
+    int rc = runner_opts(o, &mo, &lo, &cache_slots, &kvt, err);
+    if (rc) return dsv4_err_prefix(err, "server flag: "), rc;
+    return dsv4_multinode_follow(o->multinode, o->model_dir, &mo, &lo, err);
 }
 
 int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *err) {
@@ -82,24 +123,16 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
     /* CPU backend: per-slot state is sized for max_model_len, so default to a
      * length that fits comfortably in memory; the user may raise it. */
     s->max_model_len = o->max_model_len > 0 ? o->max_model_len : 8192;
-    /* prefix caching: a few slots beyond max_num_seqs keep the state of recent
-     * prompts while their requests decode on (SERVING.md §8.7) */
-    int cache_slots = !o->enable_prefix_caching ? 0 : o->max_num_seqs < 8 ? o->max_num_seqs : 8;
+    int cache_slots;
     dsv4_kv_dtype kvt;
-    if ((rc = dsv4_kv_dtype_parse(o->kv_cache_dtype, &kvt, err))) goto fail_flag;
-    dsv4_model_runner_opts mo = {.n_slots = o->max_num_seqs + cache_slots,
-                                 .max_len = (int)s->max_model_len,
-                                 .max_spec = o->spec_k,
-                                 .numerics = DSV4_NUMERICS_REFERENCE,
-                                 .draft_sampled = o->draft_sampled,
-                                 .device = (dsv4_device)o->device,
-                                 .cuda_graphs = o->cuda_graphs,
-                                 .block_size = o->block_size,
-                                 .n_pages = o->num_gpu_blocks_override,
-                                 .kv_cache_bytes = o->kv_cache_memory_bytes,
-                                 .kv_dtype = (int)kvt};
-    dsv4_load_opts lo = {.dummy = o->load_dummy, .hf_overrides = o->hf_overrides};
-    if (o->tensor_parallel_size > 1) { /* ranks as threads of this process (src/parallel/tp_runner.h) */
+    dsv4_model_runner_opts mo;
+    dsv4_load_opts lo;
+    if ((rc = runner_opts(o, &mo, &lo, &cache_slots, &kvt, err))) goto fail_flag;
+    dsv4_runner mn_run = {0};
+    if (o->multinode) { /* node 0 of several: rank 0's slice here, the other nodes follow its step plans */
+        if ((rc = dsv4_multinode_open_leader(o->multinode, o->model_dir, &mo, &lo, &s->mr, &mn_run, err))) goto fail;
+        s->mn = o->multinode;
+    } else if (o->tensor_parallel_size > 1) { /* ranks as threads of this process (src/parallel/tp_runner.h) */
         dsv4_tp_runner_opts to = {.tp_size = o->tensor_parallel_size};
         if ((rc = dsv4_tp_runner_open(o->model_dir, &mo, &lo, &to, &s->tp, err))) goto fail;
     } else if ((rc = dsv4_model_runner_open_ex(o->model_dir, &mo, &lo, &s->mr, err))) {
@@ -118,7 +151,7 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
     s->think_end = dsv4_tokenizer_special_id(s->tok, DSV4_TOK_END_THINK);
     int32_t dsml = dsv4_tokenizer_special_id(s->tok, DSV4_TOK_DSML);
     if ((rc = dsv4_gvocab_create(s->tok, s->vocab, s->eos_id, &dsml, dsml >= 0, &s->gvocab, err))) goto fail;
-    dsv4_runner run = s->tp ? dsv4_tp_runner_iface(s->tp) : dsv4_model_runner_iface(s->mr);
+    dsv4_runner run = s->mn ? mn_run : s->tp ? dsv4_tp_runner_iface(s->tp) : dsv4_model_runner_iface(s->mr);
     if (run.page_tokens > 0 && (int64_t)run.n_pages * run.page_tokens < s->max_model_len) {
         /* vLLM refuses to start when one max_model_len request cannot fit the KV cache */
         rc = dsv4_err_set(err, DSV4_EINVAL,
@@ -179,6 +212,8 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
 fail_flag:
     dsv4_err_prefix(err, "server flag: ");
 fail:
+    if (s->mn) /* the followers must not take this for a clean stop (dsv4_service_free sends quit) */
+        dsv4_multinode_comm(s->mn)->abort(dsv4_multinode_comm(s->mn));
     dsv4_service_free(s);
     return rc;
 }
@@ -186,6 +221,7 @@ fail:
 void dsv4_service_free(dsv4_service *s) {
     if (!s) return;
     dsv4_engine_free(s->engine);
+    dsv4_multinode_stop(s->mn); /* followers quit (their runners go first: they use ours' plans) */
     dsv4_model_runner_free(s->mr);
     dsv4_gvocab_free(s->gvocab);
     dsv4_tp_runner_free(s->tp);

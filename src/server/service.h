@@ -55,6 +55,9 @@ typedef struct dsv4_service_opts {
     int64_t kv_cache_memory_bytes;
     const char *kv_cache_dtype;
     int tensor_parallel_size;    /* --tensor-parallel-size; > 1: ranks as threads (src/parallel/tp_runner.h) */
+    /* --nnodes > 1: this node's group (src/parallel/multinode.h, joined by the caller, who frees it after
+     * dsv4_service_free); NULL = one node */
+    struct dsv4_multinode *multinode;
 } dsv4_service_opts;
 
 /*
@@ -64,6 +67,15 @@ typedef struct dsv4_service_opts {
  */
 int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *err);
 void dsv4_service_free(dsv4_service *s);
+
+/*
+ * dsv4_service_follow — nodes 1..N-1 of a multi-node launch (o->multinode
+ * set): open this node's rank with the model runner options o gives (the same
+ * as node 0's service, so the KV pools match) and run node 0's step plans
+ * until node 0 quits (0). No tokenizer, engine or HTTP here. Errors: a bad
+ * flag ("server flag: "), dsv4_multinode_follow's.
+ */
+int dsv4_service_follow(const dsv4_service_opts *o, dsv4_err *err);
 
 /* The effective max_model_len (after backend defaults), for /v1/models. */
 int64_t dsv4_service_max_model_len(const dsv4_service *s);

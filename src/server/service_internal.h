@@ -24,6 +24,7 @@ struct dsv4_service {
     int stop_in_reasoning;
     dsv4_model_runner *mr;
     struct dsv4_tp_runner *tp; /* instead of mr under --tensor-parallel-size > 1 */
+    struct dsv4_multinode *mn; /* --nnodes > 1 on node 0: mr is rank 0's slice, driven as step-plan leader */
     dsv4_engine *engine;
     dsv4_metrics *metrics;
     int32_t eos_id;

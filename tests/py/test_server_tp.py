@@ -2,7 +2,7 @@
 `dsv4 serve --tensor-parallel-size 2 --device cpu` runs two ranks as threads
 (src/parallel/tp_runner.h) and serves requests whose greedy output equals the
 single-rank server's, with DSpark speculation on too; sizes that do not divide
-the model and multi-node launches are refused at start with the reason.
+the model are refused at start with the reason.
 Under TP the engine's paged KV pool is on (its "KV cache pool:" start line)."""
 import json
 import subprocess
@@ -54,12 +54,6 @@ def test_tp_size_that_does_not_divide_is_refused():
     r = run_serve("--tensor-parallel-size", "4", "--max-model-len", "256")
     assert r.returncode != 0
     assert "--tensor-parallel-size 4 does not divide o_groups 2" in r.stderr
-
-
-def test_multi_node_is_refused_with_the_reason():
-    r = run_serve("--nnodes", "2", "--node-rank", "0")
-    assert r.returncode != 0
-    assert "multi-node serving needs the CUDA backend" in r.stderr
 
 
 def test_cuda_ranks_without_gpus_are_refused_with_the_reason():

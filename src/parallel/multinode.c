@@ -1,0 +1,214 @@
+/*
+ * Multi-node serving (multinode.h): rendezvous, communicator, per-node rank
+ * open with a cross-node KV pool check, then leader / follower.
+ *
+ * Why the pool check: node 0's engine maps page ids once and the step plans
+ * carry them to every node (tp_plan.h); a follower started with another
+ * --max-model-len, --max-num-seqs, --block-size or KV budget would hold a
+ * differently sized pool and write other pages — wrong tokens, not an error.
+ * The rendezvous cannot see those options (its wire format carries the model
+ * and the build), so the nodes compare the pools they actually built.
+ */
+#include "parallel/multinode.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "parallel/rendezvous.h"
+#include "parallel/tp_plan.h"
+
+struct dsv4_multinode {
+    dsv4_multinode_opts o;
+    dsv4_comm *c;
+    dsv4_plan_leader *leader;
+};
+
+/* What must agree across nodes, as one rank built it. */
+/* causes before consequences: a different --max-model-len also changes the page count */
+enum { P_MAX_LEN, P_SLOTS, P_MAX_SPEC, P_VOCAB, P_PAGE_TOKENS, P_PAGES, P_N };
+static const char *const P_NAME[P_N] = {"--max-model-len", "request slots (--max-num-seqs + prefix-cache slots)",
+                                        "speculative tokens (--speculative-config)", "vocabulary",
+                                        "tokens per KV page (--block-size)",
+                                        "KV pages (--kv-cache-memory-bytes / --num-gpu-blocks-override)"};
+
+static void pool_of(const dsv4_runner *it, const dsv4_model_runner_opts *o, int64_t *p) {
+    p[P_SLOTS] = it->n_slots;
+    p[P_VOCAB] = it->vocab;
+    p[P_PAGE_TOKENS] = it->set_pages ? it->page_tokens : 0;
+    p[P_PAGES] = it->set_pages ? it->n_pages : 0;
+    p[P_MAX_LEN] = o->max_len;
+    p[P_MAX_SPEC] = o->max_spec;
+}
+
+/*
+ * Every rank: ranks 1..N-1 each broadcast their pool (node 0 compares), then
+ * node 0 broadcasts the verdict. The same sequence of collectives on every
+ * rank, so a mismatch fails everywhere with node 0's message.
+ */
+static int check_pools(dsv4_comm *c, const int64_t *mine, dsv4_err *err) {
+    char verdict[256] = "";
+    for (int r = 1; r < c->size; r++) {
+        int64_t p[P_N];
+        memcpy(p, mine, sizeof p);
+        int rc = c->broadcast(c, p, sizeof p, r, err);
+        if (rc) return rc;
+        if (c->rank != 0 || verdict[0]) continue;
+        for (int f = 0; f < P_N; f++)
+            if (p[f] != mine[f]) {
+                snprintf(verdict, sizeof verdict,
+                         "node %d has %lld %s, node 0 has %lld: start every node with the same serving flags", r,
+                         (long long)p[f], P_NAME[f], (long long)mine[f]);
+                break;
+            }
+    }
+    int rc = c->broadcast(c, verdict, sizeof verdict, 0, err);
+    if (rc) return rc;
+    verdict[sizeof verdict - 1] = 0;
+    if (verdict[0]) return dsv4_err_set(err, DSV4_EINVAL, "multi-node: %s", verdict);
+    return 0;
+}
+
+static int config_hash(const dsv4_multinode_opts *o, uint64_t *h, dsv4_err *err) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", o->model_dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) return dsv4_err_set(err, DSV4_EIO, "%s: cannot open", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    size_t extra = o->hf_overrides ? strlen(o->hf_overrides) + 1 : 0;
+    char *buf = malloc((size_t)(n > 0 ? n : 0) + extra + 1);
+    if (!buf) {
+        fclose(f);
+        return dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
+    }
+    size_t got = n > 0 ? fread(buf, 1, (size_t)n, f) : 0;
+    fclose(f);
+    if (extra) { /* --hf-overrides change the model as much as config.json does */
+        buf[got] = 0;
+        memcpy(buf + got + 1, o->hf_overrides, extra - 1);
+    }
+    *h = dsv4_rdv_hash(buf, got + extra);
+    free(buf);
+    return 0;
+}
+
+int dsv4_multinode_join(const dsv4_multinode_opts *o, dsv4_multinode **out, dsv4_err *err) {
+    *out = NULL;
+    if (o->nnodes < 2) return dsv4_err_set(err, DSV4_EINVAL, "multi-node: --nnodes %d (need 2 or more)", o->nnodes);
+    if (!o->use_nccl && o->master_port >= 65535)
+        return dsv4_err_set(err, DSV4_EINVAL,
+                            "multi-node: --master-port %d: the TCP communicator listens on --master-port + 1",
+                            o->master_port);
+    uint64_t h;
+    int rc = config_hash(o, &h, err);
+    if (rc) return rc;
+    uint8_t id[DSV4_RDV_ID_BYTES] = {0};
+    if (o->use_nccl && o->node_rank == 0 && (rc = dsv4_nccl_unique_id(id, err))) return rc;
+    /* the build id: what step plans and collectives put on the wire in host order must read the same on
+     * every node (tp_plan.h, comm_tcp.c) — the plan format version and the byte order. Nodes built from
+     * different commits with the same formats may join (DGX Spark pairs are often built one by one). */
+    const uint16_t one = 1;
+    char build[64];
+    snprintf(build, sizeof build, "dsv4 plan-v1 tcp-v1 %s-endian, %zu-byte size_t",
+             *(const uint8_t *)&one ? "little" : "big", sizeof(size_t));
+    dsv4_rdv_opts ro = {o->master_addr, o->master_port, o->nnodes, o->node_rank, o->tp_size, h, build, o->timeout_s};
+    dsv4_log(DSV4_LOG_INFO, "node %d of %d: rendezvous at %s:%d", o->node_rank, o->nnodes, o->master_addr,
+             o->master_port);
+    if ((rc = dsv4_rendezvous(&ro, id, err))) return rc;
+    /* after the rendezvous, so that nodes launched with different sizes hear that (naming the node) first */
+    if (o->tp_size != o->nnodes)
+        return dsv4_err_set(err, DSV4_EINVAL,
+                            "multi-node: --tensor-parallel-size %d with --nnodes %d: this build runs one rank per "
+                            "node, so --tensor-parallel-size must equal --nnodes (several ranks per node are not "
+                            "supported yet)",
+                            o->tp_size, o->nnodes);
+    dsv4_multinode *m = calloc(1, sizeof *m);
+    if (!m) return dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
+    m->o = *o;
+    if (o->use_nccl)
+        rc = dsv4_comm_nccl_create(o->node_rank, o->nnodes, id, &m->c, err);
+    else
+        rc = dsv4_comm_tcp_create(o->master_addr, o->master_port + 1, o->node_rank, o->nnodes,
+                                  o->timeout_s > 0 ? o->timeout_s : DSV4_RDV_DEFAULT_TIMEOUT_S, &m->c, err);
+    if (rc) {
+        free(m);
+        return rc;
+    }
+    dsv4_log(DSV4_LOG_INFO, "node %d of %d: %s communicator up (%d ranks, one per node)", o->node_rank, o->nnodes,
+             m->c->name, m->c->size);
+    *out = m;
+    return 0;
+}
+
+dsv4_comm *dsv4_multinode_comm(dsv4_multinode *m) { return m->c; }
+
+int dsv4_multinode_open_leader(dsv4_multinode *m, const char *dir, const dsv4_model_runner_opts *o,
+                               const dsv4_load_opts *lo, dsv4_model_runner **mr, dsv4_runner *run, dsv4_err *err) {
+    *mr = NULL;
+    int rc = dsv4_model_runner_open_tp(dir, o, lo, 0, m->c->size, m->c, mr, err);
+    if (rc) {
+        m->c->abort(m->c); /* the followers are waiting for our pool: let them go */
+        return rc;
+    }
+    dsv4_runner it = dsv4_model_runner_iface(*mr);
+    int64_t pool[P_N];
+    pool_of(&it, o, pool);
+    if (!(rc = check_pools(m->c, pool, err)))
+        rc = dsv4_plan_leader_create(m->c, &it, o->max_len, &m->leader, run, err);
+    if (rc) {
+        m->c->abort(m->c);
+        dsv4_model_runner_free(*mr);
+        *mr = NULL;
+        return rc;
+    }
+    dsv4_log(DSV4_LOG_INFO, "node 0: %d node(s) following at %s:%d", m->c->size - 1, m->o.master_addr,
+             m->o.master_port);
+    return 0;
+}
+
+void dsv4_multinode_stop(dsv4_multinode *m) {
+    if (!m || !m->leader) return;
+    dsv4_plan_leader_free(m->leader); /* sends quit */
+    m->leader = NULL;
+}
+
+int dsv4_multinode_check(dsv4_multinode *m, dsv4_err *err) {
+    if (!m) return 0;
+    int rc = dsv4_comm_tcp_check(m->c, err); /* NCCL: no cheap probe; a failing step shows it */
+    if (rc) dsv4_err_prefix(err, "multi-node: ");
+    return rc;
+}
+
+int dsv4_multinode_follow(dsv4_multinode *m, const char *dir, const dsv4_model_runner_opts *o,
+                          const dsv4_load_opts *lo, dsv4_err *err) {
+    dsv4_model_runner *mr = NULL;
+    int rc = dsv4_model_runner_open_tp(dir, o, lo, m->c->rank, m->c->size, m->c, &mr, err);
+    if (rc) {
+        m->c->abort(m->c); /* node 0 fails at its pool check, naming this node */
+        dsv4_err_prefix(err, "node %d: ", m->o.node_rank);
+        return rc;
+    }
+    dsv4_runner it = dsv4_model_runner_iface(mr);
+    int64_t pool[P_N];
+    pool_of(&it, o, pool);
+    if ((rc = check_pools(m->c, pool, err))) {
+        m->c->abort(m->c);
+        dsv4_model_runner_free(mr);
+        return rc;
+    }
+    dsv4_log(DSV4_LOG_INFO, "node %d following node 0 at %s:%d", m->o.node_rank, m->o.master_addr,
+             m->o.master_port);
+    rc = dsv4_plan_follow(m->c, &it, err);
+    dsv4_model_runner_free(mr);
+    if (!rc) dsv4_log(DSV4_LOG_INFO, "node %d: node 0 quit; exiting", m->o.node_rank);
+    return rc;
+}
+
+void dsv4_multinode_free(dsv4_multinode *m) {
+    if (!m) return;
+    dsv4_multinode_stop(m);
+    if (m->c) m->c->free(m->c);
+    free(m);
+}
