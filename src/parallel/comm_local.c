@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "parallel/comm.h"
+#include "parallel/comm_host.h"
 
 typedef struct local_group {
     pthread_mutex_t mu;
@@ -28,7 +29,7 @@ typedef struct local_group {
     unsigned gen;
     /* per-rank staging (owned and resized only by that rank, read by all between barriers) */
     float **slot;
-    size_t *cap;        /* floats */
+    size_t *cap;        /* bytes */
     int64_t *rows, *cols; /* shape each rank announced for the current collective */
     void *bcast;        /* broadcast staging (root's) */
 } local_group;
@@ -37,19 +38,9 @@ typedef struct local_rank {
     dsv4_comm c;
     local_group *g;
     float *res;         /* private result of the reduction */
-    size_t res_cap;
-    void *raw;          /* host bytes of a BF16 buffer */
-    size_t raw_cap;
+    size_t res_cap;     /* bytes */
+    dsv4_comm_stage st; /* BF16 host bytes */
 } local_rank;
-
-static int grow(void **p, size_t *cap, size_t need, dsv4_err *err) {
-    if (need <= *cap) return 0;
-    void *q = realloc(*p, need);
-    if (!q) return dsv4_err_set(err, DSV4_ENOMEM, "local comm: out of memory (%zu bytes)", need);
-    *p = q;
-    *cap = need;
-    return 0;
-}
 
 static int lbarrier(dsv4_comm *c, dsv4_err *err) {
     local_group *g = ((local_rank *)c)->g;
@@ -91,45 +82,11 @@ void dsv4_comm_local_recover(dsv4_comm *c) {
 static int stage(local_rank *r, dsv4_backend *be, const dsv4_buf *buf, dsv4_err *err) {
     local_group *g = r->g;
     int me = r->c.rank;
-    size_t n = (size_t)buf->rows * (size_t)buf->cols;
-    if (buf->dtype != DSV4_DT_F32 && buf->dtype != DSV4_DT_BF16)
-        return dsv4_err_set(err, DSV4_EINVAL, "local comm: dtype %s not supported (F32, BF16)",
-                            dsv4_dtype_name(buf->dtype));
-    size_t cap_bytes = g->cap[me] * sizeof(float);
-    void *s = g->slot[me];
-    int rc = grow(&s, &cap_bytes, (n ? n : 1) * sizeof(float), err);
-    g->slot[me] = s;
-    g->cap[me] = cap_bytes / sizeof(float);
+    int rc = dsv4_comm_host_read(&r->st, be, buf, &g->slot[me], &g->cap[me], err);
     if (rc) return rc;
-    if (buf->dtype == DSV4_DT_F32) {
-        if (n && (rc = be->buf_read(be, buf, g->slot[me], err))) return rc;
-    } else {
-        if ((rc = grow(&r->raw, &r->raw_cap, (n ? n : 1) * 2, err))) return rc;
-        if (n && (rc = be->buf_read(be, buf, r->raw, err))) return rc;
-        const uint16_t *h = r->raw;
-        for (size_t i = 0; i < n; i++) {
-            uint32_t u = (uint32_t)h[i] << 16;
-            memcpy(&g->slot[me][i], &u, 4);
-        }
-    }
     g->rows[me] = buf->rows;
     g->cols[me] = buf->cols;
     return 0;
-}
-
-/* Write n fp32 values back into buf (rounding to BF16 to nearest even when needed). */
-static int unstage(local_rank *r, dsv4_backend *be, dsv4_buf *buf, const float *v, dsv4_err *err) {
-    size_t n = (size_t)buf->rows * (size_t)buf->cols;
-    if (!n) return 0;
-    if (buf->dtype == DSV4_DT_F32) return be->buf_write(be, buf, v, err);
-    uint16_t *h = r->raw;
-    for (size_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, &v[i], 4);
-        if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x7fffffu)) h[i] = (uint16_t)((u >> 16) | 0x40); /* NaN */
-        else h[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-    }
-    return be->buf_write(be, buf, h, err);
 }
 
 /* After the first barrier: every rank announced the same shape? */
@@ -154,24 +111,19 @@ static int lall_reduce(dsv4_comm *c, dsv4_backend *be, dsv4_buf *buf, dsv4_err *
     }
     if ((rc = lbarrier(c, err))) return rc;
     size_t n = (size_t)buf->rows * (size_t)buf->cols;
-    size_t cap_bytes = r->res_cap * sizeof(float);
     void *res = r->res;
     rc = same_shape(r, "all_reduce_sum", err);
-    if (!rc) rc = grow(&res, &cap_bytes, (n ? n : 1) * sizeof(float), err);
+    if (!rc) rc = dsv4_comm_host_grow("local comm", &res, &r->res_cap, (n ? n : 1) * sizeof(float), err);
     r->res = res;
-    r->res_cap = cap_bytes / sizeof(float);
     if (!rc) {
         /* rank order on every rank: ((p0 + p1) + p2) + ... */
         memcpy(r->res, g->slot[0], n * sizeof(float));
-        for (int k = 1; k < g->n; k++) {
-            const float *p = g->slot[k];
-            for (size_t i = 0; i < n; i++) r->res[i] += p[i];
-        }
+        for (int k = 1; k < g->n; k++) dsv4_comm_host_accumulate(r->res, g->slot[k], n);
     }
     int rc2 = lbarrier(c, err);
     if (rc) return rc;
     if (rc2) return rc2;
-    return unstage(r, be, buf, r->res, err);
+    return dsv4_comm_host_write(&r->st, be, buf, r->res, err);
 }
 
 static int lall_gather(dsv4_comm *c, dsv4_backend *be, const dsv4_buf *in, dsv4_buf *out, dsv4_err *err) {
@@ -188,12 +140,10 @@ static int lall_gather(dsv4_comm *c, dsv4_backend *be, const dsv4_buf *in, dsv4_
     }
     if ((rc = lbarrier(c, err))) return rc;
     size_t rows = (size_t)in->rows, cols = (size_t)in->cols, n = rows * cols * (size_t)N;
-    size_t cap_bytes = r->res_cap * sizeof(float);
     void *res = r->res;
     rc = same_shape(r, "all_gather", err);
-    if (!rc) rc = grow(&res, &cap_bytes, (n ? n : 1) * sizeof(float), err);
+    if (!rc) rc = dsv4_comm_host_grow("local comm", &res, &r->res_cap, (n ? n : 1) * sizeof(float), err);
     r->res = res;
-    r->res_cap = cap_bytes / sizeof(float);
     for (int k = 0; k < N && !rc; k++)
         for (size_t i = 0; i < rows; i++)
             memcpy(r->res + i * cols * N + k * cols, g->slot[k] + i * cols, cols * sizeof(float));
@@ -231,7 +181,7 @@ static void lfree(dsv4_comm *c) {
     local_rank *r = (local_rank *)c;
     local_group *g = r->g;
     free(r->res);
-    free(r->raw);
+    free(r->st.raw);
     free(r);
     pthread_mutex_lock(&g->mu);
     int last = --g->refs == 0;
@@ -259,6 +209,7 @@ int dsv4_comm_local_create(int n, dsv4_comm **ranks, dsv4_err *err) {
             break;
         }
         r->g = g;
+        r->st.who = "local comm";
         r->c = (dsv4_comm){"local", i, n, NULL, lall_reduce, lall_gather, lbroadcast, lbarrier, labort, lfree, 0};
         r->c.ctx = r;
         g->refs++;

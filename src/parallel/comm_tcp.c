@@ -37,10 +37,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "parallel/comm.h"
+#include "parallel/comm_host.h"
+#include "parallel/net.h"
 
 enum { OP_SUM = 1, OP_GATHER, OP_BCAST, OP_BARRIER };
 static const char *op_name(int64_t op) {
@@ -58,18 +59,9 @@ typedef struct tcp_rank {
     char why[200];    /* the first failure, repeated by later calls */
     float *res, *tmp; /* fp32 staging */
     size_t res_cap, tmp_cap; /* bytes */
-    void *raw;        /* BF16 host bytes */
-    size_t raw_cap;
+    dsv4_comm_stage st;      /* BF16 host bytes */
 } tcp_rank;
 
-static int grow(void **p, size_t *cap, size_t need, dsv4_err *err) {
-    if (need <= *cap) return 0;
-    void *q = realloc(*p, need);
-    if (!q) return dsv4_err_set(err, DSV4_ENOMEM, "tcp comm: out of memory (%zu bytes)", need);
-    *p = q;
-    *cap = need;
-    return 0;
-}
 
 static void shut_all(tcp_rank *r) {
     for (int k = 0; k < r->c.size; k++)
@@ -146,60 +138,25 @@ static int recv_hdr(tcp_rank *r, int k, int64_t op, int64_t rows, int64_t cols, 
     return 0;
 }
 
-/* buf as fp32 host values into *dst (grown). */
-static int stage(tcp_rank *r, dsv4_backend *be, const dsv4_buf *buf, float **dst, size_t *cap, dsv4_err *err) {
-    size_t n = (size_t)buf->rows * (size_t)buf->cols;
-    if (buf->dtype != DSV4_DT_F32 && buf->dtype != DSV4_DT_BF16)
-        return dsv4_err_set(err, DSV4_EINVAL, "tcp comm: dtype %s not supported (F32, BF16)",
-                            dsv4_dtype_name(buf->dtype));
-    void *d = *dst;
-    int rc = grow(&d, cap, (n ? n : 1) * sizeof(float), err);
-    *dst = d;
-    if (rc || !n) return rc;
-    if (buf->dtype == DSV4_DT_F32) return be->buf_read(be, buf, *dst, err);
-    if ((rc = grow(&r->raw, &r->raw_cap, n * 2, err))) return rc;
-    if ((rc = be->buf_read(be, buf, r->raw, err))) return rc;
-    const uint16_t *h = r->raw;
-    for (size_t i = 0; i < n; i++) {
-        uint32_t u = (uint32_t)h[i] << 16;
-        memcpy(&(*dst)[i], &u, 4);
-    }
-    return 0;
-}
-
-/* fp32 values back into buf (BF16: round to nearest even once). */
-static int unstage(tcp_rank *r, dsv4_backend *be, dsv4_buf *buf, const float *v, dsv4_err *err) {
-    size_t n = (size_t)buf->rows * (size_t)buf->cols;
-    if (!n) return 0;
-    if (buf->dtype == DSV4_DT_F32) return be->buf_write(be, buf, v, err);
-    uint16_t *h = r->raw;
-    for (size_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, &v[i], 4);
-        if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x7fffffu)) h[i] = (uint16_t)((u >> 16) | 0x40);
-        else h[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-    }
-    return be->buf_write(be, buf, h, err);
-}
-
 static int tall_reduce(dsv4_comm *c, dsv4_backend *be, dsv4_buf *buf, dsv4_err *err) {
     tcp_rank *r = (tcp_rank *)c;
     if (c->size == 1) return 0;
     int rc = check_dead(r, err);
     if (rc) return rc;
     size_t n = (size_t)buf->rows * (size_t)buf->cols, bytes = n * sizeof(float);
-    if ((rc = stage(r, be, buf, &r->res, &r->res_cap, err))) {
+    if ((rc = dsv4_comm_host_read(&r->st, be, buf, &r->res, &r->res_cap, err))) {
         c->abort(c);
         return rc;
     }
     if (c->rank == 0) {
         void *t = r->tmp;
-        if ((rc = grow(&t, &r->tmp_cap, bytes ? bytes : 1, err))) return fail(r, rc, err, "%s", err->msg);
+        if ((rc = dsv4_comm_host_grow(r->st.who, &t, &r->tmp_cap, bytes ? bytes : 1, err)))
+            return fail(r, rc, err, "%s", err->msg);
         r->tmp = t;
         for (int k = 1; k < c->size; k++) { /* rank order: ((p0 + p1) + p2) + ... */
             if ((rc = recv_hdr(r, k, OP_SUM, buf->rows, buf->cols, bytes, err))) return rc;
             if (bytes && (rc = xfer(r, k, r->tmp, bytes, 0, err))) return rc;
-            for (size_t i = 0; i < n; i++) r->res[i] += r->tmp[i];
+            dsv4_comm_host_accumulate(r->res, r->tmp, n);
         }
         for (int k = 1; k < c->size; k++)
             if ((rc = send_msg(r, k, OP_SUM, buf->rows, buf->cols, r->res, bytes, err))) return rc;
@@ -208,7 +165,7 @@ static int tall_reduce(dsv4_comm *c, dsv4_backend *be, dsv4_buf *buf, dsv4_err *
         if ((rc = recv_hdr(r, 0, OP_SUM, buf->rows, buf->cols, bytes, err))) return rc;
         if (bytes && (rc = xfer(r, 0, r->res, bytes, 0, err))) return rc;
     }
-    return unstage(r, be, buf, r->res, err);
+    return dsv4_comm_host_write(&r->st, be, buf, r->res, err);
 }
 
 static int tall_gather(dsv4_comm *c, dsv4_backend *be, const dsv4_buf *in, dsv4_buf *out, dsv4_err *err) {
@@ -220,12 +177,13 @@ static int tall_gather(dsv4_comm *c, dsv4_backend *be, const dsv4_buf *in, dsv4_
     if (rc) return rc;
     size_t rows = (size_t)in->rows, cols = (size_t)in->cols, part = rows * cols * sizeof(float);
     size_t whole = part * (size_t)N;
-    if ((rc = stage(r, be, in, &r->tmp, &r->tmp_cap, err))) {
+    if ((rc = dsv4_comm_host_read(&r->st, be, in, &r->tmp, &r->tmp_cap, err))) {
         c->abort(c);
         return rc;
     }
     void *res = r->res;
-    if ((rc = grow(&res, &r->res_cap, whole ? whole : 1, err))) return fail(r, rc, err, "%s", err->msg);
+    if ((rc = dsv4_comm_host_grow(r->st.who, &res, &r->res_cap, whole ? whole : 1, err)))
+        return fail(r, rc, err, "%s", err->msg);
     r->res = res;
     if (c->rank == 0) {
         for (size_t i = 0; i < rows; i++) memcpy(r->res + i * cols * N, r->tmp + i * cols, cols * sizeof(float));
@@ -301,7 +259,7 @@ static void tfree(dsv4_comm *c) {
     free(r->peer);
     free(r->res);
     free(r->tmp);
-    free(r->raw);
+    free(r->st.raw);
     free(r);
 }
 
@@ -323,32 +281,6 @@ int dsv4_comm_tcp_check(dsv4_comm *c, dsv4_err *err) {
 
 /* ---- setup ---- */
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-/* Reads/writes with a deadline (setup only; collectives block without one). 0, -1 broken, -2 timeout. */
-static int io_deadline(int fd, void *buf, size_t n, int writing, double deadline) {
-    uint8_t *p = buf;
-    while (n) {
-        double left = deadline - now_s();
-        if (left <= 0) return -2;
-        struct pollfd pf = {fd, (short)(writing ? POLLOUT : POLLIN), 0};
-        int pr = poll(&pf, 1, (int)(left * 1000) + 1);
-        if (pr < 0 && errno == EINTR) continue;
-        if (pr < 0) return -1;
-        if (pr == 0) return -2;
-        ssize_t k = writing ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
-        if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-        if (k <= 0) return -1;
-        p += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
-
 static void tune(int fd) {
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one); /* small step messages must not wait for Nagle */
@@ -360,39 +292,11 @@ static void tune(int fd) {
     setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
 }
 
-static void peer_name(const struct sockaddr *sa, socklen_t len, char *out, size_t n) {
-    char h[NI_MAXHOST] = "?", s[NI_MAXSERV] = "?";
-    getnameinfo(sa, len, h, sizeof h, s, sizeof s, NI_NUMERICHOST | NI_NUMERICSERV);
-    snprintf(out, n, "%s:%s", h, s);
-}
-
-static void put32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (24 - 8 * i));
-}
-static uint32_t get32(const uint8_t *p) { return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3]; }
-
 static int setup_root(tcp_rank *r, const char *addr, int port, double deadline, dsv4_err *err) {
-    char ps[16];
-    snprintf(ps, sizeof ps, "%d", port);
-    struct addrinfo hints, *ai;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE;
-    int g = getaddrinfo(addr, ps, &hints, &ai);
+    struct addrinfo *ai;
+    int g = dsv4_net_resolve(addr, port, 1, &ai);
     if (g) return dsv4_err_set(err, DSV4_EINVAL, "tcp comm: %s: %s", addr, gai_strerror(g));
-    int ls = -1, e = 0;
-    for (struct addrinfo *a = ai; a && ls < 0; a = a->ai_next) {
-        ls = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-        if (ls < 0) continue;
-        int one = 1;
-        setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (bind(ls, a->ai_addr, a->ai_addrlen) || listen(ls, 64)) {
-            e = errno;
-            close(ls);
-            ls = -1;
-        }
-    }
+    int e, ls = dsv4_net_listen(ai, &e);
     freeaddrinfo(ai);
     if (ls < 0)
         return dsv4_err_set(err, DSV4_EIO, "tcp comm: cannot listen on %s:%d: %s%s", addr, port, strerror(e),
@@ -401,9 +305,9 @@ static int setup_root(tcp_rank *r, const char *addr, int port, double deadline, 
                                             : "");
     int have = 1, rc = 0;
     while (have < r->c.size && !rc) {
-        double left = deadline - now_s();
+        double left = deadline - dsv4_net_now_s();
         struct pollfd pf = {ls, POLLIN, 0};
-        int pr = left <= 0 ? 0 : poll(&pf, 1, (int)(left * 1000) + 1);
+        int pr = left <= 0 ? 0 : poll(&pf, 1, dsv4_net_ms_left(deadline));
         if (pr < 0 && errno == EINTR) continue;
         if (pr <= 0) {
             char miss[160] = "";
@@ -418,12 +322,13 @@ static int setup_root(tcp_rank *r, const char *addr, int port, double deadline, 
         int fd = accept4(ls, (struct sockaddr *)&ss, &sl, SOCK_CLOEXEC);
         if (fd < 0) continue;
         uint8_t h[16];
-        if (io_deadline(fd, h, sizeof h, 0, now_s() + 10 < deadline ? now_s() + 10 : deadline) ||
+        double t = dsv4_net_now_s();
+        if (dsv4_net_io_all(fd, h, sizeof h, 0, t + 10 < deadline ? t + 10 : deadline) ||
             memcmp(h, HELLO, 8)) { /* a port scanner or a dead peer: not fatal */
             close(fd);
             continue;
         }
-        int k = (int)get32(h + 8), sz = (int)get32(h + 12);
+        int k = (int)dsv4_net_get32(h + 8), sz = (int)dsv4_net_get32(h + 12);
         if (k <= 0 || k >= r->c.size || r->fd[k] >= 0 || sz != r->c.size) {
             close(fd);
             rc = dsv4_err_set(err, DSV4_EINVAL, "tcp comm on %s:%d: a peer says rank %d of %d (this group: %d ranks%s)",
@@ -432,58 +337,36 @@ static int setup_root(tcp_rank *r, const char *addr, int port, double deadline, 
         }
         tune(fd);
         r->fd[k] = fd;
-        peer_name((struct sockaddr *)&ss, sl, r->peer[k], sizeof r->peer[k]);
+        dsv4_net_addr_name((struct sockaddr *)&ss, sl, r->peer[k], sizeof r->peer[k]);
         have++;
     }
     close(ls);
     if (rc) return rc;
     uint8_t go = 1; /* every rank is in: let the peers start */
     for (int k = 1; k < r->c.size; k++)
-        if (io_deadline(r->fd[k], &go, 1, 1, deadline))
+        if (dsv4_net_io_all(r->fd[k], &go, 1, 1, deadline))
             return dsv4_err_set(err, DSV4_EIO, "tcp comm: rank %d (%s) left during setup", k, r->peer[k]);
     return 0;
 }
 
 static int setup_peer(tcp_rank *r, const char *addr, int port, double deadline, dsv4_err *err) {
-    char ps[16];
-    snprintf(ps, sizeof ps, "%d", port);
-    struct addrinfo hints, *ai;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    int g = getaddrinfo(addr, ps, &hints, &ai);
+    struct addrinfo *ai;
+    int g = dsv4_net_resolve(addr, port, 0, &ai);
     if (g) return dsv4_err_set(err, DSV4_EINVAL, "tcp comm: %s: %s", addr, gai_strerror(g));
-    int fd = -1, last = 0;
-    while (fd < 0) { /* rank 0 may not be listening yet: retry until the deadline */
-        for (struct addrinfo *a = ai; a && fd < 0; a = a->ai_next) {
-            fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-            if (fd < 0) continue;
-            if (connect(fd, a->ai_addr, a->ai_addrlen)) {
-                last = errno;
-                close(fd);
-                fd = -1;
-            } else {
-                peer_name(a->ai_addr, a->ai_addrlen, r->peer[0], sizeof r->peer[0]);
-            }
-        }
-        if (fd >= 0) break;
-        if (now_s() >= deadline) {
-            freeaddrinfo(ai);
-            return dsv4_err_set(err, DSV4_EIO, "tcp comm rank %d: could not reach rank 0 at %s:%d (%s)", r->c.rank,
-                                addr, port, strerror(last));
-        }
-        struct timespec ts = {0, 50 * 1000 * 1000};
-        nanosleep(&ts, NULL);
-    }
+    /* rank 0 may not be listening yet: retry until the deadline */
+    int last, fd = dsv4_net_connect(ai, deadline, 50, r->peer[0], sizeof r->peer[0], &last);
     freeaddrinfo(ai);
+    if (fd < 0)
+        return dsv4_err_set(err, DSV4_EIO, "tcp comm rank %d: could not reach rank 0 at %s:%d (%s)", r->c.rank, addr,
+                            port, strerror(last));
     tune(fd);
     r->fd[0] = fd;
     uint8_t h[16], go = 0;
     memcpy(h, HELLO, 8);
-    put32(h + 8, (uint32_t)r->c.rank);
-    put32(h + 12, (uint32_t)r->c.size);
-    int io = io_deadline(fd, h, sizeof h, 1, deadline);
-    if (!io) io = io_deadline(fd, &go, 1, 0, deadline);
+    dsv4_net_put32(h + 8, (uint32_t)r->c.rank);
+    dsv4_net_put32(h + 12, (uint32_t)r->c.size);
+    int io = dsv4_net_io_all(fd, h, sizeof h, 1, deadline);
+    if (!io) io = dsv4_net_io_all(fd, &go, 1, 0, deadline);
     if (io)
         return dsv4_err_set(err, DSV4_EIO, "tcp comm rank %d: rank 0 at %s:%d %s", r->c.rank, addr, port,
                             io == -2 ? "did not start the group in time (another rank missing?)"
@@ -503,6 +386,7 @@ int dsv4_comm_tcp_create(const char *addr, int port, int rank, int size, double 
     r->fd = malloc(sizeof(int) * (size_t)size);
     r->peer = calloc((size_t)size, sizeof *r->peer);
     pthread_mutex_init(&r->mu, NULL);
+    r->st.who = "tcp comm";
     r->c = (dsv4_comm){.name = "tcp", .rank = rank, .size = size, .ctx = r, .all_reduce_sum = tall_reduce,
                        .all_gather = tall_gather, .broadcast = tbroadcast, .barrier = tbarrier, .abort = tabort,
                        .free = tfree};
@@ -514,7 +398,7 @@ int dsv4_comm_tcp_create(const char *addr, int port, int rank, int size, double 
         return dsv4_err_set(err, DSV4_ENOMEM, "tcp comm: out of memory");
     }
     for (int k = 0; k < size; k++) r->fd[k] = -1;
-    double deadline = now_s() + (timeout_s > 0 ? timeout_s : 300.0);
+    double deadline = dsv4_net_now_s() + (timeout_s > 0 ? timeout_s : 300.0);
     int rc = size == 1 ? 0 : rank == 0 ? setup_root(r, addr, port, deadline, err) : setup_peer(r, addr, port, deadline, err);
     if (rc) {
         tfree(&r->c);

@@ -10,14 +10,14 @@
 
 #include <errno.h>
 #include <netdb.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
+
+#include "parallel/net.h"
 
 #define HELLO_BYTES (8 + 4 * 3 + 8 + 64)
 #define REPLY_BYTES (4 + 256 + DSV4_RDV_ID_BYTES)
@@ -30,54 +30,8 @@ uint64_t dsv4_rdv_hash(const void *data, size_t n) {
     return h;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int ms_left(double deadline) {
-    double l = deadline - now_s();
-    return l <= 0 ? 0 : l > 1e6 ? 1000000000 : (int)(l * 1000) + 1;
-}
-
-static void put32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (24 - 8 * i));
-}
-static uint32_t get32(const uint8_t *p) { return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3]; }
-static void put64(uint8_t *p, uint64_t v) {
-    put32(p, (uint32_t)(v >> 32));
-    put32(p + 4, (uint32_t)v);
-}
-static uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) << 32 | get32(p + 4); }
-
-/* Read/write exactly n bytes before the deadline: 0, -1 error/EOF, -2 timeout. */
-static int io_all(int fd, void *buf, size_t n, int writing, double deadline) {
-    uint8_t *p = buf;
-    while (n) {
-        struct pollfd pf = {fd, (short)(writing ? POLLOUT : POLLIN), 0};
-        int pr = poll(&pf, 1, ms_left(deadline));
-        if (pr < 0 && errno == EINTR) continue;
-        if (pr < 0) return -1;
-        if (pr == 0) return -2;
-        ssize_t k = writing ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
-        if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-        if (k <= 0) return -1;
-        p += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
-
 static int resolve(const dsv4_rdv_opts *o, struct addrinfo **res, int passive, dsv4_err *err) {
-    char port[16];
-    snprintf(port, sizeof port, "%d", o->master_port);
-    struct addrinfo hints;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    if (passive) hints.ai_flags = AI_PASSIVE;
-    int g = getaddrinfo(o->master_addr, port, &hints, res);
+    int g = dsv4_net_resolve(o->master_addr, o->master_port, passive, res);
     if (g) return dsv4_err_set(err, DSV4_EINVAL, "rendezvous: --master-addr %s: %s", o->master_addr, gai_strerror(g));
     return 0;
 }
@@ -85,10 +39,10 @@ static int resolve(const dsv4_rdv_opts *o, struct addrinfo **res, int passive, d
 static void make_hello(const dsv4_rdv_opts *o, uint8_t *h) {
     memset(h, 0, HELLO_BYTES);
     memcpy(h, MAGIC, 8);
-    put32(h + 8, (uint32_t)o->node_rank);
-    put32(h + 12, (uint32_t)o->tp_size);
-    put32(h + 16, (uint32_t)o->nnodes);
-    put64(h + 20, o->config_hash);
+    dsv4_net_put32(h + 8, (uint32_t)o->node_rank);
+    dsv4_net_put32(h + 12, (uint32_t)o->tp_size);
+    dsv4_net_put32(h + 16, (uint32_t)o->nnodes);
+    dsv4_net_put64(h + 20, o->config_hash);
     if (o->build_id) strncpy((char *)h + 28, o->build_id, 63);
 }
 
@@ -96,8 +50,8 @@ static void make_hello(const dsv4_rdv_opts *o, uint8_t *h) {
 static int check_hello(const dsv4_rdv_opts *o, const uint8_t *h, const int *joined, int *rank, char *msg, size_t n) {
     *rank = -1;
     if (memcmp(h, MAGIC, 8)) return snprintf(msg, n, "a connection that is not a dsv4 rendezvous peer"), DSV4_EINVAL;
-    int r = (int)get32(h + 8), tp = (int)get32(h + 12), nn = (int)get32(h + 16);
-    uint64_t ch = get64(h + 20);
+    int r = (int)dsv4_net_get32(h + 8), tp = (int)dsv4_net_get32(h + 12), nn = (int)dsv4_net_get32(h + 16);
+    uint64_t ch = dsv4_net_get64(h + 20);
     char bid[64], mine[64] = "";
     memcpy(bid, h + 28, 63);
     bid[63] = 0;
@@ -124,28 +78,17 @@ static int check_hello(const dsv4_rdv_opts *o, const uint8_t *h, const int *join
 static void send_reply(int fd, int status, const char *msg, const uint8_t *id, double deadline) {
     uint8_t rep[REPLY_BYTES];
     memset(rep, 0, sizeof rep);
-    put32(rep, (uint32_t)status);
+    dsv4_net_put32(rep, (uint32_t)status);
     snprintf((char *)rep + 4, 256, "%.255s", msg ? msg : "");
     if (id) memcpy(rep + 4 + 256, id, DSV4_RDV_ID_BYTES);
-    (void)io_all(fd, rep, sizeof rep, 1, deadline);
+    (void)dsv4_net_io_all(fd, rep, sizeof rep, 1, deadline);
 }
 
 static int master(const dsv4_rdv_opts *o, const uint8_t *id, double timeout, dsv4_err *err) {
     struct addrinfo *ai;
     int rc = resolve(o, &ai, 1, err);
     if (rc) return rc;
-    int ls = -1, bind_errno = 0;
-    for (struct addrinfo *a = ai; a && ls < 0; a = a->ai_next) {
-        ls = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-        if (ls < 0) continue;
-        int one = 1;
-        setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-        if (bind(ls, a->ai_addr, a->ai_addrlen) || listen(ls, 64)) {
-            bind_errno = errno;
-            close(ls);
-            ls = -1;
-        }
-    }
+    int bind_errno, ls = dsv4_net_listen(ai, &bind_errno);
     freeaddrinfo(ai);
     if (ls < 0) {
         if (bind_errno == EADDRINUSE)
@@ -165,13 +108,13 @@ static int master(const dsv4_rdv_opts *o, const uint8_t *id, double timeout, dsv
         return dsv4_err_set(err, DSV4_ENOMEM, "rendezvous: out of memory");
     }
     for (int i = 0; i < n; i++) fds[i] = -1;
-    double deadline = now_s() + timeout;
+    double deadline = dsv4_net_now_s() + timeout;
     int have = 1;
     char msg[256];
     rc = 0;
     while (have < n && !rc) {
         struct pollfd pf = {ls, POLLIN, 0};
-        int pr = poll(&pf, 1, ms_left(deadline));
+        int pr = poll(&pf, 1, dsv4_net_ms_left(deadline));
         if (pr < 0 && errno == EINTR) continue;
         if (pr == 0) {
             char miss[200] = "";
@@ -185,14 +128,15 @@ static int master(const dsv4_rdv_opts *o, const uint8_t *id, double timeout, dsv
         int fd = accept4(ls, NULL, NULL, SOCK_CLOEXEC);
         if (fd < 0) continue;
         uint8_t h[HELLO_BYTES];
-        int io = io_all(fd, h, sizeof h, 0, deadline < now_s() + 10 ? deadline : now_s() + 10);
+        double t = dsv4_net_now_s();
+        int io = dsv4_net_io_all(fd, h, sizeof h, 0, deadline < t + 10 ? deadline : t + 10);
         if (io) { /* a port scanner or a peer that died: not fatal */
             close(fd);
             continue;
         }
         int r;
         if (check_hello(o, h, joined, &r, msg, sizeof msg)) {
-            send_reply(fd, 1, msg, NULL, now_s() + 2);
+            send_reply(fd, 1, msg, NULL, dsv4_net_now_s() + 2);
             close(fd);
             rc = dsv4_err_set(err, DSV4_EINVAL, "rendezvous on %s:%d: %s", o->master_addr, o->master_port, msg);
             break;
@@ -205,7 +149,7 @@ static int master(const dsv4_rdv_opts *o, const uint8_t *id, double timeout, dsv
     if (!rc) snprintf(msg, sizeof msg, "ok");
     for (int r = 1; r < n; r++) {
         if (fds[r] < 0) continue;
-        send_reply(fds[r], rc ? 1 : 0, rc ? err->msg : msg, rc ? NULL : id, now_s() + 5);
+        send_reply(fds[r], rc ? 1 : 0, rc ? err->msg : msg, rc ? NULL : id, dsv4_net_now_s() + 5);
         close(fds[r]);
     }
     free(fds);
@@ -218,34 +162,18 @@ static int peer(const dsv4_rdv_opts *o, uint8_t *id, double timeout, dsv4_err *e
     struct addrinfo *ai;
     int rc = resolve(o, &ai, 0, err);
     if (rc) return rc;
-    double deadline = now_s() + timeout;
-    int fd = -1, last = 0;
-    while (fd < 0) {
-        for (struct addrinfo *a = ai; a && fd < 0; a = a->ai_next) {
-            fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-            if (fd < 0) continue;
-            if (connect(fd, a->ai_addr, a->ai_addrlen)) {
-                last = errno;
-                close(fd);
-                fd = -1;
-            }
-        }
-        if (fd >= 0) break;
-        if (now_s() >= deadline) {
-            freeaddrinfo(ai);
-            return dsv4_err_set(err, DSV4_EIO,
-                                "rendezvous: node %d could not reach node 0 at %s:%d within %.3g s (%s); is node 0 "
-                                "started with the same --master-addr and --master-port?",
-                                o->node_rank, o->master_addr, o->master_port, timeout, strerror(last));
-        }
-        struct timespec ts = {0, 100 * 1000 * 1000};
-        nanosleep(&ts, NULL);
-    }
+    double deadline = dsv4_net_now_s() + timeout;
+    int last, fd = dsv4_net_connect(ai, deadline, 100, NULL, 0, &last); /* node 0 may not listen yet */
     freeaddrinfo(ai);
+    if (fd < 0)
+        return dsv4_err_set(err, DSV4_EIO,
+                            "rendezvous: node %d could not reach node 0 at %s:%d within %.3g s (%s); is node 0 "
+                            "started with the same --master-addr and --master-port?",
+                            o->node_rank, o->master_addr, o->master_port, timeout, strerror(last));
     uint8_t h[HELLO_BYTES], rep[REPLY_BYTES];
     make_hello(o, h);
-    int io = io_all(fd, h, sizeof h, 1, deadline);
-    if (!io) io = io_all(fd, rep, sizeof rep, 0, deadline);
+    int io = dsv4_net_io_all(fd, h, sizeof h, 1, deadline);
+    if (!io) io = dsv4_net_io_all(fd, rep, sizeof rep, 0, deadline);
     close(fd);
     if (io == -2)
         return dsv4_err_set(err, DSV4_EIO,
@@ -255,7 +183,7 @@ static int peer(const dsv4_rdv_opts *o, uint8_t *id, double timeout, dsv4_err *e
         return dsv4_err_set(err, DSV4_EIO, "rendezvous: node %d: the connection to node 0 at %s:%d broke",
                             o->node_rank, o->master_addr, o->master_port);
     rep[4 + 255] = 0;
-    if (get32(rep))
+    if (dsv4_net_get32(rep))
         return dsv4_err_set(err, DSV4_EINVAL, "rendezvous: node 0 at %s:%d refused node %d: %s", o->master_addr,
                             o->master_port, o->node_rank, (const char *)rep + 4);
     memcpy(id, rep + 4 + 256, DSV4_RDV_ID_BYTES);
