@@ -362,22 +362,28 @@ static void describe_job(dsv4_tp_runner *t, char *d, size_t n) {
 }
 
 /*
- * After a forward: every rank must have run its collectives the same way,
- * inside a CUDA graph (capture, replay) or eagerly — NCCL's rule for graphs
- * with collectives. The choice is made per rank from the batch shape, so the
- * ranks agree unless something rank-local (a capture that failed on one rank
- * only, a graph invalidated on one rank) intervened: say so, naming the ranks.
+ * After a forward: every rank must have run its collectives the same way —
+ * eagerly, inside a graph captured in this very step, or inside the graph
+ * captured together earlier (NCCL's rule for graphs with collectives: the
+ * choice is collective, and a replay must use the graph of a joint capture).
+ * The choice is made per rank from the batch shape, so the ranks agree unless
+ * something rank-local intervened (a capture failing on one rank only, a
+ * graph invalidated on one rank): say so, naming the ranks.
  */
+static int path_class(int p) { return p == DSV4_FWD_PATH_CAPTURE ? 1 : p == DSV4_FWD_PATH_REPLAY ? 2 : 0; }
+static const char *const class_names[] = {"eagerly", "as a CUDA graph captured in this step",
+                                          "as an earlier-captured CUDA graph"};
+
 static void check_paths(dsv4_tp_runner *t) {
-    int p0 = rank_path(&t->ranks[0]), g0 = p0 == DSV4_FWD_PATH_CAPTURE || p0 == DSV4_FWD_PATH_REPLAY;
+    int p0 = rank_path(&t->ranks[0]), c0 = path_class(p0);
     for (int i = 1; i < t->n; i++) {
-        int p = rank_path(&t->ranks[i]), g = p == DSV4_FWD_PATH_CAPTURE || p == DSV4_FWD_PATH_REPLAY;
-        if (g != g0)
+        int p = rank_path(&t->ranks[i]), c = path_class(p);
+        if (c != c0)
             dsv4_log(DSV4_LOG_ERROR,
                      "tensor parallel: job #%u forward (%s): rank 0 ran it %s (%s), rank %d %s (%s); NCCL needs every "
-                     "rank to run a collective the same way, so a later step may hang",
-                     t->job_no, t->job_desc, g0 ? "as a CUDA graph" : "eagerly", dsv4_fwd_path_name(p0), i,
-                     g ? "as a CUDA graph" : "eagerly", dsv4_fwd_path_name(p));
+                     "rank to run a collective the same way, so this or a later step may hang",
+                     t->job_no, t->job_desc, class_names[c0], dsv4_fwd_path_name(p0), i, class_names[c],
+                     dsv4_fwd_path_name(p));
     }
 }
 
