@@ -69,6 +69,7 @@ int dsv4_forward_ex(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const ds
         return dsv4_err_set(err, DSV4_EUNSUPPORTED, "forward: taps need F32 activations (backend %s)", be->name);
     int rc = be->batch_begin(be, b, err);
     if (rc) return rc;
+    __atomic_store_n(&m->last_path, DSV4_FWD_PATH_EAGER, __ATOMIC_RELAXED); /* forward_graph refines it */
     /* CUDA graphs (issue 7): replay or capture when enabled and eligible; 1 = not handled */
     if (m->graphs_on && (rc = dsv4_forward_graph(m, st, b, out, err)) != 1) return rc;
     dsv4_buf X = {0}, lg = {0}, taps = {0};

@@ -53,7 +53,24 @@ typedef struct dsv4_model {
      * with graph ops); graphs = the captured ones (freed with the model). */
     int graphs_on;
     struct dsv4_fwd_graphs *graphs;
+    /* How the latest forward runs / ran (DSV4_FWD_PATH_*), set before its launches;
+     * diagnostics for tensor parallelism (tp_runner.c), read by other threads with
+     * __atomic_load_n. */
+    int last_path;
 } dsv4_model;
+
+/* dsv4_model.last_path. Tensor parallel ranks must agree on whether a forward's
+ * collectives run inside a CUDA graph (CAPTURE, REPLAY) or eagerly (the rest):
+ * NCCL requires the same choice on every rank for each collective. */
+enum {
+    DSV4_FWD_PATH_EAGER = 0,    /* not graph-eligible (graphs off, prefill-sized, ...) */
+    DSV4_FWD_PATH_WARM,         /* eligible, first sighting of the shape: eager */
+    DSV4_FWD_PATH_CAPTURE,      /* captured now, then launched */
+    DSV4_FWD_PATH_REPLAY,       /* a graph captured earlier, launched */
+    DSV4_FWD_PATH_NOGRAPH,      /* eligible, but capture failed for this shape (or the cache is full): eager */
+};
+/* Short name of a DSV4_FWD_PATH_* value ("eager", "warm-up", "capture", "replay", "no-graph"). */
+const char *dsv4_fwd_path_name(int path);
 
 /*
  * dsv4_model_create — upload every target tensor of `w` to `be` and build the

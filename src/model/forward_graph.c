@@ -58,6 +58,13 @@ static int fg_match(const fg_entry *g, const dsv4_batch *b, const dsv4_fwd_out *
     return 1;
 }
 
+static void set_path(dsv4_model *m, int path) { __atomic_store_n(&m->last_path, path, __ATOMIC_RELAXED); }
+
+const char *dsv4_fwd_path_name(int path) {
+    static const char *names[] = {"eager", "warm-up", "capture", "replay", "no-graph"};
+    return path >= 0 && path < (int)(sizeof names / sizeof names[0]) ? names[path] : "?";
+}
+
 int dsv4_forward_graph(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const dsv4_fwd_out *out,
                        dsv4_err *err) {
     dsv4_backend *be = m->be;
@@ -68,6 +75,7 @@ int dsv4_forward_graph(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const
         (n_taps && !be->hc_mean))
         return 1;
     if (!m->graphs && !(m->graphs = calloc(1, sizeof *m->graphs))) return 1;
+    set_path(m, DSV4_FWD_PATH_NOGRAPH); /* until a graph runs or the shape's warm-up says otherwise */
     struct dsv4_fwd_graphs *G = m->graphs;
     fg_entry *g = NULL;
     for (int i = 0; i < G->n && !g; i++)
@@ -94,12 +102,17 @@ int dsv4_forward_graph(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const
         g->seen = 0;
     }
     if (!g->graph) {
-        if (!g->seen++) return 1; /* warm-up: this one runs eagerly */
+        if (!g->seen++) { /* warm-up: this one runs eagerly */
+            set_path(m, DSV4_FWD_PATH_WARM);
+            return 1;
+        }
+        set_path(m, DSV4_FWD_PATH_CAPTURE);
         dsv4_err cerr = {0};
         g->epoch = be->graph_epoch;
         int rc = be->graph_begin(be, &cerr);
         if (rc) {
             g->failed = 1;
+            set_path(m, DSV4_FWD_PATH_NOGRAPH);
             return 1;
         }
         rc = dsv4_forward_launch(m, st, b, out, NULL, &g->X, &g->lg, &g->taps, &cerr);
@@ -110,11 +123,14 @@ int dsv4_forward_graph(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const
             dsv4_log(DSV4_LOG_WARN, "forward: CUDA graph capture of %d rows / %d seqs failed (%s); eager",
                      b->n_rows, b->n_seqs, cerr.msg);
             g->failed = 1;
+            set_path(m, DSV4_FWD_PATH_NOGRAPH);
             return 1;
         }
         g->graph = graph;
         dsv4_log(DSV4_LOG_INFO, "forward: CUDA graph for %d rows / %d seqs / %d logit rows captured", b->n_rows,
                  b->n_seqs, n_logits);
+    } else {
+        set_path(m, DSV4_FWD_PATH_REPLAY);
     }
     int rc = be->graph_launch(be, g->graph, err);
     dsv4_buf X = g->X, lg = g->lg, taps = g->taps;

@@ -23,6 +23,7 @@
 #include "parallel/tp_runner.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -34,6 +35,51 @@
 #endif
 
 enum { JOB_OPEN = 1, JOB_FORWARD, JOB_TARGET, JOB_BENCH, JOB_RELEASE, JOB_RESUME, JOB_COPY, JOB_PAGES, JOB_CLOSE, JOB_QUIT };
+static const char *const job_names[] = {"?",    "open",   "forward", "target", "bench", "release",
+                                        "resume", "copy", "pages",   "close",  "quit"};
+
+/*
+ * The communicator a rank's model sees: the rank's own, with the collectives
+ * its thread enters and returns from counted (host side: for NCCL, the
+ * enqueue). Why: when a step hangs, the counts say which rank stopped
+ * launching — a rank that entered fewer collectives than its peers is stuck
+ * outside one (compute, or a CUDA call), while the peers wait for it inside
+ * one (the watchdog and DSV4_TP_TRACE print them). Replayed CUDA graphs call
+ * no host code, so their collectives are not counted.
+ */
+typedef struct counted {
+    dsv4_comm c;
+    dsv4_comm *in;
+    int entered, left;
+} counted;
+
+static int ct_enter(counted *k) { return __atomic_add_fetch(&k->entered, 1, __ATOMIC_RELAXED); }
+static int ct_leave(counted *k, int rc) {
+    __atomic_add_fetch(&k->left, 1, __ATOMIC_RELAXED);
+    return rc;
+}
+static int ct_reduce(dsv4_comm *c, dsv4_backend *be, dsv4_buf *b, dsv4_err *err) {
+    counted *k = (counted *)c;
+    ct_enter(k);
+    return ct_leave(k, k->in->all_reduce_sum(k->in, be, b, err));
+}
+static int ct_gather(dsv4_comm *c, dsv4_backend *be, const dsv4_buf *i, dsv4_buf *o, dsv4_err *err) {
+    counted *k = (counted *)c;
+    ct_enter(k);
+    return ct_leave(k, k->in->all_gather(k->in, be, i, o, err));
+}
+static int ct_bcast(dsv4_comm *c, void *h, size_t n, int root, dsv4_err *err) {
+    counted *k = (counted *)c;
+    ct_enter(k);
+    return ct_leave(k, k->in->broadcast(k->in, h, n, root, err));
+}
+static int ct_barrier(dsv4_comm *c, dsv4_err *err) {
+    counted *k = (counted *)c;
+    ct_enter(k);
+    return ct_leave(k, k->in->barrier(k->in, err));
+}
+static void ct_abort(dsv4_comm *c) { ((counted *)c)->in->abort(((counted *)c)->in); }
+static void ct_free(dsv4_comm *c) { free(c); } /* the inner handle is the runner's (t->comms) */
 
 typedef struct tp_rank {
     struct dsv4_tp_runner *t;
@@ -48,6 +94,12 @@ typedef struct tp_rank {
     dsv4_err err;
     double bench_us; /* JOB_BENCH: mean µs per all-reduce on this rank */
     int bench_path;  /* 1: the one-shot path ran */
+    /* diagnostics (watchdog, DSV4_TP_TRACE) */
+    counted *cc;              /* the communicator this rank's model uses */
+    struct dsv4_model *model; /* its target model (last_path), while open */
+    int busy;                 /* running the current job (atomic) */
+    int ent0, left0;          /* cc counts when the job started */
+    double ms;                /* the last job's time on this rank */
 } tp_rank;
 
 struct dsv4_tp_runner {
@@ -60,6 +112,16 @@ struct dsv4_tp_runner {
     dsv4_load_opts lo;
     int has_lo;
     dsv4_runner it0;
+    /* diagnostics: DSV4_TP_TRACE=1 logs every job per rank; the watchdog thread
+     * logs which ranks have not finished a job after wd_s seconds (then 2x, 4x...) */
+    int trace;
+    double wd_s;
+    int wd_started, wd_stop, wd_reports, job_running;
+    pthread_t wd;
+    pthread_cond_t cv_wd;
+    unsigned job_no;
+    double job_t0;
+    char job_desc[160];
     /* the job board */
     pthread_mutex_t mu;
     pthread_cond_t cv_job, cv_done;
@@ -148,7 +210,7 @@ static int bench_rank(dsv4_tp_runner *t, tp_rank *r, dsv4_err *err) {
 }
 
 /* Run the current job on rank r (any thread). */
-static void run_job(dsv4_tp_runner *t, tp_rank *r, float *logits0) {
+static void run_job_body(dsv4_tp_runner *t, tp_rank *r, float *logits0) {
     dsv4_err_clear(&r->err);
     r->rc = 0;
 #ifdef DSV4_HAVE_CUDA
@@ -164,8 +226,8 @@ static void run_job(dsv4_tp_runner *t, tp_rank *r, float *logits0) {
             mo.device = DSV4_DEVICE_CUDA;
             mo.device_index = r->rank;
         }
-        r->rc = dsv4_model_runner_open_tp(t->dir, &mo, t->has_lo ? &t->lo : NULL, r->rank, t->n, t->comms[r->rank],
-                                          &r->mr, &r->err);
+        r->rc = dsv4_model_runner_open_tp(t->dir, &mo, t->has_lo ? &t->lo : NULL, r->rank, t->n, &r->cc->c, &r->mr,
+                                          &r->err);
         if (!r->rc) r->it = dsv4_model_runner_iface(r->mr);
         break;
     }
@@ -219,6 +281,38 @@ static void run_job(dsv4_tp_runner *t, tp_rank *r, float *logits0) {
     if (r->rc) note_fail(t, r);
 }
 
+static int job_is_forward(int op) { return op == JOB_FORWARD || op == JOB_TARGET; }
+
+/* The latest forward's graph path of rank r (DSV4_FWD_PATH_*), -1 when closed. */
+static int rank_path(const tp_rank *r) {
+    return r->model ? __atomic_load_n(&r->model->last_path, __ATOMIC_RELAXED) : -1;
+}
+
+static void run_job(dsv4_tp_runner *t, tp_rank *r, float *logits0) {
+    if (r->cc) {
+        r->ent0 = __atomic_load_n(&r->cc->entered, __ATOMIC_RELAXED);
+        r->left0 = __atomic_load_n(&r->cc->left, __ATOMIC_RELAXED);
+    }
+    __atomic_store_n(&r->busy, 1, __ATOMIC_RELEASE);
+    double t0 = now_s();
+    run_job_body(t, r, logits0);
+    r->ms = (now_s() - t0) * 1e3;
+    if (t->job.op == JOB_OPEN && !r->rc && r->mr) {
+        struct dsv4_state *st;
+        dsv4_model_runner_target(r->mr, &r->model, &st);
+    }
+    if (t->job.op == JOB_CLOSE) r->model = NULL;
+    __atomic_store_n(&r->busy, 0, __ATOMIC_RELEASE);
+    if (t->trace && t->job.op != JOB_QUIT) {
+        char path[48] = "";
+        if (job_is_forward(t->job.op))
+            snprintf(path, sizeof path, ", graph path %s", dsv4_fwd_path_name(rank_path(r)));
+        dsv4_log(DSV4_LOG_INFO, "tp trace: job #%u %s (%s) rank %d: rc %d in %.2f ms%s, collectives +%d", t->job_no,
+                 job_names[t->job.op], t->job_desc, r->rank, r->rc, r->ms, path,
+                 r->cc ? __atomic_load_n(&r->cc->left, __ATOMIC_RELAXED) - r->left0 : 0);
+    }
+}
+
 static void *worker(void *arg) {
     tp_rank *r = arg;
     dsv4_tp_runner *t = r->t;
@@ -238,11 +332,73 @@ static void *worker(void *arg) {
     return NULL;
 }
 
+/* What the current job is, for the trace and the watchdog (engine thread, before posting). */
+static void describe_job(dsv4_tp_runner *t, char *d, size_t n) {
+    const dsv4_batch *b = t->job.b;
+    switch (t->job.op) {
+    case JOB_FORWARD:
+    case JOB_TARGET:
+        snprintf(d, n, "%d rows, %d seqs, %d logit rows; row 0 slot %d pos %d", b->n_rows, b->n_seqs, t->job.n_logits,
+                 b->n_rows ? b->slot[0] : -1, b->n_rows ? b->pos[0] : -1);
+        break;
+    case JOB_RELEASE:
+        snprintf(d, n, "slot %d", t->job.slot);
+        break;
+    case JOB_RESUME:
+        snprintf(d, n, "slot %d at %lld", t->job.slot, (long long)t->job.pos);
+        break;
+    case JOB_COPY:
+        snprintf(d, n, "slot %d -> %d", t->job.src, t->job.dst);
+        break;
+    case JOB_PAGES:
+        snprintf(d, n, "slot %d, %d pages", t->job.slot, t->job.n_ids);
+        break;
+    case JOB_BENCH:
+        snprintf(d, n, "%lld x %lld", (long long)t->job.ar_rows, (long long)t->job.ar_cols);
+        break;
+    default:
+        snprintf(d, n, "-");
+    }
+}
+
+/*
+ * After a forward: every rank must have run its collectives the same way —
+ * eagerly, inside a graph captured in this very step, or inside the graph
+ * captured together earlier (NCCL's rule for graphs with collectives: the
+ * choice is collective, and a replay must use the graph of a joint capture).
+ * The choice is made per rank from the batch shape, so the ranks agree unless
+ * something rank-local intervened (a capture failing on one rank only, a
+ * graph invalidated on one rank): say so, naming the ranks.
+ */
+static int path_class(int p) { return p == DSV4_FWD_PATH_CAPTURE ? 1 : p == DSV4_FWD_PATH_REPLAY ? 2 : 0; }
+static const char *const class_names[] = {"eagerly", "as a CUDA graph captured in this step",
+                                          "as an earlier-captured CUDA graph"};
+
+static void check_paths(dsv4_tp_runner *t) {
+    int p0 = rank_path(&t->ranks[0]), c0 = path_class(p0);
+    for (int i = 1; i < t->n; i++) {
+        int p = rank_path(&t->ranks[i]), c = path_class(p);
+        if (c != c0)
+            dsv4_log(DSV4_LOG_ERROR,
+                     "tensor parallel: job #%u forward (%s): rank 0 ran it %s (%s), rank %d %s (%s); NCCL needs every "
+                     "rank to run a collective the same way, so this or a later step may hang",
+                     t->job_no, t->job_desc, class_names[c0], dsv4_fwd_path_name(p0), i, class_names[c],
+                     dsv4_fwd_path_name(p));
+    }
+}
+
 /* Post the job (already in t->job) to ranks 1..n-1, run rank 0 here, wait, and fold the errors. */
 static int dispatch(dsv4_tp_runner *t, float *logits0, dsv4_err *err) {
+    char desc[sizeof t->job_desc];
+    describe_job(t, desc, sizeof desc);
     pthread_mutex_lock(&t->mu);
     t->first_fail = -1;
     t->pending = t->n - 1;
+    t->job_no++;
+    t->job_t0 = now_s();
+    t->job_running = 1;
+    t->wd_reports = 0;
+    memcpy(t->job_desc, desc, sizeof desc);
     t->gen++;
     pthread_cond_broadcast(&t->cv_job);
     pthread_mutex_unlock(&t->mu);
@@ -250,7 +406,9 @@ static int dispatch(dsv4_tp_runner *t, float *logits0, dsv4_err *err) {
     pthread_mutex_lock(&t->mu);
     while (t->pending > 0) pthread_cond_wait(&t->cv_done, &t->mu);
     int ff = t->first_fail;
+    t->job_running = 0;
     pthread_mutex_unlock(&t->mu);
+    if (ff < 0 && job_is_forward(t->job.op) && t->n > 1) check_paths(t);
     if (ff < 0) return 0;
     if (t->local && t->comms) dsv4_comm_local_recover(t->comms[0]);
     tp_rank *r = &t->ranks[ff];
@@ -378,8 +536,65 @@ static int tp_set_pages(void *ctx, int slot, int n, const int32_t *ids, dsv4_err
     return dispatch(t, NULL, err);
 }
 
+/*
+ * The watchdog: a job (a step) that runs past wd_s seconds is logged once,
+ * then again at 2x, 4x, ... that time, with each rank's state: done (its time
+ * and rc) or busy, the collectives it entered and returned from in this job,
+ * and its latest forward's graph path. A hung step thus names the rank that
+ * stopped (fewer collectives entered than its peers) instead of going silent.
+ */
+static void *watchdog(void *arg) {
+    dsv4_tp_runner *t = arg;
+    pthread_mutex_lock(&t->mu);
+    while (!t->wd_stop) {
+        double tick = t->wd_s / 4 < 0.25 ? t->wd_s / 4 : 0.25;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        long ns = ts.tv_nsec + (long)(tick * 1e9);
+        ts.tv_sec += ns / 1000000000L;
+        ts.tv_nsec = ns % 1000000000L;
+        pthread_cond_timedwait(&t->cv_wd, &t->mu, &ts);
+        if (t->wd_stop || !t->job_running || t->wd_reports >= 16) continue;
+        double el = now_s() - t->job_t0;
+        if (el < t->wd_s * (double)(1u << t->wd_reports)) continue;
+        t->wd_reports++;
+        char msg[2048];
+        size_t off = (size_t)snprintf(msg, sizeof msg, "tensor parallel: job #%u %s (%s) not finished after %.1f s:",
+                                      t->job_no, job_names[t->job.op], t->job_desc, el);
+        for (int i = 0; i < t->n && off < sizeof msg; i++) {
+            tp_rank *r = &t->ranks[i];
+            int busy = __atomic_load_n(&r->busy, __ATOMIC_ACQUIRE);
+            int en = r->cc ? __atomic_load_n(&r->cc->entered, __ATOMIC_RELAXED) - r->ent0 : 0;
+            int lf = r->cc ? __atomic_load_n(&r->cc->left, __ATOMIC_RELAXED) - r->left0 : 0;
+            if (busy)
+                off += (size_t)snprintf(msg + off, sizeof msg - off, " rank %d busy", i);
+            else
+                off += (size_t)snprintf(msg + off, sizeof msg - off, " rank %d done in %.1f ms rc %d", i, r->ms, r->rc);
+            if (off < sizeof msg)
+                off += (size_t)snprintf(msg + off, sizeof msg - off, " (collectives %d entered / %d returned%s%s);", en,
+                                        lf, job_is_forward(t->job.op) ? ", graph path " : "",
+                                        job_is_forward(t->job.op) ? dsv4_fwd_path_name(rank_path(r)) : "");
+        }
+        pthread_mutex_unlock(&t->mu);
+        dsv4_log(DSV4_LOG_WARN, "%s a rank with fewer collectives entered than its peers is stuck outside one (compute "
+                                "or a CUDA call) while they wait inside one for it",
+                 msg);
+        pthread_mutex_lock(&t->mu);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return NULL;
+}
+
 void dsv4_tp_runner_free(dsv4_tp_runner *t) {
     if (!t) return;
+    if (t->wd_started) {
+        pthread_mutex_lock(&t->mu);
+        t->wd_stop = 1;
+        pthread_cond_signal(&t->cv_wd);
+        pthread_mutex_unlock(&t->mu);
+        pthread_join(t->wd, NULL);
+        t->wd_started = 0;
+    }
     int started = 0, all = 1;
     for (int i = 1; i < t->n; i++) {
         started |= t->ranks[i].started;
@@ -402,6 +617,7 @@ void dsv4_tp_runner_free(dsv4_tp_runner *t) {
     for (int i = 0; i < t->n; i++) {
         dsv4_model_runner_free(t->ranks[i].mr);
         free(t->ranks[i].logits);
+        if (t->ranks[i].cc) ct_free(&t->ranks[i].cc->c);
     }
     if (t->comms)
         for (int i = 0; i < t->n; i++)
@@ -411,6 +627,7 @@ void dsv4_tp_runner_free(dsv4_tp_runner *t) {
     pthread_mutex_destroy(&t->mu);
     pthread_cond_destroy(&t->cv_job);
     pthread_cond_destroy(&t->cv_done);
+    pthread_cond_destroy(&t->cv_wd);
     free(t);
 }
 
@@ -469,10 +686,14 @@ int dsv4_tp_runner_open(const char *dir, const dsv4_model_runner_opts *o, const 
     pthread_mutex_init(&t->mu, NULL);
     pthread_cond_init(&t->cv_job, NULL);
     pthread_cond_init(&t->cv_done, NULL);
+    pthread_cond_init(&t->cv_wd, NULL);
     t->n = n;
     t->gpu = gpu;
     t->check = tp->check_ranks;
     if (!t->check && getenv("DSV4_TP_CHECK_RANKS") && strcmp(getenv("DSV4_TP_CHECK_RANKS"), "0")) t->check = 1;
+    const char *tr = getenv("DSV4_TP_TRACE"), *wd = getenv("DSV4_TP_WATCHDOG_S");
+    t->trace = tr && *tr && strcmp(tr, "0");
+    t->wd_s = wd && *wd ? atof(wd) : gpu || t->trace ? 30.0 : 0.0; /* GPU ranks: on by default */
     t->dir = dir;
     t->mo = *o;
     if (lo) {
@@ -505,6 +726,15 @@ int dsv4_tp_runner_open(const char *dir, const dsv4_model_runner_opts *o, const 
     for (int i = 0; i < n; i++) {
         t->ranks[i].t = t;
         t->ranks[i].rank = i;
+        counted *k = calloc(1, sizeof *k);
+        if (!k) {
+            dsv4_tp_runner_free(t);
+            return dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
+        }
+        k->c = (dsv4_comm){"counted",  i,          n,       k,        ct_reduce, ct_gather,
+                           ct_bcast,   ct_barrier, ct_abort, ct_free, t->comms[i]->capturable};
+        k->in = t->comms[i];
+        t->ranks[i].cc = k;
     }
     for (int i = 1; i < n; i++) {
         if (pthread_create(&t->ranks[i].thread, NULL, worker, &t->ranks[i])) {
@@ -519,6 +749,7 @@ int dsv4_tp_runner_open(const char *dir, const dsv4_model_runner_opts *o, const 
         return rc;
     }
     t->it0 = t->ranks[0].it;
+    if (t->wd_s > 0 && !pthread_create(&t->wd, NULL, watchdog, t)) t->wd_started = 1;
     for (int i = 1; i < n; i++) /* the engine maps pages once for all ranks: their pools must agree */
         if (t->ranks[i].it.page_tokens != t->it0.page_tokens || t->ranks[i].it.n_pages != t->it0.n_pages) {
             rc = dsv4_err_set(err, DSV4_EINTERNAL,

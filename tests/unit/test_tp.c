@@ -7,7 +7,9 @@
  * at every step (the runner's check_ranks); a rank failing inside a
  * collective aborts its peers instead of hanging; and the multi-node step
  * plans (tp_plan.h), where rank 1 learns every call only through the
- * communicator, give the same tokens. With the paged KV pool (issue 5) every
+ * communicator, give the same tokens. A step stalled on one rank is reported
+ * by the runner's watchdog with each rank's collective counts (the laggard
+ * has entered fewer), and DSV4_TP_TRACE logs every job per rank. With the paged KV pool (issue 5) every
  * rank holds the same pool and the engine's page mapping reaches all ranks
  * (through the TP runner, and as step plans): TP = 2 on a pool small enough
  * to preempt gives TP = 1's greedy tokens on per-slot state.
@@ -27,7 +29,9 @@
  * so only the summation order differs there too.
  */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "engine/engine.h"
 #include "engine/model_runner.h"
@@ -597,11 +601,100 @@ static void test_rank_failure(void) {
     dsv4_tp_runner_free(t);
 }
 
+/* A communicator whose rank 1 stalls for `stall_s` after its n-th all-reduce
+ * returned — what a rank stuck between two collectives (compute, a CUDA
+ * call) looks like to its peers, which wait inside the next one. */
+typedef struct {
+    dsv4_comm c;
+    dsv4_comm *in;
+    int stall_at, count;
+    double stall_s;
+} stally;
+static int st_reduce(dsv4_comm *c, dsv4_backend *be, dsv4_buf *b, dsv4_err *err) {
+    stally *f = (stally *)c;
+    int rc = f->in->all_reduce_sum(f->in, be, b, err);
+    if (c->rank == 1 && ++f->count == f->stall_at) usleep((useconds_t)(f->stall_s * 1e6));
+    return rc;
+}
+static int st_gather(dsv4_comm *c, dsv4_backend *be, const dsv4_buf *i, dsv4_buf *o, dsv4_err *err) {
+    return ((stally *)c)->in->all_gather(((stally *)c)->in, be, i, o, err);
+}
+static int st_bcast(dsv4_comm *c, void *h, size_t n, int root, dsv4_err *err) {
+    return ((stally *)c)->in->broadcast(((stally *)c)->in, h, n, root, err);
+}
+static int st_barrier(dsv4_comm *c, dsv4_err *err) { return ((stally *)c)->in->barrier(((stally *)c)->in, err); }
+static void st_abort(dsv4_comm *c) { ((stally *)c)->in->abort(((stally *)c)->in); }
+static void st_free(dsv4_comm *c) {
+    ((stally *)c)->in->free(((stally *)c)->in);
+    free(c);
+}
+
+/* The runner's diagnostics for a hung step (the 2x H200 TP hang logged nothing):
+ * DSV4_TP_WATCHDOG_S names the busy ranks with their collective counts while
+ * rank 1 stalls between its 2nd and 3rd all-reduce (rank 0 waits inside the
+ * 3rd: 3 entered / 2 returned; rank 1: 2 entered / 1 returned, since the
+ * stall sits in its 2nd call here), and DSV4_TP_TRACE logs each rank's job. */
+static void test_watchdog(void) {
+    dsv4_comm *in[2], *wrap[2];
+    dsv4_err err = {0};
+    CHECK_EQ_INT(dsv4_comm_local_create(2, in, &err), 0);
+    for (int r = 0; r < 2; r++) {
+        stally *f = calloc(1, sizeof *f);
+        f->c = (dsv4_comm){"stally", r, 2, f, st_reduce, st_gather, st_bcast, st_barrier, st_abort, st_free, 0};
+        f->in = in[r];
+        f->stall_at = 2;
+        f->stall_s = 1.5;
+        wrap[r] = &f->c;
+    }
+    setenv("DSV4_TP_WATCHDOG_S", "0.3", 1);
+    setenv("DSV4_TP_TRACE", "1", 1);
+    dsv4_model_runner_opts mo = {.n_slots = 2, .max_len = 64, .numerics = DSV4_NUMERICS_REFERENCE, .n_pages = -1};
+    dsv4_tp_runner_opts to = {.tp_size = 2, .comms = wrap};
+    dsv4_tp_runner *t = NULL;
+    int orc = dsv4_tp_runner_open("models/tiny-flash", &mo, NULL, &to, &t, &err);
+    unsetenv("DSV4_TP_WATCHDOG_S");
+    unsetenv("DSV4_TP_TRACE");
+    CHECK_EQ_INT(orc, 0);
+    if (!t) return;
+    dsv4_runner run = dsv4_tp_runner_iface(t);
+    int32_t tok[3] = {5, 6, 7}, pos[3] = {0, 1, 2}, slot[3] = {0, 0, 0}, sidx[3] = {0}, cu[2] = {0, 3}, ss = 0, p0 = 0;
+    int32_t rows[1] = {2};
+    dsv4_batch b = {3, 1, tok, pos, slot, sidx, cu, &ss, &p0};
+    float *lg = malloc(sizeof(float) * (size_t)run.vocab);
+    /* the log goes to stderr: catch it in a file for the duration of the step */
+    fflush(stderr);
+    FILE *tmp = tmpfile();
+    int saved = dup(2);
+    CHECK(tmp != NULL && saved >= 0);
+    if (!tmp || saved < 0) return;
+    dup2(fileno(tmp), 2);
+    int frc = run.forward(run.ctx, &b, rows, 1, lg, &err);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    CHECK_EQ_INT(frc, 0);
+    static char log[65536];
+    rewind(tmp);
+    size_t n = fread(log, 1, sizeof log - 1, tmp);
+    log[n] = 0;
+    fclose(tmp);
+    CHECK_CONTAINS(log, "tensor parallel: job #");
+    CHECK_CONTAINS(log, "forward (3 rows, 1 seqs, 1 logit rows; row 0 slot 0 pos 0) not finished after");
+    CHECK_CONTAINS(log, "rank 0 busy (collectives 3 entered / 2 returned, graph path eager)");
+    CHECK_CONTAINS(log, "rank 1 busy (collectives 2 entered / 1 returned, graph path eager)");
+    CHECK_CONTAINS(log, "tp trace: job #");
+    CHECK_CONTAINS(log, "rank 0: rc 0 in ");
+    CHECK_CONTAINS(log, "rank 1: rc 0 in ");
+    free(lg);
+    dsv4_tp_runner_free(t);
+}
+
 int main(void) {
     test_nccl_missing();
     test_local_comm();
     test_check();
     test_rank_failure();
+    test_watchdog();
     test_shard_shapes();
     /* TP = 4 does not divide the tiny models (o_groups 2): refused before loading */
     {

@@ -272,11 +272,14 @@ static const char *lin_name(const dsv4_linear *w) { return w->w.name ? w->w.name
 
 /* ------------------------------------------------------------------ batch */
 
-static int batch_upload(cu_be *cb, const dsv4_batch *b, dsv4_err *err) {
+static int batch_upload(dsv4_backend *be, cu_be *cb, const dsv4_batch *b, dsv4_err *err) {
     int T = b->n_rows;
     if (T > cb->batch_cap) {
-        /* the mirror moves: graphs captured against the old one are stale */
-        cb->be->graph_epoch++;
+        /* the mirror moves: graphs captured against the old one are stale. Bumped on the
+         * table the ops were called with: --load-format dummy wraps the backend in a copy
+         * of its table (model/dummy.c), and the model's graphs read that copy's epoch */
+        be->graph_epoch++;
+        if (cb->be != be) cb->be->graph_epoch++;
         CU_TRY(cudaStreamSynchronize(cb->ctx->stream), err, "batch mirror (synchronize)");
         dsv4_cuda_free(cb->ctx, cb->d_batch);
         if (cb->h_stage) cudaFreeHost(cb->h_stage);
@@ -327,7 +330,7 @@ int cu_be_batch(dsv4_backend *be, const dsv4_batch *b, const int32_t **token, co
     cu_be *cb = cube(be);
     if (!b) return cu_err(err, DSV4_EINVAL, "cuda: no batch");
     if (b->token != cb->h_token || b->pos != cb->h_pos || b->n_rows != cb->n_rows) {
-        int rc = batch_upload(cb, b, err);
+        int rc = batch_upload(be, cb, b, err);
         if (rc) return rc;
     }
     *token = cb->d_batch;
@@ -356,7 +359,7 @@ static int cu_batch_begin(dsv4_backend *be, const dsv4_batch *b, dsv4_err *err) 
                 return cu_err(err, DSV4_EINVAL, "batch: row %d inconsistent with segment %d (slot/pos/seq_idx)", r, s);
     if (b->cu_seqlens[0] != 0 || b->cu_seqlens[b->n_seqs] != b->n_rows)
         return cu_err(err, DSV4_EINVAL, "batch: cu_seqlens do not cover %d rows", b->n_rows);
-    return batch_upload(cube(be), b, err);
+    return batch_upload(be, cube(be), b, err);
 }
 
 /* Synchronise, then report (and clear) the deferred input errors of the ops since the last sync. */

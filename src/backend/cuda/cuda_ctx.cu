@@ -55,8 +55,12 @@ extern "C" int dsv4_cuda_ctx_create(int device, dsv4_cuda_ctx **out, dsv4_err *e
 extern "C" void dsv4_cuda_ctx_free(dsv4_cuda_ctx *c) {
     if (!c) return;
     cudaSetDevice(c->device);
-    if (c->stream) cudaStreamSynchronize(c->stream);
-    if (c->ws) cudaFree(c->ws);
+    if (c->stream) { /* the areas came stream-ordered from the device pool */
+        for (int i = 0; i < c->n_ws_old; i++) cudaFreeAsync(c->ws_old[i], c->stream);
+        if (c->ws) cudaFreeAsync(c->ws, c->stream);
+        cudaStreamSynchronize(c->stream);
+    }
+    free(c->ws_old);
     if (c->cublaslt) cublasLtDestroy(c->cublaslt);
     if (c->cublas) cublasDestroy(c->cublas);
     if (c->stream) cudaStreamDestroy(c->stream);
@@ -107,6 +111,31 @@ extern "C" int dsv4_cuda_download(dsv4_cuda_ctx *c, void *dst, const void *src, 
     return DSV4_OK;
 }
 
+/*
+ * Growing the scratch area. Two hazards of the old "synchronise, cudaFree,
+ * cudaMalloc" growth, both reached by tensor parallelism over CUDA:
+ *  - CUDA graphs bake the area's address into their kernels. Freeing it on
+ *    growth left every graph captured before replaying into freed memory.
+ *    Bumping the backend's graph epoch instead (recapture) would make the
+ *    graph-or-eager choice rank-local (rank 0 also runs the drafter on this
+ *    area), and NCCL requires every rank to make the same choice for each
+ *    collective. So old areas are kept (freed with the context) and graphs
+ *    stay valid; growth at least doubles, so what is kept is less than the
+ *    current area.
+ *  - Ops grow the area in the middle of a forward, when a peer GPU of this
+ *    process may already be inside an NCCL all-reduce waiting for this rank.
+ *    cudaStreamSynchronize + cudaFree + cudaMalloc there is NCCL's documented
+ *    hazard (a CUDA call that waits on, or locks out, the launch the peer's
+ *    kernel is waiting for). The new area comes stream-ordered from the
+ *    device pool (cudaMallocAsync, as every op's scratch): no host wait.
+ * When growth happens after start-up: the area needed is not monotone in the
+ * rows (attention split-K: a 10-row prefill on a 32-head TP rank needs 3.44 MB,
+ * a 12-row one 3.34 MB), so on 2x H200 (0731 config, TP=2) the 10-row prefill
+ * of the second "Request N" prompt, resumed from the prefix cache after the
+ * first request's 12-row prefill and its captured 6-row verify graphs, is the
+ * first step that grows it — the step after which serving hung (the exact
+ * mechanism is not confirmed on the GPU yet).
+ */
 extern "C" int dsv4_cuda_workspace_reserve(dsv4_cuda_ctx *c, size_t bytes, dsv4_err *err) {
     if (!c) return cu_err(err, DSV4_EINVAL, "dsv4_cuda_workspace_reserve: ctx is NULL");
     if (bytes <= c->ws_bytes) return DSV4_OK;
@@ -116,16 +145,19 @@ extern "C" int dsv4_cuda_workspace_reserve(dsv4_cuda_ctx *c, size_t bytes, dsv4_
         return cu_err(err, DSV4_ERANGE,
                       "cuda: workspace of %zu bytes needed during graph capture, %zu reserved "
                       "(reserve it before capturing)", bytes, c->ws_bytes);
-    CU_TRY(cudaStreamSynchronize(c->stream), err, "workspace (synchronize)");
-    if (c->ws) cudaFree(c->ws);
-    c->ws = NULL;
-    c->ws_bytes = 0;
-    size_t want = bytes + bytes / 4; /* some headroom: fewer regrowths */
-    cudaError_t e = cudaMalloc(&c->ws, want);
-    if (e != cudaSuccess) {
-        c->ws = NULL;
-        return cu_err(err, DSV4_ENOMEM, "cuda: workspace of %zu bytes: %s", want, cudaGetErrorString(e));
+    if (c->ws) {
+        void **o = (void **)realloc(c->ws_old, sizeof(void *) * (size_t)(c->n_ws_old + 1));
+        if (!o) return cu_err(err, DSV4_ENOMEM, "cuda: workspace: out of host memory");
+        c->ws_old = o;
     }
+    size_t want = bytes + bytes / 4; /* some headroom: fewer regrowths */
+    if (want < 2 * c->ws_bytes) want = 2 * c->ws_bytes;
+    void *p = NULL;
+    cudaError_t e = cudaMallocAsync(&p, want, c->stream);
+    if (e != cudaSuccess)
+        return cu_err(err, DSV4_ENOMEM, "cuda: workspace of %zu bytes: %s", want, cudaGetErrorString(e));
+    if (c->ws) c->ws_old[c->n_ws_old++] = c->ws;
+    c->ws = p;
     c->ws_bytes = want;
     return DSV4_OK;
 }

@@ -30,6 +30,8 @@ struct dsv4_cuda_ctx {
     cudaDeviceProp prop;
     void *ws;        /* scratch area (dsv4_cuda_workspace_reserve) */
     size_t ws_bytes;
+    void **ws_old;   /* earlier areas, kept until the context is freed: captured graphs use them */
+    int n_ws_old;
 };
 
 /* The backend does not depend on dsv4core's err.c (static-library order):

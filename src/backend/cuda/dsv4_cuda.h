@@ -65,7 +65,11 @@ int dsv4_cuda_download(dsv4_cuda_ctx *ctx, void *dst, const void *src, size_t by
 /*
  * dsv4_cuda_workspace_reserve — grow the context's scratch area to at least
  * `bytes` (ops grow it on demand outside graph capture; during capture an op
- * that needs more than is reserved fails with DSV4_ERANGE). Synchronises.
+ * that needs more than is reserved fails with DSV4_ERANGE). Stream-ordered
+ * (cudaMallocAsync from the device pool): no host synchronisation, safe in the
+ * middle of a tensor-parallel step. The area at least doubles when it grows;
+ * earlier areas stay allocated until the context is freed, because graphs
+ * captured before the growth still use them (cuda_ctx.cu says why).
  */
 int dsv4_cuda_workspace_reserve(dsv4_cuda_ctx *ctx, size_t bytes, dsv4_err *err);
 
