@@ -3,6 +3,7 @@
  * while loading), load the model and warm the engine up, then serve until
  * SIGINT/SIGTERM (spec/SERVING.md §3.1, §8.5).
  */
+#include <dirent.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -19,8 +20,33 @@
 #include "server/server.h"
 #include "server/service.h"
 
-static volatile sig_atomic_t g_stop;
-static void on_signal(int sig) { g_stop = 1; }
+static volatile sig_atomic_t g_stop, g_loading;
+/* While the model loads (or the nodes join) nothing polls g_stop, and a real
+ * checkpoint takes minutes: a Ctrl-C then ends the process at once, as it
+ * would a `vllm serve` still loading. Once serving, it asks for a clean stop. */
+static void on_signal(int sig) {
+    if (g_loading) {
+        static const char m[] = "\ndsv4 serve: interrupted while loading\n";
+        ssize_t w = write(2, m, sizeof m - 1);
+        (void)w;
+        _exit(128 + sig);
+    }
+    g_stop = 1;
+}
+
+/* 1 when dir holds at least one *.safetensors file (the weights a real load needs). */
+static int has_safetensors(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    struct dirent *e;
+    int found = 0;
+    while (!found && (e = readdir(d))) {
+        size_t n = strlen(e->d_name);
+        found = n > 12 && !strcmp(e->d_name + n - 12, ".safetensors");
+    }
+    closedir(d);
+    return found;
+}
 
 /*
  * --speculative-config with vLLM's keys (spec/DSPARK.md §5): method,
@@ -153,6 +179,16 @@ int dsv4_cmd_serve(int argc, char **argv) {
                 a.model_dir ? "" : " (the embedded default is made by ./scripts/setup.sh)");
         return 1;
     }
+    if (strcmp(a.load_format, "dummy") != 0 && !has_safetensors(dir)) {
+        fprintf(stderr, "dsv4 serve: %s holds no weights (no *.safetensors file); for random weights with the "
+                        "shapes of its config.json give --load-format dummy\n", dir);
+        return 1;
+    }
+    if (a.nnodes > 1 && a.node_rank == 0 && a.tensor_parallel_size != a.nnodes) {
+        fprintf(stderr, "dsv4 serve: --tensor-parallel-size %d with --nnodes %d: this build runs one rank per node, "
+                        "so give -tp %d\n", a.tensor_parallel_size, a.nnodes, a.nnodes);
+        return 2;
+    }
     dsv4_effort_profile prof;
     if (dsv4_profile_parse(a.reasoning_effort_profile, &prof, &err)) {
         fprintf(stderr, "dsv4 serve: --reasoning-effort-profile: %s\n", err.msg);
@@ -175,6 +211,9 @@ int dsv4_cmd_serve(int argc, char **argv) {
         rl.rlim_cur = rl.rlim_max;
         if (setrlimit(RLIMIT_NOFILE, &rl) != 0) dsv4_log(DSV4_LOG_WARN, "could not raise the open-file limit");
     }
+    g_loading = 1; /* from here until the service is up, Ctrl-C ends the process (on_signal) */
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
     a.http.model_root = dir;
     dsv4_router *rt = dsv4_router_create(&a.http);
     if (!rt) {
@@ -202,11 +241,9 @@ int dsv4_cmd_serve(int argc, char **argv) {
         dsv4_router_set_ready(rt, 0, "the model is loading");
         so.multinode = mn;
     }
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
-
     dsv4_service *svc = NULL;
     int rc = dsv4_service_open(&so, &svc, &err);
+    g_loading = 0;
     if (rc) {
         fprintf(stderr, "dsv4 serve: %s\n", err.msg);
         dsv4_server_stop(srv);

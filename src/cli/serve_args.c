@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "cli/serve_args.h"
 #include "engine/model_runner.h"
 
@@ -270,7 +272,23 @@ int dsv4_serve_args_parse(int argc, char **argv, dsv4_serve_args *a, dsv4_err *e
             if (dsv4_device_parse(val, &dv, err)) return DSV4_EINVAL;
             a->device = val;
         }
-        else if (!strcmp(flag, "--hf-overrides")) { NEED_VALUE(); a->hf_overrides = val; }
+        else if (!strcmp(flag, "--hf-overrides")) {
+            NEED_VALUE();
+            /* parsed here only to refuse bad JSON at once (with where it breaks), before any port or load */
+            cJSON *j = cJSON_Parse(val);
+            int obj = cJSON_IsObject(j);
+            const char *at = j ? NULL : cJSON_GetErrorPtr();
+            cJSON_Delete(j);
+            if (!obj && at && at >= val && at <= val + strlen(val))
+                return dsv4_err_set(err, DSV4_EINVAL,
+                                    "--hf-overrides: not valid JSON at character %ld (%s%.20s%s); expected a JSON "
+                                    "object such as '{\"num_hidden_layers\": 8}'",
+                                    (long)(at - val), *at ? "'" : "the end of the text", at, *at ? "'" : "");
+            if (!obj)
+                return dsv4_err_set(err, DSV4_EINVAL,
+                                    "--hf-overrides: not a JSON object; expected one such as '{\"num_hidden_layers\": 8}'");
+            a->hf_overrides = val;
+        }
         else if (!strcmp(flag, "--enable-prefix-caching")) a->enable_prefix_caching = 1;
         else if (!strcmp(flag, "--no-enable-prefix-caching")) a->enable_prefix_caching = 0;
         else if (!strcmp(flag, "--enforce-eager")) a->enforce_eager = 1;

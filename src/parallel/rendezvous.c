@@ -114,13 +114,21 @@ static int master(const dsv4_rdv_opts *o, const uint8_t *id, double timeout, dsv
     rc = 0;
     while (have < n && !rc) {
         struct pollfd pf = {ls, POLLIN, 0};
-        int pr = poll(&pf, 1, dsv4_net_ms_left(deadline));
+        /* wake every 10 s to say who is still missing: a long timeout must not look like a hang */
+        int left = dsv4_net_ms_left(deadline), slice = left > 10000 ? 10000 : left;
+        int pr = poll(&pf, 1, slice);
         if (pr < 0 && errno == EINTR) continue;
         if (pr == 0) {
             char miss[200] = "";
             size_t off = 0;
             for (int r = 1; r < n && off < sizeof miss - 16; r++)
                 if (!joined[r]) off += (size_t)snprintf(miss + off, sizeof miss - off, "%s%d", off ? ", " : "", r);
+            if (dsv4_net_ms_left(deadline) > 0) {
+                dsv4_log(DSV4_LOG_INFO, "rendezvous on %s:%d: waiting for node%s %s of %d (%.0f s left)",
+                         o->master_addr, o->master_port, n - have > 1 ? "s" : "", miss, n,
+                         dsv4_net_ms_left(deadline) / 1000.0);
+                continue;
+            }
             rc = dsv4_err_set(err, DSV4_EIO, "rendezvous on %s:%d: waited %.3g s for node%s %s of %d (%d joined)",
                               o->master_addr, o->master_port, timeout, n - have > 1 ? "s" : "", miss, n, have - 1);
             break;

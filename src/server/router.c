@@ -161,6 +161,13 @@ static void unknown_model(const dsv4_router *rt, const char *name, dsv4_reply *o
 }
 
 static void route_models(dsv4_router *rt, const char *id, dsv4_reply *out) {
+    /* before ready the context length is not known yet (it comes from the loaded
+     * config): a 503 like /health, not a model card with a placeholder length */
+    char why[256];
+    if (!is_ready(rt, why, sizeof why)) {
+        dsv4_reply_error(out, 503, NULL, "not ready: %s", why);
+        return;
+    }
     if (id) {
         if (served_index(rt, id) < 0) {
             unknown_model(rt, id, out);

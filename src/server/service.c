@@ -147,6 +147,11 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
     s->vocab = cfg->vocab_size;
     if (dsv4_tokenizer_vocab_size(s->tok) < s->vocab)
         dsv4_log(DSV4_LOG_WARN, "tokenizer has %d ids, the model %d", dsv4_tokenizer_vocab_size(s->tok), s->vocab);
+    else if (dsv4_tokenizer_vocab_size(s->tok) > s->vocab)
+        dsv4_log(DSV4_LOG_WARN,
+                 "the tokenizer has %d ids but the model's vocab_size is %d: text prompts whose tokens fall outside "
+                 "the model's vocabulary are refused (400); token-id prompts below %d work",
+                 dsv4_tokenizer_vocab_size(s->tok), s->vocab, s->vocab);
     /* constrained decoding: the vocabulary's byte trie, built once (SERVING.md §4.6) */
     s->think_end = dsv4_tokenizer_special_id(s->tok, DSV4_TOK_END_THINK);
     int32_t dsml = dsv4_tokenizer_special_id(s->tok, DSV4_TOK_DSML);

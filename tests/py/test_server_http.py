@@ -94,6 +94,64 @@ def test_cli_errors(tmp_path):
     assert r.returncode != 0 and str(tmp_path) in r.stderr
 
 
+def test_cli_errors_before_any_load(tmp_path):
+    """Mistakes a launcher makes are refused at once, naming the fix (new-user pass, session 3)."""
+    import os
+    import shutil
+    cfg = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "deepseek-v4-flash-0731", "config.json")
+    shutil.copy(cfg, tmp_path / "config.json")
+    # a config-only directory without --load-format dummy: no weights, and says how to get random ones
+    r = subprocess.run([DSV4, "serve", str(tmp_path), "--port", str(free_port())], capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 1 and "no weights" in r.stderr and "--load-format dummy" in r.stderr
+    # --hf-overrides that is not JSON: where it breaks, exit 2 like any bad flag
+    r = subprocess.run([DSV4, "serve", str(tmp_path), "--load-format", "dummy", "--hf-overrides",
+                        '{"num_hidden_layers": x}'], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "not valid JSON at character 22" in r.stderr
+    r = subprocess.run([DSV4, "serve", str(tmp_path), "--load-format", "dummy", "--hf-overrides", "[4]"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "not a JSON object" in r.stderr
+    # node 0 of two nodes with -tp != --nnodes: refused before waiting for the other node
+    r = subprocess.run([DSV4, "serve", DEFAULT_MODEL, "--nnodes", "2", "--node-rank", "0", "--master-addr",
+                        "127.0.0.1", "--master-port", str(free_port()), "-tp", "4", "--port", str(free_port())],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "give -tp 2" in r.stderr
+
+
+def test_ctrl_c_while_loading_exits_at_once(tmp_path):
+    """SIGINT during a long load ends the process then (it used to finish loading, say ready, then stop)."""
+    import os
+    import shutil
+    import signal
+    import time
+    cfg = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "deepseek-v4-flash-0731", "config.json")
+    shutil.copy(cfg, tmp_path / "config.json")
+    big = ('{"num_hidden_layers": 8, "hidden_size": 2048, "num_attention_heads": 16, "n_routed_experts": 64, '
+           '"moe_intermediate_size": 1024, "compress_ratios": [0, 0, 4, 128, 4, 128, 4, 128, 0, 0, 0], '
+           '"dspark_target_layer_ids": [5, 6, 7]}')
+    p = subprocess.Popen([DSV4, "serve", str(tmp_path), "--load-format", "dummy", "--device", "cpu", "--port",
+                          str(free_port()), "--hf-overrides", big], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 30
+        log = ""
+        while "loading" not in log and time.time() < deadline:  # the "listening ...; loading" line
+            line = p.stdout.readline()
+            if not line:
+                break
+            log += line
+        assert "loading" in log
+        p.send_signal(signal.SIGINT)
+        rc = p.wait(timeout=20)
+        out = log + p.stdout.read()
+        assert rc == 128 + signal.SIGINT
+        assert "interrupted while loading" in out and "ready:" not in out
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
 def test_token_ids_must_be_integers(default_server):
     """1.5 is not a token id: refused with 400 (vLLM's list[int]), never truncated to 1."""
     s = default_server

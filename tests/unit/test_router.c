@@ -41,6 +41,10 @@ int main(void) {
     j = call(rt, "GET", "/health", NULL, NULL);
     check_error(j, 503, "ServiceUnavailableError", "loading");
     cJSON_Delete(j);
+    /* so is /v1/models: its context length is only known once the model is loaded */
+    j = call(rt, "GET", "/v1/models", "Bearer sk-two", NULL);
+    check_error(j, 503, "ServiceUnavailableError", "loading");
+    cJSON_Delete(j);
     dsv4_router_set_ready(rt, 1, "");
     j = call(rt, "GET", "/health", NULL, NULL);
     CHECK_EQ_INT(R.status, 200);
