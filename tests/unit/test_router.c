@@ -130,6 +130,7 @@ int main(void) {
     dsv4_server_opts o2;
     dsv4_server_opts_default(&o2);
     dsv4_router *rt2 = dsv4_router_create(&o2);
+    dsv4_router_set_ready(rt2, 1, "");
     j = call(rt2, "GET", "/v1/models", NULL, NULL);
     CHECK_EQ_INT(R.status, 200);
     cJSON_Delete(j);
