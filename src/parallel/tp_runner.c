@@ -452,12 +452,13 @@ int dsv4_tp_check_batch(int n_slots, int max_len, int vocab, const dsv4_batch *b
     return 0;
 }
 
-static int tp_forward(void *ctx, const dsv4_batch *b, const int32_t *rows, int n_logits, float *logits,
-                      dsv4_err *err) {
-    dsv4_tp_runner *t = ctx;
+/* One forward on every rank (op JOB_FORWARD: the runner call the engine makes; JOB_TARGET: the bare target
+ * forward `dsv4 perf` times), checked once on rank 0 before any rank starts. */
+static int forward_job(dsv4_tp_runner *t, int op, const dsv4_batch *b, const int32_t *rows, int n_logits,
+                       float *logits, dsv4_err *err) {
     int rc = dsv4_tp_check_batch(t->mo.n_slots, t->mo.max_len, t->it0.vocab, b, rows, n_logits, err);
     if (rc) return rc;
-    t->job.op = JOB_FORWARD;
+    t->job.op = op;
     t->job.b = b;
     t->job.rows = rows;
     t->job.n_logits = n_logits;
@@ -466,17 +467,14 @@ static int tp_forward(void *ctx, const dsv4_batch *b, const int32_t *rows, int n
     return rc;
 }
 
+static int tp_forward(void *ctx, const dsv4_batch *b, const int32_t *rows, int n_logits, float *logits,
+                      dsv4_err *err) {
+    return forward_job(ctx, JOB_FORWARD, b, rows, n_logits, logits, err);
+}
+
 int dsv4_tp_runner_forward_target(dsv4_tp_runner *t, const dsv4_batch *b, const int32_t *rows, int n_logits,
                                   float *logits, dsv4_err *err) {
-    int rc = dsv4_tp_check_batch(t->mo.n_slots, t->mo.max_len, t->it0.vocab, b, rows, n_logits, err);
-    if (rc) return rc;
-    t->job.op = JOB_TARGET;
-    t->job.b = b;
-    t->job.rows = rows;
-    t->job.n_logits = n_logits;
-    rc = dispatch(t, logits, err);
-    if (!rc && t->check) rc = check_logits(t, n_logits, logits, err);
-    return rc;
+    return forward_job(t, JOB_TARGET, b, rows, n_logits, logits, err);
 }
 
 int dsv4_tp_runner_bench_all_reduce(dsv4_tp_runner *t, int64_t rows, int64_t cols, int iters, int oneshot,
