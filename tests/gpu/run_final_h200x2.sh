@@ -49,7 +49,7 @@ if [ -z "${SKIP_CHECK:-}" ]; then
 fi
 if [ -z "${SKIP_SERVE:-}" ]; then
   PORT=${PORT:-8897}
-  bin/dsv4 serve v4-0731 --load-format dummy --device cuda -tp 2 --port "$PORT" --max-model-len 131072 \
+  bin/dsv4 serve v4-0731 --load-format dummy --device cuda -tp 2 --port "$PORT" --max-model-len 1048576 \
     --max-num-seqs 32 --speculative-config '{"method":"dspark","num_speculative_tokens":5}' \
     > "$OUTD/serve_tp2_43.log" 2>&1 &
   SP=$!
