@@ -3,7 +3,8 @@
 #  1. all 43 layers of the 0731 config, dummy weights, TP=2: plain decode and DSpark verify (6 rows/request)
 #     step times at batch 1..64 against the roofline, prefill throughput at 8K, 32K and 100K context;
 #  2. correctness: every CUDA op vs the CPU op (one GPU), CPU == CUDA greedy tokens on the tiny checkpoints
-#     (one GPU), and under TP=2 (run_tinytp_h200x2.sh when present, else the small dummy config);
+#     (one GPU), and under TP=2 (run_tinytp_h200x2.sh when present, else the small dummy config), and two
+#     `--nnodes 2` processes joined by NCCL (run_multinode_h200x2.sh);
 #  3. serve, 43 layers TP=2: start to ready, first request after ready vs warm, 2N concurrent requests.
 # Runs from a folder holding bin/ (dsv4, dsv4-gpu-conformance, test_device_equiv; -DDSV4_CUDA=ON), lib/,
 # v4-0731/, configs/, models/ (tiny checkpoints). Output: $OUT. Env: SKIP_PERF, SKIP_CHECK, SKIP_SERVE.
@@ -46,6 +47,8 @@ if [ -z "${SKIP_CHECK:-}" ]; then
     SKIP_PERF=1 SKIP_SERVE=1 OUT="$OUTD/tp2" timeout 100 bash "$G/run_tp2_h200.sh" > /dev/null 2>&1
     grep -h "spec=" "$OUTD/tp2/tokens.txt"
   fi
+  OUT="$OUTD/multinode" timeout 200 bash "$G/run_multinode_h200x2.sh" > /dev/null 2>&1
+  grep -h "PASS\|FAIL" "$OUTD/multinode/multinode.txt"
 fi
 if [ -z "${SKIP_SERVE:-}" ]; then
   PORT=${PORT:-8897}
