@@ -6,6 +6,8 @@
 #     size checked bit for bit against the host rank-order sum on both paths ("all-reduce check: PASS"),
 #     then whole decode / verify steps with the one-shot path (the default);
 #  2. the same steps with DSV4_TP_ONESHOT=0 (NCCL only);
+#  4. with AB_ROUNDS=N: N more rounds of steps alone, one-shot and NCCL processes alternating (run-to-run
+#     noise against the ~50 us per step the one-shot path saves at 8 layers); SKIP_MAIN=1 runs only these.
 #  3. greedy tokens of a small dummy model: CPU TP=1 against CUDA TP=2 with the one-shot path, speculation
 #     off and DSpark k=5, with DSV4_TP_CHECK_RANKS=1 (a step fails unless both ranks' logits are bit-identical).
 # Runs from a folder holding bin/dsv4 (-DDSV4_CUDA=ON), lib/, v4-0731/ and configs/deepseek-v4-flash-0731.
@@ -25,6 +27,13 @@ PA=${PERF_ARGS:---batch 1,8 --rows-per-seq 1,6 --context 4096 --warmup 3 --steps
 { echo "commit: $(cat "$D/.commit" 2>/dev/null)"; date -u; echo "DSV4_NCCL_LIB=${DSV4_NCCL_LIB:-}"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; nvidia-smi topo -m; } > "$OUTD/env.txt" 2>&1
 fail=0
+for i in $(seq 1 "${AB_ROUNDS:-0}"); do
+  for m in 1 0; do
+    DSV4_TP_ONESHOT=$m timeout 60 bin/dsv4 perf v4-0731 --load-format dummy --hf-overrides "$OV8" --device cuda -tp 2 $PA \
+      2>&1 | grep -v "captured a graph" > "$OUTD/ab_oneshot${m}_$i.txt"
+  done
+done
+[ -n "${SKIP_MAIN:-}" ] && { grep -h "full$" "$OUTD"/ab_*.txt >/dev/null; exit 0; }
 timeout 120 bin/dsv4 perf v4-0731 --load-format dummy --hf-overrides "$OV8" --device cuda -tp 2 --all-reduce-bench $PA \
   2>&1 | grep -v "captured a graph" > "$OUTD/perf_oneshot.txt"
 grep -q "all-reduce check: PASS" "$OUTD/perf_oneshot.txt" || fail=1

@@ -26,4 +26,3 @@ extern "C" int dsv4_cuda_bind(int device, dsv4_err *err) {
     if (e != cudaSuccess) return dsv4_err_set(err, DSV4_EBACKEND, "cuda: GPU %d: %s", device, cudaGetErrorString(e));
     return 0;
 }
-
