@@ -77,8 +77,9 @@ static void usage(FILE *f) {
             "  --tensor-parallel-size N, -tp N\n"
             "                        N ranks in this process (GPUs 0..N-1 with --device cuda, NCCL); the\n"
             "                        roofline is then per GPU (each reads its 1/N of the split weights)\n"
-            "  --all-reduce-bench    with -tp: first time the all-reduce of 1, 6, 8, 48, 64 and 384 rows of\n"
-            "                        hidden_size floats, NCCL and (DSV4_TP_ONESHOT=1) the NVLink one-shot\n"
+            "  --all-reduce-bench    with -tp: first check and time the all-reduce of 1, 6, 8, 48, 64, 384 rows\n"
+            "                        of hidden_size F32 and 1, 8, 64 rows of BF16, NCCL against the NVLink\n"
+            "                        one-shot kernel (DSV4_TP_ONESHOT=0 turns it off), eager and in graphs\n"
             "  --logits M            full | ids | both (default): time each shape with every row's logits\n"
             "                        read back, with only its greedy id (argmax on the device), or both\n"
             "MODEL_DIR defaults to the embedded default model (%s).\n",
@@ -419,19 +420,39 @@ int dsv4_cmd_perf(int argc, char **argv) {
         lc.moe_intermediate_size /= o.tp;
         if (lc.vocab_size % o.tp == 0) lc.vocab_size /= o.tp;
     }
-    if (tp && o.ar_bench) { /* the collective alone, both paths, one row = hidden_size floats */
-        static const int ar_rows[] = {1, 6, 8, 48, 64, 384};
-        printf("# all-reduce of [rows][%d] F32 over %d ranks, mean of 200 back-to-back calls (slowest rank)\n",
+    if (tp && o.ar_bench) { /* the collective alone, both paths, one row = hidden_size elements */
+        static const struct {
+            int rows;
+            dsv4_dtype dt;
+        } ar[] = {{1, DSV4_DT_F32},  {6, DSV4_DT_F32},  {8, DSV4_DT_F32},   {48, DSV4_DT_F32}, {64, DSV4_DT_F32},
+                  {384, DSV4_DT_F32}, {1, DSV4_DT_BF16}, {8, DSV4_DT_BF16}, {64, DSV4_DT_BF16}};
+        printf("# all-reduce of [rows][%d] over %d ranks: mean us per call of the slowest rank, 200 back-to-back "
+               "host launches (eager) and replays of a CUDA graph of 50 calls (graph); check: both paths' results "
+               "bit-identical to the host rank-order sum (1 eager call + 2 graph replays) and across ranks\n",
                cfg->hidden_size, o.tp);
-        printf("%-6s %10s %12s %12s\n", "rows", "KB", "nccl_us", "oneshot_us");
-        for (size_t i = 0; i < sizeof ar_rows / sizeof ar_rows[0] && !rc; i++) {
-            double us_n = 0, us_o = 0;
-            int used = 0;
-            rc = dsv4_tp_runner_bench_all_reduce(tp, ar_rows[i], cfg->hidden_size, 200, 0, &us_n, &used, &err);
-            if (!rc) rc = dsv4_tp_runner_bench_all_reduce(tp, ar_rows[i], cfg->hidden_size, 200, 1, &us_o, &used, &err);
-            if (!rc && used) printf("%-6d %10.1f %12.2f %12.2f\n", ar_rows[i], ar_rows[i] * cfg->hidden_size * 4 / 1024.0, us_n, us_o);
-            else if (!rc) printf("%-6d %10.1f %12.2f %12s\n", ar_rows[i], ar_rows[i] * cfg->hidden_size * 4 / 1024.0, us_n, "-");
+        printf("%-5s %-6s %9s %10s %11s %10s %11s %s\n", "dtype", "rows", "KB", "nccl_us", "oneshot_us",
+               "nccl_graph", "os_graph", "check");
+        int all_pass = 1;
+        for (size_t i = 0; i < sizeof ar / sizeof ar[0] && !rc; i++) {
+            dsv4_tp_ar_result rn, ro;
+            double kb = ar[i].rows * cfg->hidden_size * (ar[i].dt == DSV4_DT_BF16 ? 2 : 4) / 1024.0;
+            rc = dsv4_tp_runner_bench_all_reduce(tp, ar[i].rows, cfg->hidden_size, ar[i].dt, 200, 0, &rn, &err);
+            if (!rc) rc = dsv4_tp_runner_bench_all_reduce(tp, ar[i].rows, cfg->hidden_size, ar[i].dt, 200, 1, &ro, &err);
+            if (rc) break;
+            int pass = !rn.bad && !ro.bad && rn.ranks_equal && ro.ranks_equal && rn.hash == ro.hash;
+            all_pass &= pass;
+            char os_e[32] = "-", os_g[32] = "-";
+            if (ro.used_oneshot) {
+                snprintf(os_e, sizeof os_e, "%.2f", ro.us_eager);
+                snprintf(os_g, sizeof os_g, "%.2f", ro.us_graph);
+            }
+            printf("%-5s %-6d %9.1f %10.2f %11s %10.2f %11s %s (%lld/%lld wrong, ranks %s)\n", dsv4_dtype_name(ar[i].dt),
+                   ar[i].rows, kb, rn.us_eager, os_e, rn.us_graph, os_g, pass ? "PASS" : "FAIL",
+                   (long long)(rn.bad + ro.bad), (long long)(rn.checked + ro.checked),
+                   rn.ranks_equal && ro.ranks_equal ? "equal" : "DIFFER");
         }
+        if (!rc) printf("all-reduce check: %s\n", all_pass ? "PASS" : "FAIL");
+        if (!rc && !all_pass) rc = dsv4_err_set(&err, DSV4_EINTERNAL, "all-reduce check failed");
         fflush(stdout);
     }
     size_t logit_cap = (size_t)max_b * (size_t)max_r;
