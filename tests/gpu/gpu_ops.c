@@ -1064,7 +1064,7 @@ static void pick_ids_skewed(int *ids, float *wts, int n, int topk, int E) {
 /* Which kernels the library picks (cuda_gemm.cuh thresholds, read per call):
  * 0 the decode-tuned kernels, 1 the tiled GEMMs, 2 the library default;
  * cfg 1..: force that GEMM tile shape (DSV4_CUDA_{MOE,FP8}_GEMM_CFG), 0 default. */
-#define MOE_CFGS 5
+#define MOE_CFGS 7
 #define FP8_CFGS 4
 static void set_paths_cfg(int mode, int cfg) {
     char b[16];
@@ -1157,6 +1157,11 @@ static void t_linear_prefill(const char *label, int64_t R, int64_t K, int n) {
     DIE_IF(dsv4_cuda_linear(G, &w, dx, n, dy, 0, &err), err);
     DIE_IF(dsv4_cuda_sync(G, &err), err);
     down(y2, dy, ny * 4);
+    /* the default path at these sizes is cuBLASLt's block-scaled GEMM
+     * (cuda_fp8_lt.cu) where it has an algorithm: every row against the old
+     * kernel (a wrong scale layout is O(1); a different fp32 order ~1e-7) */
+    snprintf(shape, sizeof shape, "%s %lldx%lld n=%d default vs old", label, (long long)R, (long long)K, n);
+    report("fp8_prefill", shape, y2, y1, ny, 1e-4);
     ref_linear(&h, x + (size_t)(n - 2) * K, 2, ref);
     snprintf(shape, sizeof shape, "%s n=%d last 2 rows vs ref", label, n);
     report("fp8_prefill", shape, y2 + (size_t)(n - 2) * R, ref, (size_t)2 * R, 1e-3);
@@ -1252,6 +1257,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--tiny")) tiny_only = 1; /* quick, e.g. under compute-sanitizer */
         else if (!strcmp(argv[i], "--profile")) profile = 1;  /* a few launches, for ncu */
         else if (!strcmp(argv[i], "--prefill")) prefill = 1, correct = 0; /* prefill sizes only */
+        else if (!strcmp(argv[i], "--prefill-check")) prefill = 2, correct = 0; /* the same, no timings */
         else {
             fprintf(stderr, "usage: %s [--tiny] [--perf | --perf-only | --prefill]\n", argv[0]);
             return 2;
@@ -1357,10 +1363,12 @@ done:
         t_linear_prefill("wo_b", 4096, 8192, 4096);
         t_linear_prefill("wq_a", 1024, 4096, 200);
         t_linear_prefill("wkv", 512, 4096, 77);
+        t_linear_prefill("wq_b", 32768, 1024, 1000); /* cuBLASLt on 992 rows, the old kernel on 8 */
         t_moe_prefill(&flash, 1365);
         t_moe_prefill(&flash, 4096);
         t_moe_prefill(&flash, 8192);
         printf("\nprefill correctness: %d passed, %d failed\n\n", n_pass, n_fail);
+        if (prefill == 2) goto out; /* --prefill-check: correctness only */
         perf_linear_prefill("wq_b 32768x1024", 32768, 1024);
         perf_linear_prefill("wo_b 4096x8192", 4096, 8192);
         perf_linear_prefill("wq_a 1024x4096", 1024, 4096);
@@ -1386,6 +1394,7 @@ done:
         printf("\n== perf: one decode layer's weight-streaming chain (11 ops, graph replay)\n");
         perf_chain(&flash);
     }
+out:
     if (have_flash) moe_free(&flash);
     dsv4_cuda_ctx_free(G);
     printf("\n%d passed, %d failed\n", n_pass, n_fail);
