@@ -478,21 +478,7 @@ static int launch_moe_fp4(dsv4_cuda_ctx *c, const Fp4Args &a, int slots, dsv4_er
 #define MG_STAGES 4
 #define MG_LDB 160
 
-/* mma_e4m3 without `volatile`: the compiler may move the mma among the
- * conversions and loads of the same chunk (measured as MoeGemmCfg 6). */
-__device__ __forceinline__ void mma_e4m3_nv(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                            uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    asm("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#else
-    mma_e4m3(d, a0, a1, a2, a3, b0, b1);
-#endif
-}
-
-template <int MODE, int NTW, int WN, bool PART, bool NV = false>
+template <int MODE, int NTW, int WN, bool PART>
 __global__ void __launch_bounds__(64 * WN, WN == 4 && !PART ? 2 : 1) k_moe_gemm(Fp4Args a, const int *__restrict__ tiles) {
     constexpr int NTH = 64 * WN, BN = 8 * NTW * WN; /* threads; rows per tile */
     constexpr int SA = 8 * 1024, SAS = 8 * 64, SB = BN * MG_LDB;
@@ -615,7 +601,6 @@ __global__ void __launch_bounds__(64 * WN, WN == 4 && !PART ? 2 : 1) k_moe_gemm(
 #pragma unroll
             for (int nt = 0; nt < NTW; nt++) {
                 const int tl = wn * (NTW * 8) + nt * 8;
-                if (tl >= cnt) continue; /* rows past the expert's last: no mma (warp-uniform) */
                 const uint2 xv = *(const uint2 *)(base + SA + SAS + (tl + g) * MG_LDB + 32 * s + 8 * t);
                 b0[nt] = __byte_perm(xv.x, xv.y, 0x6420); /* even columns */
                 b1[nt] = __byte_perm(xv.x, xv.y, 0x7531); /* odd columns  */
@@ -632,10 +617,8 @@ __global__ void __launch_bounds__(64 * WN, WN == 4 && !PART ? 2 : 1) k_moe_gemm(
                 const float ws1 = e8m0_to_f32((sc[mt].y >> (8 * s)) & 0xffu) * 64.f;
 #pragma unroll
                 for (int nt = 0; nt < NTW; nt++) {
-                    if (wn * (NTW * 8) + nt * 8 >= cnt) continue; /* as above */
                     float d[4] = {0.f, 0.f, 0.f, 0.f};
-                    if (NV) mma_e4m3_nv(d, lo0, lo1, hi0, hi1, b0[nt], b1[nt]);
-                    else mma_e4m3(d, lo0, lo1, hi0, hi1, b0[nt], b1[nt]);
+                    mma_e4m3(d, lo0, lo1, hi0, hi1, b0[nt], b1[nt]);
                     if (PART) {
                         float(&pp)[4] = part[PART ? mt : 0][PART ? nt : 0];
                         pp[0] += d[0] * ws0;
@@ -689,23 +672,22 @@ __global__ void __launch_bounds__(64 * WN, WN == 4 && !PART ? 2 : 1) k_moe_gemm(
     }
 }
 
-template <int MODE, int NTW, int WN, bool PART, bool NV = false>
+template <int MODE, int NTW, int WN, bool PART>
 static int launch_moe_gemm(dsv4_cuda_ctx *c, const Fp4Args &a, const int *tiles, int max_tiles,
                            dsv4_err *err) {
     constexpr int BN = 8 * NTW * WN;
     const size_t smem = (size_t)MG_STAGES * (8 * 1024 + 8 * 64 + BN * MG_LDB + BN * 4);
-    CU_TRY(cudaFuncSetAttribute(k_moe_gemm<MODE, NTW, WN, PART, NV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)smem),
+    CU_TRY(cudaFuncSetAttribute(k_moe_gemm<MODE, NTW, WN, PART>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
            err, "fp4 experts gemm (shared memory)");
     dim3 grid((unsigned)(a.R / (MODE == FP4_GATEUP ? 64 : 128)), (unsigned)max_tiles);
-    CU_TRY(cu_launch(c, k_moe_gemm<MODE, NTW, WN, PART, NV>, grid, dim3(64 * WN), smem, a, tiles), err,
+    CU_TRY(cu_launch(c, k_moe_gemm<MODE, NTW, WN, PART>, grid, dim3(64 * WN), smem, a, tiles), err,
            MODE == FP4_GATEUP ? "fp4 experts gemm w1/w3" : "fp4 experts gemm w2");
     return DSV4_OK;
 }
 
 /*
  * Tile shapes of the grouped GEMM (rows per tile BN = 8·NTW·WN, 2·WN warps);
- * DSV4_CUDA_MOE_GEMM_CFG = 1..7 forces one (0 / unset: by rows per expert).
+ * DSV4_CUDA_MOE_GEMM_CFG = 1..5 forces one (0 / unset: by rows per expert).
  * Measured on H200, skewed top-6 routing (bench/results/
  * 2026-11-30-cuda-moe-prefill-h200.md): 64 rows x 4 warps is the fastest
  * from ~48 rows per expert (8.8 ms at 4096 tokens, 15.3 ms at 8192), 32 rows
@@ -717,17 +699,14 @@ struct MoeGemmCfg {
     int (*gateup)(dsv4_cuda_ctx *, const Fp4Args &, const int *, int, dsv4_err *);
     int (*down)(dsv4_cuda_ctx *, const Fp4Args &, const int *, int, dsv4_err *);
 };
-#define MG_CFG(NTW, WN, PART) MG_CFGV(NTW, WN, PART, false)
-#define MG_CFGV(NTW, WN, PART, NV) \
-    { 8 * NTW * WN, launch_moe_gemm<FP4_GATEUP, NTW, WN, PART, NV>, launch_moe_gemm<FP4_DOWN, NTW, WN, PART, NV> }
+#define MG_CFG(NTW, WN, PART) \
+    { 8 * NTW * WN, launch_moe_gemm<FP4_GATEUP, NTW, WN, PART>, launch_moe_gemm<FP4_DOWN, NTW, WN, PART> }
 static const MoeGemmCfg moe_gemm_cfgs[] = {
     MG_CFG(2, 2, true),  /* 1: 32 rows, 4 warps */
     MG_CFG(4, 2, true),  /* 2: 64 rows, 4 warps */
     MG_CFG(2, 4, true),  /* 3: 64 rows, 8 warps */
     MG_CFG(2, 4, false), /* 4: 64 rows, 8 warps, scales folded (2 blocks / SM) */
     MG_CFG(4, 4, true),  /* 5: 128 rows, 8 warps */
-    MG_CFGV(4, 2, true, true), /* 6: as 2, mma not volatile (free to schedule) */
-    MG_CFG(4, 2, false), /* 7: as 2, scales folded into one accumulator */
 };
 
 static const MoeGemmCfg &pick_moe_gemm(int nent, int E) {
