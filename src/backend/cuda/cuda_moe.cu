@@ -686,8 +686,254 @@ static int launch_moe_gemm(dsv4_cuda_ctx *c, const Fp4Args &a, const int *tiles,
 }
 
 /*
+ * k_moe_gemm_dq — the same (expert, 64-row group) x 128 weight rows tile as
+ * k_moe_gemm<MODE, 4, 2, true>, but each chunk's FP4 weights are converted
+ * ONCE per block into shared memory as E4M3 with the four per-32 E8M0
+ * scales of a row folded in, instead of per warp and per mma step.
+ *
+ * Why: ncu on k_moe_gemm (bench/results/2026-12-01-prefill-gemm-h200.md)
+ * shows ~35 issued instructions per m16n8k32 mma (bit moves, scale decode,
+ * 4 FFMAs per mma for the per-32 partial sums, the weight conversion done by
+ * both token-half warps): instruction-bound at 150 TFLOP/s. Folded, the 4
+ * mma steps of a 128-column chunk chain in the tensor core and one FFMA per
+ * output and chunk applies (row scale · activation scale), as k_fp8_gemm
+ * (260 TFLOP/s on the same skeleton).
+ *
+ * Folding (exact): a row's chunk has scales e_0..e_3 (E8M0), m = max e_s.
+ * Stored E = v · 2^(e_s - m + 6) for each E2M1 value v: the bit move gives
+ * v · 2^-6 exactly, then × 2^(e_s - m + 12) in f16 (exact) and back to
+ * E4M3 (exact while e_s >= m - 14: v · 2^k is an E4M3 value for
+ * k in [-8, 6]; groups more than 14 octaves below the row's largest round,
+ * at < 2^-15 of that row's largest weight). Row scale: 2^(m - 127) / 64.
+ * The products are the same; only the fp32 order of the sums differs from
+ * k_fp4 (per-32 partial sums), as for k_moe_gemm.
+ *
+ * Shared: the k_moe_gemm stages (raw FP4 + scales + rows + row scales),
+ * then DQ: 8 tiles x 2048 bytes (tile slot i, step s, lane L: the 16 bytes
+ * {a0, a1, a2, a3} of its mma A fragment at i·2048 + s·512 + L·16), then
+ * 128 row scales. One DQ buffer: every warp is past the chunk's mma before
+ * the next chunk's conversion (the barrier at the top of each chunk).
+ *
+ * Status: written at the end of the 2026-12-01 session with no device time
+ * left: compiled (ptxas sm_90: 255 registers; 16 B of spills for w2, 360 B
+ * for w1/w3, likely the SwiGLU epilogue), NOT yet run. Reached only with
+ * DSV4_CUDA_MOE_GEMM_CFG=6; `dsv4-gpu-ops --prefill` checks it against
+ * k_fp4 ("gemm cfg 6 vs k_fp4", tolerance 2e-4) and times it.
+ */
+__device__ __forceinline__ __half2 h2_pow2(int d) { /* 2^d as f16 (d <= 15); 0 below 2^-24 */
+    const unsigned short b = (unsigned short)(d >= -14 ? (d + 15) << 10 : d >= -24 ? 1 << (d + 24) : 0);
+    __half2_raw r;
+    r.x = b;
+    r.y = b;
+    return __half2(r);
+}
+
+/* 4 E4M3 bytes times a power of two (m), rounded back to E4M3 (exact while representable). */
+__device__ __forceinline__ uint32_t e4m3x4_mul(uint32_t v, __half2 m) {
+    const __half2 h0 = __hmul2(__half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v & 0xffffu), __NV_E4M3)), m);
+    const __half2 h1 = __hmul2(__half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v >> 16), __NV_E4M3)), m);
+    const uint32_t o0 = __nv_cvt_halfraw2_to_fp8x2((__half2_raw)h0, __NV_SATFINITE, __NV_E4M3);
+    const uint32_t o1 = __nv_cvt_halfraw2_to_fp8x2((__half2_raw)h1, __NV_SATFINITE, __NV_E4M3);
+    return (o0 & 0xffffu) | (o1 << 16);
+}
+
+#define DQ_BYTES (8 * 2048)
+
+template <int MODE>
+__global__ void __launch_bounds__(128, 2) k_moe_gemm_dq(Fp4Args a, const int *__restrict__ tiles) {
+    constexpr int NTW = 4, WN = 2, NTH = 64 * WN, BN = 8 * NTW * WN; /* 128 threads, 64 rows */
+    constexpr int SA = 8 * 1024, SAS = 8 * 64, SB = BN * MG_LDB;
+    constexpr int STAGE = SA + SAS + SB + BN * 4;
+    extern __shared__ __align__(16) uint8_t sm[];
+    uint8_t *dq = sm + MG_STAGES * STAGE;
+    float *rs = (float *)(dq + DQ_BYTES);
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp & 1, wn = warp >> 1, g = lane >> 2, t = lane & 3;
+    pdl_trigger();
+    pdl_wait(); /* the tile list and x come from the previous kernels */
+    if ((int)blockIdx.y >= tiles[0]) return;
+    const int tv = tiles[1 + blockIdx.y], slot = tv & 0xffff, nb = tv >> 16;
+    const int e = a.act_exp[slot], off = a.act_off[slot] + nb * BN;
+    const int cnt = min(BN, a.act_off[slot + 1] - off), C = a.K >> 7;
+
+    auto wtile = [&](int i, const uint8_t *&W, const uint8_t *&S) {
+        int tile;
+        if (MODE == FP4_GATEUP) {
+            const bool up = (i & 3) >= 2;
+            W = up ? a.w3 : a.w1;
+            S = up ? a.s3 : a.s1;
+            tile = blockIdx.x * 4 + (i >> 2) * 2 + (i & 1);
+        } else {
+            W = a.w1;
+            S = a.s1;
+            tile = blockIdx.x * 8 + i;
+        }
+        return tile;
+    };
+    constexpr int NA = 512 / NTH;
+    const uint8_t *asrc[NA];
+    int adst[NA];
+    const int q = tid & 63;
+#pragma unroll
+    for (int j = 0; j < NA; j++) {
+        const int i = (tid >> 6) + (NTH / 64) * j;
+        const uint8_t *W, *S;
+        const int tile = wtile(i, W, S);
+        asrc[j] = W + (size_t)e * a.wstride + (size_t)tile * C * 1024 + q * 16;
+        adst[j] = i * 1024 + (q & 1) * 512 + (q >> 1) * 16;
+    }
+    const uint8_t *ssrc = nullptr;
+    if (tid < 32) {
+        const uint8_t *W, *S;
+        const int tile = wtile(tid >> 2, W, S);
+        ssrc = S + (size_t)e * a.sstride + (size_t)tile * C * 64 + (tid & 3) * 16;
+    }
+    auto rowof = [&](int j) { return MODE == FP4_GATEUP ? a.list[off + j] / a.topk : off + j; };
+    const uint8_t *bsrc[NTW];
+    const int pc = tid & 7;
+#pragma unroll
+    for (int j = 0; j < NTW; j++) {
+        const int tk = (tid >> 3) + (NTH / 8) * j;
+        bsrc[j] = tk < cnt ? a.xq + (size_t)rowof(tk) * a.K + pc * 16 : nullptr;
+    }
+    const float *xsrc = tid < BN && tid < cnt ? a.xs + (size_t)rowof(tid) * C : nullptr;
+
+    auto load = [&](int st, int c) {
+        uint8_t *base = sm + st * STAGE;
+#pragma unroll
+        for (int j = 0; j < NA; j++) cp_async16(base + adst[j], asrc[j] + (size_t)c * 1024, true);
+        if (tid < 32) cp_async16(base + SA + tid * 16, ssrc + (size_t)c * 64, true);
+#pragma unroll
+        for (int j = 0; j < NTW; j++) {
+            const int tk = (tid >> 3) + (NTH / 8) * j;
+            cp_async16(base + SA + SAS + tk * MG_LDB + pc * 16, bsrc[j] ? bsrc[j] + (size_t)c * 128 : a.xq,
+                       bsrc[j] != nullptr);
+        }
+        if (tid < BN) cp_async4(base + SA + SAS + SB + tid * 4, xsrc ? xsrc + c : a.xs, xsrc != nullptr);
+    };
+
+    float acc[4][NTW][4];
+#pragma unroll
+    for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NTW; nt++) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
+#pragma unroll
+    for (int st = 0; st < MG_STAGES - 1; st++) {
+        if (st < C) load(st, st);
+        cp_commit();
+    }
+    for (int c = 0; c < C; c++) {
+        cp_wait<MG_STAGES - 2>();
+        __syncthreads(); /* chunk c staged; every warp is past chunk c-1's mma (DQ free) */
+        if (c + MG_STAGES - 1 < C) load((c + MG_STAGES - 1) % MG_STAGES, c + MG_STAGES - 1);
+        cp_commit();
+        const uint8_t *base = sm + (c % MG_STAGES) * STAGE;
+        /* convert: item = (tile slot i, lane L) of the repacked layout, 2 per thread */
+#pragma unroll 1
+        for (int j = 0; j < 2; j++) {
+            const int item = tid + NTH * j, i = item >> 5, L = item & 31, gl = L >> 2;
+            const uint4 r0 = *(const uint4 *)(base + i * 1024 + L * 16);       /* steps 0, 1 */
+            const uint4 r1 = *(const uint4 *)(base + i * 1024 + 512 + L * 16); /* steps 2, 3 */
+            const uint2 sc = *(const uint2 *)(base + SA + i * 64 + gl * 8);    /* rows gl, gl+8 */
+            uint32_t m0 = __vmaxu4(sc.x, sc.x >> 16), m1 = __vmaxu4(sc.y, sc.y >> 16);
+            m0 = __vmaxu4(m0, m0 >> 8) & 0xffu;
+            m1 = __vmaxu4(m1, m1 >> 8) & 0xffu;
+            const uint32_t w[4][2] = {{r0.x, r0.y}, {r0.z, r0.w}, {r1.x, r1.y}, {r1.z, r1.w}};
+#pragma unroll
+            for (int s = 0; s < 4; s++) {
+                const __half2 k0 = h2_pow2((int)((sc.x >> (8 * s)) & 0xffu) - (int)m0 + 12);
+                const __half2 k1 = h2_pow2((int)((sc.y >> (8 * s)) & 0xffu) - (int)m1 + 12);
+                uint32_t lo0, hi0, lo1, hi1;
+                fp4x8_to_e4m3(w[s][0], lo0, hi0);
+                fp4x8_to_e4m3(w[s][1], lo1, hi1);
+                uint4 o;
+                o.x = e4m3x4_mul(lo0, k0);
+                o.y = e4m3x4_mul(lo1, k1);
+                o.z = e4m3x4_mul(hi0, k0);
+                o.w = e4m3x4_mul(hi1, k1);
+                *(uint4 *)(dq + i * 2048 + s * 512 + L * 16) = o;
+            }
+            if ((L & 3) == 0) {
+                rs[i * 16 + gl] = e8m0_to_f32(m0) * (1.f / 64.f);
+                rs[i * 16 + gl + 8] = e8m0_to_f32(m1) * (1.f / 64.f);
+            }
+        }
+        __syncthreads(); /* DQ and row scales of chunk c ready */
+        /* B fragments of all 4 steps and this warp's n-tiles, then one weight tile at a time */
+        uint32_t b0[4][NTW], b1[4][NTW];
+        float xsc[NTW][2];
+        const float *sx = (const float *)(base + SA + SAS + SB);
+#pragma unroll
+        for (int nt = 0; nt < NTW; nt++) {
+            const int tl = wn * (NTW * 8) + nt * 8;
+            xsc[nt][0] = sx[tl + 2 * t];
+            xsc[nt][1] = sx[tl + 2 * t + 1];
+#pragma unroll
+            for (int s = 0; s < 4; s++) {
+                const uint2 xv = *(const uint2 *)(base + SA + SAS + (tl + g) * MG_LDB + 32 * s + 8 * t);
+                b0[s][nt] = __byte_perm(xv.x, xv.y, 0x6420); /* even columns */
+                b1[s][nt] = __byte_perm(xv.x, xv.y, 0x7531); /* odd columns  */
+            }
+        }
+#pragma unroll
+        for (int mt = 0; mt < 4; mt++) {
+            const int i = wm * 4 + mt;
+            uint4 af[4];
+#pragma unroll
+            for (int s = 0; s < 4; s++) af[s] = *(const uint4 *)(dq + i * 2048 + s * 512 + lane * 16);
+            const float ra = rs[i * 16 + g], rb = rs[i * 16 + g + 8];
+#pragma unroll
+            for (int nt = 0; nt < NTW; nt++) {
+                float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                for (int s = 0; s < 4; s++) mma_e4m3(d, af[s].x, af[s].y, af[s].z, af[s].w, b0[s][nt], b1[s][nt]);
+                acc[mt][nt][0] += d[0] * (ra * xsc[nt][0]);
+                acc[mt][nt][1] += d[1] * (ra * xsc[nt][1]);
+                acc[mt][nt][2] += d[2] * (rb * xsc[nt][0]);
+                acc[mt][nt][3] += d[3] * (rb * xsc[nt][1]);
+            }
+        }
+    }
+    cp_wait<0>();
+#pragma unroll
+    for (int nt = 0; nt < NTW; nt++) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int j = wn * (NTW * 8) + nt * 8 + 2 * t + (i & 1);
+            if (j >= cnt) continue;
+            float *yr = a.y + (size_t)(off + j) * a.R + g + (i >> 1) * 8;
+            if (MODE == FP4_GATEUP) {
+                const float wk = a.wts[a.list[off + j]];
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+                    yr[(blockIdx.x * 4 + wm * 2 + mt) * 16] = moe_h(acc[mt][nt][i], acc[mt + 2][nt][i], wk, a.flags);
+            } else {
+#pragma unroll
+                for (int mt = 0; mt < 4; mt++) {
+                    float out = acc[mt][nt][i];
+                    if (a.flags & DSV4_CUDA_MOE_BF16) out = round_bf16(out);
+                    yr[(blockIdx.x * 8 + wm * 4 + mt) * 16] = out;
+                }
+            }
+        }
+    }
+}
+
+template <int MODE>
+static int launch_moe_gemm_dq(dsv4_cuda_ctx *c, const Fp4Args &a, const int *tiles, int max_tiles, dsv4_err *err) {
+    constexpr int BN = 64;
+    const size_t smem = (size_t)MG_STAGES * (8 * 1024 + 8 * 64 + BN * MG_LDB + BN * 4) + DQ_BYTES + 128 * 4;
+    CU_TRY(cudaFuncSetAttribute(k_moe_gemm_dq<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), err,
+           "fp4 experts gemm dq (shared memory)");
+    dim3 grid((unsigned)(a.R / (MODE == FP4_GATEUP ? 64 : 128)), (unsigned)max_tiles);
+    CU_TRY(cu_launch(c, k_moe_gemm_dq<MODE>, grid, dim3(128), smem, a, tiles), err,
+           MODE == FP4_GATEUP ? "fp4 experts gemm dq w1/w3" : "fp4 experts gemm dq w2");
+    return DSV4_OK;
+}
+
+/*
  * Tile shapes of the grouped GEMM (rows per tile BN = 8·NTW·WN, 2·WN warps);
- * DSV4_CUDA_MOE_GEMM_CFG = 1..5 forces one (0 / unset: by rows per expert).
+ * DSV4_CUDA_MOE_GEMM_CFG = 1..6 forces one (0 / unset: by rows per expert).
  * Measured on H200, skewed top-6 routing (bench/results/
  * 2026-11-30-cuda-moe-prefill-h200.md): 64 rows x 4 warps is the fastest
  * from ~48 rows per expert (8.8 ms at 4096 tokens, 15.3 ms at 8192), 32 rows
@@ -707,6 +953,8 @@ static const MoeGemmCfg moe_gemm_cfgs[] = {
     MG_CFG(2, 4, true),  /* 3: 64 rows, 8 warps */
     MG_CFG(2, 4, false), /* 4: 64 rows, 8 warps, scales folded (2 blocks / SM) */
     MG_CFG(4, 4, true),  /* 5: 128 rows, 8 warps */
+    {64, launch_moe_gemm_dq<FP4_GATEUP>, launch_moe_gemm_dq<FP4_DOWN>}, /* 6: as 2, weights converted once per
+                                                                          block (k_moe_gemm_dq; not run yet) */
 };
 
 static const MoeGemmCfg &pick_moe_gemm(int nent, int E) {
