@@ -1064,7 +1064,7 @@ static void pick_ids_skewed(int *ids, float *wts, int n, int topk, int E) {
 /* Which kernels the library picks (cuda_gemm.cuh thresholds, read per call):
  * 0 the decode-tuned kernels, 1 the tiled GEMMs, 2 the library default;
  * cfg 1..: force that GEMM tile shape (DSV4_CUDA_{MOE,FP8}_GEMM_CFG), 0 default. */
-#define MOE_CFGS 6
+#define MOE_CFGS 5
 #define FP8_CFGS 4
 static void set_paths_cfg(int mode, int cfg) {
     char b[16];
