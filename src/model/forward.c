@@ -74,7 +74,11 @@ int dsv4_forward_ex(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const ds
     if (rc) return rc;
     __atomic_store_n(&m->last_path, DSV4_FWD_PATH_EAGER, __ATOMIC_RELAXED); /* forward_graph refines it */
     /* CUDA graphs (issue 7): replay or capture when enabled and eligible; 1 = not handled */
-    if (m->graphs_on && (rc = dsv4_forward_graph(m, st, b, out, err)) != 1) return rc;
+    if (m->graphs_on && (rc = dsv4_forward_graph(m, st, b, out, err)) != 1) {
+        dsv4_forward_path_count(m);
+        return rc;
+    }
+    if (m->graphs_on) dsv4_forward_path_count(m);
     dsv4_buf X = {0}, lg = {0}, taps = {0};
     /* Taps: a backend with hc_mean keeps them in backend memory until the end
      * (no read in the middle of the forward); otherwise the streams are read

@@ -74,6 +74,8 @@ typedef struct dsv4_model {
     unsigned pad_rows_mask;  /* bit r: segments of r rows are padded (the captured rows per sequence) */
     int graphs_fixed, graphs_warming, in_pad;
     unsigned long long n_padded; /* forwards that ran padded (diagnostics, tests) */
+    /* forwards with graphs on, by path (DSV4_FWD_PATH_*), logged when the model is freed */
+    unsigned long long n_path[5];
     /* How the latest forward runs / ran (DSV4_FWD_PATH_*), set before its launches;
      * diagnostics for tensor parallelism (tp_runner.c), read by other threads with
      * __atomic_load_n. */
@@ -270,6 +272,8 @@ int dsv4_forward_finish(dsv4_model *m, const dsv4_fwd_out *out, dsv4_buf *X, dsv
 int dsv4_forward_graph(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const dsv4_fwd_out *out,
                        dsv4_err *err);
 void dsv4_forward_graphs_free(dsv4_model *m);
+/* Count m->last_path in m->n_path (after the forward's path is decided; not during the warm-up). */
+void dsv4_forward_path_count(dsv4_model *m);
 /* Captured graphs currently held (replayable), for the start-up log. */
 int dsv4_forward_graphs_count(const dsv4_model *m);
 

@@ -53,6 +53,12 @@ int dsv4_forward_graphs_count(const dsv4_model *m) {
 }
 
 void dsv4_forward_graphs_free(dsv4_model *m) {
+    if (m && m->graphs_on && m->n_pad_sizes)
+        dsv4_log(DSV4_LOG_INFO,
+                 "forward: %llu graph replays, %llu eager forwards (prefill / mixed / uneven steps), %llu captures, "
+                 "%llu padded",
+                 m->n_path[DSV4_FWD_PATH_REPLAY], m->n_path[DSV4_FWD_PATH_EAGER] + m->n_path[DSV4_FWD_PATH_NOGRAPH] +
+                 m->n_path[DSV4_FWD_PATH_WARM], m->n_path[DSV4_FWD_PATH_CAPTURE], m->n_padded);
     if (!m || !m->graphs) return;
     for (int i = 0; i < m->graphs->n; i++) {
         fg_entry *g = &m->graphs->e[i];
@@ -73,6 +79,12 @@ static int fg_match(const fg_entry *g, const dsv4_batch *b, const dsv4_fwd_out *
 }
 
 static void set_path(dsv4_model *m, int path) { __atomic_store_n(&m->last_path, path, __ATOMIC_RELAXED); }
+
+/* Count the path a forward finally took (after dsv4_forward_graph decided). */
+void dsv4_forward_path_count(dsv4_model *m) {
+    int p = __atomic_load_n(&m->last_path, __ATOMIC_RELAXED);
+    if (p >= 0 && p < 5 && !m->graphs_warming) m->n_path[p]++;
+}
 
 const char *dsv4_fwd_path_name(int path) {
     static const char *names[] = {"eager", "warm-up", "capture", "replay", "no-graph"};
