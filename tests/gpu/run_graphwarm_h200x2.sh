@@ -36,7 +36,7 @@ while True:
             if r.status == 200: break
     except Exception:
         pass
-    if time.time() - t0 > 200: print("not ready after 200 s"); sys.exit(1)
+    if time.time() - t0 > 60: print("not ready after 60 s"); sys.exit(1)
     time.sleep(0.2)
 print(f"TP={tp}: start to ready: {time.time() - t0:.1f} s")
 def one(i, n, res):
@@ -46,7 +46,7 @@ def one(i, n, res):
                                  headers={"Content-Type": "application/json"})
     t = time.time(); ttft = None; chunks = 0
     try:
-        with urllib.request.urlopen(req, timeout=60) as r:
+        with urllib.request.urlopen(req, timeout=20) as r:
             for line in r:
                 if line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"):
                     if ttft is None: ttft = time.time() - t
