@@ -7,7 +7,9 @@
 # concurrent, then 1 more warm; 32 tokens each, temperature 0, streamed.
 # At shutdown the runner logs how many forwards replayed a graph / ran eagerly.
 # Runs from a folder holding bin/dsv4 (-DDSV4_CUDA=ON), lib/ and v4-0731/ (as
-# run_serve_dummy_h200.sh). Env: LAYERS (8), TPS ("1 2"), OUT, PORT.
+# run_serve_dummy_h200.sh). Env: LAYERS (8), TPS ("1 2"), OUT, PORT, BIN (default bin/dsv4:
+# an older binary shows the per-shape capture at request time), EXTRA (more serve flags, e.g.
+# --enforce-eager).
 set -uo pipefail
 D=${DIR:-$(pwd)}
 export LD_LIBRARY_PATH="$D/lib:${LD_LIBRARY_PATH:-}"
@@ -22,9 +24,9 @@ for TP in ${TPS:-1 2}; do
   LOG="$OUTD/serve-tp$TP.log"
   if [ "$TP" = 1 ]; then VIS=0; else VIS=0,1; fi
   t0=$(date +%s.%N)
-  CUDA_VISIBLE_DEVICES=$VIS "$D/bin/dsv4" serve "$D/v4-0731" --load-format dummy \
+  CUDA_VISIBLE_DEVICES=$VIS "${BIN:-$D/bin/dsv4}" serve "$D/v4-0731" --load-format dummy \
     --hf-overrides "{\"num_hidden_layers\": $L}" --device cuda -tp "$TP" --port "$PORT" --max-model-len 16384 \
-    --max-num-seqs 16 --speculative-config '{"method":"dspark","num_speculative_tokens":5}' > "$LOG" 2>&1 &
+    --max-num-seqs 16 --speculative-config '{"method":"dspark","num_speculative_tokens":5}' ${EXTRA:-} > "$LOG" 2>&1 &
   SP=$!
   python3 - "$PORT" "$t0" "$TP" <<'PY' 2>&1 | tee "$OUTD/requests-tp$TP.txt"
 import json, sys, time, threading, urllib.request
