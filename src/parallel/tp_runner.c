@@ -35,9 +35,10 @@
 #include "backend/cuda/cuda_backend.h"
 #endif
 
-enum { JOB_OPEN = 1, JOB_FORWARD, JOB_TARGET, JOB_BENCH, JOB_RELEASE, JOB_RESUME, JOB_COPY, JOB_PAGES, JOB_CLOSE, JOB_QUIT };
+enum { JOB_OPEN = 1, JOB_FORWARD, JOB_TARGET, JOB_BENCH, JOB_RELEASE, JOB_RESUME, JOB_COPY, JOB_PAGES, JOB_CLOSE, JOB_QUIT,
+       JOB_WARMUP };
 static const char *const job_names[] = {"?",    "open",   "forward", "target", "bench", "release",
-                                        "resume", "copy", "pages",   "close",  "quit"};
+                                        "resume", "copy", "pages",   "close",  "quit",  "warmup"};
 
 /*
  * The communicator a rank's model sees: the rank's own, with the collectives
@@ -94,6 +95,7 @@ typedef struct tp_rank {
     int rc;
     dsv4_err err;
     dsv4_ar_bench bench; /* JOB_BENCH: this rank's times and check */
+    int warm_graphs; /* JOB_WARMUP: graphs this rank captured */
     int bench_path;  /* 1: the one-shot path ran */
     /* diagnostics (watchdog, DSV4_TP_TRACE) */
     counted *cc;              /* the communicator this rank's model uses */
@@ -258,6 +260,9 @@ static void run_job_body(dsv4_tp_runner *t, tp_rank *r, float *logits0) {
         break;
     case JOB_PAGES:
         r->rc = r->it.set_pages(r->it.ctx, t->job.slot, t->job.n_ids, t->job.ids, &r->err);
+        break;
+    case JOB_WARMUP: /* every rank captures the same shapes in the same order: their collectives pair up */
+        r->rc = dsv4_model_runner_warmup(r->mr, &r->warm_graphs, &r->err);
         break;
     default:
         break;
@@ -527,6 +532,19 @@ static int tp_set_pages(void *ctx, int slot, int n, const int32_t *ids, dsv4_err
     return dispatch(t, NULL, err);
 }
 
+/* Capture at start (issue 7) on every rank at once; *n_graphs = rank 0's count (the ranks' are equal). */
+static int tp_warmup(void *ctx, int *n_graphs, dsv4_err *err) {
+    dsv4_tp_runner *t = ctx;
+    t->job.op = JOB_WARMUP;
+    int rc = dispatch(t, NULL, err);
+    *n_graphs = t->ranks[0].warm_graphs;
+    for (int i = 1; i < t->n && !rc; i++)
+        if (t->ranks[i].warm_graphs != *n_graphs)
+            dsv4_log(DSV4_LOG_WARN, "tensor parallel: rank %d holds %d CUDA graphs, rank 0 %d", i,
+                     t->ranks[i].warm_graphs, *n_graphs);
+    return rc;
+}
+
 /*
  * The watchdog: a job (a step) that runs past wd_s seconds is logged once,
  * then again at 2x, 4x, ... that time, with each rank's state: done (its time
@@ -762,7 +780,8 @@ dsv4_runner dsv4_tp_runner_iface(dsv4_tp_runner *t) {
                      .release = tp_release,
                      .reusable = t->it0.reusable ? tp_reusable : NULL,
                      .resume = tp_resume,
-                     .copy_slot = tp_copy_slot};
+                     .copy_slot = tp_copy_slot,
+                     .warmup = t->it0.warmup ? tp_warmup : NULL};
     if (t->it0.set_pages) {
         r.page_tokens = t->it0.page_tokens;
         r.n_pages = t->it0.n_pages;
