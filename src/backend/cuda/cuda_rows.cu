@@ -34,6 +34,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define ROWS_MMA_SLAB 48    /* FP8: tokens per mma launch (6 n-tiles: 168 registers; 8 spill) */
 #define ROWS_MMA_MAX_T 64   /* FP8: mma slabs up to here, cuBLAS above (measured crossover between 64
@@ -632,7 +633,11 @@ int cu_rows_linear(dsv4_cuda_ctx *c, int kind, const void *W, const uint8_t *ws,
      * (argmax and greedy tokens unchanged; test_device_equiv's bound is 1e-3), while with the
      * per-output kernel every position stays ~1e-5 (H200, bench/results/2026-11-30-cuda-wo-a-h200.md).
      * The real wo_a (32M weights) and gate (exactly 2^20) take the fast paths. */
-    const int naive = getenv("DSV4_CUDA_ROWS_NAIVE") != NULL || out * in < ROWS_SMALL_WEIGHTS;
+    /* DSV4_CUDA_ROWS_SMALL_FAST=fp8|dense|all (A/B, for locating the tiny-checkpoint difference):
+     * small FP8 (wo_a), small BF16/F32 (gate) or all small linears take the fast paths too */
+    const char *sf = getenv("DSV4_CUDA_ROWS_SMALL_FAST");
+    const int small_fast = sf && (!strcmp(sf, "all") || (kind == CU_ROWS_FP8 ? !strcmp(sf, "fp8") : !strcmp(sf, "dense")));
+    const int naive = getenv("DSV4_CUDA_ROWS_NAIVE") != NULL || (out * in < ROWS_SMALL_WEIGHTS && !small_fast);
     const char *mm = getenv("DSV4_CUDA_ROWS_MMA_MAX");
     const int64_t mma_max = mm ? atoll(mm) : ROWS_MMA_MAX_T;
     const int ok32 = out < INT32_MAX / 2 && in < INT32_MAX / 2 && xstride < INT32_MAX / 2 && T < INT32_MAX / 2;

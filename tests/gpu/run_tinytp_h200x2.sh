@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# The tiny checkpoints under CUDA tensor parallelism (issue 7 "Done when"), on
+# the 2x H200 machine (kind nvidia-h200-x2): greedy tokens of
+#   dsv4 run models/<m> --device cuda -tp 2
+# against --device cpu -tp 1, speculation off and on, for tiny-flash,
+# tiny-dspark and their -bf16 copies. Their TP = 2 slices are below the CUDA
+# tiles (64-wide wo_a / wo_b / shared and expert w2 slices: cuda_subtile.cu);
+# the -bf16 copies also take the BF16-expert MoE (cuda_moe_generic.cu).
+# Per case it also runs --device cpu -tp 2 (the same sliced computation on
+# the CPU) and --device cuda -tp 1. One line per case:
+#   PASS  cuda tp2 == cpu tp1
+#   PASS* cuda tp2 == cpu tp2 and cpu tp2 != cpu tp1: the CPU's own TP = 2
+#         departs from TP = 1 (reference numerics: a rank quantises its 64-wide
+#         half of a 128-wide W8A8 block with its own scale, tp_shard.c banner)
+#   FAIL  otherwise.
+# Every TP run has DSV4_TP_CHECK_RANKS=1 (both ranks' logits bit-identical per step).
+# Then test_device_equiv (one GPU, teacher-forced logits CPU vs CUDA) with the
+# small-linear fast paths of cuda_rows.cu off / on per kind (DSV4_CUDA_ROWS_SMALL_FAST).
+# Runs from a folder holding bin/dsv4 (-DDSV4_CUDA=ON), optionally bin/test_device_equiv,
+# lib/ (the .so files the GPU machine lacks) and models/. Output: $OUT (or /tmp/tinytp-out).
+# Env: MAX_TOKENS (24), MODELS, SKIP_EQUIV=1.
+set -uo pipefail
+D=${DIR:-$(pwd)}
+export LD_LIBRARY_PATH="$D/lib:${LD_LIBRARY_PATH:-}"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export DSV4_TP_CHECK_RANKS=1
+if [ -z "${DSV4_NCCL_LIB:-}" ]; then
+  nd=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)
+  [ -n "$nd" ] && export DSV4_NCCL_LIB="$nd/lib/libnccl.so.2"
+fi
+BIN=${BIN:-$D/bin/dsv4}
+OUTD=${OUT:-/tmp/tinytp-out}
+R=/tmp/tinytp-runs
+mkdir -p "$OUTD" "$R"
+{ echo "commit: $(cat "$D/.commit" 2>/dev/null)"; date -u; echo "DSV4_NCCL_LIB=${DSV4_NCCL_LIB:-}"
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; } 2>&1 | tee "$OUTD/env.txt"
+P=5,17,42,7,99,3,250,11,64,8
+N=${MAX_TOKENS:-24}
+fail=0
+# $1 label: run the model with the remaining args, generated ids ([id] on stderr) into $R/$1.ids
+gen() {
+  local label=$1; shift
+  timeout 90 "$BIN" run --prompt-ids $P --max-tokens $N --show-ids "$@" > "$R/$label.out" 2> "$R/$label.err"
+  echo "rc=$?" >> "$R/$label.err"
+  grep -av '^prompt ids' "$R/$label.err" | grep -ao '\[[0-9]\+\]' | tr -d '\n' > "$R/$label.ids"
+}
+# index of the first differing token of two id strings ("-" when equal)
+first_diff() {
+  python3 -c 'import re,sys; a=re.findall(r"\d+",sys.argv[1]); b=re.findall(r"\d+",sys.argv[2]); d=[i for i in range(max(len(a),len(b))) if i>=len(a) or i>=len(b) or a[i]!=b[i]]; print(d[0] if d else "-")' "$1" "$2"
+}
+{
+for m in ${MODELS:-tiny-flash tiny-dspark tiny-flash-bf16 tiny-dspark-bf16}; do
+  k=1; case $m in tiny-dspark*) k=5 ;; esac
+  for spec in 0 $k; do
+    L="${m}_k$spec"
+    gen "$L.cpu1" "$D/models/$m" --device cpu --spec $spec
+    gen "$L.cpu2" "$D/models/$m" --device cpu -tp 2 --spec $spec
+    gen "$L.cuda2" "$D/models/$m" --device cuda -tp 2 --spec $spec
+    gen "$L.cuda1" "$D/models/$m" --device cuda --spec $spec
+    c1=$(cat "$R/$L.cpu1.ids"); c2=$(cat "$R/$L.cpu2.ids"); g2=$(cat "$R/$L.cuda2.ids"); g1=$(cat "$R/$L.cuda1.ids")
+    if [ -n "$c1" ] && [ "$g2" = "$c1" ]; then r=PASS
+    elif [ -n "$c2" ] && [ "$g2" = "$c2" ] && [ "$c2" != "$c1" ]; then r="PASS*"
+    else r=FAIL; fail=1; fi
+    echo "$r $m spec=$spec: cuda tp2 vs cpu tp1 first diff $(first_diff "$g2" "$c1"), vs cpu tp2 $(first_diff "$g2" "$c2"); cpu tp2 vs tp1 $(first_diff "$c2" "$c1"); cuda tp1 vs cpu tp1 $(first_diff "$g1" "$c1")"
+    echo "  cpu  tp1: $c1"; echo "  cpu  tp2: $c2"; echo "  cuda tp2: $g2"; echo "  cuda tp1: $g1"
+    grep -hE "acceptance|dsv4 run:|ERROR|error|failed" "$R/$L.cuda2.err" | sort | uniq -c | head -6 | sed 's/^/  tp2| /'
+    grep -h "^rc=" "$R/$L.cuda2.err" "$R/$L.cuda1.err" | tr '\n' ' ' | sed 's/^/  rc (cuda tp2, tp1): /'; echo
+  done
+done
+} 2>&1 | tee "$OUTD/tokens.txt"
+grep -q "^FAIL" "$OUTD/tokens.txt" && fail=1
+if [ -z "${SKIP_EQUIV:-}" ] && [ -x "$D/bin/test_device_equiv" ]; then
+  for f in none fp8 dense all; do
+    echo "== DSV4_CUDA_ROWS_SMALL_FAST=$f"
+    if [ $f = none ]; then env -u DSV4_CUDA_ROWS_SMALL_FAST "$D/bin/test_device_equiv" "$D/models/tiny-flash" "$D/models/tiny-dspark"
+    else DSV4_CUDA_ROWS_SMALL_FAST=$f "$D/bin/test_device_equiv" "$D/models/tiny-flash" "$D/models/tiny-dspark"; fi 2>&1 \
+      | grep -vE "^\s*$" | tail -40
+  done 2>&1 | tee "$OUTD/equiv.txt"
+fi
+tar -czf "$OUTD/runs.tgz" -C /tmp tinytp-runs 2>/dev/null
+echo "overall: $([ $fail = 0 ] && echo PASS || echo FAIL)" | tee -a "$OUTD/tokens.txt"
+exit $fail
