@@ -15,10 +15,11 @@
 #   FAIL  otherwise.
 # Every TP run has DSV4_TP_CHECK_RANKS=1 (both ranks' logits bit-identical per step).
 # Then test_device_equiv (one GPU, teacher-forced logits CPU vs CUDA) with the
-# small-linear fast paths of cuda_rows.cu off / on per kind (DSV4_CUDA_ROWS_SMALL_FAST).
+# small-linear fast paths of cuda_rows.cu off / on per kind (DSV4_CUDA_ROWS_SMALL_FAST), and, when
+# bin/dsv4-gpu-conformance is there, its rows cases at the tiny and sub-tile shapes.
 # Runs from a folder holding bin/dsv4 (-DDSV4_CUDA=ON), optionally bin/test_device_equiv,
 # lib/ (the .so files the GPU machine lacks) and models/. Output: $OUT (or /tmp/tinytp-out).
-# Env: MAX_TOKENS (24), MODELS, SKIP_EQUIV=1.
+# Env: MAX_TOKENS (24), MODELS, SKIP_EQUIV=1; DSV4_CUDA_ROWS_SMALL_FAST applies to the token runs.
 set -uo pipefail
 D=${DIR:-$(pwd)}
 export LD_LIBRARY_PATH="$D/lib:${LD_LIBRARY_PATH:-}"
@@ -70,12 +71,22 @@ done
 } 2>&1 | tee "$OUTD/tokens.txt"
 grep -q "^FAIL" "$OUTD/tokens.txt" && fail=1
 if [ -z "${SKIP_EQUIV:-}" ] && [ -x "$D/bin/test_device_equiv" ]; then
-  for f in none fp8 dense all; do
+  # none: the shipped dispatch; fp8 / dense / all: small FP8 (wo_a) / BF16-F32 (gate) / both on the fast
+  # paths; fp8-chain: fp8 with k_rows_mma's former chained tensor-core accumulation
+  for f in none fp8-chain fp8 dense all; do
     echo "== DSV4_CUDA_ROWS_SMALL_FAST=$f"
-    if [ $f = none ]; then env -u DSV4_CUDA_ROWS_SMALL_FAST "$D/bin/test_device_equiv" "$D/models/tiny-flash" "$D/models/tiny-dspark"
-    else DSV4_CUDA_ROWS_SMALL_FAST=$f "$D/bin/test_device_equiv" "$D/models/tiny-flash" "$D/models/tiny-dspark"; fi 2>&1 \
-      | grep -vE "^\s*$" | tail -40
+    case $f in
+      none) env -u DSV4_CUDA_ROWS_SMALL_FAST "$D/bin/test_device_equiv" "$D/models/tiny-flash" "$D/models/tiny-dspark" ;;
+      fp8-chain) DSV4_CUDA_ROWS_SMALL_FAST=fp8 DSV4_CUDA_ROWS_MMA_CHAIN=1 "$D/bin/test_device_equiv" "$D/models/tiny-flash" "$D/models/tiny-dspark" ;;
+      *) DSV4_CUDA_ROWS_SMALL_FAST=$f "$D/bin/test_device_equiv" "$D/models/tiny-flash" "$D/models/tiny-dspark" ;;
+    esac 2>&1 | grep -E "CHECK failed|per-position|largest|passed" | sed "s|$D/models/||"
   done 2>&1 | tee "$OUTD/equiv.txt"
+fi
+if [ -x "$D/bin/dsv4-gpu-conformance" ]; then
+  # the rows linears at the tiny shapes (wo_a and its TP = 2 slice on k_rows_mma, the padded W8A8 slices)
+  # plus the real shapes at T = 1, 48
+  DSV4_CONF_ROWS_FEW=1 DSV4_CUDA_ROWS_SMALL_FAST=all timeout 120 "$D/bin/dsv4-gpu-conformance" --rows-only --no-perf \
+    2>&1 | tee "$OUTD/conformance_rows.txt"
 fi
 tar -czf "$OUTD/runs.tgz" -C /tmp tinytp-runs 2>/dev/null
 echo "overall: $([ $fail = 0 ] && echo PASS || echo FAIL)" | tee -a "$OUTD/tokens.txt"

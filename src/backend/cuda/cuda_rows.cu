@@ -137,7 +137,7 @@ __device__ __forceinline__ void ld_blk(uint4 (&F)[4], const uint8_t *w0, const u
  * step s pairs its columns 16t + 4s + {0,1} with logical k {2t, 2t+1} and 16t + 4s + {2,3}
  * with {2t+8, 2t+9}, the same map on the A and the B side, so the 4 steps cover the chunk.
  */
-template <int NT>
+template <int NT, bool CHAIN>
 __device__ __forceinline__ void mma_blk(float (&acc)[NT][4], const uint4 (&F)[4], float scale, const float *xk,
                                         int64_t xstride, int T, int g) {
     float d[NT][4];
@@ -159,9 +159,18 @@ __device__ __forceinline__ void mma_blk(float (&acc)[NT][4], const uint4 (&F)[4]
                 uint32_t h0, m0, l0, h1, m1, l1;
                 split3(v.x, v.y, h0, m0, l0);
                 split3(v.z, v.w, h1, m1, l1);
-                mma_bf16(d[nt], a0, a1, a2, a3, h0, h1);
-                mma_bf16(d[nt], a0, a1, a2, a3, m0, m1);
-                mma_bf16(d[nt], a0, a1, a2, a3, l0, l1);
+                if (CHAIN) { /* the 24 mma of a block chained through one accumulator */
+                    mma_bf16(d[nt], a0, a1, a2, a3, h0, h1);
+                    mma_bf16(d[nt], a0, a1, a2, a3, m0, m1);
+                    mma_bf16(d[nt], a0, a1, a2, a3, l0, l1);
+                } else { /* each part from zero, added on the CUDA cores (round to nearest) */
+                    float ph[4] = {0.f, 0.f, 0.f, 0.f}, pm[4] = {0.f, 0.f, 0.f, 0.f}, pl[4] = {0.f, 0.f, 0.f, 0.f};
+                    mma_bf16(ph, a0, a1, a2, a3, h0, h1);
+                    mma_bf16(pm, a0, a1, a2, a3, m0, m1);
+                    mma_bf16(pl, a0, a1, a2, a3, l0, l1);
+#pragma unroll
+                    for (int i = 0; i < 4; i++) d[nt][i] += ph[i] + (pm[i] + pl[i]);
+                }
             }
         }
     }
@@ -174,7 +183,7 @@ __device__ __forceinline__ void mma_blk(float (&acc)[NT][4], const uint4 (&F)[4]
 /* Block = one 16-row tile (inside one group), ROWS_MMA_NW warps taking its 128-column blocks
  * in turn, two blocks of weight loads in flight per lane; the warps' sums meet in shared memory.
  * Needs in % 128 == 0, out_g % 16 == 0, x 16-byte aligned, xstride % 4 == 0, T <= 8·NT. */
-template <int NT>
+template <int NT, bool CHAIN>
 __global__ void __launch_bounds__(ROWS_MMA_NW * 32) k_rows_mma(const uint8_t *__restrict__ W,
                                                               const uint8_t *__restrict__ ws, int64_t wsc,
                                                               const float *__restrict__ x, int64_t xstride, int T,
@@ -196,11 +205,11 @@ __global__ void __launch_bounds__(ROWS_MMA_NW * 32) k_rows_mma(const uint8_t *__
     if (kb + ROWS_MMA_NW < nkb) ld_blk(B, w0, w1, kb + ROWS_MMA_NW);
     pdl_wait();
     while (kb < nkb) {
-        mma_blk<NT>(acc, A, e8m0_to_f32(srow[kb]), xg + (size_t)kb * 128, xstride, T, g);
+        mma_blk<NT, CHAIN>(acc, A, e8m0_to_f32(srow[kb]), xg + (size_t)kb * 128, xstride, T, g);
         if (kb + 2 * ROWS_MMA_NW < nkb) ld_blk(A, w0, w1, kb + 2 * ROWS_MMA_NW);
         kb += ROWS_MMA_NW;
         if (kb >= nkb) break;
-        mma_blk<NT>(acc, B, e8m0_to_f32(srow[kb]), xg + (size_t)kb * 128, xstride, T, g);
+        mma_blk<NT, CHAIN>(acc, B, e8m0_to_f32(srow[kb]), xg + (size_t)kb * 128, xstride, T, g);
         if (kb + 2 * ROWS_MMA_NW < nkb) ld_blk(B, w0, w1, kb + 2 * ROWS_MMA_NW);
         kb += ROWS_MMA_NW;
     }
@@ -231,7 +240,11 @@ __global__ void __launch_bounds__(ROWS_MMA_NW * 32) k_rows_mma(const uint8_t *__
 template <int NT>
 static cudaError_t launch_mma(dsv4_cuda_ctx *c, const uint8_t *W, const uint8_t *ws, int64_t wsc, const float *x,
                               int64_t xstride, int T, int out, int out_g, int in, float *y) {
-    return cu_launch(c, k_rows_mma<NT>, dim3((unsigned)(out / 16)), dim3(ROWS_MMA_NW * 32), 0, W, ws, wsc, x,
+    /* DSV4_CUDA_ROWS_MMA_CHAIN=1: the former chained accumulation (A/B of the tiny-checkpoint difference) */
+    if (getenv("DSV4_CUDA_ROWS_MMA_CHAIN"))
+        return cu_launch(c, k_rows_mma<NT, true>, dim3((unsigned)(out / 16)), dim3(ROWS_MMA_NW * 32), 0, W, ws, wsc,
+                         x, xstride, T, out, out_g, in, y);
+    return cu_launch(c, k_rows_mma<NT, false>, dim3((unsigned)(out / 16)), dim3(ROWS_MMA_NW * 32), 0, W, ws, wsc, x,
                      xstride, T, out, out_g, in, y);
 }
 
