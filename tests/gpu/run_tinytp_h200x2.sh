@@ -14,12 +14,12 @@
 #         half of a 128-wide W8A8 block with its own scale, tp_shard.c banner)
 #   FAIL  otherwise.
 # Every TP run has DSV4_TP_CHECK_RANKS=1 (both ranks' logits bit-identical per step).
-# Then test_device_equiv (one GPU, teacher-forced logits CPU vs CUDA) with the
-# small-linear fast paths of cuda_rows.cu off / on per kind (DSV4_CUDA_ROWS_SMALL_FAST), and, when
-# bin/dsv4-gpu-conformance is there, its rows cases at the tiny and sub-tile shapes.
+# Then test_device_equiv (one GPU, teacher-forced logits CPU vs CUDA) under the EQUIV_MODES of
+# cuda_rows.cu (below), and, when bin/dsv4-gpu-conformance is there, its rows cases at the tiny and
+# sub-tile shapes plus the real wo_a at T = 1, 48, with and without the chained accumulation.
 # Runs from a folder holding bin/dsv4 (-DDSV4_CUDA=ON), optionally bin/test_device_equiv,
 # lib/ (the .so files the GPU machine lacks) and models/. Output: $OUT (or /tmp/tinytp-out).
-# Env: MAX_TOKENS (24), MODELS, SKIP_EQUIV=1; DSV4_CUDA_ROWS_SMALL_FAST applies to the token runs.
+# Env: MAX_TOKENS (24), MODELS, SKIP_EQUIV=1, EQUIV_MODES, SKIP_CONF=1.
 set -uo pipefail
 D=${DIR:-$(pwd)}
 export LD_LIBRARY_PATH="$D/lib:${LD_LIBRARY_PATH:-}"
@@ -71,22 +71,30 @@ done
 } 2>&1 | tee "$OUTD/tokens.txt"
 grep -q "^FAIL" "$OUTD/tokens.txt" && fail=1
 if [ -z "${SKIP_EQUIV:-}" ] && [ -x "$D/bin/test_device_equiv" ]; then
-  # none: the shipped dispatch; fp8 / dense / all: small FP8 (wo_a) / BF16-F32 (gate) / both on the fast
-  # paths; fp8-chain: fp8 with k_rows_mma's former chained tensor-core accumulation
-  for f in none fp8-chain fp8 dense all; do
-    echo "== DSV4_CUDA_ROWS_SMALL_FAST=$f"
+  # default: the shipped dispatch; chain: k_rows_mma / k_rows_mma2 with the former chained tensor-core
+  # accumulation; naive: the per-output kernel for every rows linear; all: small BF16/F32 linears on the
+  # fast paths too
+  for f in ${EQUIV_MODES:-default chain naive all}; do
+    echo "== $f"
     case $f in
-      none) env -u DSV4_CUDA_ROWS_SMALL_FAST "$D/bin/test_device_equiv" "$D/models/tiny-flash" "$D/models/tiny-dspark" ;;
-      fp8-chain) DSV4_CUDA_ROWS_SMALL_FAST=fp8 DSV4_CUDA_ROWS_MMA_CHAIN=1 "$D/bin/test_device_equiv" "$D/models/tiny-flash" "$D/models/tiny-dspark" ;;
-      *) DSV4_CUDA_ROWS_SMALL_FAST=$f "$D/bin/test_device_equiv" "$D/models/tiny-flash" "$D/models/tiny-dspark" ;;
-    esac 2>&1 | grep -E "CHECK failed|per-position|largest|passed" | sed "s|$D/models/||"
+      chain) export DSV4_CUDA_ROWS_MMA_CHAIN=1 ;;
+      naive) export DSV4_CUDA_ROWS_NAIVE=1 ;;
+      all) export DSV4_CUDA_ROWS_SMALL_FAST=all ;;
+    esac
+    "$D/bin/test_device_equiv" "$D/models/tiny-flash" "$D/models/tiny-dspark" 2>&1 \
+      | grep -E "CHECK failed|per-position|largest|passed" | sed "s|$D/models/||"
+    unset DSV4_CUDA_ROWS_MMA_CHAIN DSV4_CUDA_ROWS_NAIVE DSV4_CUDA_ROWS_SMALL_FAST
   done 2>&1 | tee "$OUTD/equiv.txt"
 fi
-if [ -x "$D/bin/dsv4-gpu-conformance" ]; then
-  # the rows linears at the tiny shapes (wo_a and its TP = 2 slice on k_rows_mma, the padded W8A8 slices)
-  # plus the real shapes at T = 1, 48
-  DSV4_CONF_ROWS_FEW=1 DSV4_CUDA_ROWS_SMALL_FAST=all timeout 120 "$D/bin/dsv4-gpu-conformance" --rows-only --no-perf \
-    2>&1 | tee "$OUTD/conformance_rows.txt"
+if [ -z "${SKIP_CONF:-}" ] && [ -x "$D/bin/dsv4-gpu-conformance" ]; then
+  # the rows linears at the tiny shapes (wo_a and its TP = 2 slice, the padded W8A8 slices) and the
+  # real wo_a at T = 1, 48; then the same with the former chained accumulation (accuracy and time A/B)
+  for ch in 0 1; do
+    echo "== rows harness, DSV4_CUDA_ROWS_MMA_CHAIN=$ch"
+    if [ $ch = 1 ]; then export DSV4_CUDA_ROWS_MMA_CHAIN=1; fi
+    DSV4_CONF_ROWS_FEW=1 timeout 120 "$D/bin/dsv4-gpu-conformance" --rows-only --no-perf 2>&1
+    unset DSV4_CUDA_ROWS_MMA_CHAIN
+  done 2>&1 | tee "$OUTD/conformance_rows.txt"
 fi
 tar -czf "$OUTD/runs.tgz" -C /tmp tinytp-runs 2>/dev/null
 echo "overall: $([ $fail = 0 ] && echo PASS || echo FAIL)" | tee -a "$OUTD/tokens.txt"
