@@ -71,8 +71,8 @@ done
 } 2>&1 | tee "$OUTD/tokens.txt"
 grep -q "^FAIL" "$OUTD/tokens.txt" && fail=1
 if [ -z "${SKIP_EQUIV:-}" ] && [ -x "$D/bin/test_device_equiv" ]; then
-  # default: the shipped dispatch; chain: k_rows_mma / k_rows_mma2 with the former chained tensor-core
-  # accumulation; naive: the per-output kernel for every rows linear; all: small BF16/F32 linears on the
+  # default: the shipped dispatch; chain: k_rows_mma with the former chained tensor-core accumulation;
+  # naive: the per-output kernel for every rows linear; all: small BF16/F32 linears on the
   # fast paths too
   for f in ${EQUIV_MODES:-default chain naive all}; do
     echo "== $f"
@@ -88,12 +88,12 @@ if [ -z "${SKIP_EQUIV:-}" ] && [ -x "$D/bin/test_device_equiv" ]; then
 fi
 if [ -z "${SKIP_CONF:-}" ] && [ -x "$D/bin/dsv4-gpu-conformance" ]; then
   # the rows linears at the tiny shapes (wo_a and its TP = 2 slice, the padded W8A8 slices) and the
-  # real wo_a at T = 1, 48; then the same with the former chained accumulation (accuracy and time A/B)
-  for ch in 0 1; do
-    echo "== rows harness, DSV4_CUDA_ROWS_MMA_CHAIN=$ch"
-    if [ $ch = 1 ]; then export DSV4_CUDA_ROWS_MMA_CHAIN=1; fi
+  # real wo_a at T = 1, 48; default (k_rows_mma unchained, k_rows_mma2 chained), both chained, both unchained
+  for ch in default chain unchained; do
+    echo "== rows harness, $ch"
+    case $ch in chain) export DSV4_CUDA_ROWS_MMA_CHAIN=1 ;; unchained) export DSV4_CUDA_ROWS_MMA2_UNCHAINED=1 ;; esac
     DSV4_CONF_ROWS_FEW=1 timeout 120 "$D/bin/dsv4-gpu-conformance" --rows-only --no-perf 2>&1
-    unset DSV4_CUDA_ROWS_MMA_CHAIN
+    unset DSV4_CUDA_ROWS_MMA_CHAIN DSV4_CUDA_ROWS_MMA2_UNCHAINED
   done 2>&1 | tee "$OUTD/conformance_rows.txt"
 fi
 tar -czf "$OUTD/runs.tgz" -C /tmp tinytp-runs 2>/dev/null

@@ -16,8 +16,9 @@
  *    (E4M3 -> f16 -> f32 -> bf16, all exact) and the 128x128 block scale (a
  *    power of two) multiplies the block's fp32 partial sum, which is exact;
  *    x is split into bf16 hi + mid + lo in registers, all three go through
- *    the mma, each from a zero accumulator, and their sums are added on the
- *    CUDA cores (round to nearest). Chaining the 24 mma of a block through one
+ *    the mma. In k_rows_mma each part starts from a zero accumulator and the
+ *    sums are added on the CUDA cores (round to nearest); k_rows_mma2 (the
+ *    real wo_a) chains them for speed (see launch_mma2). Chaining the 24 mma of a block through one
  *    accumulator lets the tensor core's own alignment and truncation of every
  *    add into the running sum dominate the error: on tiny-flash that moved
  *    4 of 34 positions to 3e-3..1.1e-2 x rms logit differences against the CPU
@@ -291,7 +292,7 @@ __device__ __forceinline__ void mma_blk2(float (&acc)[NT][4], const uint4 (&F)[4
                     mma_bf16(d[nt], a0, a1, a2, a3, h0, h1);
                     mma_bf16(d[nt], a0, a1, a2, a3, m0, m1);
                     mma_bf16(d[nt], a0, a1, a2, a3, l0, l1);
-                } else { /* as mma_blk */
+                } else { /* as mma_blk (DSV4_CUDA_ROWS_MMA2_UNCHAINED=1) */
                     float ph[4] = {0.f, 0.f, 0.f, 0.f}, pm[4] = {0.f, 0.f, 0.f, 0.f}, pl[4] = {0.f, 0.f, 0.f, 0.f};
                     mma_bf16(ph, a0, a1, a2, a3, h0, h1);
                     mma_bf16(pm, a0, a1, a2, a3, m0, m1);
@@ -416,13 +417,17 @@ static int launch_mma2_k(dsv4_cuda_ctx *c, const uint8_t *W, const uint8_t *ws, 
     return DSV4_OK;
 }
 
-/* DSV4_CUDA_ROWS_MMA_CHAIN=1: the former chained accumulation (A/B) */
+/* Chained accumulation by default here, unlike k_rows_mma: at the real wo_a shape (8x[1024x4096])
+ * the zero-accumulator parts cost 27.1 vs 17.8 us at T = 1 and 86 vs 67 us at T = 48 for a
+ * normalised error of 4.1e-7 vs 5.8e-7 (H200, bench/results/2026-12-01-tiny-tp2-cuda-h200x2.md);
+ * whether that error matters end to end on Flash is not measured. DSV4_CUDA_ROWS_MMA2_UNCHAINED=1
+ * selects the parts (A/B); DSV4_CUDA_ROWS_MMA_CHAIN=1 forces the chain in both kernels. */
 template <int NT>
 static int launch_mma2(dsv4_cuda_ctx *c, const uint8_t *W, const uint8_t *ws, int64_t wsc, const float *x,
                        int64_t xstride, int T, int out, int out_g, int in, int ks, float *y, dsv4_err *err) {
-    if (getenv("DSV4_CUDA_ROWS_MMA_CHAIN"))
-        return launch_mma2_k<NT, true>(c, W, ws, wsc, x, xstride, T, out, out_g, in, ks, y, err);
-    return launch_mma2_k<NT, false>(c, W, ws, wsc, x, xstride, T, out, out_g, in, ks, y, err);
+    if (getenv("DSV4_CUDA_ROWS_MMA2_UNCHAINED") && !getenv("DSV4_CUDA_ROWS_MMA_CHAIN"))
+        return launch_mma2_k<NT, false>(c, W, ws, wsc, x, xstride, T, out, out_g, in, ks, y, err);
+    return launch_mma2_k<NT, true>(c, W, ws, wsc, x, xstride, T, out, out_g, in, ks, y, err);
 }
 
 /* Equal slabs of up to 48 tokens (multiples of 8), one launch each: the weight is read once per slab. */
