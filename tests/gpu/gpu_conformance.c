@@ -298,8 +298,7 @@ static int rows_cases(double tol) {
         r = rows_case("F32 256x4096 linear", DSV4_DT_F32, 256, 4096, 0, Tg[i], tol);
         bad += r == 1, err += r == 2;
     }
-    /* the tiny checkpoints' wo_a (under 2^20 weights: the per-output kernel, cuda_rows.cu, unless
-     * DSV4_CUDA_ROWS_SMALL_FAST=fp8|all: then k_rows_mma up to 64 rows), and its TP = 2 slice */
+    /* the tiny checkpoints' wo_a (k_rows_mma up to 64 rows, cuBLAS above) and its TP = 2 slice */
     static const int Tt[] = {1, 5, 6, 300};
     for (size_t i = 0; i < sizeof Tt / sizeof Tt[0]; i++) {
         int r = rows_case("tiny wo_a FP8 2x[64x256] grouped", DSV4_DT_F8_E4M3, 128, 256, 2, Tt[i], tol);
