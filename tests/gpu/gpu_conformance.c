@@ -84,7 +84,7 @@ static uint8_t rb(void) {
 static dsv4_linear host_lin(dsv4_dtype dt, int64_t o, int64_t i) {
     dsv4_linear l = {.out = o, .in = i};
     size_t wb = dt == DSV4_DT_I8 ? (size_t)(o * i / 2) : (size_t)(o * i);
-    size_t sb = dt == DSV4_DT_I8 ? (size_t)(o * i / 32) : (size_t)((o / 128) * (i / 128));
+    size_t sb = dt == DSV4_DT_I8 ? (size_t)(o * i / 32) : (size_t)(((o + 127) / 128) * ((i + 127) / 128));
     uint8_t *w = malloc(wb), *s = malloc(sb);
     for (size_t k = 0; w && k < wb; k++) {
         uint8_t b = rb();
@@ -93,7 +93,7 @@ static dsv4_linear host_lin(dsv4_dtype dt, int64_t o, int64_t i) {
     for (size_t k = 0; s && k < sb; k++) s[k] = (uint8_t)(120 + k % 3);
     l.w = (dsv4_tview){.dtype = dt, .ndim = 2, .shape = {o, dt == DSV4_DT_I8 ? i / 2 : i}, .data = w, .nbytes = wb};
     l.scale = (dsv4_tview){.dtype = DSV4_DT_F8_E8M0, .ndim = 2,
-                           .shape = {dt == DSV4_DT_I8 ? o : o / 128, dt == DSV4_DT_I8 ? i / 32 : i / 128},
+                           .shape = {dt == DSV4_DT_I8 ? o : (o + 127) / 128, dt == DSV4_DT_I8 ? i / 32 : (i + 127) / 128},
                            .data = s, .nbytes = sb};
     return l;
 }
@@ -179,7 +179,7 @@ static int perf(void) {
 /* A host linear [o][i]: FP8 as host_lin (random codes, scales 2^-7..2^-5), BF16 / F32 random in
  * [-1, 1) / sqrt(i) (the BF16 values exact in F32 too). */
 static dsv4_linear host_rows_lin(dsv4_dtype dt, int64_t o, int64_t i) {
-    if (dt == DSV4_DT_F8_E4M3) return host_lin(dt, o, i);
+    if (dt == DSV4_DT_F8_E4M3 || dt == DSV4_DT_I8) return host_lin(dt, o, i);
     dsv4_linear l = {.out = o, .in = i};
     size_t es = dt == DSV4_DT_BF16 ? 2 : 4, n = (size_t)(o * i);
     uint8_t *w = malloc(n * es);
@@ -260,7 +260,7 @@ static int rows_case(const char *name, dsv4_dtype dt, int64_t out, int64_t in, i
     free(hy);
     free(sx);
     free(sy);
-    if (dt == DSV4_DT_F8_E4M3) free_host_lin(&h);
+    if (dt == DSV4_DT_F8_E4M3 || dt == DSV4_DT_I8) free_host_lin(&h);
     else free((void *)h.w.data);
     return rc;
 }
@@ -268,9 +268,13 @@ static int rows_case(const char *name, dsv4_dtype dt, int64_t out, int64_t in, i
 static int rows_cases(double tol) {
     printf("== fp32-activation linears (cuda_rows.cu), real shapes, CUDA vs CPU reference on up to 64 sampled rows, "
            "tol %.1e; wall clock / call after one warm-up call (weights partly L2-resident at small T)\n", tol);
-    static const int Ts[] = {1, 2, 6, 8, 16, 48, 64, 96, 192, 256, 512, 4096};
+    static const int Ts_all[] = {1, 2, 6, 8, 16, 48, 64, 96, 192, 256, 512, 4096}, Ts_few[] = {1, 48};
+    /* DSV4_CONF_ROWS_FEW=1: the real shapes at T = 1 and 48 only (a short device run) */
+    const int few = getenv("DSV4_CONF_ROWS_FEW") != NULL;
+    const int *Ts = few ? Ts_few : Ts_all;
+    const size_t nTs = few ? 2 : sizeof Ts_all / sizeof Ts_all[0];
     int bad = 0, err = 0;
-    for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
+    for (size_t i = 0; i < nTs; i++) {
         int r = rows_case("wo_a FP8 8x[1024x4096] grouped", DSV4_DT_F8_E4M3, 8192, 4096, 8, Ts[i], tol);
         bad += r == 1, err += r == 2;
         if (Ts[i] == 1 || Ts[i] == 48) { /* the 16-row-tile kernel (large shapes with out_g % 128 != 0) */
@@ -288,16 +292,29 @@ static int rows_cases(double tol) {
         }
     }
     static const int Tg[] = {1, 6, 16, 48, 4096};
-    for (size_t i = 0; i < sizeof Tg / sizeof Tg[0]; i++) {
+    for (size_t i = 0; i < (few ? 1 : sizeof Tg / sizeof Tg[0]); i++) {
         int r = rows_case("gate BF16 256x4096 (grouped, 1)", DSV4_DT_BF16, 256, 4096, 1, Tg[i], tol);
         bad += r == 1, err += r == 2;
         r = rows_case("F32 256x4096 linear", DSV4_DT_F32, 256, 4096, 0, Tg[i], tol);
         bad += r == 1, err += r == 2;
     }
-    /* the tiny checkpoints' wo_a (under 2^20 weights: the per-output kernel, cuda_rows.cu) */
-    static const int Tt[] = {5, 300};
+    /* the tiny checkpoints' wo_a (k_rows_mma up to 64 rows, cuBLAS above) and its TP = 2 slice */
+    static const int Tt[] = {1, 5, 6, 300};
     for (size_t i = 0; i < sizeof Tt / sizeof Tt[0]; i++) {
         int r = rows_case("tiny wo_a FP8 2x[64x256] grouped", DSV4_DT_F8_E4M3, 128, 256, 2, Tt[i], tol);
+        bad += r == 1, err += r == 2;
+        r = rows_case("tiny wo_a TP=2 slice FP8 1x[64x256]", DSV4_DT_F8_E4M3, 64, 256, 1, Tt[i], tol);
+        bad += r == 1, err += r == 2;
+    }
+    /* W8A8 linears below the 128 tiles (TP = 2 slices of the tiny checkpoints: shared w1/w3 rows,
+     * wo_b / shared w2 / expert w2 columns): uploaded zero-padded (cuda_subtile.cu) */
+    static const int Tp[] = {1, 5, 300};
+    for (size_t i = 0; i < sizeof Tp / sizeof Tp[0]; i++) {
+        int r = rows_case("sub-tile FP8 [64x256] linear (padded rows)", DSV4_DT_F8_E4M3, 64, 256, 0, Tp[i], tol);
+        bad += r == 1, err += r == 2;
+        r = rows_case("sub-tile FP8 [256x64] linear (padded columns)", DSV4_DT_F8_E4M3, 256, 64, 0, Tp[i], tol);
+        bad += r == 1, err += r == 2;
+        r = rows_case("sub-tile FP4 [256x64] linear (padded columns)", DSV4_DT_I8, 256, 64, 0, Tp[i], tol);
         bad += r == 1, err += r == 2;
     }
     /* shapes the fast paths refuse: the one-warp-per-output fallback */

@@ -22,6 +22,7 @@
 #include "backend/cuda/cuda_be_internal.cuh"
 #include "backend/cuda/cuda_rows.cuh"
 #include "backend/cuda/cuda_logit_top.h"
+#include "backend/cuda/cuda_subtile.cuh"
 
 #include <stdlib.h>
 #include <string.h>
@@ -33,7 +34,7 @@ typedef struct cu_lin {
     dsv4_dtype dtype;     /* stored dtype of w */
     dsv4_cuda_weight cw;  /* FP8 / FP4 / BF16 */
     float *f32;           /* F32 weights: device copy [out][in] */
-    int64_t out, in;
+    int64_t out, in;      /* logical; cw.out / cw.in are larger when uploaded padded (cuda_subtile.cu) */
     int borrowed;         /* cw points into an expert-major set (cu_moe): not ours to free */
     struct cu_lin *next;
 } cu_lin;
@@ -43,6 +44,7 @@ typedef struct cu_moe {
     const void *key0;       /* w1[0].w.data, in case the array is reused */
     int n_exp;
     dsv4_cuda_experts ex;
+    void *bf16_ptrs;        /* BF16 experts: device table of 3 x n_exp weight pointers (w1s, w3s, w2s); ex unused */
     struct cu_moe *next;
 } cu_moe;
 
@@ -98,6 +100,7 @@ static void cu_be_free(dsv4_backend *be) {
         for (cu_moe *m = cb->moes, *n; m; m = n) {
             n = m->next;
             dsv4_cuda_experts_free(cb->ctx, &m->ex);
+            dsv4_cuda_free(cb->ctx, m->bf16_ptrs);
             free(m);
         }
         dsv4_cuda_free(cb->ctx, cb->d_batch);
@@ -217,6 +220,12 @@ static int cu_upload_linear(dsv4_backend *be, const dsv4_linear *host, dsv4_line
         rc = dsv4_cuda_alloc(cb->ctx, nb, &p, err);
         if (!rc) rc = dsv4_cuda_upload(cb->ctx, p, host->w.data, nb, err);
         l->f32 = (float *)p;
+    } else if (cu_subtile_needed(host)) { /* narrower than the tiles: zero-padded (cuda_subtile.cu) */
+        dsv4_linear pl;
+        void *bytes = NULL;
+        rc = cu_subtile_pad(host, &pl, &bytes, err);
+        if (!rc) rc = dsv4_cuda_weight_upload(cb->ctx, &pl, &l->cw, err);
+        free(bytes);
     } else {
         rc = dsv4_cuda_weight_upload(cb->ctx, host, &l->cw, err);
     }
@@ -445,6 +454,9 @@ static int dot_rows(cu_be *cb, const cu_lin *l, const float *x, int64_t xstride,
     } else {
         return cu_err(err, DSV4_EUNSUPPORTED, "cuda: linear_grouped: FP4 weights not implemented");
     }
+    if (!l->f32 && l->cw.in != l->in) /* padded columns change the row stride the kernels assume */
+        return cu_err(err, DSV4_EUNSUPPORTED, "cuda: linear_grouped: in-dim %lld below the 128-column tile",
+                      (long long)l->in);
     return cu_rows_linear(cb->ctx, kind, W, ws, l->out, l->in, x, xstride, T, out_g, y, err);
 }
 
@@ -460,6 +472,9 @@ static int cu_linear(dsv4_backend *be, const dsv4_buf *x, const dsv4_linear *w, 
     if (l->cw.kind != DSV4_CUDA_W_BF16 && be->numerics != DSV4_NUMERICS_REFERENCE)
         return cu_err(err, DSV4_EUNSUPPORTED, "cuda: linear %s: FP8/FP4 weights in HF numerics (no activation "
                       "quantisation) not implemented", lin_name(w));
+    if (l->cw.out != l->out || l->cw.in != l->in)
+        return cu_subtile_linear(cb->ctx, &l->cw, l->out, l->in, (const float *)x->data, x->rows, (float *)y->data,
+                                 err);
     return dsv4_cuda_linear(cb->ctx, &l->cw, (const float *)x->data, (int)x->rows, (float *)y->data, 0, err);
 }
 
@@ -521,13 +536,17 @@ static int cu_moe_route(dsv4_backend *be, const dsv4_buf *x, const dsv4_linear *
 static int moe_set(cu_be *cb, const dsv4_linear *w1, const dsv4_linear *w3, const dsv4_linear *w2, int n_exp,
                    const dsv4_cuda_experts **out, dsv4_err *err) {
     for (cu_moe *m = cb->moes; m; m = m->next)
-        if (m->key == w1 && m->key0 == w1[0].w.data && m->n_exp == n_exp) {
+        if (m->key == w1 && m->key0 == w1[0].w.data && m->n_exp == n_exp && !m->bf16_ptrs) {
             *out = &m->ex;
             return DSV4_OK;
         }
     const cu_lin *l0 = lin_of(&w1[0], "moe_experts", err);
     if (!l0) return DSV4_EINVAL;
-    int64_t dm = l0->in, dff = l0->out;
+    /* the stored (possibly padded, cuda_subtile.cu) dims: a padded d_ff is exact (zero rows give h = 0) */
+    int64_t dm = l0->cw.in, dff = l0->cw.out;
+    if (l0->cw.in != l0->in)
+        return cu_err(err, DSV4_EUNSUPPORTED, "cuda: moe_experts: d_model %lld below the 128-column tile",
+                      (long long)l0->in);
     for (int e = 0; e < n_exp; e++) {
         const dsv4_linear *ws[3] = {&w1[e], &w3[e], &w2[e]};
         for (int j = 0; j < 3; j++) {
@@ -537,7 +556,8 @@ static int moe_set(cu_be *cb, const dsv4_linear *w1, const dsv4_linear *w3, cons
                 return cu_err(err, DSV4_EUNSUPPORTED, "cuda: moe_experts: expert %d %s is not FP4 (only FP4 experts "
                               "are implemented)", e, lin_name(ws[j]));
             int64_t eo = j == 2 ? dm : dff, ei = j == 2 ? dff : dm;
-            if (l->out != eo || l->in != ei)
+            int64_t lo = j == 2 ? l0->in : l0->out, li = j == 2 ? l0->out : l0->in;
+            if (l->cw.out != eo || l->cw.in != ei || l->out != lo || l->in != li)
                 return cu_err(err, DSV4_EINVAL, "moe: expert %d weight shapes do not match d=%lld, F=%lld", e,
                               (long long)dm, (long long)dff);
         }
@@ -602,6 +622,56 @@ static int moe_set(cu_be *cb, const dsv4_linear *w1, const dsv4_linear *w3, cons
     return DSV4_OK;
 }
 
+/* BF16 experts (the dequantised tiny checkpoints): the device table of their
+ * weight pointers for cu_moe_generic_bf16, made on first use and kept like
+ * an expert set. *F: the expert width. 0 with *out = NULL when the experts
+ * are not BF16. */
+static int moe_bf16_set(cu_be *cb, const dsv4_linear *w1, const dsv4_linear *w3, const dsv4_linear *w2, int n_exp,
+                        const void *const **out, int64_t *F, dsv4_err *err) {
+    *out = NULL;
+    const cu_lin *l0 = lin_of(&w1[0], "moe_experts", err);
+    if (!l0) return DSV4_EINVAL;
+    if (l0->f32 || l0->cw.kind != DSV4_CUDA_W_BF16) return DSV4_OK;
+    *F = l0->out;
+    for (cu_moe *m = cb->moes; m; m = m->next)
+        if (m->key == w1 && m->key0 == w1[0].w.data && m->n_exp == n_exp && m->bf16_ptrs) {
+            *out = (const void *const *)m->bf16_ptrs;
+            return DSV4_OK;
+        }
+    const void **h = (const void **)calloc((size_t)3 * n_exp, sizeof *h);
+    if (!h) return cu_err(err, DSV4_ENOMEM, "cuda: moe_experts: out of memory");
+    int rc = DSV4_OK;
+    for (int e = 0; e < n_exp && !rc; e++) {
+        const dsv4_linear *ws[3] = {&w1[e], &w3[e], &w2[e]};
+        for (int j = 0; j < 3 && !rc; j++) {
+            const cu_lin *l = lin_of(ws[j], "moe_experts", err);
+            int64_t eo = j == 2 ? l0->in : l0->out, ei = j == 2 ? l0->out : l0->in;
+            if (!l) rc = DSV4_EINVAL;
+            else if (l->f32 || l->cw.kind != DSV4_CUDA_W_BF16 || l->out != eo || l->in != ei)
+                rc = cu_err(err, DSV4_EINVAL, "cuda: moe_experts: expert %d %s is not BF16 [%lld, %lld] like expert 0",
+                            e, lin_name(ws[j]), (long long)eo, (long long)ei);
+            else h[(size_t)j * n_exp + e] = l->cw.w;
+        }
+    }
+    cu_moe *m = rc ? NULL : (cu_moe *)calloc(1, sizeof *m);
+    if (!rc && !m) rc = cu_err(err, DSV4_ENOMEM, "cuda: moe_experts: out of memory");
+    if (!rc) rc = dsv4_cuda_alloc(cb->ctx, (size_t)3 * n_exp * sizeof *h, &m->bf16_ptrs, err);
+    if (!rc) rc = dsv4_cuda_upload(cb->ctx, m->bf16_ptrs, h, (size_t)3 * n_exp * sizeof *h, err);
+    free(h);
+    if (rc) {
+        if (m) dsv4_cuda_free(cb->ctx, m->bf16_ptrs);
+        free(m);
+        return rc;
+    }
+    m->key = w1;
+    m->key0 = w1[0].w.data;
+    m->n_exp = n_exp;
+    m->next = cb->moes;
+    cb->moes = m;
+    *out = (const void *const *)m->bf16_ptrs;
+    return DSV4_OK;
+}
+
 static int cu_moe_experts(dsv4_backend *be, const dsv4_buf *x, const dsv4_linear *w1, const dsv4_linear *w3,
                           const dsv4_linear *w2, int n_exp, const dsv4_buf *ids, const dsv4_buf *weights, float limit,
                           dsv4_buf *y, dsv4_err *err) {
@@ -614,6 +684,17 @@ static int cu_moe_experts(dsv4_backend *be, const dsv4_buf *x, const dsv4_linear
     if (!rc) rc = cu_be_check(y, DSV4_DT_F32, T, d, "moe y", err);
     if (!rc && n_exp <= 0) rc = cu_err(err, DSV4_EINVAL, "cuda: moe_experts: %d experts", n_exp);
     if (rc) return rc;
+    const void *const *tab = NULL;
+    int64_t F = 0;
+    if ((rc = moe_bf16_set(cb, w1, w3, w2, n_exp, &tab, &F, err))) return rc;
+    if (tab) { /* BF16 experts: no activation quantisation in either numerics (cpu_linear.c) */
+        if (w1[0].in != d)
+            return cu_err(err, DSV4_EINVAL, "cuda: moe_experts: x has %lld columns, experts %lld", (long long)d,
+                          (long long)w1[0].in);
+        return cu_moe_generic_bf16(cb->ctx, tab, tab + n_exp, tab + 2 * n_exp, n_exp, (const float *)x->data, T, d,
+                                   F, (const int32_t *)ids->data, (const float *)weights->data, (int)ids->cols, limit,
+                                   (float *)y->data, err);
+    }
     if (be->numerics != DSV4_NUMERICS_REFERENCE)
         return cu_err(err, DSV4_EUNSUPPORTED, "cuda: moe_experts: HF numerics (no W8A8) not implemented");
     if (limit != 10.0f)

@@ -20,14 +20,17 @@ extern "C" {
  * dsv4_backend_cuda_create — a backend on GPU `device` (name "cuda:N").
  * Activations are F32 device buffers (act_dtype F32). Weights: `upload`
  * copies a view to device memory; `upload_linear` uploads a whole linear
- * (FP4 repacked into the kernels' tile order) and returns a dsv4_linear whose
- * data pointers only this backend's linear / MoE ops understand.
+ * (FP4 repacked into the kernels' tile order; FP8 / FP4 linears with out or
+ * in not a multiple of 128 zero-padded to it, exact: cuda_subtile.cu) and
+ * returns a dsv4_linear whose data pointers only this backend's linear / MoE
+ * ops understand.
  *
  * Implemented ops: buffers, upload, upload_linear, batch_begin, sync, embed,
  * add, rmsnorm, rope, qat_fp8, qat_hadamard_fp4, linear (FP8/FP4 W8A8 in
  * reference numerics; BF16; F32), linear_grouped (FP8/BF16/F32), hc_pre,
  * hc_post, hc_head, win_store, moe_route, moe_experts (FP4 experts, limit 10,
- * reference numerics), swiglu. Not yet: compress, indexer_select, attention,
+ * reference numerics; BF16 experts, any limit, either numerics:
+ * cuda_moe_generic.cu), swiglu. Not yet: compress, indexer_select, attention,
  * FP8/FP4 linears and experts in HF numerics — these return
  * DSV4_EUNSUPPORTED with the op's name, never a wrong result.
  *
