@@ -815,7 +815,7 @@ out:
 
 int main(int argc, char **argv) {
     double tol = 2e-2;
-    int rows[8], nrows = 0, do_perf = 1, attn_perf = 0, rows_only = 0, do_rows = 1, small = 1;
+    int rows[8], nrows = 0, do_perf = 1, attn_perf = 0, rows_only = 0, do_rows = 1, small = 1, layouts_only = 0;
     double rows_tol = 1e-4;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--tol") && i + 1 < argc) tol = atof(argv[++i]);
@@ -826,11 +826,12 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--no-rows")) do_rows = 0;
         else if (!strcmp(argv[i], "--rows-tol") && i + 1 < argc) rows_tol = atof(argv[++i]);
         else if (!strcmp(argv[i], "--small-only")) small = 2;
+        else if (!strcmp(argv[i], "--layouts-only")) layouts_only = 1; /* only the attention-state layouts */
         else if (!strcmp(argv[i], "--no-small")) small = 0;
         else {
             fprintf(stderr,
                     "usage: %s [--tol X] [--flash-rows N]... [--no-perf] [--attn-perf] [--rows-only | --no-rows] "
-                    "[--rows-tol X] [--small-only | --no-small]\n",
+                    "[--rows-tol X] [--small-only | --no-small] [--layouts-only]\n",
                     argv[0]);
             return 2;
         }
@@ -848,6 +849,7 @@ int main(int argc, char **argv) {
     }
     if (!nrows) rows[nrows++] = 4;
     int bad = 0, err = 0, f;
+    if (layouts_only) do_rows = 0, small = 0, do_perf = 0;
     if (do_rows && small != 2) {
         f = rows_cases(rows_tol);
         bad += f > 0, err += f < 0;
@@ -866,11 +868,13 @@ int main(int argc, char **argv) {
     }
     dsv4_conf_shape s;
     dsv4_conf_shape_tiny(&s);
-    f = run("tiny", &s, DSV4_NUMERICS_REFERENCE, tol, 0);
-    bad += f > 0, err += f < 0;
-    f = run("tiny", &s, DSV4_NUMERICS_HF, tol, 0);
-    bad += f > 0, err += f < 0;
-    for (int i = 0; i < nrows; i++) {
+    if (!layouts_only) {
+        f = run("tiny", &s, DSV4_NUMERICS_REFERENCE, tol, 0);
+        bad += f > 0, err += f < 0;
+        f = run("tiny", &s, DSV4_NUMERICS_HF, tol, 0);
+        bad += f > 0, err += f < 0;
+    }
+    for (int i = 0; !layouts_only && i < nrows; i++) {
         dsv4_conf_shape_flash(&s, rows[i]);
         f = run("flash", &s, DSV4_NUMERICS_REFERENCE, tol, 0);
         bad += f > 0, err += f < 0;

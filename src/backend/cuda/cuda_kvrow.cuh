@@ -13,8 +13,10 @@
  * Loaders return dims of a row as floats (4, 2 or 1 at a time); the encoder is
  * block-cooperative. FP8 codes are decoded by moving bits: code s.eeee.mmm
  * placed as float bits s.0eeee.mmm0... is the code's value times 2^-120
- * (normals and subnormals alike), so one multiply by 2^(scale-127+120) gives
- * the decoded value exactly (the CPU's ldexpf(e4m3, scale-127)).
+ * (normals and subnormals alike: needs denormals kept, i.e. no -ftz), so a
+ * multiply by 2^120 and one by the block scale 2^(b-127) give the decoded
+ * value exactly (the CPU's ldexpf(e4m3, b-127)). Code 0x7f (NaN) decodes to
+ * 480·scale instead; the encoder never writes it.
  */
 #ifndef DSV4_CUDA_KVROW_CUH
 #define DSV4_CUDA_KVROW_CUH
@@ -48,11 +50,11 @@ int cu_kv_win_store(dsv4_backend *be, dsv4_win_state *ws, const dsv4_buf *kv, co
 
 /* ---- device loaders: row = record base (16-byte aligned for F32, 8 for the others) ---- */
 
-__device__ __forceinline__ float kv_e4m3x(uint32_t c) { /* code c (low byte) times 2^-120 */
-    return __uint_as_float(((c & 0x7fu) << 20) | ((c & 0x80u) << 24));
+__device__ __forceinline__ float kv_e4m3x(uint32_t c) { /* the E4M3 value of code c (low byte), exactly */
+    return __uint_as_float(((c & 0x7fu) << 20) | ((c & 0x80u) << 24)) * 0x1p120f;
 }
-__device__ __forceinline__ float kv_scale(const uint8_t *row, int scoff, int d) { /* 2^(s-127) * 2^120 */
-    return __uint_as_float(((uint32_t)row[scoff + (d >> 6)] - 7u) << 23);
+__device__ __forceinline__ float kv_scale(const uint8_t *row, int scoff, int d) { /* 2^(b-127) of dim d's block */
+    return __uint_as_float((uint32_t)row[scoff + (d >> 6)] << 23);
 }
 __device__ __forceinline__ float kv_bf(uint32_t h) { return __uint_as_float(h << 16); }
 
