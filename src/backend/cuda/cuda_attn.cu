@@ -320,6 +320,15 @@ template <int FMT>
 __device__ __forceinline__ float kld1(const att_args &a, const uint8_t *p, int k) {
     return p ? kv_ld1<FMT>(p, k, a.nope, a.scoff) : 0.f;
 }
+/* Coded rows (cuda_kvrow.cuh kv_raw*): bf16 bits as stored (exact), 0 for no key. */
+template <int FMT>
+__device__ __forceinline__ uint32_t kraw1(const att_args &a, const uint8_t *p, int k) {
+    return p ? kv_raw1<FMT>(p, k, a.nope, a.scoff) : 0u;
+}
+template <int FMT>
+__device__ __forceinline__ uint32_t kraw2(const att_args &a, const uint8_t *p, int k) {
+    return p ? kv_raw2<FMT>(p, k, a.nope, a.scoff) : 0u;
+}
 
 /* S of ATT_TC_CAND candidates x 64 heads of one row; warp w: heads 16w.., all candidates (8 n-tiles). */
 template <int FMT>
@@ -352,6 +361,20 @@ __global__ void __launch_bounds__(ATT_TC_THREADS) k_att_scores_tc(att_args a) {
         split2(x.x, x.y, ah[2], al[2]);
         x = ld2(q1, kb);
         split2(x.x, x.y, ah[3], al[3]);
+        if (FMT != DSV4_KV_F32) { /* coded keys are bf16 values: their lo part is 0, one product fewer */
+            uint32_t yb[8][2];
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                yb[i][0] = kraw2<FMT>(a, kr[i], ka);
+                yb[i][1] = kraw2<FMT>(a, kr[i], kb);
+            }
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                mma_bf16(acc[i], al, yb[i][0], yb[i][1]);
+                mma_bf16(acc[i], ah, yb[i][0], yb[i][1]);
+            }
+            continue;
+        }
         float2 y[8][2];
 #pragma unroll
         for (int i = 0; i < 8; i++) {
@@ -438,6 +461,17 @@ __global__ void __launch_bounds__(ATT_TC_THREADS) k_att_pv_tc(att_args a, const 
             split2(pv[1][2], pv[1][3], ah[3], al[3]);
             const uint8_t *v0 = kp[kk + 2 * c], *v1 = kp[kk + 2 * c + 1], *v2 = kp[kk + 8 + 2 * c],
                           *v3 = kp[kk + 9 + 2 * c];
+            if (FMT != DSV4_KV_F32) { /* coded values are bf16 values (lo = 0): stored bits straight in */
+#pragma unroll
+                for (int i = 0; i < 16; i++) {
+                    const int dim = dim0 + i * 8;
+                    const uint32_t bh0 = kraw1<FMT>(a, v0, dim) | kraw1<FMT>(a, v1, dim) << 16;
+                    const uint32_t bh1 = kraw1<FMT>(a, v2, dim) | kraw1<FMT>(a, v3, dim) << 16;
+                    if (!ref) mma_bf16(acc[i], al, bh0, bh1);
+                    mma_bf16(acc[i], ah, bh0, bh1);
+                }
+                continue;
+            }
 #pragma unroll
             for (int i = 0; i < 16; i++) {
                 const int dim = dim0 + i * 8;

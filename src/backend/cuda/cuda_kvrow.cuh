@@ -102,6 +102,27 @@ __device__ __forceinline__ float kv_ld1(const uint8_t *row, int k, int nope, int
     return kv_bf(*(const uint16_t *)(row + nope + 2 * (k - nope)));
 }
 
+/* Coded rows hold values that are exact in bf16 (bf16 itself; E4M3 times a power of two, and the
+ * bf16 rope dims, for fp8_ds_mla), so the tensor-core attention can feed them to a bf16 MMA as they
+ * are, with no hi/lo split: the bf16 bits of dim k (kv_raw1) or of dims k, k+1 packed, k in the low
+ * half (kv_raw2, k even). Not for F32 rows. */
+template <int FMT>
+__device__ __forceinline__ uint32_t kv_raw1(const uint8_t *row, int k, int nope, int scoff) {
+    if (FMT == DSV4_KV_BF16) return ((const uint16_t *)row)[k];
+    if (k < nope) return __float_as_uint(kv_e4m3x(row[k]) * kv_scale(row, scoff, k)) >> 16;
+    return *(const uint16_t *)(row + nope + 2 * (k - nope));
+}
+template <int FMT>
+__device__ __forceinline__ uint32_t kv_raw2(const uint8_t *row, int k, int nope, int scoff) {
+    if (FMT == DSV4_KV_BF16) return *(const uint32_t *)(row + 2 * k);
+    if (k < nope) {
+        const uint32_t w = *(const uint16_t *)(row + k);
+        const float s = kv_scale(row, scoff, k);
+        return (__float_as_uint(kv_e4m3x(w) * s) >> 16) | (__float_as_uint(kv_e4m3x(w >> 8) * s) & 0xffff0000u);
+    }
+    return *(const uint32_t *)(row + nope + 2 * (k - nope));
+}
+
 /*
  * Encode x[dim] (global or shared memory) into rec: every thread of the block
  * calls it (blockDim a multiple of 32); rec must not alias x. FP8 follows
