@@ -361,7 +361,7 @@ __global__ void __launch_bounds__(ATT_TC_THREADS) k_att_scores_tc(att_args a) {
         split2(x.x, x.y, ah[2], al[2]);
         x = ld2(q1, kb);
         split2(x.x, x.y, ah[3], al[3]);
-        if (FMT != DSV4_KV_F32) { /* coded keys are bf16 values: their lo part is 0, one product fewer */
+        if constexpr (FMT != DSV4_KV_F32) { /* coded keys are bf16 values: their lo part is 0, one product fewer */
             uint32_t yb[8][2];
 #pragma unroll
             for (int i = 0; i < 8; i++) {
@@ -373,22 +373,22 @@ __global__ void __launch_bounds__(ATT_TC_THREADS) k_att_scores_tc(att_args a) {
                 mma_bf16(acc[i], al, yb[i][0], yb[i][1]);
                 mma_bf16(acc[i], ah, yb[i][0], yb[i][1]);
             }
-            continue;
-        }
-        float2 y[8][2];
+        } else {
+            float2 y[8][2];
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            y[i][0] = kld2<FMT>(a, kr[i], ka);
-            y[i][1] = kld2<FMT>(a, kr[i], kb);
-        }
+            for (int i = 0; i < 8; i++) {
+                y[i][0] = kld2<FMT>(a, kr[i], ka);
+                y[i][1] = kld2<FMT>(a, kr[i], kb);
+            }
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            uint32_t bh0, bl0, bh1, bl1;
-            split2(y[i][0].x, y[i][0].y, bh0, bl0);
-            split2(y[i][1].x, y[i][1].y, bh1, bl1);
-            mma_bf16(acc[i], al, bh0, bh1);
-            mma_bf16(acc[i], ah, bl0, bl1);
-            mma_bf16(acc[i], ah, bh0, bh1);
+            for (int i = 0; i < 8; i++) {
+                uint32_t bh0, bl0, bh1, bl1;
+                split2(y[i][0].x, y[i][0].y, bh0, bl0);
+                split2(y[i][1].x, y[i][1].y, bh1, bl1);
+                mma_bf16(acc[i], al, bh0, bh1);
+                mma_bf16(acc[i], ah, bl0, bl1);
+                mma_bf16(acc[i], ah, bh0, bh1);
+            }
         }
     }
 #pragma unroll
@@ -461,7 +461,7 @@ __global__ void __launch_bounds__(ATT_TC_THREADS) k_att_pv_tc(att_args a, const 
             split2(pv[1][2], pv[1][3], ah[3], al[3]);
             const uint8_t *v0 = kp[kk + 2 * c], *v1 = kp[kk + 2 * c + 1], *v2 = kp[kk + 8 + 2 * c],
                           *v3 = kp[kk + 9 + 2 * c];
-            if (FMT != DSV4_KV_F32) { /* coded values are bf16 values (lo = 0): stored bits straight in */
+            if constexpr (FMT != DSV4_KV_F32) { /* coded values are bf16 values (lo = 0): stored bits straight in */
 #pragma unroll
                 for (int i = 0; i < 16; i++) {
                     const int dim = dim0 + i * 8;
@@ -470,17 +470,17 @@ __global__ void __launch_bounds__(ATT_TC_THREADS) k_att_pv_tc(att_args a, const 
                     if (!ref) mma_bf16(acc[i], al, bh0, bh1);
                     mma_bf16(acc[i], ah, bh0, bh1);
                 }
-                continue;
-            }
+            } else {
 #pragma unroll
-            for (int i = 0; i < 16; i++) {
-                const int dim = dim0 + i * 8;
-                uint32_t bh0, bl0, bh1, bl1;
-                split2(kld1<FMT>(a, v0, dim), kld1<FMT>(a, v1, dim), bh0, bl0);
-                split2(kld1<FMT>(a, v2, dim), kld1<FMT>(a, v3, dim), bh1, bl1);
-                if (!ref) mma_bf16(acc[i], al, bh0, bh1); /* reference: p is a bf16 value, lo = 0 */
-                mma_bf16(acc[i], ah, bl0, bl1);
-                mma_bf16(acc[i], ah, bh0, bh1);
+                for (int i = 0; i < 16; i++) {
+                    const int dim = dim0 + i * 8;
+                    uint32_t bh0, bl0, bh1, bl1;
+                    split2(kld1<FMT>(a, v0, dim), kld1<FMT>(a, v1, dim), bh0, bl0);
+                    split2(kld1<FMT>(a, v2, dim), kld1<FMT>(a, v3, dim), bh1, bl1);
+                    if (!ref) mma_bf16(acc[i], al, bh0, bh1); /* reference: p is a bf16 value, lo = 0 */
+                    mma_bf16(acc[i], ah, bl0, bl1);
+                    mma_bf16(acc[i], ah, bh0, bh1);
+                }
             }
         }
     }
