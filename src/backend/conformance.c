@@ -5,6 +5,7 @@
  * is reproducible from its seed on any machine.
  */
 #include "backend/conformance.h"
+#include "model/kvcodec.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -139,6 +140,69 @@ static int copy_ref_to_test(conf *c, dsv4_buf **b) {
     int rc = c->be[1]->buf_read(c->be[1], b[1], h, c->err);
     if (!rc) rc = c->be[0]->buf_write(c->be[0], b[0], h, c->err);
     free(h);
+    return rc;
+}
+
+/* ---- coded KV rows (--kv-cache-dtype, src/model/kvcodec.h) ---- */
+
+/* The buffer dtype and width of a row store of `dim` values in record kt. */
+static dsv4_dtype kv_buf_dtype(dsv4_kv_dtype kt) {
+    return kt == DSV4_KV_F32 ? DSV4_DT_F32 : kt == DSV4_KV_BF16 ? DSV4_DT_BF16 : DSV4_DT_U8;
+}
+static int64_t kv_buf_cols(dsv4_kv_dtype kt, int dim, int rope) {
+    return kt == DSV4_KV_FP8_DS_MLA ? dsv4_kvcodec_row_bytes(kt, dim, rope) : dim;
+}
+
+/* n host rows x[n][dim] as records (halloc'd), or NULL (out of memory). */
+static uint8_t *kv_encode_host(conf *c, dsv4_kv_dtype kt, int dim, int rope, const float *x, int64_t n) {
+    int64_t rb = dsv4_kvcodec_row_bytes(kt, dim, rope);
+    uint8_t *r = x && rb > 0 ? halloc(c, (size_t)(n * rb)) : NULL;
+    for (int64_t i = 0; r && i < n; i++) dsv4_kvcodec_encode(kt, dim, rope, x + i * dim, r + i * rb);
+    return r;
+}
+
+/* A row store of n rows in both backends holding the records of x (random floats). */
+static int kv_pair(conf *c, dsv4_kv_dtype kt, int64_t n, int dim, int rope, const float *x, dsv4_buf **out) {
+    const uint8_t *rec = kv_encode_host(c, kt, dim, rope, x, n);
+    if (!rec) return dsv4_err_set(c->err, DSV4_ENOMEM, "conformance: out of memory");
+    return pair(c, kv_buf_dtype(kt), n, kv_buf_cols(kt, dim, rope), rec, out);
+}
+
+/* Both sides' rows of a store of `dim`-value records read back and decoded to floats x (test), y (ref). */
+static int kv_read_pair(conf *c, dsv4_kv_dtype kt, int dim, int rope, dsv4_buf **b, float **x, float **y) {
+    int64_t rb = dsv4_kvcodec_row_bytes(kt, dim, rope), n0 = b[0]->rows, n1 = b[1]->rows;
+    uint8_t *r0 = malloc((size_t)(n0 * rb) + 1), *r1 = malloc((size_t)(n1 * rb) + 1);
+    *x = malloc((size_t)(n0 * dim) * sizeof(float) + 1);
+    *y = malloc((size_t)(n1 * dim) * sizeof(float) + 1);
+    int rc = (r0 && r1 && *x && *y) ? DSV4_OK : dsv4_err_set(c->err, DSV4_ENOMEM, "conformance: out of memory");
+    if (!rc) rc = c->be[0]->buf_read(c->be[0], b[0], r0, c->err);
+    if (!rc) rc = c->be[1]->buf_read(c->be[1], b[1], r1, c->err);
+    for (int64_t i = 0; !rc && i < n0; i++) dsv4_kvcodec_decode(kt, dim, rope, r0 + i * rb, *x + i * dim);
+    for (int64_t i = 0; !rc && i < n1; i++) dsv4_kvcodec_decode(kt, dim, rope, r1 + i * rb, *y + i * dim);
+    free(r0);
+    free(r1);
+    return rc;
+}
+
+/* Normalised error of a coded row store (decoded on the host; unpaged both sides). */
+static int check_kv(conf *c, const char *op, dsv4_kv_dtype kt, int dim, int rope, dsv4_buf **b) {
+    if (kt == DSV4_KV_F32) return check_f32(c, op, b);
+    if (c->skip) return skipped(c, op, b);
+    float *x = NULL, *y = NULL;
+    int rc = kv_read_pair(c, kt, dim, rope, b, &x, &y);
+    if (!rc) {
+        double num = 0, den = 0;
+        for (int64_t i = 0; i < b[1]->rows * dim; i++) {
+            num += ((double)x[i] - y[i]) * ((double)x[i] - y[i]);
+            den += (double)y[i] * y[i];
+        }
+        double e = sqrt(num) / fmax(sqrt(den), 1e-30);
+        int bad = !(e <= c->tol);
+        c->fails += bad;
+        if (c->rep) fprintf(c->rep, "%-22s nerr %.3e %s (%s rows)\n", op, e, bad ? "FAIL" : "ok", dsv4_kv_dtype_name(kt));
+    }
+    free(x);
+    free(y);
     return rc;
 }
 
@@ -428,6 +492,8 @@ typedef struct cmp_pair {
     dsv4_buf *rows[2], *kv[2], *sc[2];
     int32_t *bt; /* host block table (paged) */
     int64_t max_rows;
+    dsv4_kv_dtype kt; /* record of the emitted rows (kvcodec.h) */
+    int rope;         /* its rope dims (fp8_ds_mla) */
 } cmp_pair;
 
 /* A buffer in one backend only (the other side's slot stays empty). */
@@ -448,7 +514,7 @@ static int64_t unpage_of(const cmp_pair *cp, int64_t slot, int64_t w) {
 }
 
 static int make_cmp(conf *c, int ratio, int overlap, int D, int slots, const int64_t *nvis_max, int paged,
-                    cmp_pair *cp) {
+                    dsv4_kv_dtype kt, int rope, cmp_pair *cp) {
     int64_t maxr = 1;
     for (int sl = 0; sl < slots; sl++) maxr = nvis_max[sl] + 1 > maxr ? nvis_max[sl] + 1 : maxr;
     int cap = ratio * (1 + overlap) + 4, cw = D * (1 + overlap), rc;
@@ -456,6 +522,11 @@ static int make_cmp(conf *c, int ratio, int overlap, int D, int slots, const int
     if (!rows) return dsv4_err_set(c->err, DSV4_ENOMEM, "conformance: out of memory");
     memset(cp, 0, sizeof *cp);
     cp->max_rows = maxr;
+    cp->kt = kt;
+    cp->rope = rope;
+    const int64_t rb = dsv4_kvcodec_row_bytes(kt, D, rope); /* bytes per emitted row */
+    const uint8_t *rec = kv_encode_host(c, kt, D, rope, rows, slots * maxr);
+    if (!rec) return dsv4_err_set(c->err, DSV4_ENOMEM, "conformance: out of memory");
     if ((rc = pair(c, DSV4_DT_F32, (int64_t)slots * cap, cw, hrand(c, (size_t)slots * cap * cw, 1), cp->kv)) ||
         (rc = pair(c, DSV4_DT_F32, (int64_t)slots * cap, cw, hrand(c, (size_t)slots * cap * cw, 1), cp->sc)))
         return rc;
@@ -463,14 +534,14 @@ static int make_cmp(conf *c, int ratio, int overlap, int D, int slots, const int
         cp->st[k] = (dsv4_cmp_state){.ratio = ratio, .overlap = overlap, .out_dim = D, .cap = cap, .n_slots = slots,
                                      .max_rows = maxr, .kv = *cp->kv[k], .score = *cp->sc[k]};
     if (!paged) {
-        if ((rc = pair(c, DSV4_DT_F32, slots * maxr, D, rows, cp->rows))) return rc;
+        if ((rc = pair(c, kv_buf_dtype(kt), slots * maxr, kv_buf_cols(kt, D, rope), rec, cp->rows))) return rc;
         cp->st[0].rows = *cp->rows[0];
         cp->st[1].rows = *cp->rows[1];
         return DSV4_OK;
     }
     int pr = 4, mp = (int)((maxr + pr - 1) / pr), np = slots * mp + 3;
     int32_t *perm = halloc(c, (size_t)np * 4), *bt = halloc(c, (size_t)slots * mp * 4);
-    float *prow = halloc(c, (size_t)np * pr * D * sizeof(float));
+    uint8_t *prow = halloc(c, (size_t)(np * pr * rb));
     if (!perm || !bt || !prow) return dsv4_err_set(c->err, DSV4_ENOMEM, "conformance: out of memory");
     for (int i = 0; i < np; i++) perm[i] = i;
     for (int i = np - 1; i > 0; i--) { /* Fisher-Yates */
@@ -480,7 +551,7 @@ static int make_cmp(conf *c, int ratio, int overlap, int D, int slots, const int
         perm[i] = perm[j];
         perm[j] = x;
     }
-    for (size_t i = 0; i < (size_t)np * pr * D; i++) prow[i] = NAN;
+    memset(prow, 0xff, (size_t)(np * pr * rb)); /* NaN in every record format */
     int used = 0;
     for (int sl = 0; sl < slots; sl++)
         for (int pg = 0; pg < mp; pg++) bt[sl * mp + pg] = (int64_t)pg * pr <= nvis_max[sl] ? perm[used++] : -1;
@@ -490,11 +561,11 @@ static int make_cmp(conf *c, int ratio, int overlap, int D, int slots, const int
     for (int sl = 0; sl < slots; sl++)
         for (int64_t w = 0; w < maxr; w++) {
             int64_t r = unpage_of(cp, sl, w);
-            if (r >= 0) memcpy(prow + r * D, rows + (sl * maxr + w) * D, (size_t)D * sizeof(float));
+            if (r >= 0) memcpy(prow + r * rb, rec + (sl * maxr + w) * rb, (size_t)rb);
         }
     dsv4_buf *tb = NULL;
-    if ((rc = single(c, 0, DSV4_DT_F32, (int64_t)np * pr, D, prow, &cp->rows[0])) ||
-        (rc = single(c, 1, DSV4_DT_F32, slots * maxr, D, rows, &cp->rows[1])) ||
+    if ((rc = single(c, 0, kv_buf_dtype(kt), (int64_t)np * pr, kv_buf_cols(kt, D, rope), prow, &cp->rows[0])) ||
+        (rc = single(c, 1, kv_buf_dtype(kt), slots * maxr, kv_buf_cols(kt, D, rope), rec, &cp->rows[1])) ||
         (rc = single(c, 0, DSV4_DT_I32, slots, mp, bt, &tb)))
         return rc;
     cp->st[0].rows = *cp->rows[0];
@@ -505,22 +576,30 @@ static int make_cmp(conf *c, int ratio, int overlap, int D, int slots, const int
 
 /* Compare emitted rows; a paged test side is read back through its block table. */
 static int check_rows(conf *c, const char *op, cmp_pair *cp) {
-    if (!cp->bt) return check_f32(c, op, cp->rows);
     const dsv4_cmp_state *t = &cp->st[0];
+    if (!cp->bt) return check_kv(c, op, cp->kt, t->out_dim, cp->rope, cp->rows);
     int64_t D = t->out_dim, nref = cp->rows[1]->rows, ntest = cp->rows[0]->rows;
-    float *x = malloc((size_t)(ntest * D) * 4), *y = malloc((size_t)(nref * D) * 4);
-    int rc = (x && y) ? DSV4_OK : dsv4_err_set(c->err, DSV4_ENOMEM, "conformance: out of memory");
-    if (!rc) rc = c->be[1]->buf_read(c->be[1], cp->rows[1], y, c->err);
-    if (!rc) rc = c->be[0]->buf_read(c->be[0], cp->rows[0], x, c->err);
-    if (!rc && c->skip) { /* page the reference's rows into the test side */
-        if (c->rep) fprintf(c->rep, "%-22s unsupported by %s (reference output copied)\n", op, c->be[0]->name);
-        for (int sl = 0; sl < t->n_slots; sl++)
+    int64_t rb = dsv4_kvcodec_row_bytes(cp->kt, (int)D, cp->rope);
+    float *x = NULL, *y = NULL;
+    int rc = DSV4_OK;
+    if (c->skip) { /* page the reference's records into the test side */
+        uint8_t *rx = malloc((size_t)(ntest * rb) + 1), *ry = malloc((size_t)(nref * rb) + 1);
+        rc = rx && ry ? DSV4_OK : dsv4_err_set(c->err, DSV4_ENOMEM, "conformance: out of memory");
+        if (!rc) rc = c->be[1]->buf_read(c->be[1], cp->rows[1], ry, c->err);
+        if (!rc) rc = c->be[0]->buf_read(c->be[0], cp->rows[0], rx, c->err);
+        if (!rc && c->rep) fprintf(c->rep, "%-22s unsupported by %s (reference output copied)\n", op, c->be[0]->name);
+        for (int sl = 0; !rc && sl < t->n_slots; sl++)
             for (int64_t w = 0; w < cp->max_rows; w++) {
                 int64_t r = unpage_of(cp, sl, w);
-                if (r >= 0) memcpy(x + r * D, y + (sl * cp->max_rows + w) * D, (size_t)D * 4);
+                if (r >= 0) memcpy(rx + r * rb, ry + (sl * cp->max_rows + w) * rb, (size_t)rb);
             }
-        rc = c->be[0]->buf_write(c->be[0], cp->rows[0], x, c->err);
-    } else if (!rc) {
+        if (!rc) rc = c->be[0]->buf_write(c->be[0], cp->rows[0], rx, c->err);
+        free(rx);
+        free(ry);
+        return rc;
+    }
+    rc = kv_read_pair(c, cp->kt, (int)D, cp->rope, cp->rows, &x, &y);
+    if (!rc) {
         double num = 0, den = 0;
         for (int sl = 0; sl < t->n_slots; sl++)
             for (int64_t w = 0; w < cp->max_rows; w++) {
@@ -534,7 +613,8 @@ static int check_rows(conf *c, const char *op, cmp_pair *cp) {
         double e = sqrt(num) / fmax(sqrt(den), 1e-30);
         int bad = !(e <= c->tol);
         c->fails += bad;
-        if (c->rep) fprintf(c->rep, "%-22s nerr %.3e %s (paged)\n", op, e, bad ? "FAIL" : "ok");
+        if (c->rep)
+            fprintf(c->rep, "%-22s nerr %.3e %s (paged, %s rows)\n", op, e, bad ? "FAIL" : "ok", dsv4_kv_dtype_name(cp->kt));
     }
     free(x);
     free(y);
@@ -555,9 +635,12 @@ static int conf_attention(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b
     cmp_pair cm, ci;
     dsv4_win_state ws[2];
     dsv4_buf *ring[2];
-    if ((rc = pair(c, DSV4_DT_F32, (int64_t)slots * cap, hd, hrand(c, (size_t)slots * cap * hd, 1), ring)) ||
-        (rc = make_cmp(c, ratio, ov, hd, slots, nv_main, s->paged, &cm)) ||
-        (ov && (rc = make_cmp(c, 4, 1, idim, slots, nv_idx, s->paged, &ci))))
+    /* window rows and main compressed rows in the shape's --kv-cache-dtype record; index keys F32 */
+    const dsv4_kv_dtype kt = (dsv4_kv_dtype)s->kv_dtype;
+    const int krope = kt == DSV4_KV_FP8_DS_MLA ? s->rope_dim : 0;
+    if ((rc = kv_pair(c, kt, (int64_t)slots * cap, hd, krope, hrand(c, (size_t)slots * cap * hd, 1), ring)) ||
+        (rc = make_cmp(c, ratio, ov, hd, slots, nv_main, s->paged, kt, krope, &cm)) ||
+        (ov && (rc = make_cmp(c, 4, 1, idim, slots, nv_idx, s->paged, DSV4_KV_F32, 0, &ci))))
         return rc;
     for (int k = 0; k < 2; k++) ws[k] = (dsv4_win_state){.window = s->window, .cap = cap, .n_slots = slots, .rows = *ring[k]};
     dsv4_rope r;
@@ -618,7 +701,7 @@ static int conf_attention(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b
     }
     op = "win_store";
     RUN(c->be[0]->win_store(c->be[0], &ws[0], kv[0], b, c->err), c->be[1]->win_store(c->be[1], &ws[1], kv[1], b, c->err));
-    return check_f32(c, op, ring);
+    return check_kv(c, op, kt, hd, krope, ring);
 }
 
 static int conf_moe(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {

@@ -31,6 +31,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "model/kvcodec.h"
 #include "cli/cli.h"
 #include "engine/model_runner.h"
 #include "engine/step_bytes.h"
@@ -43,6 +44,7 @@
 typedef struct perf_opts {
     const char *dir, *load_format, *hf_overrides;
     dsv4_device device;
+    const char *kv_cache_dtype; /* --kv-cache-dtype; NULL = auto (fp8_ds_mla on the GPU, f32 on the CPU) */
     int batch[PERF_MAX_LIST], n_batch;
     int rows[PERF_MAX_LIST], n_rows;
     int64_t context;
@@ -60,6 +62,7 @@ static void usage(FILE *f) {
             "Time forward steps of the model runner and compare them with the HBM roofline\n"
             "(dense weights once + routed experts selected + state read, at 4.58 TB/s).\n"
             "  --device D            auto (default) | cpu | cuda\n"
+            "  --kv-cache-dtype T    auto (fp8_ds_mla on the GPU, f32 on the CPU) | f32 | bf16 | fp8_ds_mla\n"
             "  --enforce-eager       no CUDA graphs (default: decode / verify steps replay graphs\n"
             "                        captured per shape on CUDA; the first two steps of a shape\n"
             "                        run eagerly, so give --warmup 2 to time replays)\n"
@@ -162,6 +165,14 @@ static int parse_args(int argc, char **argv, perf_opts *o) {
                 fprintf(stderr, "dsv4 perf: %s\n", e.msg);
                 return 2;
             }
+        } else if (!strcmp(a, "--kv-cache-dtype")) {
+            dsv4_err e = {0};
+            dsv4_kv_dtype t;
+            if (dsv4_kv_dtype_parse(v, &t, &e)) {
+                fprintf(stderr, "dsv4 perf: --kv-cache-dtype: %s\n", e.msg);
+                return 2;
+            }
+            o->kv_cache_dtype = v;
         } else if (!strcmp(a, "--batch")) {
             if (parse_list(v, o->batch, &o->n_batch, a)) return 2;
         } else if (!strcmp(a, "--rows-per-seq")) {
@@ -353,9 +364,15 @@ int dsv4_cmd_perf(int argc, char **argv) {
     dsv4_model_runner *mr = NULL;
     dsv4_tp_runner *tp = NULL;
     /* max_spec = rows-1: the state's rings are sized for verify rows that may be rejected */
+    dsv4_kv_dtype kvt = DSV4_KV_F32;
+    int gpu = o.device == DSV4_DEVICE_CUDA;
+#ifdef DSV4_HAVE_CUDA
+    gpu |= o.device == DSV4_DEVICE_AUTO;
+#endif
+    dsv4_kv_dtype_parse_for(o.kv_cache_dtype, gpu, &kvt, NULL); /* validated by the parser */
     dsv4_model_runner_opts mo = {.n_slots = max_b, .max_len = (int)max_len, .max_spec = max_r - 1,
                                  .numerics = DSV4_NUMERICS_REFERENCE, .device = o.device,
-                                 .cuda_graphs = o.cuda_graphs};
+                                 .cuda_graphs = o.cuda_graphs, .kv_dtype = (int)kvt};
     double t0 = now_s();
     const dsv4_config *cfg = NULL;
     dsv4_load_opts lo = {.dummy = strcmp(o.load_format, "dummy") == 0, .hf_overrides = o.hf_overrides};
@@ -396,8 +413,15 @@ int dsv4_cmd_perf(int argc, char **argv) {
         printf("# tensor parallel %d: every step runs on all ranks (2 all-reduces per layer + the logit all-gather);"
                " roofline_ms is one GPU's share (split weights / %d, replicated weights and state whole)\n",
                o.tp, o.tp);
-    printf("# roofline = (dense weights once + expected distinct routed experts + gathered rows + F32 state read)"
-           " / 4.58 TB/s\n");
+    /* state bytes per element for the roofline: 4 / 2 / ~1 (fp8_ds_mla: 584 bytes per 512 values; index keys
+     * are F32 but counted at the same width, a small undercount) */
+    const int state_eb = kvt == DSV4_KV_F32 ? 4 : kvt == DSV4_KV_BF16 ? 2 : 1;
+    printf("# kv cache dtype %s: %lld bytes per stored row of %d values; state pool %d pages of %d tokens "
+           "(%lld bytes each)\n", dsv4_kv_dtype_name(kvt),
+           (long long)dsv4_kvcodec_row_bytes(kvt, cfg->head_dim, cfg->qk_rope_head_dim), cfg->head_dim, run.n_pages,
+           run.page_tokens, (long long)run.page_bytes);
+    printf("# roofline = (dense weights once + expected distinct routed experts + gathered rows + state read at %d "
+           "bytes / value) / 4.58 TB/s\n", state_eb);
     if (tp && o.out_ids) { /* the TP runner returns full logits only */
         if (!o.out_full) {
             fprintf(stderr, "dsv4 perf: --logits ids: tensor parallelism returns full logits only\n");
@@ -475,7 +499,7 @@ int dsv4_cmd_perf(int argc, char **argv) {
                 double ms = 0;
                 rc = time_steps(&tgt, &pb, o.warmup, o.steps, logits, mode ? ids : NULL, &ms, &err);
                 dsv4_step_bytes sb;
-                if (!rc) rc = dsv4_step_bytes_compute(&lc, B, R, o.context, 4, &sb, &err);
+                if (!rc) rc = dsv4_step_bytes_compute(&lc, B, R, o.context, state_eb, &sb, &err);
                 if (!rc) {
                     double roof = sb.total / PERF_HBM_BPS * 1e3;
                     double d2h = (double)B * R * (mode ? 4.0 : 4.0 * cfg->vocab_size) / 1e6;

@@ -8,6 +8,7 @@
 
 #include "cli/serve_args.h"
 #include "engine/model_runner.h"
+#include "model/kvcodec.h"
 
 /* vLLM flags that dsv4 accepts and ignores, because it always behaves the way
  * the seed launchers ask (spec/SERVING.md §0.2). has_value: takes an argument. */
@@ -199,7 +200,8 @@ static void usage(void) {
            "  --max-num-seqs N              concurrent sequences (default 256; the CPU backend caps it at 64)\n"
            "  --max-num-batched-tokens N    tokens per engine step (default 8192)\n"
            "  --gpu-memory-utilization F    fraction of GPU memory to use (default 0.9)\n"
-           "  --kv-cache-dtype T            auto | bf16 | fp8_ds_mla\n"
+           "  --kv-cache-dtype T            auto (fp8_ds_mla on the GPU, f32 on the CPU) | f32 | bf16 |\n"
+           "                                fp8_ds_mla (= fp8, fp8_e4m3: the 584-byte record)\n"
            "  --block-size N                tokens per KV state page (default 256; a multiple of 128)\n"
            "  --num-gpu-blocks-override N   pages in the KV state pool (overrides the sizing below)\n"
            "  --kv-cache-memory-bytes B     KV state pool budget in bytes (suffix K/M/G = 2^10/2^20/2^30);\n"
@@ -369,8 +371,8 @@ int dsv4_serve_args_parse(int argc, char **argv, dsv4_serve_args *a, dsv4_err *e
         }
         else if (!strcmp(flag, "--kv-cache-dtype")) {
             NEED_VALUE();
-            if (strcmp(val, "auto") && strcmp(val, "bf16") && strcmp(val, "fp8_ds_mla"))
-                return dsv4_err_set(err, DSV4_EINVAL, "%s: '%s' is not one of auto, bf16, fp8_ds_mla", flag, val);
+            dsv4_kv_dtype kt; /* vLLM's names (src/model/kvcodec.h): auto, bfloat16, fp8, ... */
+            if (dsv4_kv_dtype_parse(val, &kt, err)) return dsv4_err_prefix(err, "%s: ", flag), DSV4_EINVAL;
             a->kv_cache_dtype = val;
         }
         else if (!strcmp(flag, "--block-size")) {

@@ -18,7 +18,7 @@ typedef struct dsv4_serve_args {
     int max_num_seqs;                 /* --max-num-seqs, default 256 */
     int max_num_batched_tokens;       /* --max-num-batched-tokens, default 8192 */
     double gpu_memory_utilization;    /* --gpu-memory-utilization, default 0.9 */
-    const char *kv_cache_dtype;       /* --kv-cache-dtype: auto | bf16 | fp8_ds_mla */
+    const char *kv_cache_dtype;       /* --kv-cache-dtype: auto | f32 | bf16 | fp8_ds_mla (kvcodec.h names) */
     int block_size;                   /* --block-size: tokens per state-pool page (default 256) */
     int num_gpu_blocks_override;      /* --num-gpu-blocks-override: pages in the pool (0 = sized) */
     int64_t kv_cache_memory_bytes;    /* --kv-cache-memory-bytes: pool budget (0 = default sizing) */

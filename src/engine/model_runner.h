@@ -44,7 +44,9 @@ typedef struct dsv4_model_runner_opts {
     int n_pages;
     int64_t kv_cache_bytes;
     int kv_dtype;           /* dsv4_kv_dtype (src/model/kvcodec.h): storage of window and
-                             * compressed rows; 0 = F32 (--kv-cache-dtype auto) */
+                             * compressed rows; 0 = F32. The CLIs resolve --kv-cache-dtype auto
+                             * by device (dsv4_kv_dtype_parse_for: fp8_ds_mla on the GPU, F32 on
+                             * the CPU) */
     int cuda_graphs;        /* 1: target forwards of up to 512 rows replay CUDA graphs captured per
                              * batch shape (src/model/forward_graph.c; --cuda-graphs); 0: eager
                              * (0 here; the CLIs default to 1, --enforce-eager gives 0: bit-identical

@@ -87,7 +87,12 @@ static int runner_opts(const dsv4_service_opts *o, dsv4_model_runner_opts *mo, d
      * prompts while their requests decode on (SERVING.md §8.7) */
     int cache_slots = !o->enable_prefix_caching ? 0 : o->max_num_seqs < 8 ? o->max_num_seqs : 8;
     dsv4_kv_dtype kvt;
-    int rc = dsv4_kv_dtype_parse(o->kv_cache_dtype, &kvt, err);
+    /* "auto": fp8_ds_mla on the GPU (vLLM's default for this model), f32 on the CPU (kvcodec.h) */
+    int gpu = o->device == DSV4_DEVICE_CUDA;
+#ifdef DSV4_HAVE_CUDA
+    gpu |= o->device == DSV4_DEVICE_AUTO;
+#endif
+    int rc = dsv4_kv_dtype_parse_for(o->kv_cache_dtype, gpu, &kvt, err);
     if (rc) return rc;
     *mo = (dsv4_model_runner_opts){.n_slots = o->max_num_seqs + cache_slots,
                                    .max_len = (int)max_model_len,

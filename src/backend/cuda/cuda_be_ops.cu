@@ -13,6 +13,7 @@
  * GPU: bench/results/2026-11-30-cuda-small-kernels-h200.md.
  */
 #include "backend/cuda/cuda_be_internal.cuh"
+#include "backend/cuda/cuda_kvrow.cuh" /* coded window rings */
 
 #include <limits.h>
 #include <math.h>
@@ -703,9 +704,7 @@ int cu_be_win_store(dsv4_backend *be, dsv4_win_state *ws, const dsv4_buf *kv, co
     int rc = cu_be_check(kv, DSV4_DT_F32, b->n_rows, -1, "win_store kv", err);
     if (!rc && (!ws || ws->cap <= 0))
         rc = cu_err(err, DSV4_EINVAL, "cuda: win_store: no window state");
-    if (!rc && ws->rows.dtype != DSV4_DT_F32)
-        rc = cu_err(err, DSV4_EUNSUPPORTED, "cuda: win_store: window ring dtype %d (only F32 rings implemented)",
-                    (int)ws->rows.dtype);
+    if (!rc && ws->rows.dtype != DSV4_DT_F32) return cu_kv_win_store(be, ws, kv, b, err); /* coded (cuda_kvrow.cu) */
     if (!rc) rc = cu_be_check(&ws->rows, DSV4_DT_F32, (int64_t)ws->n_slots * ws->cap, kv->cols, "window ring", err);
     if (rc) return rc;
     for (int t = 0; t < b->n_rows; t++)
