@@ -235,6 +235,15 @@ static int up_vec(conf *c, const float *data, int64_t n, dsv4_tview *d /* [2] */
 
 /* ---- the ops ---- */
 
+/* The test side (0) takes rmsnorm_rope where it exists; the reference (1) rmsnorm, then rope. */
+static int norm_rope_side(conf *c, int side, dsv4_buf *x, const dsv4_tview *w, int hd, const dsv4_rope *r,
+                          const dsv4_batch *b) {
+    dsv4_backend *be = c->be[side];
+    if (side == 0 && be->rmsnorm_rope) return be->rmsnorm_rope(be, x, w, hd, 1e-6f, r, b, c->err);
+    int rc = be->rmsnorm(be, x, w, hd, 1e-6f, x, c->err);
+    return rc ? rc : be->rope(be, x, hd, r, b, 0, c->err);
+}
+
 static int conf_dense(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
     int T = s->rows, rc;
     const char *op = "dense";
@@ -266,6 +275,23 @@ static int conf_dense(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
     RUN(c->be[0]->rmsnorm(c->be[0], g[0], NULL, s->head_dim, 1e-6f, g[0], c->err),
         c->be[1]->rmsnorm(c->be[1], g[1], NULL, s->head_dim, 1e-6f, g[1], c->err));
     if ((rc = check_f32(c, op, g))) return rc;
+    /* rmsnorm_rope (where the test backend has it) against the reference's rmsnorm + rope:
+     * unweighted over q-shaped heads, weighted over one KV-shaped head */
+    {
+        dsv4_buf *q2[2], *k2[2];
+        dsv4_tview hw[2];
+        if ((rc = pair(c, DSV4_DT_F32, T, qw, hrand(c, (size_t)(T * qw), 2), q2)) ||
+            (rc = pair(c, DSV4_DT_F32, T, s->head_dim, hrand(c, (size_t)T * s->head_dim, 2), k2)) ||
+            (rc = up_vec(c, hrand(c, s->head_dim, 1), s->head_dim, hw)))
+            return rc;
+        for (int k = 0; k < 2; k++) {
+            dsv4_buf **xb = k ? k2 : q2;
+            const dsv4_tview *w0 = k ? &hw[0] : NULL, *w1 = k ? &hw[1] : NULL;
+            op = k ? "rmsnorm_rope_weighted" : "rmsnorm_rope";
+            RUN(norm_rope_side(c, 0, xb[0], w0, s->head_dim, &r, b), norm_rope_side(c, 1, xb[1], w1, s->head_dim, &r, b));
+            if ((rc = check_f32(c, op, xb))) return rc;
+        }
+    }
     op = "qat_fp8";
     int nq = s->head_dim - s->rope_dim;
     RUN(c->be[0]->qat_fp8(c->be[0], g[0], s->head_dim, nq, 64, c->err), c->be[1]->qat_fp8(c->be[1], g[1], s->head_dim, nq, 64, c->err));
@@ -276,6 +302,49 @@ static int conf_dense(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
     op = "qat_hadamard_fp4";
     RUN(c->be[0]->qat_hadamard_fp4(c->be[0], u[0], s->index_dim, c->err), c->be[1]->qat_hadamard_fp4(c->be[1], u[1], s->index_dim, c->err));
     return check_f32(c, op, u);
+}
+
+/* linear_multi where it exists (else `linear` per weight) against the reference's `linear`:
+ * six weights on one x, as a block's projections (FP8 mostly, a BF16 one in the middle and more
+ * FP8 weights than one grouped launch takes), each output checked. */
+static int multi_side(conf *c, int side, const dsv4_buf *x, int n, const dsv4_linear *const *w, dsv4_buf *const *y) {
+    dsv4_backend *be = c->be[side];
+    if (side == 0 && be->linear_multi) return be->linear_multi(be, x, n, w, y, c->err);
+    for (int i = 0; i < n; i++) {
+        int rc = be->linear(be, x, w[i], y[i], c->err);
+        if (rc) return rc;
+    }
+    return DSV4_OK;
+}
+
+static int conf_linear_multi(conf *c, const dsv4_conf_shape *s) {
+    enum { NW = 6 };
+    const int T = s->rows;
+    const struct { dsv4_dtype dt; int64_t out; } ws[NW] = {
+        {DSV4_DT_F8_E4M3, s->q_lora},      {DSV4_DT_F8_E4M3, s->head_dim}, {DSV4_DT_BF16, s->index_heads},
+        {DSV4_DT_F8_E4M3, 2 * s->head_dim}, {DSV4_DT_F8_E4M3, s->head_dim}, {DSV4_DT_F8_E4M3, s->o_lora}};
+    dsv4_linear L[2][NW];
+    const dsv4_linear *lp[2][NW];
+    dsv4_buf *x[2], *y[NW][2], *yp[2][NW];
+    int rc = pair(c, DSV4_DT_F32, T, s->d, hrand(c, (size_t)T * s->d, 2), x);
+    for (int i = 0; !rc && i < NW; i++) {
+        dsv4_linear h = host_linear(c, ws[i].dt, ws[i].out, s->d), d[2];
+        if ((rc = up_linear(c, &h, d)) || (rc = pair(c, DSV4_DT_F32, T, ws[i].out, NULL, y[i]))) break;
+        for (int side = 0; side < 2; side++) {
+            L[side][i] = d[side];
+            lp[side][i] = &L[side][i];
+            yp[side][i] = y[i][side];
+        }
+    }
+    if (rc) return rc;
+    const char *op = "linear_multi";
+    RUN(multi_side(c, 0, x[0], NW, lp[0], yp[0]), multi_side(c, 1, x[1], NW, lp[1], yp[1]));
+    for (int i = 0; i < NW; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "linear_multi[%d]", i);
+        if ((rc = check_f32(c, name, y[i]))) return rc;
+    }
+    return DSV4_OK;
 }
 
 static int conf_linear(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
@@ -304,7 +373,8 @@ static int conf_linear(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
     RUN(c->be[0]->linear_grouped(c->be[0], x[0], &L[0], s->o_groups, y[0], c->err),
         c->be[1]->linear_grouped(c->be[1], x[1], &L[1], s->o_groups, y[1], c->err));
     (void)b;
-    return check_f32(c, op, y);
+    if ((rc = check_f32(c, op, y))) return rc;
+    return conf_linear_multi(c, s);
 }
 
 static int conf_hc(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
