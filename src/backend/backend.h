@@ -392,6 +392,17 @@ struct dsv4_backend {
                   const dsv4_tview *scale, int n_hc, int iters, float eps, dsv4_buf *y,
                   dsv4_buf *post, dsv4_buf *comb, dsv4_err *err);
 
+    /*
+     * Optional (NULL: hc_pre, then rmsnorm(y, norm, d, norm_eps, y)). hc_pre
+     * whose y [T][d] comes back RMS-normalised with weight norm [d] (BF16/F32):
+     * every hc_pre of a block is followed by its attn_norm / ffn_norm
+     * (§3.2, §3.7). Same outputs as the two ops up to the order of the fp32
+     * sum of squares. Why: one kernel fewer per sub-layer at decode (issue 7).
+     */
+    int (*hc_pre_norm)(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn, const dsv4_tview *base,
+                       const dsv4_tview *scale, int n_hc, int iters, float eps, const dsv4_tview *norm,
+                       float norm_eps, dsv4_buf *y, dsv4_buf *post, dsv4_buf *comb, dsv4_err *err);
+
     /* HC post: Xout[t][j] = post[t][j]·f[t] + Σ_i comb[t][i][j]·X[t][i] (Cᵀ X). Xout must not alias X. */
     int (*hc_post)(dsv4_backend *be, const dsv4_buf *X, const dsv4_buf *f, const dsv4_buf *post,
                    const dsv4_buf *comb, int n_hc, dsv4_buf *Xout, dsv4_err *err);

@@ -322,7 +322,7 @@ static int conf_linear_multi(conf *c, const dsv4_conf_shape *s) {
     const int T = s->rows;
     const struct { dsv4_dtype dt; int64_t out; } ws[NW] = {
         {DSV4_DT_F8_E4M3, s->q_lora},      {DSV4_DT_F8_E4M3, s->head_dim}, {DSV4_DT_BF16, s->index_heads},
-        {DSV4_DT_F8_E4M3, 2 * s->head_dim}, {DSV4_DT_F8_E4M3, s->head_dim}, {DSV4_DT_F8_E4M3, s->o_lora}};
+        {DSV4_DT_F8_E4M3, 2 * s->head_dim}, {DSV4_DT_F8_E4M3, s->head_dim}, {DSV4_DT_F8_E4M3, s->d}};
     dsv4_linear L[2][NW];
     const dsv4_linear *lp[2][NW];
     dsv4_buf *x[2], *y[NW][2], *yp[2][NW];
@@ -377,6 +377,17 @@ static int conf_linear(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
     return conf_linear_multi(c, s);
 }
 
+/* The test side (0) takes hc_pre_norm where it exists; the reference (1) hc_pre, then rmsnorm. */
+static int hc_pre_norm_side(conf *c, int side, const dsv4_buf *X, const dsv4_tview *fn, const dsv4_tview *base,
+                            const dsv4_tview *sc, int n, const dsv4_tview *nw, dsv4_buf *y, dsv4_buf *post,
+                            dsv4_buf *comb, int d) {
+    dsv4_backend *be = c->be[side];
+    if (side == 0 && be->hc_pre_norm)
+        return be->hc_pre_norm(be, X, fn, base, sc, n, 20, 1e-6f, nw, 1e-6f, y, post, comb, c->err);
+    int rc = be->hc_pre(be, X, fn, base, sc, n, 20, 1e-6f, y, post, comb, c->err);
+    return rc ? rc : be->rmsnorm(be, y, nw, d, 1e-6f, y, c->err);
+}
+
 static int conf_hc(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
     int T = s->rows, n = s->hc, nm = n * (2 + n), rc;
     int64_t w = (int64_t)n * s->d;
@@ -400,6 +411,20 @@ static int conf_hc(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
     if ((rc = check_f32(c, "hc_pre y", y)) || (rc = check_f32(c, "hc_pre post", post)) ||
         (rc = check_f32(c, "hc_pre comb", comb)))
         return rc;
+    /* hc_pre_norm (where the test backend has it) against the reference's hc_pre + rmsnorm */
+    {
+        dsv4_tview nw[2];
+        dsv4_buf *y2[2], *p2[2], *c2[2];
+        if ((rc = up_vec(c, hrand(c, s->d, 1), s->d, nw)) || (rc = pair(c, DSV4_DT_F32, T, s->d, NULL, y2)) ||
+            (rc = pair(c, DSV4_DT_F32, T, n, NULL, p2)) || (rc = pair(c, DSV4_DT_F32, T, n * n, NULL, c2)))
+            return rc;
+        op = "hc_pre_norm";
+        RUN(hc_pre_norm_side(c, 0, X[0], &fn[0], &base[0], &sc[0], n, &nw[0], y2[0], p2[0], c2[0], s->d),
+            hc_pre_norm_side(c, 1, X[1], &fn[1], &base[1], &sc[1], n, &nw[1], y2[1], p2[1], c2[1], s->d));
+        if ((rc = check_f32(c, "hc_pre_norm y", y2)) || (rc = check_f32(c, "hc_pre_norm post", p2)) ||
+            (rc = check_f32(c, "hc_pre_norm comb", c2)))
+            return rc;
+    }
     op = "hc_post";
     RUN(c->be[0]->hc_post(c->be[0], X[0], f[0], post[0], comb[0], n, X2[0], c->err),
         c->be[1]->hc_post(c->be[1], X[1], f[1], post[1], comb[1], n, X2[1], c->err));

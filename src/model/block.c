@@ -160,6 +160,17 @@ static int moe_block(const dsv4_config *cfg, const dsv4_block_dev *blk, dsv4_bac
     return be->add(be, f, sh, f, err);
 }
 
+/* hc_pre, then the sub-layer's RMSNorm on y: one op where the backend has hc_pre_norm. */
+static int hc_pre_normed(dsv4_backend *be, const dsv4_buf *X, const dsv4_hc_w *hc, int n_hc, int iters, float hc_eps,
+                         const dsv4_tview *norm, int d, float eps, dsv4_buf *y, dsv4_buf *post, dsv4_buf *comb,
+                         dsv4_err *err) {
+    if (be->hc_pre_norm)
+        return be->hc_pre_norm(be, X, &hc->fn, &hc->base, &hc->scale, n_hc, iters, hc_eps, norm, eps, y, post, comb,
+                               err);
+    int rc = be->hc_pre(be, X, &hc->fn, &hc->base, &hc->scale, n_hc, iters, hc_eps, y, post, comb, err);
+    return rc ? rc : be->rmsnorm(be, y, norm, d, eps, y, err);
+}
+
 int dsv4_block_forward(const dsv4_config *cfg, const dsv4_block_dev *blk, dsv4_layer_state *ls,
                        dsv4_backend *be, const dsv4_batch *b, dsv4_buf *X, dsv4_err *err) {
     int T = b->n_rows, n_hc = cfg->hc_mult, d = cfg->hidden_size, rc = 0;
@@ -175,16 +186,14 @@ int dsv4_block_forward(const dsv4_config *cfg, const dsv4_block_dev *blk, dsv4_l
     dsv4_buf *sub = sc_alloc(&s, ad, T, d, &rc, err);
     dsv4_buf *X2 = sc_alloc(&s, ad, T, (int64_t)n_hc * d, &rc, err);
     /* attention half: X → X2 */
-    if (!rc) rc = be->hc_pre(be, X, &blk->w.hc_attn.fn, &blk->w.hc_attn.base, &blk->w.hc_attn.scale, n_hc,
-                             cfg->hc_sinkhorn_iters, hc_eps, y, post, comb, err);
-    if (!rc) rc = be->rmsnorm(be, y, &blk->w.attn_norm, d, eps, y, err);
+    if (!rc) rc = hc_pre_normed(be, X, &blk->w.hc_attn, n_hc, cfg->hc_sinkhorn_iters, hc_eps, &blk->w.attn_norm, d, eps,
+                                y, post, comb, err);
     if (!rc) rc = attention_block(cfg, blk, ls, be, b, y, sub, &s, err);
     if (!rc && blk->comm) rc = blk->comm->all_reduce_sum(blk->comm, be, sub, err); /* TP: sum the heads' wo_b partials */
     if (!rc) rc = be->hc_post(be, X, sub, post, comb, n_hc, X2, err);
     /* MoE half: X2 → X */
-    if (!rc) rc = be->hc_pre(be, X2, &blk->w.hc_ffn.fn, &blk->w.hc_ffn.base, &blk->w.hc_ffn.scale, n_hc,
-                             cfg->hc_sinkhorn_iters, hc_eps, y, post, comb, err);
-    if (!rc) rc = be->rmsnorm(be, y, &blk->w.ffn_norm, d, eps, y, err);
+    if (!rc) rc = hc_pre_normed(be, X2, &blk->w.hc_ffn, n_hc, cfg->hc_sinkhorn_iters, hc_eps, &blk->w.ffn_norm, d, eps,
+                                y, post, comb, err);
     if (!rc) rc = moe_block(cfg, blk, be, b, y, sub, &s, err);
     if (!rc && blk->comm) rc = blk->comm->all_reduce_sum(blk->comm, be, sub, err); /* TP: sum the experts' w2 partials */
     if (!rc) rc = be->hc_post(be, X2, sub, post, comb, n_hc, X, err);

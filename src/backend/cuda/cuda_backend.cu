@@ -807,6 +807,7 @@ extern "C" dsv4_backend *dsv4_backend_cuda_create(dsv4_numerics numerics, int de
     be->linear_grouped = cu_linear_grouped;
     be->linear_multi = cu_linear_multi;
     be->hc_pre = cu_be_hc_pre;
+    be->hc_pre_norm = cu_be_hc_pre_norm;
     be->hc_post = cu_be_hc_post;
     be->hc_head = cu_be_hc_head;
     be->win_store = cu_be_win_store;

@@ -559,7 +559,7 @@ __device__ void hc_post_comb(const float *m, const void *base, int bbf16, float 
 __global__ void __launch_bounds__(256) k_hc_fin(const float *part, const double *ssp, int nch, int nm,
                                                const float *X, int64_t n, int n_hc, const void *base, int bbf16,
                                                const void *scale, int sbf16, int iters, float eps, float *y,
-                                               float *post, float *comb) {
+                                               float *post, float *comb, const void *nw, int nwbf16, float neps) {
     pdl_trigger();
     pdl_wait();
     __shared__ float m[HC_MAXM + 1], pre[4];
@@ -591,10 +591,20 @@ __global__ void __launch_bounds__(256) k_hc_fin(const float *part, const double 
     __syncthreads();
     const int64_t d = n / n_hc;
     const float *x = X + (int64_t)t * n;
+    float ss = 0.f;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d; i += (int64_t)gridDim.x * blockDim.x) {
         float acc = 0.f;
         for (int h = 0; h < n_hc; h++) acc += pre[h] * x[h * d + i];
         y[(int64_t)t * d + i] = acc;
+        ss += acc * acc;
+    }
+    if (nw) { /* hc_pre_norm (one block per row): y = rmsnorm(y)·nw, each thread rescaling what it wrote */
+        ss = block_sum(ss);
+        const float r = 1.0f / sqrtf(ss / (float)d + neps);
+        for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+            float v = y[(int64_t)t * d + i] * r;
+            y[(int64_t)t * d + i] = v * cu_ldf(nw, nwbf16, i);
+        }
     }
     if (post && blockIdx.x == 0 && threadIdx.x < 32) { /* warp 0 of the row's first block: post, Sinkhorn */
         float *po = post + (int64_t)t * n_hc, *C = comb + (int64_t)t * n_hc * n_hc;
@@ -623,7 +633,7 @@ static cudaError_t hc_part(dsv4_cuda_ctx *c, int big, unsigned nch, const float 
 /* The mixes and the finish of hc_pre (post, comb != NULL) or hc_head, for n_hc <= 4. */
 static int hc_run(cu_be *cb, const float *X, int T, int64_t n, int n_hc, int nm, const dsv4_tview *fn,
                   const dsv4_tview *base, const dsv4_tview *scale, int iters, float eps, float *y, float *post,
-                  float *comb, const char *what, dsv4_err *err) {
+                  float *comb, const dsv4_tview *norm, float neps, const char *what, dsv4_err *err) {
     if (T > 65535) return cu_err(err, DSV4_EUNSUPPORTED, "cuda: %s: %d rows in one call (max 65535)", what, T);
     const int big = T >= HC_BIG_T && n % 4 == 0 && ((uintptr_t)X & 15) == 0;
     const unsigned nch = (unsigned)((n + (big ? HC_L_CH : HC_S_CH) - 1) / (big ? HC_L_CH : HC_S_CH));
@@ -648,21 +658,23 @@ static int hc_run(cu_be *cb, const float *X, int T, int64_t n, int n_hc, int nm,
     }
     if (e == cudaSuccess) {
         const int64_t d = n / n_hc, ycols = (d + 255) / 256;
-        int64_t yb = T >= 16 ? 1 : 256 / T;
+        int64_t yb = T >= 16 || norm ? 1 : 256 / T; /* the fused norm needs the whole row in one block */
         if (yb > ycols) yb = ycols;
         if (yb < 1) yb = 1;
         e = cu_launch(c, k_hc_fin, dim3((unsigned)yb, (unsigned)T), dim3(256), 0, (const float *)part,
                       (const double *)ssp, (int)nch, nm, X, n, n_hc, base->data, vec_bf16(base), scale->data,
-                      vec_bf16(scale), iters, eps, y, post, comb);
+                      vec_bf16(scale), iters, eps, y, post, comb, norm ? norm->data : NULL,
+                      (int)(norm && vec_bf16(norm)), neps);
     }
     cu_arena_free(cb->ctx, ws);
     CU_TRY(e, err, what);
     return DSV4_OK;
 }
 
-int cu_be_hc_pre(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn, const dsv4_tview *base,
-                 const dsv4_tview *scale, int n_hc, int iters, float eps, dsv4_buf *y, dsv4_buf *post,
-                 dsv4_buf *comb, dsv4_err *err) {
+/* hc_pre (norm NULL) and hc_pre_norm: the checks, then hc_run. */
+static int hc_pre_impl(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn, const dsv4_tview *base,
+                       const dsv4_tview *scale, int n_hc, int iters, float eps, const dsv4_tview *norm, float neps,
+                       dsv4_buf *y, dsv4_buf *post, dsv4_buf *comb, dsv4_err *err) {
     if (n_hc <= 0 || n_hc > 16 || iters < 1)
         return cu_err(err, DSV4_EINVAL, "cuda: hc_pre: n_hc %d / iters %d", n_hc, iters);
     if (n_hc > 4)
@@ -677,10 +689,25 @@ int cu_be_hc_pre(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn, cons
     if (!rc) rc = cu_be_check(y, DSV4_DT_F32, T, d, "hc_pre y", err);
     if (!rc) rc = cu_be_check(post, DSV4_DT_F32, T, n_hc, "hc_pre post", err);
     if (!rc) rc = cu_be_check(comb, DSV4_DT_F32, T, n_hc * n_hc, "hc_pre comb", err);
+    if (!rc && norm) rc = cu_be_check_vec(norm, d, "hc_pre_norm weight", err);
     if (rc) return rc;
     if (!T || !n) return DSV4_OK;
     return hc_run(cube(be), (const float *)X->data, (int)T, n, n_hc, (int)nm, fn, base, scale, iters, eps,
-                  (float *)y->data, (float *)post->data, (float *)comb->data, "hc_pre", err);
+                  (float *)y->data, (float *)post->data, (float *)comb->data, norm, neps,
+                  norm ? "hc_pre_norm" : "hc_pre", err);
+}
+
+int cu_be_hc_pre(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn, const dsv4_tview *base,
+                 const dsv4_tview *scale, int n_hc, int iters, float eps, dsv4_buf *y, dsv4_buf *post,
+                 dsv4_buf *comb, dsv4_err *err) {
+    return hc_pre_impl(be, X, fn, base, scale, n_hc, iters, eps, NULL, 0.f, y, post, comb, err);
+}
+
+int cu_be_hc_pre_norm(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn, const dsv4_tview *base,
+                      const dsv4_tview *scale, int n_hc, int iters, float eps, const dsv4_tview *norm, float norm_eps,
+                      dsv4_buf *y, dsv4_buf *post, dsv4_buf *comb, dsv4_err *err) {
+    if (!norm) return cu_err(err, DSV4_EINVAL, "cuda: hc_pre_norm: no norm weight");
+    return hc_pre_impl(be, X, fn, base, scale, n_hc, iters, eps, norm, norm_eps, y, post, comb, err);
 }
 
 __global__ void k_hc_post(const float *X, const float *f, const float *post, const float *comb, int n_hc,
@@ -775,7 +802,7 @@ int cu_be_hc_head(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn, con
     if (rc) return rc;
     if (!T || !n) return DSV4_OK;
     return hc_run(cube(be), (const float *)X->data, (int)T, n, n_hc, n_hc, fn, base, scale, 1, eps,
-                  (float *)y->data, NULL, NULL, "hc_head", err);
+                  (float *)y->data, NULL, NULL, NULL, 0.f, "hc_head", err);
 }
 
 /* --------------------------------------------------------------- win_store */

@@ -183,7 +183,7 @@ int cu_arena_reserve(dsv4_cuda_ctx *c, dsv4_err *err) {
     CU_TRY(cudaStreamIsCapturing(c->stream, &st), err, "capture status");
     if (st != cudaStreamCaptureStatusNone) return DSV4_OK; /* next time, outside capture */
     const char *mb = getenv("DSV4_CUDA_SCRATCH_MB");
-    size_t cap = (size_t)(mb ? atol(mb) : 256) << 20;
+    size_t cap = (size_t)(mb ? atol(mb) : 512) << 20; /* 64 x 6-row verify at Flash shapes: ~300 MB */
     void *p = NULL;
     /* from the device pool, stream-ordered: no host wait (see dsv4_cuda_workspace_reserve) */
     cudaError_t e = cudaMallocAsync(&p, cap, c->stream);

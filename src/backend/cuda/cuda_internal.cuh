@@ -87,7 +87,7 @@ static inline size_t cu_align(size_t x) { return (x + 255) & ~(size_t)255; }
  * decode layer allocated ~25 buffers; each cudaMallocAsync + memset +
  * cudaFreeAsync became three nodes of the captured graph, about half the
  * graph's nodes (issue 7). The arena is one area reserved outside capture
- * (cu_arena_reserve, DSV4_CUDA_SCRATCH_MB, default 256); an allocation bumps
+ * (cu_arena_reserve, DSV4_CUDA_SCRATCH_MB, default 512); an allocation bumps
  * its top, a free pops freed entries off the top (any free order works, the
  * space comes back when everything above it is freed). Reuse is ordered by
  * the context's one stream, as cudaFreeAsync's is. A request that does not
