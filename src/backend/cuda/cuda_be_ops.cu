@@ -406,6 +406,8 @@ int cu_be_qat_hadamard_fp4(dsv4_backend *be, dsv4_buf *x, int head_dim, dsv4_err
 #define HC_L_XT 32     /* k_hc_part_l: columns of X staged at a time */
 #define HC_L_XS 36     /* k_hc_part_l: padded row stride of the X tile (16-byte rows, no bank conflicts) */
 #define HC_BIG_T 1024  /* rows from which k_hc_part_l is used */
+#define HC_FIN_CPL 4   /* k_hc_fin: chunks per lane loaded together */
+#define HC_NORM_MIN_T 16 /* rows from which hc_pre_norm fuses the norm (k_hc_fin has one block per row there) */
 
 template <int NM>
 __global__ void __launch_bounds__(HC_S_CH) k_hc_part_s(const float *__restrict__ X, int64_t n, const void *fn,
@@ -566,19 +568,39 @@ __global__ void __launch_bounds__(256) k_hc_fin(const float *part, const double 
     __shared__ double ssum;
     const int t = blockIdx.y, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const float *pp = part + (int64_t)t * nch * nm;
-    /* value v (< nm: a mix; nm: Σx²) is summed by warp v % 8: lane-strided over the chunks, then a tree */
-    for (int v = w; v <= nm; v += 8) {
-        if (v < nm) {
-            float s = 0.f;
-            for (int c = lane; c < nch; c += 32) s += pp[(int64_t)c * nm + v];
-            for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-            if (lane == 0) m[v] = s;
-        } else {
-            double s = 0;
-            for (int c = lane; c < nch; c += 32) s += ssp[(int64_t)t * nch + c];
-            for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-            if (lane == 0) ssum = s;
+    /* value v (< nm: a mix; nm: Σx²) is summed by warp v % 8 (values w + 8q, q < 4: nm < 32):
+     * lane-strided over the chunks in ascending order, then a tree. Each lane loads its chunks of
+     * all its values first, HC_FIN_CPL per pass, so the loads are in flight together (the loop
+     * value by value, chunk by chunk, was a chain of ~16 dependent loads: ~9 us a call at T = 1). */
+    float s[4] = {0.f, 0.f, 0.f, 0.f};
+    double sd = 0;
+    const int wss = w == nm % 8; /* this warp sums Σx² */
+    for (int c0 = 0; c0 < nch; c0 += 32 * HC_FIN_CPL) {
+        float lv[4][HC_FIN_CPL];
+        double ld[HC_FIN_CPL];
+#pragma unroll
+        for (int k = 0; k < HC_FIN_CPL; k++) {
+            const int c = c0 + lane + 32 * k;
+#pragma unroll
+            for (int q = 0; q < 4; q++) lv[q][k] = c < nch && w + 8 * q < nm ? pp[(int64_t)c * nm + w + 8 * q] : 0.f;
+            ld[k] = c < nch && wss ? ssp[(int64_t)t * nch + c] : 0.0;
         }
+#pragma unroll
+        for (int k = 0; k < HC_FIN_CPL; k++) {
+#pragma unroll
+            for (int q = 0; q < 4; q++) s[q] += lv[q][k];
+            sd += ld[k];
+        }
+    }
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        float v = s[q];
+        for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0 && w + 8 * q < nm) m[w + 8 * q] = v;
+    }
+    if (wss) {
+        for (int o = 16; o; o >>= 1) sd += __shfl_xor_sync(0xffffffffu, sd, o);
+        if (lane == 0) ssum = sd;
     }
     __syncthreads();
     if (threadIdx.x < 32) { /* warp 0: scale the mixes, the pre weights */
@@ -593,8 +615,13 @@ __global__ void __launch_bounds__(256) k_hc_fin(const float *part, const double 
     const float *x = X + (int64_t)t * n;
     float ss = 0.f;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d; i += (int64_t)gridDim.x * blockDim.x) {
+        float xv[4]; /* n_hc <= 4 (callers check): the stream loads issued together */
+#pragma unroll
+        for (int h = 0; h < 4; h++) xv[h] = h < n_hc ? x[h * d + i] : 0.f;
         float acc = 0.f;
-        for (int h = 0; h < n_hc; h++) acc += pre[h] * x[h * d + i];
+#pragma unroll
+        for (int h = 0; h < 4; h++)
+            if (h < n_hc) acc += pre[h] * xv[h];
         y[(int64_t)t * d + i] = acc;
         ss += acc * acc;
     }
@@ -707,6 +734,13 @@ int cu_be_hc_pre_norm(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn,
                       const dsv4_tview *scale, int n_hc, int iters, float eps, const dsv4_tview *norm, float norm_eps,
                       dsv4_buf *y, dsv4_buf *post, dsv4_buf *comb, dsv4_err *err) {
     if (!norm) return cu_err(err, DSV4_EINVAL, "cuda: hc_pre_norm: no norm weight");
+    /* Below HC_NORM_MIN_T rows the finish spreads a row's y over several blocks (one block
+     * walking 4096 columns serially cost ~10 us a call at T = 1, more than the kernel it
+     * saves: H200, bench/results/2026-12-01-decode-kernels-h200.md), so the two kernels run. */
+    if (X && X->rows < HC_NORM_MIN_T) {
+        int rc = cu_be_hc_pre(be, X, fn, base, scale, n_hc, iters, eps, y, post, comb, err);
+        return rc ? rc : cu_be_rmsnorm(be, y, norm, (int)y->cols, norm_eps, y, err);
+    }
     return hc_pre_impl(be, X, fn, base, scale, n_hc, iters, eps, norm, norm_eps, y, post, comb, err);
 }
 
@@ -862,6 +896,7 @@ int cu_be_win_store(dsv4_backend *be, dsv4_win_state *ws, const dsv4_buf *kv, co
 #define RT_WARPS 4
 #define RT_MAXK 16
 #define RT_MAXE 1024 /* the per-lane taken mask has 32 bits */
+#define RT_LPL 8     /* k_route: experts per lane whose logits load together */
 
 __global__ void __launch_bounds__(RT_WARPS * 32) k_route(const float *logits, int T, int E, const void *bias,
                                                         int bbf16, const int64_t *tid2eid, const int32_t *tok,
@@ -876,10 +911,23 @@ __global__ void __launch_bounds__(RT_WARPS * 32) k_route(const float *logits, in
     if (t >= T) return; /* whole warps; no block-wide barrier below */
     float *a = rsh + (int64_t)w * 2 * E, *v = a + E;
     const float *l = logits + (int64_t)t * E;
-    for (int e = lane; e < E; e += 32) {
-        const float x = l[e];
-        a[e] = sqrtf(x > 20.0f ? x : log1pf(expf(x)));
-        v[e] = a[e] + (bias ? cu_ldf(bias, bbf16, e) : 0.0f);
+    /* RT_LPL experts per lane loaded together, then computed (a loop load by load waited ~8 times) */
+    for (int e0 = 0; e0 < E; e0 += 32 * RT_LPL) {
+        float lx[RT_LPL], lb[RT_LPL];
+#pragma unroll
+        for (int j = 0; j < RT_LPL; j++) {
+            const int e = e0 + lane + 32 * j;
+            lx[j] = e < E ? l[e] : 0.f;
+            lb[j] = e < E && bias ? cu_ldf(bias, bbf16, e) : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < RT_LPL; j++) {
+            const int e = e0 + lane + 32 * j;
+            if (e >= E) break;
+            const float x = lx[j];
+            a[e] = sqrtf(x > 20.0f ? x : log1pf(expf(x)));
+            v[e] = a[e] + lb[j];
+        }
     }
     __syncwarp();
     if (tid2eid) {
