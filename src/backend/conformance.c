@@ -299,6 +299,15 @@ static int up_vec(conf *c, const float *data, int64_t n, dsv4_tview *d /* [2] */
 
 /* ---- the ops ---- */
 
+/* The test side (0) takes rmsnorm_rope where it exists; the reference (1) rmsnorm, then rope. */
+static int norm_rope_side(conf *c, int side, dsv4_buf *x, const dsv4_tview *w, int hd, const dsv4_rope *r,
+                          const dsv4_batch *b) {
+    dsv4_backend *be = c->be[side];
+    if (side == 0 && be->rmsnorm_rope) return be->rmsnorm_rope(be, x, w, hd, 1e-6f, r, b, c->err);
+    int rc = be->rmsnorm(be, x, w, hd, 1e-6f, x, c->err);
+    return rc ? rc : be->rope(be, x, hd, r, b, 0, c->err);
+}
+
 static int conf_dense(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
     int T = s->rows, rc;
     const char *op = "dense";
@@ -330,6 +339,23 @@ static int conf_dense(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
     RUN(c->be[0]->rmsnorm(c->be[0], g[0], NULL, s->head_dim, 1e-6f, g[0], c->err),
         c->be[1]->rmsnorm(c->be[1], g[1], NULL, s->head_dim, 1e-6f, g[1], c->err));
     if ((rc = check_f32(c, op, g))) return rc;
+    /* rmsnorm_rope (where the test backend has it) against the reference's rmsnorm + rope:
+     * unweighted over q-shaped heads, weighted over one KV-shaped head */
+    {
+        dsv4_buf *q2[2], *k2[2];
+        dsv4_tview hw[2];
+        if ((rc = pair(c, DSV4_DT_F32, T, qw, hrand(c, (size_t)(T * qw), 2), q2)) ||
+            (rc = pair(c, DSV4_DT_F32, T, s->head_dim, hrand(c, (size_t)T * s->head_dim, 2), k2)) ||
+            (rc = up_vec(c, hrand(c, s->head_dim, 1), s->head_dim, hw)))
+            return rc;
+        for (int k = 0; k < 2; k++) {
+            dsv4_buf **xb = k ? k2 : q2;
+            const dsv4_tview *w0 = k ? &hw[0] : NULL, *w1 = k ? &hw[1] : NULL;
+            op = k ? "rmsnorm_rope_weighted" : "rmsnorm_rope";
+            RUN(norm_rope_side(c, 0, xb[0], w0, s->head_dim, &r, b), norm_rope_side(c, 1, xb[1], w1, s->head_dim, &r, b));
+            if ((rc = check_f32(c, op, xb))) return rc;
+        }
+    }
     op = "qat_fp8";
     int nq = s->head_dim - s->rope_dim;
     RUN(c->be[0]->qat_fp8(c->be[0], g[0], s->head_dim, nq, 64, c->err), c->be[1]->qat_fp8(c->be[1], g[1], s->head_dim, nq, 64, c->err));
@@ -340,6 +366,49 @@ static int conf_dense(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
     op = "qat_hadamard_fp4";
     RUN(c->be[0]->qat_hadamard_fp4(c->be[0], u[0], s->index_dim, c->err), c->be[1]->qat_hadamard_fp4(c->be[1], u[1], s->index_dim, c->err));
     return check_f32(c, op, u);
+}
+
+/* linear_multi where it exists (else `linear` per weight) against the reference's `linear`:
+ * six weights on one x, as a block's projections (FP8 mostly, a BF16 one in the middle and more
+ * FP8 weights than one grouped launch takes), each output checked. */
+static int multi_side(conf *c, int side, const dsv4_buf *x, int n, const dsv4_linear *const *w, dsv4_buf *const *y) {
+    dsv4_backend *be = c->be[side];
+    if (side == 0 && be->linear_multi) return be->linear_multi(be, x, n, w, y, c->err);
+    for (int i = 0; i < n; i++) {
+        int rc = be->linear(be, x, w[i], y[i], c->err);
+        if (rc) return rc;
+    }
+    return DSV4_OK;
+}
+
+static int conf_linear_multi(conf *c, const dsv4_conf_shape *s) {
+    enum { NW = 6 };
+    const int T = s->rows;
+    const struct { dsv4_dtype dt; int64_t out; } ws[NW] = {
+        {DSV4_DT_F8_E4M3, s->q_lora},      {DSV4_DT_F8_E4M3, s->head_dim}, {DSV4_DT_BF16, s->index_heads},
+        {DSV4_DT_F8_E4M3, 2 * s->head_dim}, {DSV4_DT_F8_E4M3, s->head_dim}, {DSV4_DT_F8_E4M3, s->d}};
+    dsv4_linear L[2][NW];
+    const dsv4_linear *lp[2][NW];
+    dsv4_buf *x[2], *y[NW][2], *yp[2][NW];
+    int rc = pair(c, DSV4_DT_F32, T, s->d, hrand(c, (size_t)T * s->d, 2), x);
+    for (int i = 0; !rc && i < NW; i++) {
+        dsv4_linear h = host_linear(c, ws[i].dt, ws[i].out, s->d), d[2];
+        if ((rc = up_linear(c, &h, d)) || (rc = pair(c, DSV4_DT_F32, T, ws[i].out, NULL, y[i]))) break;
+        for (int side = 0; side < 2; side++) {
+            L[side][i] = d[side];
+            lp[side][i] = &L[side][i];
+            yp[side][i] = y[i][side];
+        }
+    }
+    if (rc) return rc;
+    const char *op = "linear_multi";
+    RUN(multi_side(c, 0, x[0], NW, lp[0], yp[0]), multi_side(c, 1, x[1], NW, lp[1], yp[1]));
+    for (int i = 0; i < NW; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "linear_multi[%d]", i);
+        if ((rc = check_f32(c, name, y[i]))) return rc;
+    }
+    return DSV4_OK;
 }
 
 static int conf_linear(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
@@ -368,7 +437,19 @@ static int conf_linear(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
     RUN(c->be[0]->linear_grouped(c->be[0], x[0], &L[0], s->o_groups, y[0], c->err),
         c->be[1]->linear_grouped(c->be[1], x[1], &L[1], s->o_groups, y[1], c->err));
     (void)b;
-    return check_f32(c, op, y);
+    if ((rc = check_f32(c, op, y))) return rc;
+    return conf_linear_multi(c, s);
+}
+
+/* The test side (0) takes hc_pre_norm where it exists; the reference (1) hc_pre, then rmsnorm. */
+static int hc_pre_norm_side(conf *c, int side, const dsv4_buf *X, const dsv4_tview *fn, const dsv4_tview *base,
+                            const dsv4_tview *sc, int n, const dsv4_tview *nw, dsv4_buf *y, dsv4_buf *post,
+                            dsv4_buf *comb, int d) {
+    dsv4_backend *be = c->be[side];
+    if (side == 0 && be->hc_pre_norm)
+        return be->hc_pre_norm(be, X, fn, base, sc, n, 20, 1e-6f, nw, 1e-6f, y, post, comb, c->err);
+    int rc = be->hc_pre(be, X, fn, base, sc, n, 20, 1e-6f, y, post, comb, c->err);
+    return rc ? rc : be->rmsnorm(be, y, nw, d, 1e-6f, y, c->err);
 }
 
 static int conf_hc(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
@@ -394,6 +475,20 @@ static int conf_hc(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
     if ((rc = check_f32(c, "hc_pre y", y)) || (rc = check_f32(c, "hc_pre post", post)) ||
         (rc = check_f32(c, "hc_pre comb", comb)))
         return rc;
+    /* hc_pre_norm (where the test backend has it) against the reference's hc_pre + rmsnorm */
+    {
+        dsv4_tview nw[2];
+        dsv4_buf *y2[2], *p2[2], *c2[2];
+        if ((rc = up_vec(c, hrand(c, s->d, 1), s->d, nw)) || (rc = pair(c, DSV4_DT_F32, T, s->d, NULL, y2)) ||
+            (rc = pair(c, DSV4_DT_F32, T, n, NULL, p2)) || (rc = pair(c, DSV4_DT_F32, T, n * n, NULL, c2)))
+            return rc;
+        op = "hc_pre_norm";
+        RUN(hc_pre_norm_side(c, 0, X[0], &fn[0], &base[0], &sc[0], n, &nw[0], y2[0], p2[0], c2[0], s->d),
+            hc_pre_norm_side(c, 1, X[1], &fn[1], &base[1], &sc[1], n, &nw[1], y2[1], p2[1], c2[1], s->d));
+        if ((rc = check_f32(c, "hc_pre_norm y", y2)) || (rc = check_f32(c, "hc_pre_norm post", p2)) ||
+            (rc = check_f32(c, "hc_pre_norm comb", c2)))
+            return rc;
+    }
     op = "hc_post";
     RUN(c->be[0]->hc_post(c->be[0], X[0], f[0], post[0], comb[0], n, X2[0], c->err),
         c->be[1]->hc_post(c->be[1], X[1], f[1], post[1], comb[1], n, X2[1], c->err));

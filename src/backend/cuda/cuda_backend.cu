@@ -139,9 +139,31 @@ static int cu_buf_alloc(dsv4_backend *be, dsv4_dtype dt, int64_t rows, int64_t c
     return DSV4_OK;
 }
 
+/* Scratch with undefined contents (backend.h buf_alloc_scratch): from the
+ * context's arena (cu_arena_alloc), so a captured step has no allocation,
+ * memset or free nodes for it. DSV4_CUDA_SCRATCH_MB=0: buf_alloc's zeroed
+ * pool memory, the behaviour before, for comparison. */
+static int cu_buf_alloc_scratch(dsv4_backend *be, dsv4_dtype dt, int64_t rows, int64_t cols, dsv4_buf *out,
+                                dsv4_err *err) {
+    dsv4_cuda_ctx *c = cube(be)->ctx;
+    if (!c->ar_mode) return cu_buf_alloc(be, dt, rows, cols, out, err);
+    size_t es = dt_size(dt);
+    if (!out || !es || rows < 0 || cols < 0)
+        return cu_err(err, DSV4_EINVAL, "cuda: buf_alloc_scratch: bad dtype or shape [%lld,%lld]", (long long)rows,
+                      (long long)cols);
+    void *p = NULL;
+    int rc = cu_arena_alloc(c, (size_t)rows * (size_t)cols * es, &p, err);
+    if (rc) return rc;
+    out->data = p;
+    out->dtype = dt;
+    out->rows = rows;
+    out->cols = cols;
+    return DSV4_OK;
+}
+
 static void cu_buf_free(dsv4_backend *be, dsv4_buf *b) {
     if (!b || !b->data) return;
-    cudaFreeAsync(b->data, cube(be)->ctx->stream); /* stream-ordered: queued ops that use it finish first */
+    cu_arena_free(cube(be)->ctx, b->data); /* stream-ordered: queued ops that use it finish first */
     b->data = NULL;
 }
 
@@ -368,7 +390,8 @@ static int cu_batch_begin(dsv4_backend *be, const dsv4_batch *b, dsv4_err *err) 
                 return cu_err(err, DSV4_EINVAL, "batch: row %d inconsistent with segment %d (slot/pos/seq_idx)", r, s);
     if (b->cu_seqlens[0] != 0 || b->cu_seqlens[b->n_seqs] != b->n_rows)
         return cu_err(err, DSV4_EINVAL, "batch: cu_seqlens do not cover %d rows", b->n_rows);
-    return batch_upload(be, cube(be), b, err);
+    int rc = cu_arena_reserve(cube(be)->ctx, err); /* outside capture: batch_upload synchronises */
+    return rc ? rc : batch_upload(be, cube(be), b, err);
 }
 
 /* Synchronise, then report (and clear) the deferred input errors of the ops since the last sync. */
@@ -388,8 +411,19 @@ static int cu_sync(dsv4_backend *be, dsv4_err *err) {
 /* Thread-local capture: another thread's unrelated CUDA calls (e.g. a second
  * backend) do not invalidate it, while this thread's unsafe calls (a
  * synchronisation, cudaMalloc) do, which is what should fail the capture. */
+/* A replayable step: the executable graph and the arena top at capture
+ * start; scratch the graph uses lies above it (cu_graph_launch checks). */
+typedef struct cu_graph {
+    cudaGraphExec_t x;
+    size_t ar_lo;
+} cu_graph;
+
 static int cu_graph_begin(dsv4_backend *be, dsv4_err *err) {
-    CU_TRY(cudaStreamBeginCapture(cube(be)->ctx->stream, cudaStreamCaptureModeThreadLocal), err, "graph capture begin");
+    dsv4_cuda_ctx *c = cube(be)->ctx;
+    int rc = cu_arena_reserve(c, err);
+    if (rc) return rc;
+    cube(be)->ar_capture_lo = c->ar_top;
+    CU_TRY(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal), err, "graph capture begin");
     return DSV4_OK;
 }
 
@@ -402,9 +436,31 @@ static int cu_graph_end(dsv4_backend *be, void **graph, dsv4_err *err) {
         cudaGetLastError(); /* capture errors are not sticky: clear the record */
         return cu_err(err, DSV4_EBACKEND, "cuda: graph capture: %s", cudaGetErrorString(e));
     }
+    /* node census (issue 7: a decode step's cost is mostly per node) */
     size_t nodes = 0;
     cudaGraphGetNodes(g, NULL, &nodes);
-    dsv4_log(DSV4_LOG_INFO, "cuda: captured a graph of %zu nodes", nodes);
+    int nk = 0, nset = 0, ncpy = 0, nal = 0, nfr = 0, nother = 0;
+    cudaGraphNode_t *nv = nodes ? (cudaGraphNode_t *)malloc(nodes * sizeof *nv) : NULL;
+    if (nv && cudaGraphGetNodes(g, nv, &nodes) == cudaSuccess) {
+        for (size_t i = 0; i < nodes; i++) {
+            cudaGraphNodeType ty;
+            if (cudaGraphNodeGetType(nv[i], &ty) != cudaSuccess) ty = cudaGraphNodeTypeEmpty;
+            switch (ty) {
+            case cudaGraphNodeTypeKernel: nk++; break;
+            case cudaGraphNodeTypeMemset: nset++; break;
+            case cudaGraphNodeTypeMemcpy: ncpy++; break;
+            case cudaGraphNodeTypeMemAlloc: nal++; break;
+            case cudaGraphNodeTypeMemFree: nfr++; break;
+            default: nother++; break;
+            }
+        }
+    }
+    free(nv);
+    dsv4_cuda_ctx *c = cube(be)->ctx;
+    dsv4_log(DSV4_LOG_INFO,
+             "cuda: captured a graph of %zu nodes (%d kernels, %d memsets, %d memcpys, %d allocs, %d frees, %d other; "
+             "scratch arena peak %zu MiB, %d fallbacks)",
+             nodes, nk, nset, ncpy, nal, nfr, nother, c->ar_peak >> 20, c->ar_fallbacks);
     cudaGraphExec_t x = NULL;
     /* auto-free: a replay may start while the previous one's buffers were not freed (error paths) */
     e = cudaGraphInstantiateWithFlags(&x, g, cudaGraphInstantiateFlagAutoFreeOnLaunch);
@@ -413,19 +469,34 @@ static int cu_graph_end(dsv4_backend *be, void **graph, dsv4_err *err) {
         cudaGetLastError();
         return cu_err(err, DSV4_EBACKEND, "cuda: graph instantiate: %s", cudaGetErrorString(e));
     }
-    *graph = (void *)x;
+    cu_graph *cg = (cu_graph *)malloc(sizeof *cg);
+    if (!cg) {
+        cudaGraphExecDestroy(x);
+        return cu_err(err, DSV4_ENOMEM, "cuda: graph: out of host memory");
+    }
+    cg->x = x;
+    cg->ar_lo = cube(be)->ar_capture_lo;
+    *graph = (void *)cg;
     return DSV4_OK;
 }
 
 static int cu_graph_launch(dsv4_backend *be, void *graph, dsv4_err *err) {
-    CU_TRY(cudaGraphLaunch((cudaGraphExec_t)graph, cube(be)->ctx->stream), err, "graph launch");
+    const cu_graph *cg = (const cu_graph *)graph;
+    dsv4_cuda_ctx *c = cube(be)->ctx;
+    /* the replay writes the arena scratch above ar_lo: nothing may be live there now */
+    if (c->ar_top > cg->ar_lo)
+        return cu_err(err, DSV4_EINTERNAL,
+                      "cuda: graph launch: %zu bytes of scratch are live above the graph's arena start %zu "
+                      "(free scratch before replaying a step)", c->ar_top - cg->ar_lo, cg->ar_lo);
+    CU_TRY(cudaGraphLaunch(cg->x, c->stream), err, "graph launch");
     return DSV4_OK;
 }
 
 static void cu_graph_free(dsv4_backend *be, void *graph) {
     if (!graph) return;
     cudaStreamSynchronize(cube(be)->ctx->stream);
-    cudaGraphExecDestroy((cudaGraphExec_t)graph);
+    cudaGraphExecDestroy(((cu_graph *)graph)->x);
+    free(graph);
 }
 
 static int cu_hc_mean(dsv4_backend *be, const dsv4_buf *X, int n_hc, dsv4_buf *y, int64_t col0, dsv4_err *err) {
@@ -478,6 +549,37 @@ static int cu_linear(dsv4_backend *be, const dsv4_buf *x, const dsv4_linear *w, 
     return dsv4_cuda_linear(cb->ctx, &l->cw, (const float *)x->data, (int)x->rows, (float *)y->data, 0, err);
 }
 
+/* linear_multi: the FP8 weights (reference numerics) go through
+ * dsv4_cuda_linear_group — one activation quantisation, up to 4 weights per
+ * launch, the same per-tile sums as the single-weight kernel, so every y[i]
+ * is bit-identical to `linear`'s; the others (BF16, F32, FP4) one by one. */
+static int cu_linear_multi(dsv4_backend *be, const dsv4_buf *x, int n, const dsv4_linear *const *w,
+                           dsv4_buf *const *y, dsv4_err *err) {
+    cu_be *cb = cube(be);
+    if (n < 0 || n > DSV4_LINEAR_MULTI_MAX || (n && (!w || !y)))
+        return cu_err(err, DSV4_EINVAL, "cuda: linear_multi: %d linears (max %d)", n, DSV4_LINEAR_MULTI_MAX);
+    const dsv4_cuda_weight *gw[DSV4_LINEAR_MULTI_MAX];
+    float *gy[DSV4_LINEAR_MULTI_MAX];
+    int ng = 0;
+    for (int i = 0; i < n; i++) {
+        const cu_lin *l = lin_of(w[i], "linear_multi", err);
+        if (!l) return DSV4_EINVAL;
+        int rc = cu_be_check(x, DSV4_DT_F32, -1, l->in, "linear_multi x", err);
+        if (!rc) rc = cu_be_check(y[i], DSV4_DT_F32, x->rows, l->out, "linear_multi y", err);
+        if (!rc && x->data == y[i]->data)
+            rc = cu_err(err, DSV4_EINVAL, "cuda: linear_multi %s: y aliases x", lin_name(w[i]));
+        if (rc) return rc;
+        if (!l->f32 && l->cw.kind == DSV4_CUDA_W_FP8 && be->numerics == DSV4_NUMERICS_REFERENCE) {
+            gw[ng] = &l->cw;
+            gy[ng++] = (float *)y[i]->data;
+        } else if ((rc = cu_linear(be, x, w[i], y[i], err))) {
+            return rc;
+        }
+    }
+    if (!ng) return DSV4_OK;
+    return dsv4_cuda_linear_group(cb->ctx, ng, gw, (const float *)x->data, (int)x->rows, gy, 0, err);
+}
+
 static int cu_linear_grouped(dsv4_backend *be, const dsv4_buf *x, const dsv4_linear *w, int groups, dsv4_buf *y,
                              dsv4_err *err) {
     const cu_lin *l = lin_of(w, "linear_grouped", err);
@@ -522,13 +624,12 @@ static int cu_moe_route(dsv4_backend *be, const dsv4_buf *x, const dsv4_linear *
     /* logits in fp32 (exact fp32 dot, as the CPU reference), in a buffer of our own:
      * the workspace is used by the route tail's error flag */
     void *lg = NULL;
-    cudaStream_t st = cb->ctx->stream;
-    CU_TRY(cudaMallocAsync(&lg, (size_t)T * E * 4, st), err, "moe_route logits");
+    if ((rc = cu_arena_alloc(cb->ctx, (size_t)T * E * 4, &lg, err))) return rc;
     rc = dot_rows(cb, l, (const float *)x->data, l->in, T, E, (float *)lg, err);
     if (!rc)
         rc = cu_be_route_tail(be, (const float *)lg, T, E, bias && bias->data ? bias : NULL, hash ? tid2eid : NULL,
                               tok, k, route_scale, (int32_t *)ids->data, (float *)weights->data, err);
-    cudaFreeAsync(lg, st); /* stream-ordered: no synchronisation inside the layer */
+    cu_arena_free(cb->ctx, lg); /* stream-ordered: no synchronisation inside the layer */
     return rc;
 }
 
@@ -768,6 +869,7 @@ extern "C" dsv4_backend *dsv4_backend_cuda_create(dsv4_numerics numerics, int de
     be->free = cu_be_free;
     be->buf_alloc = cu_buf_alloc;
     be->buf_free = cu_buf_free;
+    be->buf_alloc_scratch = cu_buf_alloc_scratch;
     be->buf_write = cu_buf_write;
     be->buf_read = cu_buf_read;
     be->buf_gather_rows = cu_buf_gather_rows;
@@ -779,11 +881,14 @@ extern "C" dsv4_backend *dsv4_backend_cuda_create(dsv4_numerics numerics, int de
     be->add = cu_be_add;
     be->rmsnorm = cu_be_rmsnorm;
     be->rope = cu_be_rope;
+    be->rmsnorm_rope = cu_be_rmsnorm_rope;
     be->qat_fp8 = cu_be_qat_fp8;
     be->qat_hadamard_fp4 = cu_be_qat_hadamard_fp4;
     be->linear = cu_linear;
     be->linear_grouped = cu_linear_grouped;
+    be->linear_multi = cu_linear_multi;
     be->hc_pre = cu_be_hc_pre;
+    be->hc_pre_norm = cu_be_hc_pre_norm;
     be->hc_post = cu_be_hc_post;
     be->hc_head = cu_be_hc_head;
     be->win_store = cu_be_win_store;

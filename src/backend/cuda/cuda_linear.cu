@@ -660,13 +660,19 @@ extern "C" int dsv4_cuda_linear_group(dsv4_cuda_ctx *c, int nw, const dsv4_cuda_
         return DSV4_OK;
     }
     const int K = (int)w[0]->in;
-    size_t qb = cu_align((size_t)n * K), sb = cu_align((size_t)n * (K / 128) * sizeof(float));
-    void *ws = NULL;
-    int rc = cu_workspace(c, qb + sb, &ws, err);
-    if (rc) return rc;
-    uint8_t *xq = (uint8_t *)ws;
-    float *xs = (float *)((uint8_t *)ws + qb);
-    if ((rc = cu_act_quant(c, x, n, K, xq, xs, err))) return rc;
+    /* n <= fuseq_max (DSV4_CUDA_FUSEQ_MAX): each block quantises x itself, as dsv4_cuda_linear does */
+    const int fq = n <= c->fuseq_max;
+    uint8_t *xq = NULL;
+    float *xs = NULL;
+    int rc = DSV4_OK;
+    if (!fq) {
+        size_t qb = cu_align((size_t)n * K), sb = cu_align((size_t)n * (K / 128) * sizeof(float));
+        void *ws = NULL;
+        if ((rc = cu_workspace(c, qb + sb, &ws, err))) return rc;
+        xq = (uint8_t *)ws;
+        xs = (float *)((uint8_t *)ws + qb);
+        if ((rc = cu_act_quant(c, x, n, K, xq, xs, err))) return rc;
+    }
     for (int i0 = 0; i0 < nw; i0 += FP8_GROUP_MAX) {
         Fp8Group G8;
         memset(&G8, 0, sizeof G8);
@@ -679,8 +685,12 @@ extern "C" int dsv4_cuda_linear_group(dsv4_cuda_ctx *c, int nw, const dsv4_cuda_
             G8.R[i] = (int)wi->out;
             G8.tile0[i + 1] = G8.tile0[i] + (int)(wi->out / 16);
         }
-        rc = G8.nw == 1 ? launch_fp8_small<false, false>(c, G8, K, x, xq, xs, n, flags, err)
-                        : launch_fp8_small<false, true>(c, G8, K, x, xq, xs, n, flags, err);
+        if (fq)
+            rc = G8.nw == 1 ? launch_fp8_small<true, false>(c, G8, K, x, xq, xs, n, flags, err)
+                            : launch_fp8_small<true, true>(c, G8, K, x, xq, xs, n, flags, err);
+        else
+            rc = G8.nw == 1 ? launch_fp8_small<false, false>(c, G8, K, x, xq, xs, n, flags, err)
+                            : launch_fp8_small<false, true>(c, G8, K, x, xq, xs, n, flags, err);
         if (rc) return rc;
     }
     return DSV4_OK;

@@ -403,16 +403,17 @@ static int launch_mma2_k(dsv4_cuda_ctx *c, const uint8_t *W, const uint8_t *ws, 
         CU_TRY(cudaFuncSetAttribute(k_rows_mma2<NT, CHAIN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), err,
                "linear_grouped (fp8 rows, shared memory)");
     float *part = NULL;
-    cudaStream_t st = c->stream;
-    if (ks > 1)
-        CU_TRY(cudaMallocAsync((void **)&part, (size_t)ks * T * out * 4, st), err, "linear_grouped (partials)");
+    if (ks > 1) {
+        int rc = cu_arena_alloc(c, (size_t)ks * T * out * 4, (void **)&part, err);
+        if (rc) return rc;
+    }
     cudaError_t e = cu_launch(c, k_rows_mma2<NT, CHAIN>, dim3((unsigned)(out / 128), (unsigned)ks), dim3(R2_NW * 32), smem,
                               W, ws, wsc, x, xstride, T, out, out_g, in, kbl, y, part);
     if (e == cudaSuccess && ks > 1) {
         const size_t n4 = (size_t)T * out / 4;
         e = cu_launch(c, k_rows_reduce, dim3(nblk(n4, 256)), dim3(256), 0, (const float4 *)part, ks, n4, (float4 *)y);
     }
-    if (part) cudaFreeAsync(part, st);
+    cu_arena_free(c, part);
     CU_TRY(e, err, "linear_grouped (fp8 rows, mma2)");
     return DSV4_OK;
 }
@@ -532,9 +533,9 @@ static int rows_fp8_gemm(dsv4_cuda_ctx *c, const uint8_t *W, const uint8_t *ws, 
     const size_t wb = cu_align((size_t)(out * in) * 2), xb = cu_align((size_t)(tc * xstride) * 2);
     void *p = NULL;
     /* stream-ordered scratch (no synchronisation; capturable) */
-    CU_TRY(cudaMallocAsync(&p, wb + 3 * xb, st), err, "linear_grouped (fp8 rows, scratch)");
+    int rc = cu_arena_alloc(c, wb + 3 * xb, &p, err);
+    if (rc) return rc;
     uint8_t *Wb = (uint8_t *)p, *hi = Wb + wb, *mid = hi + xb, *lo = mid + xb;
-    int rc = DSV4_OK;
     const size_t n16 = (size_t)(out * in) / 16;
     k_rows_fp8_to_bf16<<<nblk(n16, 256), 256, 0, st>>>(W, ws, (in + 127) / 128, in, n16, (uint4 *)Wb);
     cudaError_t e = cudaGetLastError();
@@ -553,7 +554,7 @@ static int rows_fp8_gemm(dsv4_cuda_ctx *c, const uint8_t *W, const uint8_t *ws, 
         if (!rc) rc = rows_gemm(c, CUDA_R_16BF, Wb, lo, xstride, n, out, in, out_g, 1.f, y + r0 * out,
                                 "linear_grouped (fp8 rows, lo)", err);
     }
-    cudaFreeAsync(p, st);
+    cu_arena_free(c, p);
     return rc;
 }
 
@@ -644,17 +645,18 @@ static int rows_sgemm(dsv4_cuda_ctx *c, int kind, const void *W, int64_t out, in
     const float *Wf = (const float *)W;
     if (kind == CU_ROWS_BF16) {
         const size_t n = (size_t)(out * in);
-        CU_TRY(cudaMallocAsync(&p, n * 4, st), err, "linear (rows, f32 scratch)");
+        int rc = cu_arena_alloc(c, n * 4, &p, err);
+        if (rc) return rc;
         k_rows_bf16_to_f32<<<nblk(n, 256), 256, 0, st>>>((const uint16_t *)W, n, (float *)p);
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) {
-            cudaFreeAsync(p, st);
+            cu_arena_free(c, p);
             return cu_err(err, DSV4_EBACKEND, "cuda: linear (rows, widen): %s", cudaGetErrorString(e));
         }
         Wf = (const float *)p;
     }
     int rc = rows_gemm(c, CUDA_R_32F, Wf, x, xstride, T, out, in, out_g, 0.f, y, "linear (rows, sgemm)", err);
-    if (p) cudaFreeAsync(p, st);
+    cu_arena_free(c, p);
     return rc;
 }
 
