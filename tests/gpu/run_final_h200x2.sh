@@ -22,6 +22,7 @@ mkdir -p "$OUTD"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; echo "NCCL=${DSV4_NCCL_LIB:-}"; } \
   > "$OUTD/env.txt" 2>&1
 cd "$D" || exit 1
+[ -d models ] || { [ -f models.tar.xz ] && tar -xJf models.tar.xz; }  # the carry limit: models travel packed
 if [ -z "${SKIP_CHECK:-}" ]; then
   # the correctness checks use tiny models (little GPU memory): run side by side, then report
   ( CUDA_VISIBLE_DEVICES=0 timeout 120 bin/dsv4-gpu-conformance --no-perf --flash-rows 4 --flash-rows 48 \
