@@ -19,7 +19,8 @@ M="$D/configs/deepseek-v4-flash-0731"
 fail=0
 for k in 0 5; do
   base=(run "$M" --load-format dummy --hf-overrides "$OV" --prompt-ids 5,17,42,7,99,3,250,11,64,8 --max-tokens 24
-        --show-ids --spec $k)
+        --show-ids --spec $k
+        --kv-cache-dtype "${KV_DTYPE:-f32}")  # the same rows on both devices (auto: fp8 on CUDA, f32 on CPU)
   timeout 60 "$BIN" "${base[@]}" --device cpu > /dev/null 2> "$OUTD/cpu_k$k.err"
   port=$((29400 + k))
   CUDA_VISIBLE_DEVICES=1 timeout 120 "$BIN" "${base[@]}" --device cuda -tp 2 --nnodes 2 --node-rank 1 \

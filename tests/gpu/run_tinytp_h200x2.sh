@@ -19,7 +19,7 @@
 # sub-tile shapes plus the real wo_a at T = 1, 48, with and without the chained accumulation.
 # Runs from a folder holding bin/dsv4 (-DDSV4_CUDA=ON), optionally bin/test_device_equiv,
 # lib/ (the .so files the GPU machine lacks) and models/. Output: $OUT (or /tmp/tinytp-out).
-# Env: MAX_TOKENS (24), MODELS, SKIP_EQUIV=1, EQUIV_MODES, SKIP_CONF=1.
+# Env: KV_DTYPE (f32 on both devices: `auto` is fp8 rows on CUDA, f32 on the CPU), MAX_TOKENS (24), MODELS, SKIP_EQUIV=1, EQUIV_MODES, SKIP_CONF=1.
 set -uo pipefail
 D=${DIR:-$(pwd)}
 export LD_LIBRARY_PATH="$D/lib:${LD_LIBRARY_PATH:-}"
@@ -41,7 +41,7 @@ fail=0
 # $1 label: run the model with the remaining args, generated ids ([id] on stderr) into $R/$1.ids
 gen() {
   local label=$1; shift
-  timeout 90 "$BIN" run --prompt-ids $P --max-tokens $N --show-ids "$@" > "$R/$label.out" 2> "$R/$label.err"
+  timeout 90 "$BIN" run --prompt-ids $P --max-tokens $N --show-ids --kv-cache-dtype "${KV_DTYPE:-f32}" "$@" > "$R/$label.out" 2> "$R/$label.err"
   echo "rc=$?" >> "$R/$label.err"
   grep -av '^prompt ids' "$R/$label.err" | grep -ao '\[[0-9]\+\]' | tr -d '\n' > "$R/$label.ids"
 }

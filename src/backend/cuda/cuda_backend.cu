@@ -569,7 +569,9 @@ static int cu_linear_multi(dsv4_backend *be, const dsv4_buf *x, int n, const dsv
         if (!rc && x->data == y[i]->data)
             rc = cu_err(err, DSV4_EINVAL, "cuda: linear_multi %s: y aliases x", lin_name(w[i]));
         if (rc) return rc;
-        if (!l->f32 && l->cw.kind == DSV4_CUDA_W_FP8 && be->numerics == DSV4_NUMERICS_REFERENCE) {
+        /* zero-padded sub-tile weights (cuda_subtile.cu) take `linear`'s padded path */
+        if (!l->f32 && l->cw.kind == DSV4_CUDA_W_FP8 && be->numerics == DSV4_NUMERICS_REFERENCE &&
+            l->cw.out == l->out && l->cw.in == l->in) {
             gw[ng] = &l->cw;
             gy[ng++] = (float *)y[i]->data;
         } else if ((rc = cu_linear(be, x, w[i], y[i], err))) {
