@@ -268,6 +268,14 @@ struct dsv4_backend {
      */
     int (*buf_alloc_scratch)(dsv4_backend *be, dsv4_dtype dt, int64_t rows, int64_t cols, dsv4_buf *out,
                              dsv4_err *err);
+    /*
+     * Optional (NULL: the backend has no memory of its own to budget, e.g. the
+     * CPU). Bytes of device memory free now and in total (CUDA: cudaMemGetInfo
+     * on the backend's GPU). Why: the KV pool is sized from what the weights
+     * left, as vLLM's --gpu-memory-utilization (engine/model_runner.c).
+     * Errors: DSV4_EBACKEND.
+     */
+    int (*mem_info)(dsv4_backend *be, int64_t *free_bytes, int64_t *total_bytes, dsv4_err *err);
     /* Copy host bytes into / out of a buffer (nbytes = rows*cols*dtype size). Synchronous. */
     int (*buf_write)(dsv4_backend *be, dsv4_buf *dst, const void *host, dsv4_err *err);
     int (*buf_read)(dsv4_backend *be, const dsv4_buf *src, void *host, dsv4_err *err);

@@ -155,6 +155,7 @@ static void service_opts_from_args(dsv4_serve_args *a, const char *dir, dsv4_eff
     so->block_size = a->block_size;
     so->num_gpu_blocks_override = a->num_gpu_blocks_override;
     so->kv_cache_memory_bytes = a->kv_cache_memory_bytes;
+    so->gpu_memory_utilization = a->gpu_memory_utilization;
     so->kv_cache_dtype = a->kv_cache_dtype;
     so->spec_k = spec->spec_k;
     so->n_k_schedule = spec->n_k_schedule;

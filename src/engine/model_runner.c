@@ -270,6 +270,37 @@ int dsv4_model_runner_open_tp(const char *dir, const dsv4_model_runner_opts *o, 
             goto fail;
         }
         if (np > INT32_MAX / 2) np = INT32_MAX / 2;
+        if (o->n_pages == 0 && o->kv_cache_bytes <= 0 && o->gpu_mem_util > 0 && mr->be->mem_info && pb > 0) {
+            /* the device's budget (vLLM --gpu-memory-utilization): never more pages than fit */
+            int64_t fb = 0, tb = 0;
+            const char *rs = getenv("DSV4_ACT_RESERVE_MB");
+            int64_t reserve = (rs && atoll(rs) >= 0 ? atoll(rs) : 4096) << 20;
+            if ((rc = mr->be->mem_info(mr->be, &fb, &tb, err))) {
+                free(ratios);
+                goto fail;
+            }
+            int64_t fit = dsv4_pool_pages_for_memory(fb, tb, o->gpu_mem_util, reserve, pb) - mr->pad;
+            if (fit < 1) {
+                free(ratios);
+                rc = dsv4_err_set(err, DSV4_ENOMEM,
+                                  "KV cache: --gpu-memory-utilization %.2f of %.1f GiB on %s leaves no page of %d "
+                                  "tokens (%.1f MiB) for the KV pool: %.1f GiB are in use after the weights and %.1f "
+                                  "GiB are kept for activations (DSV4_ACT_RESERVE_MB); raise "
+                                  "--gpu-memory-utilization, use more GPUs (-tp), or give --kv-cache-memory-bytes",
+                                  o->gpu_mem_util, (double)tb / 1073741824.0, mr->be->name, bs, (double)pb / 1048576.0,
+                                  (double)(tb - fb) / 1073741824.0, (double)reserve / 1073741824.0);
+                goto fail;
+            }
+            if (fit < np) {
+                dsv4_log(DSV4_LOG_INFO,
+                         "KV cache: %lld pages of %d tokens fit in --gpu-memory-utilization %.2f on %s (%.1f GiB in "
+                         "use, %.1f GiB total, %.1f GiB kept for activations); %lld would hold every slot at "
+                         "max_model_len",
+                         (long long)fit, bs, o->gpu_mem_util, mr->be->name, (double)(tb - fb) / 1073741824.0,
+                         (double)tb / 1073741824.0, (double)reserve / 1073741824.0, (long long)np);
+                np = fit;
+            }
+        }
     }
     mr->page_bytes = pb;
     rc = dsv4_state_create_paged(mr->be, &mr->cfg, ratios, L, o->n_slots + mr->pad, o->max_len, o->max_spec, bs,
@@ -312,6 +343,15 @@ fail:
     dsv4_err_prefix(err, "%s: ", dir);
     dsv4_model_runner_free(mr);
     return rc;
+}
+
+int64_t dsv4_pool_pages_for_memory(int64_t free_bytes, int64_t total_bytes, double util, int64_t reserve_bytes,
+                                   int64_t page_bytes) {
+    if (page_bytes <= 0 || !(util > 0 && util <= 1) || free_bytes < 0 || total_bytes < free_bytes ||
+        reserve_bytes < 0)
+        return -1;
+    double budget = util * (double)total_bytes - (double)(total_bytes - free_bytes) - (double)reserve_bytes;
+    return budget < (double)page_bytes ? 0 : (int64_t)(budget / (double)page_bytes);
 }
 
 /* Target forward that keeps each row's final streams and token for the MTP drafter. */

@@ -43,6 +43,12 @@ typedef struct dsv4_model_runner_opts {
     int block_size;
     int n_pages;
     int64_t kv_cache_bytes;
+    /* gpu_mem_util in (0, 1] (--gpu-memory-utilization; 0 = off): on a backend with
+     * mem_info and neither n_pages nor kv_cache_bytes given, the pool is also capped at
+     * what fits in gpu_mem_util of the device after the weights, less an activation
+     * reserve (dsv4_pool_pages_for_memory; DSV4_ACT_RESERVE_MB, default 4096): a long
+     * max_len no longer asks for n_slots full-length requests' worth of pages. */
+    double gpu_mem_util;
     int kv_dtype;           /* dsv4_kv_dtype (src/model/kvcodec.h): storage of window and
                              * compressed rows; 0 = F32. The CLIs resolve --kv-cache-dtype auto
                              * by device (dsv4_kv_dtype_parse_for: fp8_ds_mla on the GPU, F32 on
@@ -94,6 +100,17 @@ typedef struct dsv4_load_opts {
  */
 int dsv4_model_runner_open(const char *dir, const dsv4_model_runner_opts *o, dsv4_model_runner **out,
                            dsv4_err *err);
+/*
+ * dsv4_pool_pages_for_memory — KV pool pages of page_bytes that fit a device's
+ * budget, as vLLM's --gpu-memory-utilization: util * total_bytes, less what is in
+ * use now (total_bytes - free_bytes: the weights and everything allocated so
+ * far), less reserve_bytes (activations and workspaces of the largest step).
+ * Bytes; util in (0, 1]. Returns the page count (0 when nothing fits) or -1 for
+ * bad arguments (page_bytes <= 0, util outside (0, 1], free > total or negative).
+ */
+int64_t dsv4_pool_pages_for_memory(int64_t free_bytes, int64_t total_bytes, double util, int64_t reserve_bytes,
+                                   int64_t page_bytes);
+
 /*
  * dsv4_model_runner_open_ex — the same with load options (lo NULL = a real
  * checkpoint, no overrides). With lo->dummy, dir needs only config.json;

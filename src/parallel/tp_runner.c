@@ -759,20 +759,29 @@ int dsv4_tp_runner_open(const char *dir, const dsv4_model_runner_opts *o, const 
     }
     t->it0 = t->ranks[0].it;
     if (t->wd_s > 0 && !pthread_create(&t->wd, NULL, watchdog, t)) t->wd_started = 1;
-    for (int i = 1; i < n; i++) /* the engine maps pages once for all ranks: their pools must agree */
-        if (t->ranks[i].it.page_tokens != t->it0.page_tokens || t->ranks[i].it.n_pages != t->it0.n_pages) {
+    /* The engine maps pages once for all ranks: page sizes must agree; the page count is the smallest
+     * rank's (a pool sized by --gpu-memory-utilization depends on what each GPU's weights left: rank 0
+     * also holds the drafter). A rank with more pages never sees the ids above the common count. */
+    for (int i = 1; i < n; i++) {
+        if (t->ranks[i].it.page_tokens != t->it0.page_tokens || !t->ranks[i].it.set_pages != !t->it0.set_pages) {
             rc = dsv4_err_set(err, DSV4_EINTERNAL,
                               "tensor parallel: rank %d's KV pool (%d pages of %d) differs from rank 0's (%d of %d)", i,
                               t->ranks[i].it.n_pages, t->ranks[i].it.page_tokens, t->it0.n_pages, t->it0.page_tokens);
             dsv4_tp_runner_free(t);
             return rc;
         }
+        if (t->ranks[i].it.n_pages != t->it0.n_pages) {
+            dsv4_log(DSV4_LOG_INFO, "tensor parallel: rank %d holds %d KV pages, rank 0 %d: the pool is the smaller", i,
+                     t->ranks[i].it.n_pages, t->it0.n_pages);
+            if (t->ranks[i].it.n_pages < t->it0.n_pages) t->it0.n_pages = t->ranks[i].it.n_pages;
+        }
+    }
     *out = t;
     return 0;
 }
 
 dsv4_runner dsv4_tp_runner_iface(dsv4_tp_runner *t) {
-    /* the pool: rank 0's sizes (every rank's are the same), set_pages forwarded to every rank */
+    /* the pool: the common sizes (the smallest rank's page count), set_pages forwarded to every rank */
     dsv4_runner r = {.ctx = t,
                      .vocab = t->it0.vocab,
                      .n_slots = t->it0.n_slots,

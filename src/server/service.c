@@ -104,6 +104,8 @@ static int runner_opts(const dsv4_service_opts *o, dsv4_model_runner_opts *mo, d
                                    .block_size = o->block_size,
                                    .n_pages = o->num_gpu_blocks_override,
                                    .kv_cache_bytes = o->kv_cache_memory_bytes,
+                                   /* several nodes compare their pools at the handshake: sized per slot */
+                                   .gpu_mem_util = o->multinode ? 0 : o->gpu_memory_utilization,
                                    .kv_dtype = (int)kvt};
     *lo = (dsv4_load_opts){.dummy = o->load_dummy, .hf_overrides = o->hf_overrides};
     *cache_slots_out = cache_slots;

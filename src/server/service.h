@@ -59,6 +59,7 @@ typedef struct dsv4_service_opts {
     int block_size;
     int num_gpu_blocks_override;
     int64_t kv_cache_memory_bytes;
+    double gpu_memory_utilization; /* --gpu-memory-utilization (0 = off): caps the pool on a GPU */
     const char *kv_cache_dtype;
     int tensor_parallel_size;    /* --tensor-parallel-size; > 1: ranks as threads (src/parallel/tp_runner.h) */
     /* --nnodes > 1: this node's group (src/parallel/multinode.h, joined by the caller, who frees it after

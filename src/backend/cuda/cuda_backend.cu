@@ -139,6 +139,17 @@ static int cu_buf_alloc(dsv4_backend *be, dsv4_dtype dt, int64_t rows, int64_t c
     return DSV4_OK;
 }
 
+/* Device memory free / total (backend.h mem_info), on this backend's GPU. */
+static int cu_mem_info(dsv4_backend *be, int64_t *free_bytes, int64_t *total_bytes, dsv4_err *err) {
+    cu_be *cb = cube(be);
+    size_t f = 0, t = 0;
+    CU_TRY(cudaSetDevice(cb->ctx->device), err, "mem_info (device)");
+    CU_TRY(cudaMemGetInfo(&f, &t), err, "mem_info");
+    *free_bytes = (int64_t)f;
+    *total_bytes = (int64_t)t;
+    return DSV4_OK;
+}
+
 /* Scratch with undefined contents (backend.h buf_alloc_scratch): from the
  * context's arena (cu_arena_alloc), so a captured step has no allocation,
  * memset or free nodes for it. DSV4_CUDA_SCRATCH_MB=0: buf_alloc's zeroed
@@ -872,6 +883,7 @@ extern "C" dsv4_backend *dsv4_backend_cuda_create(dsv4_numerics numerics, int de
     be->buf_alloc = cu_buf_alloc;
     be->buf_free = cu_buf_free;
     be->buf_alloc_scratch = cu_buf_alloc_scratch;
+    be->mem_info = cu_mem_info;
     be->buf_write = cu_buf_write;
     be->buf_read = cu_buf_read;
     be->buf_gather_rows = cu_buf_gather_rows;
