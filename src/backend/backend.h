@@ -255,8 +255,19 @@ struct dsv4_backend {
     /* Allocate a zeroed rows×cols buffer of dtype. Error: DSV4_ENOMEM / DSV4_EBACKEND. */
     int (*buf_alloc)(dsv4_backend *be, dsv4_dtype dt, int64_t rows, int64_t cols,
                      dsv4_buf *out, dsv4_err *err);
-    /* Free a buffer from buf_alloc; sets data to NULL. NULL-data safe. */
+    /* Free a buffer from buf_alloc or buf_alloc_scratch; sets data to NULL. NULL-data safe. */
     void (*buf_free)(dsv4_backend *be, dsv4_buf *b);
+    /*
+     * Optional (NULL: callers use buf_alloc). A rows×cols buffer of dtype whose
+     * contents are undefined (not zeroed): scratch that the ops write before
+     * anything reads it (model/scratch.h). Released by buf_free, in any order;
+     * stream-ordered like buf_alloc. Why: on a GPU backend it comes from a
+     * preallocated arena, so a captured decode step holds no allocation,
+     * memset or free nodes (issue 7, spec/PERFORMANCE.md §6).
+     * Errors: as buf_alloc.
+     */
+    int (*buf_alloc_scratch)(dsv4_backend *be, dsv4_dtype dt, int64_t rows, int64_t cols, dsv4_buf *out,
+                             dsv4_err *err);
     /* Copy host bytes into / out of a buffer (nbytes = rows*cols*dtype size). Synchronous. */
     int (*buf_write)(dsv4_backend *be, dsv4_buf *dst, const void *host, dsv4_err *err);
     int (*buf_read)(dsv4_backend *be, const dsv4_buf *src, void *host, dsv4_err *err);
@@ -308,6 +319,17 @@ struct dsv4_backend {
                 const dsv4_batch *b, int inverse, dsv4_err *err);
 
     /*
+     * Optional (NULL: rmsnorm then rope). In place on x [T][n_heads*head_dim]:
+     * rmsnorm(x, weight, head_dim, eps, x) followed by rope(x, head_dim, rope,
+     * b, forward) — each head normed over its head_dim values (weight [head_dim]
+     * or NULL), then its last rope_dim values rotated. Same results as the two
+     * ops. Why: the query heads (§3.4.1.3-4) and the KV head (§3.4.2) take
+     * both at every step; one kernel instead of two (issue 7).
+     */
+    int (*rmsnorm_rope)(dsv4_backend *be, dsv4_buf *x, const dsv4_tview *weight, int head_dim, float eps,
+                        const dsv4_rope *rope, const dsv4_batch *b, dsv4_err *err);
+
+    /*
      * FP8 E4M3 round-trip (quantise + dequantise) in place of dims [0, n_quant)
      * of every head_dim-wide head of x, blocks of `block` (64) with power-of-two
      * scale 2^ceil(log2(max(amax,1e-4)/448)). §3.4.2.3. Reference numerics only
@@ -344,6 +366,18 @@ struct dsv4_backend {
     int (*linear_grouped)(dsv4_backend *be, const dsv4_buf *x, const dsv4_linear *w, int groups,
                           dsv4_buf *y, dsv4_err *err);
 
+    /*
+     * Optional (NULL: call `linear` n times). y[i] = linear(x, w[i]) for n
+     * linears that read the same x [T][in], i < n <= DSV4_LINEAR_MULTI_MAX,
+     * each output exactly what `linear` computes (no y[i] may alias x).
+     * Why: at decode a block's query, KV, compressor and indexer projections
+     * read one normed x; a GPU backend quantises x once and streams several
+     * FP8 weights in one launch (issue 7: kernels per layer).
+     * Errors: as `linear`, for the first weight at fault.
+     */
+    int (*linear_multi)(dsv4_backend *be, const dsv4_buf *x, int n, const dsv4_linear *const *w,
+                        dsv4_buf *const *y, dsv4_err *err);
+
     /* ---- hyper-connections (spec/MODEL.md §3.2, §3.3, §3.6) ---- */
 
     /*
@@ -357,6 +391,17 @@ struct dsv4_backend {
     int (*hc_pre)(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn, const dsv4_tview *base,
                   const dsv4_tview *scale, int n_hc, int iters, float eps, dsv4_buf *y,
                   dsv4_buf *post, dsv4_buf *comb, dsv4_err *err);
+
+    /*
+     * Optional (NULL: hc_pre, then rmsnorm(y, norm, d, norm_eps, y)). hc_pre
+     * whose y [T][d] comes back RMS-normalised with weight norm [d] (BF16/F32):
+     * every hc_pre of a block is followed by its attn_norm / ffn_norm
+     * (§3.2, §3.7). Same outputs as the two ops up to the order of the fp32
+     * sum of squares. Why: one kernel fewer per sub-layer at decode (issue 7).
+     */
+    int (*hc_pre_norm)(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn, const dsv4_tview *base,
+                       const dsv4_tview *scale, int n_hc, int iters, float eps, const dsv4_tview *norm,
+                       float norm_eps, dsv4_buf *y, dsv4_buf *post, dsv4_buf *comb, dsv4_err *err);
 
     /* HC post: Xout[t][j] = post[t][j]·f[t] + Σ_i comb[t][i][j]·X[t][i] (Cᵀ X). Xout must not alias X. */
     int (*hc_post)(dsv4_backend *be, const dsv4_buf *X, const dsv4_buf *f, const dsv4_buf *post,
@@ -515,6 +560,9 @@ struct dsv4_backend {
      */
     int (*logit_top)(dsv4_backend *be, const dsv4_buf *x, dsv4_buf *ids, dsv4_buf *lp, dsv4_err *err);
 };
+
+/* Most linears one linear_multi call takes. */
+#define DSV4_LINEAR_MULTI_MAX 8
 
 /* Most ids per row logit_top returns (OpenAI top_logprobs <= 20, plus headroom). */
 #define DSV4_LOGIT_TOP_MAX 32

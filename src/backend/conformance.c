@@ -5,6 +5,7 @@
  * is reproducible from its seed on any machine.
  */
 #include "backend/conformance.h"
+#include "model/kvcodec.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -82,10 +83,10 @@ static int skipped(conf *c, const char *op, dsv4_buf **b) {
 }
 
 /* Both sides' contents on the host: the test side's in *x, the reference's
- * in *y, elem bytes an element. The caller frees both, also on error. */
-static int read_both(conf *c, dsv4_buf **b, size_t elem, void **x, void **y) {
-    *x = malloc((size_t)(b[0]->rows * b[0]->cols) * elem + 1);
-    *y = malloc((size_t)(b[1]->rows * b[1]->cols) * elem + 1);
+ * in *y. The caller frees both, also on error. */
+static int read_both(conf *c, dsv4_buf **b, void **x, void **y) {
+    *x = malloc((size_t)(b[0]->rows * b[0]->cols) * dsv4_dtype_size(b[0]->dtype) + 1);
+    *y = malloc((size_t)(b[1]->rows * b[1]->cols) * dsv4_dtype_size(b[1]->dtype) + 1);
     int rc = (*x && *y) ? DSV4_OK : dsv4_err_set(c->err, DSV4_ENOMEM, "conformance: out of memory");
     if (!rc) rc = c->be[0]->buf_read(c->be[0], b[0], *x, c->err);
     if (!rc) rc = c->be[1]->buf_read(c->be[1], b[1], *y, c->err);
@@ -105,7 +106,7 @@ static int check_f32(conf *c, const char *op, dsv4_buf **b) {
     if (c->skip) return skipped(c, op, b);
     size_t n = (size_t)(b[1]->rows * b[1]->cols);
     void *xv, *yv;
-    int rc = read_both(c, b, sizeof(float), &xv, &yv);
+    int rc = read_both(c, b, &xv, &yv);
     float *x = xv, *y = yv;
     if (!rc) {
         double num = 0, den = 0;
@@ -134,7 +135,7 @@ static int check_i32_rows(conf *c, const char *op, dsv4_buf **b, int as_sets) {
     if (c->skip) return skipped(c, op, b);
     int64_t R = b[1]->rows, K = b[1]->cols;
     void *xv, *yv;
-    int rc = read_both(c, b, sizeof(int32_t), &xv, &yv);
+    int rc = read_both(c, b, &xv, &yv);
     int32_t *x = xv, *y = yv;
     if (!rc) {
         int64_t diff = 0;
@@ -169,6 +170,68 @@ static int copy_ref_to_test(conf *c, dsv4_buf **b) {
     int rc = c->be[1]->buf_read(c->be[1], b[1], h, c->err);
     if (!rc) rc = c->be[0]->buf_write(c->be[0], b[0], h, c->err);
     free(h);
+    return rc;
+}
+
+/* ---- coded KV rows (--kv-cache-dtype, src/model/kvcodec.h) ---- */
+
+/* The buffer dtype and width of a row store of `dim` values in record kt. */
+static dsv4_dtype kv_buf_dtype(dsv4_kv_dtype kt) {
+    return kt == DSV4_KV_F32 ? DSV4_DT_F32 : kt == DSV4_KV_BF16 ? DSV4_DT_BF16 : DSV4_DT_U8;
+}
+static int64_t kv_buf_cols(dsv4_kv_dtype kt, int dim, int rope) {
+    return kt == DSV4_KV_FP8_DS_MLA ? dsv4_kvcodec_row_bytes(kt, dim, rope) : dim;
+}
+
+/* n host rows x[n][dim] as records (halloc'd), or NULL (out of memory). */
+static uint8_t *kv_encode_host(conf *c, dsv4_kv_dtype kt, int dim, int rope, const float *x, int64_t n) {
+    int64_t rb = dsv4_kvcodec_row_bytes(kt, dim, rope);
+    uint8_t *r = x && rb > 0 ? halloc(c, (size_t)(n * rb)) : NULL;
+    for (int64_t i = 0; r && i < n; i++) dsv4_kvcodec_encode(kt, dim, rope, x + i * dim, r + i * rb);
+    return r;
+}
+
+/* A row store of n rows in both backends holding the records of x (random floats). */
+static int kv_pair(conf *c, dsv4_kv_dtype kt, int64_t n, int dim, int rope, const float *x, dsv4_buf **out) {
+    const uint8_t *rec = kv_encode_host(c, kt, dim, rope, x, n);
+    if (!rec) return dsv4_err_set(c->err, DSV4_ENOMEM, "conformance: out of memory");
+    return pair(c, kv_buf_dtype(kt), n, kv_buf_cols(kt, dim, rope), rec, out);
+}
+
+/* Both sides' rows of a store of `dim`-value records read back and decoded to floats x (test), y (ref). */
+static int kv_read_pair(conf *c, dsv4_kv_dtype kt, int dim, int rope, dsv4_buf **b, float **x, float **y) {
+    int64_t rb = dsv4_kvcodec_row_bytes(kt, dim, rope), n0 = b[0]->rows, n1 = b[1]->rows;
+    uint8_t *r0 = malloc((size_t)(n0 * rb) + 1), *r1 = malloc((size_t)(n1 * rb) + 1);
+    *x = malloc((size_t)(n0 * dim) * sizeof(float) + 1);
+    *y = malloc((size_t)(n1 * dim) * sizeof(float) + 1);
+    int rc = (r0 && r1 && *x && *y) ? DSV4_OK : dsv4_err_set(c->err, DSV4_ENOMEM, "conformance: out of memory");
+    if (!rc) rc = c->be[0]->buf_read(c->be[0], b[0], r0, c->err);
+    if (!rc) rc = c->be[1]->buf_read(c->be[1], b[1], r1, c->err);
+    for (int64_t i = 0; !rc && i < n0; i++) dsv4_kvcodec_decode(kt, dim, rope, r0 + i * rb, *x + i * dim);
+    for (int64_t i = 0; !rc && i < n1; i++) dsv4_kvcodec_decode(kt, dim, rope, r1 + i * rb, *y + i * dim);
+    free(r0);
+    free(r1);
+    return rc;
+}
+
+/* Normalised error of a coded row store (decoded on the host; unpaged both sides). */
+static int check_kv(conf *c, const char *op, dsv4_kv_dtype kt, int dim, int rope, dsv4_buf **b) {
+    if (kt == DSV4_KV_F32) return check_f32(c, op, b);
+    if (c->skip) return skipped(c, op, b);
+    float *x = NULL, *y = NULL;
+    int rc = kv_read_pair(c, kt, dim, rope, b, &x, &y);
+    if (!rc) {
+        double num = 0, den = 0;
+        for (int64_t i = 0; i < b[1]->rows * dim; i++) {
+            num += ((double)x[i] - y[i]) * ((double)x[i] - y[i]);
+            den += (double)y[i] * y[i];
+        }
+        char note[32];
+        snprintf(note, sizeof note, " (%s rows)", dsv4_kv_dtype_name(kt));
+        judge_nerr(c, op, num, den, note);
+    }
+    free(x);
+    free(y);
     return rc;
 }
 
@@ -268,6 +331,15 @@ static int allow_unsupported(conf *c, int rc) {
 
 /* ---- the ops ---- */
 
+/* The test side (0) takes rmsnorm_rope where it exists; the reference (1) rmsnorm, then rope. */
+static int norm_rope_side(conf *c, int side, dsv4_buf *x, const dsv4_tview *w, int hd, const dsv4_rope *r,
+                          const dsv4_batch *b) {
+    dsv4_backend *be = c->be[side];
+    if (side == 0 && be->rmsnorm_rope) return be->rmsnorm_rope(be, x, w, hd, 1e-6f, r, b, c->err);
+    int rc = be->rmsnorm(be, x, w, hd, 1e-6f, x, c->err);
+    return rc ? rc : be->rope(be, x, hd, r, b, 0, c->err);
+}
+
 static int conf_dense(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
     int T = s->rows, rc;
     const char *op = "dense";
@@ -299,6 +371,23 @@ static int conf_dense(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
     RUN(c->be[0]->rmsnorm(c->be[0], g[0], NULL, s->head_dim, 1e-6f, g[0], c->err),
         c->be[1]->rmsnorm(c->be[1], g[1], NULL, s->head_dim, 1e-6f, g[1], c->err));
     if ((rc = check_f32(c, op, g))) return rc;
+    /* rmsnorm_rope (where the test backend has it) against the reference's rmsnorm + rope:
+     * unweighted over q-shaped heads, weighted over one KV-shaped head */
+    {
+        dsv4_buf *q2[2], *k2[2];
+        dsv4_tview hw[2];
+        if ((rc = pair(c, DSV4_DT_F32, T, qw, hrand(c, (size_t)(T * qw), 2), q2)) ||
+            (rc = pair(c, DSV4_DT_F32, T, s->head_dim, hrand(c, (size_t)T * s->head_dim, 2), k2)) ||
+            (rc = up_vec(c, hrand(c, s->head_dim, 1), s->head_dim, hw)))
+            return rc;
+        for (int k = 0; k < 2; k++) {
+            dsv4_buf **xb = k ? k2 : q2;
+            const dsv4_tview *w0 = k ? &hw[0] : NULL, *w1 = k ? &hw[1] : NULL;
+            op = k ? "rmsnorm_rope_weighted" : "rmsnorm_rope";
+            RUN(norm_rope_side(c, 0, xb[0], w0, s->head_dim, &r, b), norm_rope_side(c, 1, xb[1], w1, s->head_dim, &r, b));
+            if ((rc = check_f32(c, op, xb))) return rc;
+        }
+    }
     op = "qat_fp8";
     int nq = s->head_dim - s->rope_dim;
     RUN(c->be[0]->qat_fp8(c->be[0], g[0], s->head_dim, nq, 64, c->err), c->be[1]->qat_fp8(c->be[1], g[1], s->head_dim, nq, 64, c->err));
@@ -309,6 +398,49 @@ static int conf_dense(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
     op = "qat_hadamard_fp4";
     RUN(c->be[0]->qat_hadamard_fp4(c->be[0], u[0], s->index_dim, c->err), c->be[1]->qat_hadamard_fp4(c->be[1], u[1], s->index_dim, c->err));
     return check_f32(c, op, u);
+}
+
+/* linear_multi where it exists (else `linear` per weight) against the reference's `linear`:
+ * six weights on one x, as a block's projections (FP8 mostly, a BF16 one in the middle and more
+ * FP8 weights than one grouped launch takes), each output checked. */
+static int multi_side(conf *c, int side, const dsv4_buf *x, int n, const dsv4_linear *const *w, dsv4_buf *const *y) {
+    dsv4_backend *be = c->be[side];
+    if (side == 0 && be->linear_multi) return be->linear_multi(be, x, n, w, y, c->err);
+    for (int i = 0; i < n; i++) {
+        int rc = be->linear(be, x, w[i], y[i], c->err);
+        if (rc) return rc;
+    }
+    return DSV4_OK;
+}
+
+static int conf_linear_multi(conf *c, const dsv4_conf_shape *s) {
+    enum { NW = 6 };
+    const int T = s->rows;
+    const struct { dsv4_dtype dt; int64_t out; } ws[NW] = {
+        {DSV4_DT_F8_E4M3, s->q_lora},      {DSV4_DT_F8_E4M3, s->head_dim}, {DSV4_DT_BF16, s->index_heads},
+        {DSV4_DT_F8_E4M3, 2 * s->head_dim}, {DSV4_DT_F8_E4M3, s->head_dim}, {DSV4_DT_F8_E4M3, s->d}};
+    dsv4_linear L[2][NW];
+    const dsv4_linear *lp[2][NW];
+    dsv4_buf *x[2], *y[NW][2], *yp[2][NW];
+    int rc = pair(c, DSV4_DT_F32, T, s->d, hrand(c, (size_t)T * s->d, 2), x);
+    for (int i = 0; !rc && i < NW; i++) {
+        dsv4_linear h = host_linear(c, ws[i].dt, ws[i].out, s->d), d[2];
+        if ((rc = up_linear(c, &h, d)) || (rc = pair(c, DSV4_DT_F32, T, ws[i].out, NULL, y[i]))) break;
+        for (int side = 0; side < 2; side++) {
+            L[side][i] = d[side];
+            lp[side][i] = &L[side][i];
+            yp[side][i] = y[i][side];
+        }
+    }
+    if (rc) return rc;
+    const char *op = "linear_multi";
+    RUN(multi_side(c, 0, x[0], NW, lp[0], yp[0]), multi_side(c, 1, x[1], NW, lp[1], yp[1]));
+    for (int i = 0; i < NW; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "linear_multi[%d]", i);
+        if ((rc = check_f32(c, name, y[i]))) return rc;
+    }
+    return DSV4_OK;
 }
 
 static int conf_linear(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
@@ -337,7 +469,19 @@ static int conf_linear(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
     RUN(c->be[0]->linear_grouped(c->be[0], x[0], &L[0], s->o_groups, y[0], c->err),
         c->be[1]->linear_grouped(c->be[1], x[1], &L[1], s->o_groups, y[1], c->err));
     (void)b;
-    return check_f32(c, op, y);
+    if ((rc = check_f32(c, op, y))) return rc;
+    return conf_linear_multi(c, s);
+}
+
+/* The test side (0) takes hc_pre_norm where it exists; the reference (1) hc_pre, then rmsnorm. */
+static int hc_pre_norm_side(conf *c, int side, const dsv4_buf *X, const dsv4_tview *fn, const dsv4_tview *base,
+                            const dsv4_tview *sc, int n, const dsv4_tview *nw, dsv4_buf *y, dsv4_buf *post,
+                            dsv4_buf *comb, int d) {
+    dsv4_backend *be = c->be[side];
+    if (side == 0 && be->hc_pre_norm)
+        return be->hc_pre_norm(be, X, fn, base, sc, n, 20, 1e-6f, nw, 1e-6f, y, post, comb, c->err);
+    int rc = be->hc_pre(be, X, fn, base, sc, n, 20, 1e-6f, y, post, comb, c->err);
+    return rc ? rc : be->rmsnorm(be, y, nw, d, 1e-6f, y, c->err);
 }
 
 static int conf_hc(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
@@ -363,6 +507,20 @@ static int conf_hc(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
     if ((rc = check_f32(c, "hc_pre y", y)) || (rc = check_f32(c, "hc_pre post", post)) ||
         (rc = check_f32(c, "hc_pre comb", comb)))
         return rc;
+    /* hc_pre_norm (where the test backend has it) against the reference's hc_pre + rmsnorm */
+    {
+        dsv4_tview nw[2];
+        dsv4_buf *y2[2], *p2[2], *c2[2];
+        if ((rc = up_vec(c, hrand(c, s->d, 1), s->d, nw)) || (rc = pair(c, DSV4_DT_F32, T, s->d, NULL, y2)) ||
+            (rc = pair(c, DSV4_DT_F32, T, n, NULL, p2)) || (rc = pair(c, DSV4_DT_F32, T, n * n, NULL, c2)))
+            return rc;
+        op = "hc_pre_norm";
+        RUN(hc_pre_norm_side(c, 0, X[0], &fn[0], &base[0], &sc[0], n, &nw[0], y2[0], p2[0], c2[0], s->d),
+            hc_pre_norm_side(c, 1, X[1], &fn[1], &base[1], &sc[1], n, &nw[1], y2[1], p2[1], c2[1], s->d));
+        if ((rc = check_f32(c, "hc_pre_norm y", y2)) || (rc = check_f32(c, "hc_pre_norm post", p2)) ||
+            (rc = check_f32(c, "hc_pre_norm comb", c2)))
+            return rc;
+    }
     op = "hc_post";
     RUN(c->be[0]->hc_post(c->be[0], X[0], f[0], post[0], comb[0], n, X2[0], c->err),
         c->be[1]->hc_post(c->be[1], X[1], f[1], post[1], comb[1], n, X2[1], c->err));
@@ -379,7 +537,6 @@ static int conf_hc(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
     return check_f32(c, op, u);
 }
 
-/* Exact comparison of an I32 output, order included (no tolerance: ids are picks, not sums). */
 /*
  * logit_top (issue 7, greedy ids on the device): rows of a vocabulary-wide
  * logit matrix (129280 at Flash shapes) with exact ties planted — coarse
@@ -442,6 +599,8 @@ typedef struct cmp_pair {
     dsv4_buf *rows[2], *kv[2], *sc[2];
     int32_t *bt; /* host block table (paged) */
     int64_t max_rows;
+    dsv4_kv_dtype kt; /* record of the emitted rows (kvcodec.h) */
+    int rope;         /* its rope dims (fp8_ds_mla) */
 } cmp_pair;
 
 /* A buffer in one backend only (the other side's slot stays empty). */
@@ -461,18 +620,19 @@ static int64_t unpage_of(const cmp_pair *cp, int64_t slot, int64_t w) {
     return (int64_t)cp->bt[slot * t->max_pages + w / t->page_rows] * t->page_rows + w % t->page_rows;
 }
 
-/* Copy unpaged rows [n_slots][max_rows][D] to where the test side's block
- * table puts them (rows of unmapped pages are dropped, spare rows untouched). */
-static void page_rows(const cmp_pair *cp, int64_t D, const float *unpaged, float *paged) {
+/* Copy unpaged rows [n_slots][max_rows] of rb bytes to where the test side's
+ * block table puts them (rows of unmapped pages are dropped, spare rows untouched). */
+static void page_rows(const cmp_pair *cp, int64_t rb, const void *unpaged, void *paged) {
     for (int sl = 0; sl < cp->st[0].n_slots; sl++)
         for (int64_t w = 0; w < cp->max_rows; w++) {
             int64_t r = unpage_of(cp, sl, w);
-            if (r >= 0) memcpy(paged + r * D, unpaged + (sl * cp->max_rows + w) * D, (size_t)D * sizeof(float));
+            if (r >= 0)
+                memcpy((char *)paged + r * rb, (const char *)unpaged + (sl * cp->max_rows + w) * rb, (size_t)rb);
         }
 }
 
 static int make_cmp(conf *c, int ratio, int overlap, int D, int slots, const int64_t *nvis_max, int paged,
-                    cmp_pair *cp) {
+                    dsv4_kv_dtype kt, int rope, cmp_pair *cp) {
     int64_t maxr = 1;
     for (int sl = 0; sl < slots; sl++) maxr = nvis_max[sl] + 1 > maxr ? nvis_max[sl] + 1 : maxr;
     int cap = ratio * (1 + overlap) + 4, cw = D * (1 + overlap), rc;
@@ -480,6 +640,11 @@ static int make_cmp(conf *c, int ratio, int overlap, int D, int slots, const int
     if (!rows) return dsv4_err_set(c->err, DSV4_ENOMEM, "conformance: out of memory");
     memset(cp, 0, sizeof *cp);
     cp->max_rows = maxr;
+    cp->kt = kt;
+    cp->rope = rope;
+    const int64_t rb = dsv4_kvcodec_row_bytes(kt, D, rope); /* bytes per emitted row */
+    const uint8_t *rec = kv_encode_host(c, kt, D, rope, rows, slots * maxr);
+    if (!rec) return dsv4_err_set(c->err, DSV4_ENOMEM, "conformance: out of memory");
     if ((rc = pair(c, DSV4_DT_F32, (int64_t)slots * cap, cw, hrand(c, (size_t)slots * cap * cw, 1), cp->kv)) ||
         (rc = pair(c, DSV4_DT_F32, (int64_t)slots * cap, cw, hrand(c, (size_t)slots * cap * cw, 1), cp->sc)))
         return rc;
@@ -487,14 +652,14 @@ static int make_cmp(conf *c, int ratio, int overlap, int D, int slots, const int
         cp->st[k] = (dsv4_cmp_state){.ratio = ratio, .overlap = overlap, .out_dim = D, .cap = cap, .n_slots = slots,
                                      .max_rows = maxr, .kv = *cp->kv[k], .score = *cp->sc[k]};
     if (!paged) {
-        if ((rc = pair(c, DSV4_DT_F32, slots * maxr, D, rows, cp->rows))) return rc;
+        if ((rc = pair(c, kv_buf_dtype(kt), slots * maxr, kv_buf_cols(kt, D, rope), rec, cp->rows))) return rc;
         cp->st[0].rows = *cp->rows[0];
         cp->st[1].rows = *cp->rows[1];
         return DSV4_OK;
     }
     int pr = 4, mp = (int)((maxr + pr - 1) / pr), np = slots * mp + 3;
     int32_t *perm = halloc(c, (size_t)np * 4), *bt = halloc(c, (size_t)slots * mp * 4);
-    float *prow = halloc(c, (size_t)np * pr * D * sizeof(float));
+    uint8_t *prow = halloc(c, (size_t)(np * pr * rb));
     if (!perm || !bt || !prow) return dsv4_err_set(c->err, DSV4_ENOMEM, "conformance: out of memory");
     for (int i = 0; i < np; i++) perm[i] = i;
     for (int i = np - 1; i > 0; i--) { /* Fisher-Yates */
@@ -504,17 +669,17 @@ static int make_cmp(conf *c, int ratio, int overlap, int D, int slots, const int
         perm[i] = perm[j];
         perm[j] = x;
     }
-    for (size_t i = 0; i < (size_t)np * pr * D; i++) prow[i] = NAN;
+    memset(prow, 0xff, (size_t)(np * pr * rb)); /* NaN in every record format */
     int used = 0;
     for (int sl = 0; sl < slots; sl++)
         for (int pg = 0; pg < mp; pg++) bt[sl * mp + pg] = (int64_t)pg * pr <= nvis_max[sl] ? perm[used++] : -1;
     cp->bt = bt;
     cp->st[0].page_rows = pr;
     cp->st[0].max_pages = mp;
-    page_rows(cp, D, rows, prow);
+    page_rows(cp, rb, rec, prow);
     dsv4_buf *tb = NULL;
-    if ((rc = single(c, 0, DSV4_DT_F32, (int64_t)np * pr, D, prow, &cp->rows[0])) ||
-        (rc = single(c, 1, DSV4_DT_F32, slots * maxr, D, rows, &cp->rows[1])) ||
+    if ((rc = single(c, 0, kv_buf_dtype(kt), (int64_t)np * pr, kv_buf_cols(kt, D, rope), prow, &cp->rows[0])) ||
+        (rc = single(c, 1, kv_buf_dtype(kt), slots * maxr, kv_buf_cols(kt, D, rope), rec, &cp->rows[1])) ||
         (rc = single(c, 0, DSV4_DT_I32, slots, mp, bt, &tb)))
         return rc;
     cp->st[0].rows = *cp->rows[0];
@@ -525,17 +690,24 @@ static int make_cmp(conf *c, int ratio, int overlap, int D, int slots, const int
 
 /* Compare emitted rows; a paged test side is read back through its block table. */
 static int check_rows(conf *c, const char *op, cmp_pair *cp) {
-    if (!cp->bt) return check_f32(c, op, cp->rows);
     const dsv4_cmp_state *t = &cp->st[0];
+    if (!cp->bt) return check_kv(c, op, cp->kt, t->out_dim, cp->rope, cp->rows);
     int64_t D = t->out_dim;
-    void *xv, *yv;
-    int rc = read_both(c, cp->rows, sizeof(float), &xv, &yv);
-    float *x = xv, *y = yv;
-    if (!rc && c->skip) { /* page the reference's rows into the test side */
-        note_skipped(c, op);
-        page_rows(cp, D, y, x);
-        rc = c->be[0]->buf_write(c->be[0], cp->rows[0], x, c->err);
-    } else if (!rc) {
+    if (c->skip) { /* page the reference's records into the test side */
+        void *rx, *ry;
+        int rc = read_both(c, cp->rows, &rx, &ry);
+        if (!rc) {
+            note_skipped(c, op);
+            page_rows(cp, dsv4_kvcodec_row_bytes(cp->kt, (int)D, cp->rope), ry, rx);
+            rc = c->be[0]->buf_write(c->be[0], cp->rows[0], rx, c->err);
+        }
+        free(rx);
+        free(ry);
+        return rc;
+    }
+    float *x = NULL, *y = NULL;
+    int rc = kv_read_pair(c, cp->kt, (int)D, cp->rope, cp->rows, &x, &y);
+    if (!rc) {
         double num = 0, den = 0;
         for (int sl = 0; sl < t->n_slots; sl++)
             for (int64_t w = 0; w < cp->max_rows; w++) {
@@ -546,7 +718,9 @@ static int check_rows(conf *c, const char *op, cmp_pair *cp) {
                     den += (double)ref[j] * ref[j];
                 }
             }
-        judge_nerr(c, op, num, den, " (paged)");
+        char note[48];
+        snprintf(note, sizeof note, " (paged, %s rows)", dsv4_kv_dtype_name(cp->kt));
+        judge_nerr(c, op, num, den, note);
     }
     free(x);
     free(y);
@@ -567,9 +741,12 @@ static int conf_attention(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b
     cmp_pair cm, ci;
     dsv4_win_state ws[2];
     dsv4_buf *ring[2];
-    if ((rc = pair(c, DSV4_DT_F32, (int64_t)slots * cap, hd, hrand(c, (size_t)slots * cap * hd, 1), ring)) ||
-        (rc = make_cmp(c, ratio, ov, hd, slots, nv_main, s->paged, &cm)) ||
-        (ov && (rc = make_cmp(c, 4, 1, idim, slots, nv_idx, s->paged, &ci))))
+    /* window rows and main compressed rows in the shape's --kv-cache-dtype record; index keys F32 */
+    const dsv4_kv_dtype kt = (dsv4_kv_dtype)s->kv_dtype;
+    const int krope = kt == DSV4_KV_FP8_DS_MLA ? s->rope_dim : 0;
+    if ((rc = kv_pair(c, kt, (int64_t)slots * cap, hd, krope, hrand(c, (size_t)slots * cap * hd, 1), ring)) ||
+        (rc = make_cmp(c, ratio, ov, hd, slots, nv_main, s->paged, kt, krope, &cm)) ||
+        (ov && (rc = make_cmp(c, 4, 1, idim, slots, nv_idx, s->paged, DSV4_KV_F32, 0, &ci))))
         return rc;
     for (int k = 0; k < 2; k++) ws[k] = (dsv4_win_state){.window = s->window, .cap = cap, .n_slots = slots, .rows = *ring[k]};
     dsv4_rope r;
@@ -630,7 +807,7 @@ static int conf_attention(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b
     }
     op = "win_store";
     RUN(c->be[0]->win_store(c->be[0], &ws[0], kv[0], b, c->err), c->be[1]->win_store(c->be[1], &ws[1], kv[1], b, c->err));
-    return check_f32(c, op, ring);
+    return check_kv(c, op, kt, hd, krope, ring);
 }
 
 static int conf_moe(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {

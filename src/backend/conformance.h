@@ -38,6 +38,8 @@ typedef struct dsv4_conf_shape {
      */
     int seg_rows, pos0, ratio, paged;
     int attn_only;     /* run only the attention-state ops (compress, indexer, attention, win_store) */
+    int kv_dtype;      /* dsv4_kv_dtype (src/model/kvcodec.h) of the window rows and main compressed
+                        * rows in both backends (0 = F32); index keys stay F32 */
 } dsv4_conf_shape;
 
 /* The tiny shapes of spec/MODEL.md §5.2 (rows 24). */

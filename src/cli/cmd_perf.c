@@ -31,6 +31,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "model/kvcodec.h"
 #include "cli/cli.h"
 #include "engine/model_runner.h"
 #include "engine/step_bytes.h"
@@ -43,6 +44,7 @@
 typedef struct perf_opts {
     const char *dir, *load_format, *hf_overrides;
     dsv4_device device;
+    const char *kv_cache_dtype; /* --kv-cache-dtype; NULL = auto (fp8_ds_mla on the GPU, f32 on the CPU) */
     int batch[PERF_MAX_LIST], n_batch;
     int rows[PERF_MAX_LIST], n_rows;
     int64_t context;
@@ -60,6 +62,7 @@ static void usage(FILE *f) {
             "Time forward steps of the model runner and compare them with the HBM roofline\n"
             "(dense weights once + routed experts selected + state read, at 4.58 TB/s).\n"
             "  --device D            auto (default) | cpu | cuda\n"
+            "  --kv-cache-dtype T    auto (fp8_ds_mla on the GPU, f32 on the CPU) | f32 | bf16 | fp8_ds_mla\n"
             "  --enforce-eager       no CUDA graphs (default: decode / verify steps replay graphs\n"
             "                        captured per shape on CUDA; the first two steps of a shape\n"
             "                        run eagerly, so give --warmup 2 to time replays)\n"
@@ -77,8 +80,9 @@ static void usage(FILE *f) {
             "  --tensor-parallel-size N, -tp N\n"
             "                        N ranks in this process (GPUs 0..N-1 with --device cuda, NCCL); the\n"
             "                        roofline is then per GPU (each reads its 1/N of the split weights)\n"
-            "  --all-reduce-bench    with -tp: first time the all-reduce of 1, 6, 8, 48, 64 and 384 rows of\n"
-            "                        hidden_size floats, NCCL and (DSV4_TP_ONESHOT=1) the NVLink one-shot\n"
+            "  --all-reduce-bench    with -tp: first check and time the all-reduce of 1, 6, 8, 48, 64, 384 rows\n"
+            "                        of hidden_size F32 and 1, 8, 64 rows of BF16, NCCL against the NVLink\n"
+            "                        one-shot kernel (DSV4_TP_ONESHOT=0 turns it off), eager and in graphs\n"
             "  --logits M            full | ids | both (default): time each shape with every row's logits\n"
             "                        read back, with only its greedy id (argmax on the device), or both\n"
             "MODEL_DIR defaults to the embedded default model (%s).\n",
@@ -161,6 +165,14 @@ static int parse_args(int argc, char **argv, perf_opts *o) {
                 fprintf(stderr, "dsv4 perf: %s\n", e.msg);
                 return 2;
             }
+        } else if (!strcmp(a, "--kv-cache-dtype")) {
+            dsv4_err e = {0};
+            dsv4_kv_dtype t;
+            if (dsv4_kv_dtype_parse(v, &t, &e)) {
+                fprintf(stderr, "dsv4 perf: --kv-cache-dtype: %s\n", e.msg);
+                return 2;
+            }
+            o->kv_cache_dtype = v;
         } else if (!strcmp(a, "--batch")) {
             if (parse_list(v, o->batch, &o->n_batch, a)) return 2;
         } else if (!strcmp(a, "--rows-per-seq")) {
@@ -352,9 +364,15 @@ int dsv4_cmd_perf(int argc, char **argv) {
     dsv4_model_runner *mr = NULL;
     dsv4_tp_runner *tp = NULL;
     /* max_spec = rows-1: the state's rings are sized for verify rows that may be rejected */
+    dsv4_kv_dtype kvt = DSV4_KV_F32;
+    int gpu = o.device == DSV4_DEVICE_CUDA;
+#ifdef DSV4_HAVE_CUDA
+    gpu |= o.device == DSV4_DEVICE_AUTO;
+#endif
+    dsv4_kv_dtype_parse_for(o.kv_cache_dtype, gpu, &kvt, NULL); /* validated by the parser */
     dsv4_model_runner_opts mo = {.n_slots = max_b, .max_len = (int)max_len, .max_spec = max_r - 1,
                                  .numerics = DSV4_NUMERICS_REFERENCE, .device = o.device,
-                                 .cuda_graphs = o.cuda_graphs};
+                                 .cuda_graphs = o.cuda_graphs, .kv_dtype = (int)kvt};
     double t0 = now_s();
     const dsv4_config *cfg = NULL;
     dsv4_load_opts lo = {.dummy = strcmp(o.load_format, "dummy") == 0, .hf_overrides = o.hf_overrides};
@@ -395,8 +413,15 @@ int dsv4_cmd_perf(int argc, char **argv) {
         printf("# tensor parallel %d: every step runs on all ranks (2 all-reduces per layer + the logit all-gather);"
                " roofline_ms is one GPU's share (split weights / %d, replicated weights and state whole)\n",
                o.tp, o.tp);
-    printf("# roofline = (dense weights once + expected distinct routed experts + gathered rows + F32 state read)"
-           " / 4.58 TB/s\n");
+    /* state bytes per element for the roofline: 4 / 2 / ~1 (fp8_ds_mla: 584 bytes per 512 values; index keys
+     * are F32 but counted at the same width, a small undercount) */
+    const int state_eb = kvt == DSV4_KV_F32 ? 4 : kvt == DSV4_KV_BF16 ? 2 : 1;
+    printf("# kv cache dtype %s: %lld bytes per stored row of %d values; state pool %d pages of %d tokens "
+           "(%lld bytes each)\n", dsv4_kv_dtype_name(kvt),
+           (long long)dsv4_kvcodec_row_bytes(kvt, cfg->head_dim, cfg->qk_rope_head_dim), cfg->head_dim, run.n_pages,
+           run.page_tokens, (long long)run.page_bytes);
+    printf("# roofline = (dense weights once + expected distinct routed experts + gathered rows + state read at %d "
+           "bytes / value) / 4.58 TB/s\n", state_eb);
     if (tp && o.out_ids) { /* the TP runner returns full logits only */
         if (!o.out_full) {
             fprintf(stderr, "dsv4 perf: --logits ids: tensor parallelism returns full logits only\n");
@@ -419,19 +444,39 @@ int dsv4_cmd_perf(int argc, char **argv) {
         lc.moe_intermediate_size /= o.tp;
         if (lc.vocab_size % o.tp == 0) lc.vocab_size /= o.tp;
     }
-    if (tp && o.ar_bench) { /* the collective alone, both paths, one row = hidden_size floats */
-        static const int ar_rows[] = {1, 6, 8, 48, 64, 384};
-        printf("# all-reduce of [rows][%d] F32 over %d ranks, mean of 200 back-to-back calls (slowest rank)\n",
+    if (tp && o.ar_bench) { /* the collective alone, both paths, one row = hidden_size elements */
+        static const struct {
+            int rows;
+            dsv4_dtype dt;
+        } ar[] = {{1, DSV4_DT_F32},  {6, DSV4_DT_F32},  {8, DSV4_DT_F32},   {48, DSV4_DT_F32}, {64, DSV4_DT_F32},
+                  {384, DSV4_DT_F32}, {1, DSV4_DT_BF16}, {8, DSV4_DT_BF16}, {64, DSV4_DT_BF16}};
+        printf("# all-reduce of [rows][%d] over %d ranks: mean us per call of the slowest rank, 200 back-to-back "
+               "host launches (eager) and replays of a CUDA graph of 50 calls (graph); check: both paths' results "
+               "bit-identical to the host rank-order sum (1 eager call + 2 graph replays) and across ranks\n",
                cfg->hidden_size, o.tp);
-        printf("%-6s %10s %12s %12s\n", "rows", "KB", "nccl_us", "oneshot_us");
-        for (size_t i = 0; i < sizeof ar_rows / sizeof ar_rows[0] && !rc; i++) {
-            double us_n = 0, us_o = 0;
-            int used = 0;
-            rc = dsv4_tp_runner_bench_all_reduce(tp, ar_rows[i], cfg->hidden_size, 200, 0, &us_n, &used, &err);
-            if (!rc) rc = dsv4_tp_runner_bench_all_reduce(tp, ar_rows[i], cfg->hidden_size, 200, 1, &us_o, &used, &err);
-            if (!rc && used) printf("%-6d %10.1f %12.2f %12.2f\n", ar_rows[i], ar_rows[i] * cfg->hidden_size * 4 / 1024.0, us_n, us_o);
-            else if (!rc) printf("%-6d %10.1f %12.2f %12s\n", ar_rows[i], ar_rows[i] * cfg->hidden_size * 4 / 1024.0, us_n, "-");
+        printf("%-5s %-6s %9s %10s %11s %10s %11s %s\n", "dtype", "rows", "KB", "nccl_us", "oneshot_us",
+               "nccl_graph", "os_graph", "check");
+        int all_pass = 1;
+        for (size_t i = 0; i < sizeof ar / sizeof ar[0] && !rc; i++) {
+            dsv4_tp_ar_result rn, ro;
+            double kb = ar[i].rows * cfg->hidden_size * (ar[i].dt == DSV4_DT_BF16 ? 2 : 4) / 1024.0;
+            rc = dsv4_tp_runner_bench_all_reduce(tp, ar[i].rows, cfg->hidden_size, ar[i].dt, 200, 0, &rn, &err);
+            if (!rc) rc = dsv4_tp_runner_bench_all_reduce(tp, ar[i].rows, cfg->hidden_size, ar[i].dt, 200, 1, &ro, &err);
+            if (rc) break;
+            int pass = !rn.bad && !ro.bad && rn.ranks_equal && ro.ranks_equal && rn.hash == ro.hash;
+            all_pass &= pass;
+            char os_e[32] = "-", os_g[32] = "-";
+            if (ro.used_oneshot) {
+                snprintf(os_e, sizeof os_e, "%.2f", ro.us_eager);
+                snprintf(os_g, sizeof os_g, "%.2f", ro.us_graph);
+            }
+            printf("%-5s %-6d %9.1f %10.2f %11s %10.2f %11s %s (%lld/%lld wrong, ranks %s)\n", dsv4_dtype_name(ar[i].dt),
+                   ar[i].rows, kb, rn.us_eager, os_e, rn.us_graph, os_g, pass ? "PASS" : "FAIL",
+                   (long long)(rn.bad + ro.bad), (long long)(rn.checked + ro.checked),
+                   rn.ranks_equal && ro.ranks_equal ? "equal" : "DIFFER");
         }
+        if (!rc) printf("all-reduce check: %s\n", all_pass ? "PASS" : "FAIL");
+        if (!rc && !all_pass) rc = dsv4_err_set(&err, DSV4_EINTERNAL, "all-reduce check failed");
         fflush(stdout);
     }
     size_t logit_cap = (size_t)max_b * (size_t)max_r;
@@ -454,7 +499,7 @@ int dsv4_cmd_perf(int argc, char **argv) {
                 double ms = 0;
                 rc = time_steps(&tgt, &pb, o.warmup, o.steps, logits, mode ? ids : NULL, &ms, &err);
                 dsv4_step_bytes sb;
-                if (!rc) rc = dsv4_step_bytes_compute(&lc, B, R, o.context, 4, &sb, &err);
+                if (!rc) rc = dsv4_step_bytes_compute(&lc, B, R, o.context, state_eb, &sb, &err);
                 if (!rc) {
                     double roof = sb.total / PERF_HBM_BPS * 1e3;
                     double d2h = (double)B * R * (mode ? 4.0 : 4.0 * cfg->vocab_size) / 1e6;

@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "model/kvcodec.h"
 #include "cli/cli.h"
 #include "engine/engine.h"
 #include "engine/model_runner.h"
@@ -41,6 +42,8 @@ static void usage(FILE *f) {
             "  --spec K             speculate K tokens per step with the checkpoint's drafter\n"
             "                       (DSpark stages: K <= dspark_block_size; MTP block: K = 1)\n"
             "  --show-ids           print the prompt and generated token ids to stderr\n"
+            "  --kv-cache-dtype T   auto (fp8_ds_mla on the GPU, f32 on the CPU) | f32 | bf16 | fp8_ds_mla (fp8):\n"
+            "                       how window and compressed KV rows are stored (vLLM's flag)\n"
             "  --device D           auto (default: CUDA when built with it and a GPU answers, else cpu),\n"
             "                       cpu (the reference backend) or cuda\n"
             "  --enforce-eager      no CUDA graphs (default: decode / verify steps replay CUDA graphs\n"
@@ -65,6 +68,7 @@ typedef struct run_opts {
     int raw, max_tokens, thinking, show_ids, spec_k, cuda_graphs, tp;
     int nnodes, node_rank, master_port; /* multi-node (src/parallel/multinode.h) */
     const char *master_addr;
+    const char *kv_cache_dtype; /* --kv-cache-dtype (kvcodec.h); NULL = auto: fp8_ds_mla on the GPU, f32 on the CPU */
     dsv4_numerics numerics;
     dsv4_device device;
 } run_opts;
@@ -116,6 +120,14 @@ static int parse_args(int argc, char **argv, run_opts *o) {
                 fprintf(stderr, "dsv4 run: %s\n", e.msg);
                 return 2;
             }
+        } else if (!strcmp(a, "--kv-cache-dtype") && i + 1 < argc) {
+            dsv4_err e = {0};
+            dsv4_kv_dtype t;
+            if (dsv4_kv_dtype_parse(argv[++i], &t, &e)) {
+                fprintf(stderr, "dsv4 run: --kv-cache-dtype: %s\n", e.msg);
+                return 2;
+            }
+            o->kv_cache_dtype = argv[i];
         } else if ((!strcmp(a, "--tensor-parallel-size") || !strcmp(a, "-tp")) && i + 1 < argc) {
             char *end;
             long v = strtol(argv[++i], &end, 10);
@@ -268,8 +280,14 @@ int dsv4_cmd_run(int argc, char **argv) {
     if (!rc && ids.n == 0) rc = dsv4_err_set(&err, DSV4_EINVAL, "run: the prompt has no tokens");
     int max_len = (int)ids.n + o.max_tokens + o.spec_k + 2;
     if (!rc) {
+        dsv4_kv_dtype kvt = DSV4_KV_F32;
+        int gpu = o.device == DSV4_DEVICE_CUDA;
+#ifdef DSV4_HAVE_CUDA
+        gpu |= o.device == DSV4_DEVICE_AUTO;
+#endif
+        dsv4_kv_dtype_parse_for(o.kv_cache_dtype, gpu, &kvt, NULL); /* validated by parse_args */
         dsv4_model_runner_opts mo = {.n_slots = 1, .max_len = max_len, .max_spec = o.spec_k, .numerics = o.numerics,
-                                     .device = o.device, .cuda_graphs = o.cuda_graphs};
+                                     .device = o.device, .cuda_graphs = o.cuda_graphs, .kv_dtype = (int)kvt};
         dsv4_load_opts lo = {.dummy = o.dummy, .hf_overrides = o.hf_overrides};
         if (o.nnodes > 1) { /* one rank per node (src/parallel/multinode.h) */
             dsv4_multinode_opts mno = {.master_addr = o.master_addr, .master_port = o.master_port,

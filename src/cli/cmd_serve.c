@@ -147,7 +147,10 @@ static void service_opts_from_args(dsv4_serve_args *a, const char *dir, dsv4_eff
     dsv4_device dev = DSV4_DEVICE_AUTO;
     dsv4_device_parse(a->device, &dev, NULL); /* validated by the parser */
     so->device = (int)dev;
-    so->cuda_graphs = !a->enforce_eager;
+    so->cuda_graphs = !a->enforce_eager && !a->cudagraph_mode_none;
+    so->graph_sizes = a->graph_sizes;
+    so->n_graph_sizes = a->n_graph_sizes;
+    so->max_graph_size = a->max_graph_size;
     so->draft_sampled = spec->draft_sampled;
     so->block_size = a->block_size;
     so->num_gpu_blocks_override = a->num_gpu_blocks_override;

@@ -8,6 +8,7 @@
 
 #include "cli/serve_args.h"
 #include "engine/model_runner.h"
+#include "model/kvcodec.h"
 
 /* vLLM flags that dsv4 accepts and ignores, because it always behaves the way
  * the seed launchers ask (spec/SERVING.md §0.2). has_value: takes an argument. */
@@ -26,7 +27,6 @@ static const struct { const char *name; int has_value; const char *why; } ignore
     {"--disable-log-stats", 0, "stats are exported on /metrics"},
     {"--uvicorn-log-level", 1, "not a Python server"},
     {"--disable-uvicorn-access-log", 0, "not a Python server"},
-    {"--compilation-config", 1, "kernels are compiled ahead of time"},
     {"--max-log-len", 1, "requests are not logged by default"},
     {"--tokenizer", 1, "the checkpoint's tokenizer.json is used"},
     {"--seed", 1, "sampling is seeded per request (the `seed` field); unseeded requests get fresh seeds"},
@@ -44,6 +44,116 @@ static int parse_int(const char *flag, const char *v, long lo, long hi, int *out
         return dsv4_err_set(err, DSV4_EINVAL, "%s: '%s' is not an integer in [%ld, %ld]", flag, v, lo, hi);
     *out = (int)x;
     return 0;
+}
+
+/* A list of sizes: "1,2,4", "[1, 2, 4]" or "1 2 4" (separators: comma, space, brackets). */
+static int parse_size_list(const char *flag, const char *v, dsv4_serve_args *a, int *given, dsv4_err *err) {
+    const char *p = v;
+    while (*p) {
+        if (*p == ',' || *p == ' ' || *p == '[' || *p == ']') {
+            p++;
+            continue;
+        }
+        char *end;
+        errno = 0;
+        long x = strtol(p, &end, 10);
+        if (end == p || errno || x < 1 || x > 65536)
+            return dsv4_err_set(err, DSV4_EINVAL, "%s: '%s' is not a list of positive batch sizes", flag, v);
+        if (a->n_graph_sizes >= (int)(sizeof a->graph_sizes / sizeof a->graph_sizes[0]))
+            return dsv4_err_set(err, DSV4_EINVAL, "%s: more than %d sizes", flag,
+                                (int)(sizeof a->graph_sizes / sizeof a->graph_sizes[0]));
+        a->graph_sizes[a->n_graph_sizes++] = (int)x;
+        p = end;
+    }
+    *given = 1;
+    return 0;
+}
+
+/* compilation_config keys that only concern vLLM's torch.compile: accepted, no effect here */
+static const char *const cc_ignored[] = {"level", "mode", "backend", "use_inductor", "custom_ops", "splitting_ops",
+                                         "compile_sizes", "inductor_compile_config", "inductor_passes", "pass_config",
+                                         "cudagraph_num_of_warmups", "cudagraph_copy_inputs", "full_cuda_graph",
+                                         "debug_dump_path", "cache_dir", "use_cudagraph", "compile_mm_encoder",
+                                         "cudagraph_specialize_lora", "use_inductor_graph_partition"};
+
+/* One compilation_config key (from the JSON object or -O.KEY=VALUE). */
+static int cc_key(const char *key, const cJSON *v, dsv4_serve_args *a, int *sizes_cc, int *max_cc, dsv4_err *err) {
+    if (!strcmp(key, "cudagraph_capture_sizes")) {
+        if (!cJSON_IsArray(v))
+            return dsv4_err_set(err, DSV4_EINVAL, "--compilation-config: cudagraph_capture_sizes must be a list of "
+                                                  "batch sizes, e.g. [1, 2, 4, 8]");
+        a->n_graph_sizes = 0;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, v) {
+            if (!cJSON_IsNumber(e) || e->valuedouble != (double)(int)e->valuedouble || e->valuedouble < 1 ||
+                e->valuedouble > 65536)
+                return dsv4_err_set(err, DSV4_EINVAL,
+                                    "--compilation-config: cudagraph_capture_sizes holds a value that is not a "
+                                    "positive batch size");
+            if (a->n_graph_sizes >= (int)(sizeof a->graph_sizes / sizeof a->graph_sizes[0]))
+                return dsv4_err_set(err, DSV4_EINVAL, "--compilation-config: cudagraph_capture_sizes: more than %d",
+                                    (int)(sizeof a->graph_sizes / sizeof a->graph_sizes[0]));
+            a->graph_sizes[a->n_graph_sizes++] = (int)e->valuedouble;
+        }
+        *sizes_cc = 1;
+        return 0;
+    }
+    if (!strcmp(key, "max_cudagraph_capture_size")) {
+        if (!cJSON_IsNumber(v) || v->valuedouble != (double)(int)v->valuedouble || v->valuedouble < 1 ||
+            v->valuedouble > 65536)
+            return dsv4_err_set(err, DSV4_EINVAL,
+                                "--compilation-config: max_cudagraph_capture_size must be a positive integer");
+        a->max_graph_size = (int)v->valuedouble;
+        *max_cc = 1;
+        return 0;
+    }
+    if (!strcmp(key, "cudagraph_mode")) {
+        static const char *const modes[] = {"NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"};
+        const char *m = cJSON_IsString(v) ? v->valuestring : NULL;
+        int ok = 0;
+        for (size_t i = 0; m && i < sizeof modes / sizeof modes[0]; i++) ok |= !strcmp(m, modes[i]);
+        if (!ok)
+            return dsv4_err_set(err, DSV4_EINVAL,
+                                "--compilation-config: cudagraph_mode must be one of NONE, PIECEWISE, FULL, "
+                                "FULL_DECODE_ONLY, FULL_AND_PIECEWISE");
+        a->cudagraph_mode_none = !strcmp(m, "NONE");
+        if (!a->cudagraph_mode_none && strcmp(m, "FULL_DECODE_ONLY"))
+            dsv4_log(DSV4_LOG_INFO, "--compilation-config: cudagraph_mode %s: dsv4 captures whole decode / verify "
+                                    "steps (FULL_DECODE_ONLY); mixed prefill steps run eagerly", m);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof cc_ignored / sizeof cc_ignored[0]; i++)
+        if (!strcmp(key, cc_ignored[i])) {
+            dsv4_log(DSV4_LOG_INFO, "--compilation-config: %s ignored: kernels are compiled ahead of time", key);
+            return 0;
+        }
+    return dsv4_err_set(err, DSV4_EINVAL,
+                        "--compilation-config: unknown key '%s' (dsv4 reads cudagraph_capture_sizes, "
+                        "max_cudagraph_capture_size and cudagraph_mode)", key);
+}
+
+/* --compilation-config / -O: a JSON object, an optimisation level (-O3: ignored), or KEY=VALUE after "-O." */
+static int parse_compilation_config(const char *flag, const char *val, const char *dotted_key, dsv4_serve_args *a,
+                                    int *sizes_cc, int *max_cc, dsv4_err *err) {
+    cJSON *j = cJSON_Parse(val);
+    int rc = 0;
+    if (dotted_key) { /* -O.max_cudagraph_capture_size=64, -O.cudagraph_capture_sizes=[1,2,4], -O.cudagraph_mode=NONE */
+        if (!j) j = cJSON_CreateString(val);
+        rc = cc_key(dotted_key, j, a, sizes_cc, max_cc, err);
+    } else if (cJSON_IsObject(j)) {
+        const cJSON *e;
+        cJSON_ArrayForEach(e, j) {
+            if ((rc = cc_key(e->string, e, a, sizes_cc, max_cc, err))) break;
+        }
+    } else if (cJSON_IsNumber(j)) {
+        dsv4_log(DSV4_LOG_INFO, "%s %s ignored: kernels are compiled ahead of time", flag, val);
+    } else {
+        rc = dsv4_err_set(err, DSV4_EINVAL,
+                          "%s: '%s' is not a JSON object (e.g. '{\"cudagraph_capture_sizes\": [1, 2, 4, 8]}')", flag,
+                          val);
+    }
+    cJSON_Delete(j);
+    return rc;
 }
 
 /* Add one API key; keys read from files/env are strdup'd and live until exit. */
@@ -90,7 +200,8 @@ static void usage(void) {
            "  --max-num-seqs N              concurrent sequences (default 256; the CPU backend caps it at 64)\n"
            "  --max-num-batched-tokens N    tokens per engine step (default 8192)\n"
            "  --gpu-memory-utilization F    fraction of GPU memory to use (default 0.9)\n"
-           "  --kv-cache-dtype T            auto | bf16 | fp8_ds_mla\n"
+           "  --kv-cache-dtype T            auto (fp8_ds_mla on the GPU, f32 on the CPU) | f32 | bf16 |\n"
+           "                                fp8_ds_mla (= fp8, fp8_e4m3: the 584-byte record)\n"
            "  --block-size N                tokens per KV state page (default 256; a multiple of 128)\n"
            "  --num-gpu-blocks-override N   pages in the KV state pool (overrides the sizing below)\n"
            "  --kv-cache-memory-bytes B     KV state pool budget in bytes (suffix K/M/G = 2^10/2^20/2^30);\n"
@@ -102,6 +213,9 @@ static void usage(void) {
            "  --hf-overrides JSON           merged over config.json, e.g. '{\"num_hidden_layers\": 8}' (with\n"
            "                                --load-format dummy: a real checkpoint has the tensors it has)\n"
            "  --enforce-eager               no CUDA-graph replay of decode/verify steps (default: graphs on CUDA)\n"
+           "  --cuda-graph-sizes N [N ...]  decode/verify batch sizes (sequences) captured at start; one N = 1,2,4,8,..\n"
+           "                                up to N (default: 1,2,4,8,16,.. up to --max-num-seqs)\n"
+           "  --compilation-config, -O JSON vLLM's cudagraph_capture_sizes, max_cudagraph_capture_size, cudagraph_mode\n"
            "  --device D                    auto | cpu | cuda (default auto: CUDA when built with it and a\n"
            "                                GPU answers, else the CPU reference backend; the log says which)\n"
            "  --[no-]enable-prefix-caching  automatic prefix caching (default on)\n"
@@ -135,6 +249,7 @@ int dsv4_serve_args_parse(int argc, char **argv, dsv4_serve_args *a, dsv4_err *e
     a->master_addr = "127.0.0.1";
     a->master_port = 29500;
     int names_given = 0;
+    int sizes_flag = 0, sizes_cc = 0, max_cc = 0; /* capture sizes from --cuda-graph-sizes / --compilation-config */
 
     const char *env = getenv("DSV4_API_KEYS");
     if (env && *env && keys_from_list(a, env, ",", err)) return DSV4_EINVAL;
@@ -175,6 +290,38 @@ int dsv4_serve_args_parse(int argc, char **argv, dsv4_serve_args *a, dsv4_err *e
             if (ignored_flags[ign].has_value) NEED_VALUE();
             if (a->n_ignored < 32) a->ignored[a->n_ignored++] = ignored_flags[ign].name;
             dsv4_log(DSV4_LOG_INFO, "%s ignored: %s", ignored_flags[ign].name, ignored_flags[ign].why);
+            continue;
+        }
+        if (!strcmp(flag, "--cuda-graph-sizes")) {
+            /* vLLM: one value N = the default pattern up to N; several = the list itself */
+            if (sizes_flag) return dsv4_err_set(err, DSV4_EINVAL, "--cuda-graph-sizes given twice");
+            a->n_graph_sizes = 0;
+            if (val) {
+                if (parse_size_list(flag, val, a, &sizes_flag, err)) return DSV4_EINVAL;
+            } else {
+                while (i + 1 < argc && strncmp(argv[i + 1], "-", 1) != 0)
+                    if (parse_size_list(flag, argv[++i], a, &sizes_flag, err)) return DSV4_EINVAL;
+                if (!sizes_flag) return dsv4_err_set(err, DSV4_EINVAL, "--cuda-graph-sizes needs a value");
+            }
+            if (sizes_cc)
+                return dsv4_err_set(err, DSV4_EINVAL, "--cuda-graph-sizes and --compilation-config "
+                                                      "cudagraph_capture_sizes both given; give one");
+            continue;
+        }
+        if (!strcmp(flag, "--compilation-config") || !strcmp(flag, "-O") || !strcmp(flag, "-cc") ||
+            !strncmp(flag, "--compilation-config.", 21) || !strncmp(flag, "-O.", 3) || !strncmp(flag, "-cc.", 4) ||
+            (flag[0] == '-' && flag[1] == 'O' && flag[2] >= '0' && flag[2] <= '9' && !flag[3])) {
+            const char *dot = strchr(flag, '.');
+            if (flag[1] == 'O' && flag[2] >= '0' && flag[2] <= '9') {
+                dsv4_log(DSV4_LOG_INFO, "%s ignored: kernels are compiled ahead of time", flag);
+                continue;
+            }
+            NEED_VALUE();
+            int had_sizes = sizes_cc;
+            if (parse_compilation_config(flag, val, dot ? dot + 1 : NULL, a, &sizes_cc, &max_cc, err)) return DSV4_EINVAL;
+            if (sizes_cc && !had_sizes && sizes_flag)
+                return dsv4_err_set(err, DSV4_EINVAL, "--cuda-graph-sizes and --compilation-config "
+                                                      "cudagraph_capture_sizes both given; give one");
             continue;
         }
         if (!strcmp(flag, "--model")) { NEED_VALUE(); a->model_dir = val; }
@@ -224,8 +371,8 @@ int dsv4_serve_args_parse(int argc, char **argv, dsv4_serve_args *a, dsv4_err *e
         }
         else if (!strcmp(flag, "--kv-cache-dtype")) {
             NEED_VALUE();
-            if (strcmp(val, "auto") && strcmp(val, "bf16") && strcmp(val, "fp8_ds_mla"))
-                return dsv4_err_set(err, DSV4_EINVAL, "%s: '%s' is not one of auto, bf16, fp8_ds_mla", flag, val);
+            dsv4_kv_dtype kt; /* vLLM's names (src/model/kvcodec.h): auto, bfloat16, fp8, ... */
+            if (dsv4_kv_dtype_parse(val, &kt, err)) return dsv4_err_prefix(err, "%s: ", flag), DSV4_EINVAL;
             a->kv_cache_dtype = val;
         }
         else if (!strcmp(flag, "--block-size")) {
@@ -324,6 +471,21 @@ int dsv4_serve_args_parse(int argc, char **argv, dsv4_serve_args *a, dsv4_err *e
         else return dsv4_err_set(err, DSV4_EINVAL, "unknown flag '%s' (see dsv4 serve --help)", flag);
 #undef NEED_VALUE
     }
+    if (sizes_flag && !sizes_cc && a->n_graph_sizes == 1 && !max_cc) { /* vLLM: --cuda-graph-sizes N = up to N */
+        a->max_graph_size = a->graph_sizes[0];
+        a->n_graph_sizes = 0;
+    }
+    if (a->n_graph_sizes > 0 && a->max_graph_size > 0) { /* vLLM's rule, refused before any loading */
+        int largest = 0;
+        for (int i = 0; i < a->n_graph_sizes; i++)
+            if (a->graph_sizes[i] > largest) largest = a->graph_sizes[i];
+        if (largest != a->max_graph_size)
+            return dsv4_err_set(err, DSV4_EINVAL,
+                                "max_cudagraph_capture_size %d must equal the largest capture size given (%d); give "
+                                "one of the two", a->max_graph_size, largest);
+    }
+    if (a->enforce_eager && (sizes_flag || sizes_cc || max_cc))
+        dsv4_log(DSV4_LOG_WARN, "--enforce-eager: the CUDA graph capture sizes given are not used (no graphs)");
     if (a->node_rank >= a->nnodes)
         return dsv4_err_set(err, DSV4_EINVAL, "--node-rank %d must be less than --nnodes %d", a->node_rank, a->nnodes);
     return 0;

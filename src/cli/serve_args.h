@@ -18,7 +18,7 @@ typedef struct dsv4_serve_args {
     int max_num_seqs;                 /* --max-num-seqs, default 256 */
     int max_num_batched_tokens;       /* --max-num-batched-tokens, default 8192 */
     double gpu_memory_utilization;    /* --gpu-memory-utilization, default 0.9 */
-    const char *kv_cache_dtype;       /* --kv-cache-dtype: auto | bf16 | fp8_ds_mla */
+    const char *kv_cache_dtype;       /* --kv-cache-dtype: auto | f32 | bf16 | fp8_ds_mla (kvcodec.h names) */
     int block_size;                   /* --block-size: tokens per state-pool page (default 256) */
     int num_gpu_blocks_override;      /* --num-gpu-blocks-override: pages in the pool (0 = sized) */
     int64_t kv_cache_memory_bytes;    /* --kv-cache-memory-bytes: pool budget (0 = default sizing) */
@@ -29,6 +29,13 @@ typedef struct dsv4_serve_args {
     const char *hf_overrides;         /* --hf-overrides JSON object merged over config.json */
     int enable_prefix_caching;        /* default on; --no-enable-prefix-caching turns it off */
     int enforce_eager;                /* --enforce-eager: no CUDA graphs (default: graphs on CUDA) */
+    /* CUDA graphs captured at start (issue 7), vLLM's knobs: --cuda-graph-sizes N [N ...] or
+     * --compilation-config / -O '{"cudagraph_capture_sizes": [...], "max_cudagraph_capture_size": N,
+     * "cudagraph_mode": "..."}' (also -O.KEY=VALUE). Sizes count sequences (src/engine/graph_sizes.h). */
+    int graph_sizes[96];
+    int n_graph_sizes;                /* 0 = vLLM's default pattern */
+    int max_graph_size;               /* max_cudagraph_capture_size, 0 = default */
+    int cudagraph_mode_none;          /* cudagraph_mode "NONE": eager, as --enforce-eager */
     const char *default_chat_template_kwargs; /* JSON object */
     const char *reasoning_effort_profile;     /* auto | preview | 0731 */
     const char *default_thinking;     /* off | low | high | max */

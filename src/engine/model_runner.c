@@ -54,6 +54,11 @@ struct dsv4_model_runner {
     int64_t *hw;           /* [n_slots] */
     int draft_sampled;     /* opts.draft_sampled */
     int64_t page_bytes;    /* bytes of one state page (pool sizing, metrics) */
+    /* Capture at start (issue 7): n_slots / n_pages are what the engine sees; with
+     * capture sizes the state holds one more slot (model->pad_slot = n_slots) and
+     * the pool one more page (mapped to that slot) for padding rows. */
+    int n_slots, pad;
+    int g_rows[16], g_rows_max[16], n_g_rows, warm_rows;
 };
 
 void dsv4_model_runner_free(dsv4_model_runner *mr) {
@@ -147,6 +152,45 @@ int dsv4_model_runner_open_ex(const char *dir, const dsv4_model_runner_opts *o, 
     return dsv4_model_runner_open_tp(dir, o, lo, 0, 1, NULL, out, err);
 }
 
+/* Capture sizes (issue 7): sorted, deduplicated, each in [1, n_slots]; rows per sequence kept for the warm-up. */
+static int setup_capture_sizes(dsv4_model_runner *mr, const dsv4_model_runner_opts *o, dsv4_err *err) {
+    dsv4_model *m = mr->model;
+    if (o->n_graph_sizes <= 0 || !o->graph_sizes) return DSV4_OK;
+    if (o->n_graph_sizes > DSV4_MAX_GRAPH_SIZES)
+        return dsv4_err_set(err, DSV4_EINVAL, "CUDA graph capture sizes: %d given, at most %d", o->n_graph_sizes,
+                            DSV4_MAX_GRAPH_SIZES);
+    if (o->n_graph_rows > 16)
+        return dsv4_err_set(err, DSV4_EINVAL, "CUDA graph rows per sequence: %d given, at most 16", o->n_graph_rows);
+    int n = 0;
+    for (int i = 0; i < o->n_graph_sizes; i++) {
+        int v = o->graph_sizes[i], at = n;
+        if (v < 1 || v > o->n_slots)
+            return dsv4_err_set(err, DSV4_EINVAL, "CUDA graph capture size %d outside [1, %d] (request slots)", v,
+                                o->n_slots);
+        while (at > 0 && m->pad_sizes[at - 1] > v) at--;
+        if (at > 0 && m->pad_sizes[at - 1] == v) continue;
+        memmove(m->pad_sizes + at + 1, m->pad_sizes + at, sizeof(int) * (size_t)(n - at));
+        m->pad_sizes[at] = v;
+        n++;
+    }
+    for (int i = 0; i < o->n_graph_rows; i++) {
+        int r = o->graph_rows[i];
+        if (r < 1 || r > DSV4_GRAPH_MAX_ROWS_PER_SEQ)
+            return dsv4_err_set(err, DSV4_EINVAL, "CUDA graph rows per sequence %d outside [1, %d]", r,
+                                DSV4_GRAPH_MAX_ROWS_PER_SEQ);
+        mr->g_rows[i] = r;
+        m->pad_rows_mask |= 1u << r;
+        mr->g_rows_max[i] = o->graph_rows_max_seqs ? o->graph_rows_max_seqs[i] : 0;
+    }
+    mr->n_g_rows = o->n_graph_rows;
+    mr->warm_rows = o->warm_rows;
+    m->n_pad_sizes = n;
+    m->pad_slot = o->n_slots;
+    m->graphs_fixed = 1;
+    mr->pad = 1;
+    return DSV4_OK;
+}
+
 int dsv4_model_runner_open_tp(const char *dir, const dsv4_model_runner_opts *o, const dsv4_load_opts *lo,
                               int tp_rank, int tp_size, struct dsv4_comm *comm, dsv4_model_runner **out,
                               dsv4_err *err) {
@@ -175,9 +219,13 @@ int dsv4_model_runner_open_tp(const char *dir, const dsv4_model_runner_opts *o, 
     for (int l = 0; l < mr->model->n_layers; l++) mr->model->layers[l].comm = comm;
     /* issue 7: per-shape graph replay; under TP only when the collectives are queued on the
      * backend's stream (NCCL on CUDA: comm.h capturable), each rank capturing its own graphs */
-    if (o->cuda_graphs && mr->be->graph_launch && (!comm || (comm->capturable && mr->be->stream))) {
-        mr->model->graphs_on = o->cuda_graphs == 1; /* 2: shape-static launches, no graphs (tests) */
+    mr->n_slots = o->n_slots;
+    int graphs_ok = mr->be->graph_launch && (!comm || (comm->capturable && mr->be->stream));
+    if (o->cuda_graphs == 2 || (o->cuda_graphs == 1 && graphs_ok)) {
+        /* 2: shape-static launches and padding to the capture sizes, no graphs (tests; any backend) */
+        mr->model->graphs_on = o->cuda_graphs == 1;
         mr->be->static_shapes = 1;
+        if ((rc = setup_capture_sizes(mr, o, err))) goto fail;
     }
     dsv4_model *draft_target = mr->model; /* the drafters read the target's embedding and whole LM head */
     if (mr->shard && mr->shard->head_split) {
@@ -189,7 +237,7 @@ int dsv4_model_runner_open_tp(const char *dir, const dsv4_model_runner_opts *o, 
             goto fail;
         draft_target = &mr->draft_target;
     }
-    if (!(mr->hw = calloc((size_t)o->n_slots, sizeof(int64_t)))) {
+    if (!(mr->hw = calloc((size_t)o->n_slots + 1, sizeof(int64_t)))) {
         rc = dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
         goto fail;
     }
@@ -224,10 +272,14 @@ int dsv4_model_runner_open_tp(const char *dir, const dsv4_model_runner_opts *o, 
         if (np > INT32_MAX / 2) np = INT32_MAX / 2;
     }
     mr->page_bytes = pb;
-    rc = dsv4_state_create_paged(mr->be, &mr->cfg, ratios, L, o->n_slots, o->max_len, o->max_spec, bs, (int)np,
-                                 (dsv4_kv_dtype)o->kv_dtype, &mr->state, err);
+    rc = dsv4_state_create_paged(mr->be, &mr->cfg, ratios, L, o->n_slots + mr->pad, o->max_len, o->max_spec, bs,
+                                 (int)(np ? np + mr->pad : 0), (dsv4_kv_dtype)o->kv_dtype, &mr->state, err);
     free(ratios);
     if (rc) goto fail;
+    if (mr->pad && np) { /* the padding slot's page 0 is the pool's extra last page (rows < 16 < page) */
+        int32_t pid = (int32_t)np;
+        if ((rc = dsv4_state_set_pages(mr->state, o->n_slots, 1, &pid, err))) goto fail;
+    }
     int drafts = o->max_spec > 0 && tp_rank == 0; /* TP: the drafter runs replicated on rank 0 only */
     if (drafts && mr->cfg.draft_kind == DSV4_DRAFT_DSPARK) {
         if ((rc = dsv4_dspark_create(&mr->cfg, mr->w, draft_target, o->n_slots, &mr->dspark, err))) goto fail;
@@ -315,7 +367,7 @@ static int runner_forward_out(dsv4_model_runner *mr, const dsv4_batch *b, const 
     }
     mr->feat_rows = 0;
     dsv4_fwd_out fo = {logit_rows, n_logits, logits, NULL, mr->cfg.dspark_target_layer_ids,
-                       mr->cfg.n_dspark_target_layer_ids, mr->feats, ids};
+                       mr->cfg.n_dspark_target_layer_ids, mr->feats, ids, 0};
     int rc = dsv4_forward_ex(mr->model, mr->state, b, &fo, err);
     if (rc) return rc;
     memcpy(mr->feat_slot, b->slot, sizeof(int32_t) * (size_t)b->n_rows);
@@ -684,17 +736,90 @@ static int runner_set_pages(void *ctx, int slot, int n, const int32_t *ids, dsv4
     return dsv4_state_set_pages(mr->state, slot, n, ids, err);
 }
 
+/* A batch of n_seqs sequences of r rows each, all in the padding slot at positions 0..r-1. */
+static void pad_batch(int pad_slot, int S, int r, int32_t *buf, dsv4_batch *b) {
+    int P = S * r;
+    int32_t *tok = buf, *pos = tok + P, *slot = pos + P, *sidx = slot + P, *cu = sidx + P, *sslot = cu + S + 1,
+            *spos0 = sslot + S;
+    for (int q = 0; q < S; q++) {
+        for (int j = 0; j < r; j++) {
+            tok[q * r + j] = 0;
+            pos[q * r + j] = j;
+            slot[q * r + j] = pad_slot;
+            sidx[q * r + j] = q;
+        }
+        cu[q] = q * r;
+        sslot[q] = pad_slot;
+        spos0[q] = 0;
+    }
+    cu[S] = P;
+    *b = (dsv4_batch){P, S, tok, pos, slot, sidx, cu, sslot, spos0};
+}
+
+int dsv4_model_runner_warmup(dsv4_model_runner *mr, int *n_graphs, dsv4_err *err) {
+    *n_graphs = 0;
+    dsv4_model *m = mr->model;
+    if (!mr->pad || !m->n_pad_sizes) return DSV4_OK;
+    int Smax = m->pad_sizes[m->n_pad_sizes - 1], Rmax = 1;
+    for (int i = 0; i < mr->n_g_rows; i++)
+        if (mr->g_rows[i] > Rmax) Rmax = mr->g_rows[i];
+    int Pmax = Smax * Rmax, W = mr->warm_rows > Pmax ? mr->warm_rows : Pmax;
+    int32_t *buf = malloc(sizeof(int32_t) * ((size_t)5 * W + 3 * (size_t)W + 1 + (size_t)Pmax));
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)Pmax);
+    float *lg = malloc(sizeof(float) * (size_t)Pmax * (size_t)mr->cfg.vocab_size);
+    int rc = 0;
+    if (!buf || !ids || !lg) {
+        rc = dsv4_err_set(err, DSV4_ENOMEM, "CUDA graph warm-up: out of memory for %d rows", Pmax);
+        goto out;
+    }
+    int32_t *lrows = buf + (size_t)8 * W + 1;
+    for (int t = 0; t < Pmax; t++) lrows[t] = t;
+    dsv4_batch b;
+    /* the backend's batch mirror sized for the largest step now: a later prefill never moves it
+     * (which would make every graph stale and recapture it at request time) */
+    pad_batch(m->pad_slot, W, 1, buf, &b);
+    if ((rc = mr->be->batch_begin(mr->be, &b, err))) goto out;
+    m->graphs_warming = 1;
+    int variants = mr->be->logit_top && !mr->shard ? 2 : 1; /* full logits, and greedy ids (forward_ids) */
+    int reps = m->graphs_on ? 2 : 1;                          /* warm, then capture */
+    for (int ri = 0; ri < mr->n_g_rows && !rc; ri++)
+        for (int si = 0; si < m->n_pad_sizes && !rc; si++) {
+            int S = m->pad_sizes[si], r = mr->g_rows[ri];
+            if (mr->g_rows_max[ri] > 0 && S > mr->g_rows_max[ri]) continue;
+            pad_batch(m->pad_slot, S, r, buf, &b);
+            for (int v = 0; v < variants && !rc; v++)
+                for (int k = 0; k < reps && !rc; k++)
+                    rc = runner_forward_out(mr, &b, lrows, S * r, v ? NULL : lg, v ? ids : NULL, err);
+        }
+    m->graphs_warming = 0;
+    mr->feat_rows = 0; /* the drafters never see the padding slot's rows */
+    mr->hw[m->pad_slot] = 0;
+    if (!rc) rc = mr->be->sync(mr->be, err);
+    *n_graphs = dsv4_forward_graphs_count(m);
+out:
+    if (rc) dsv4_err_prefix(err, "CUDA graph warm-up: ");
+    free(buf);
+    free(ids);
+    free(lg);
+    return rc;
+}
+
+static int runner_warmup(void *ctx, int *n_graphs, dsv4_err *err) {
+    return dsv4_model_runner_warmup(ctx, n_graphs, err);
+}
+
 dsv4_runner dsv4_model_runner_iface(dsv4_model_runner *mr) {
-    dsv4_runner r = {mr, mr->cfg.vocab_size, mr->state->n_slots, runner_forward, runner_release,
-                     runner_reusable, runner_resume, runner_copy_slot, 0, 0, 0, NULL, NULL};
+    dsv4_runner r = {mr, mr->cfg.vocab_size, mr->n_slots, runner_forward, runner_release,
+                     runner_reusable, runner_resume, runner_copy_slot, 0, 0, 0, NULL, NULL, NULL};
     if (mr->state->n_pages > 0) {
         r.page_tokens = mr->state->page_tokens;
-        r.n_pages = mr->state->n_pages;
+        r.n_pages = mr->state->n_pages - mr->pad; /* the padding slot's page is not the engine's */
         r.page_bytes = mr->page_bytes;
         r.set_pages = runner_set_pages;
     }
     /* greedy ids where the logits are (issue 7); tensor parallel keeps the full-logits path */
     if (mr->be->logit_top && !mr->shard) r.forward_ids = runner_forward_ids;
+    if (mr->pad) r.warmup = runner_warmup;
     return r;
 }
 

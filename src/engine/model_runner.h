@@ -44,13 +44,30 @@ typedef struct dsv4_model_runner_opts {
     int n_pages;
     int64_t kv_cache_bytes;
     int kv_dtype;           /* dsv4_kv_dtype (src/model/kvcodec.h): storage of window and
-                             * compressed rows; 0 = F32 (--kv-cache-dtype auto) */
+                             * compressed rows; 0 = F32. The CLIs resolve --kv-cache-dtype auto
+                             * by device (dsv4_kv_dtype_parse_for: fp8_ds_mla on the GPU, F32 on
+                             * the CPU) */
     int cuda_graphs;        /* 1: target forwards of up to 512 rows replay CUDA graphs captured per
                              * batch shape (src/model/forward_graph.c; --cuda-graphs); 0: eager
                              * (0 here; the CLIs default to 1, --enforce-eager gives 0: bit-identical
                              * logits either way, bench/results/2026-11-30-cuda-graphs-h200.md);
                              * 2: eager with the graphs' shape-static launch sizes (backend.h
                              * static_shapes), to compare replay with eager at equal numerics */
+    /* Capture at start (issue 7; vLLM cudagraph_capture_sizes). With cuda_graphs 1 or 2 and
+     * n_graph_sizes > 0: one more state slot (and one more pool page) is reserved for
+     * padding rows, decode / verify batches are padded up to the next of graph_sizes
+     * (sequence counts, ascending, <= DSV4_MAX_GRAPH_SIZES of them; src/model/forward_pad.c)
+     * and only shapes captured by dsv4_model_runner_warmup are replayed (no capture at
+     * request time). graph_rows: rows per sequence to capture (1 = decode, k+1 = verify),
+     * graph_rows_max_seqs[i]: the largest size captured for graph_rows[i] (0 = all).
+     * warm_rows: the most rows a step may have (max_num_batched_tokens): the warm-up
+     * sizes the backend's batch mirror for it so later steps never move it. */
+    const int *graph_sizes;
+    int n_graph_sizes;
+    const int *graph_rows;
+    const int *graph_rows_max_seqs;
+    int n_graph_rows;
+    int warm_rows;
 } dsv4_model_runner_opts;
 
 /* Where the weights come from: vLLM's --load-format and --hf-overrides. */
@@ -104,6 +121,20 @@ int dsv4_model_runner_open_tp(const char *dir, const dsv4_model_runner_opts *o, 
                               int tp_rank, int tp_size, struct dsv4_comm *comm, dsv4_model_runner **out,
                               dsv4_err *err);
 void dsv4_model_runner_free(dsv4_model_runner *mr);
+
+/*
+ * dsv4_model_runner_warmup — capture the decode / verify graphs of the
+ * options' graph_sizes x graph_rows (issue 7): for each shape, a batch made
+ * only of padding sequences (the reserved slot) runs through the runner's
+ * own forward (so the graph has exactly the outputs serving asks for: logits,
+ * and greedy ids when the runner offers forward_ids; DSpark taps or MTP
+ * streams), once to warm and once to capture. Sizes the batch mirror for
+ * opts.warm_rows first. *n_graphs = graphs held afterwards. A no-op
+ * (n_graphs 0) without capture sizes; with cuda_graphs 2 (no graphs) the
+ * forwards still run (tests). Errors: the forward's (a failed capture is not
+ * an error: that shape runs eagerly, logged).
+ */
+int dsv4_model_runner_warmup(dsv4_model_runner *mr, int *n_graphs, dsv4_err *err);
 
 /* The engine interface over this model (valid while mr lives). */
 dsv4_runner dsv4_model_runner_iface(dsv4_model_runner *mr);

@@ -75,6 +75,13 @@ typedef struct dsv4_runner {
      */
     int (*forward_ids)(void *ctx, const dsv4_batch *b, const int32_t *logit_rows, int n_logits, int32_t *ids,
                        dsv4_err *err);
+    /*
+     * warmup — optional (NULL: nothing to prepare): capture the decode /
+     * verify CUDA graphs for the configured batch sizes before serving
+     * (issue 7; dsv4_model_runner_warmup). *n_graphs: graphs held (per rank).
+     * Called once, before the engine thread starts.
+     */
+    int (*warmup)(void *ctx, int *n_graphs, dsv4_err *err);
 } dsv4_runner;
 
 typedef struct dsv4_drafter {

@@ -15,6 +15,27 @@
 #include <math.h>
 #include <string.h>
 
+/* y[i] = x·w[i]ᵀ for linears that read the same x: one backend call where the
+ * backend has linear_multi (one activation quantisation, fewer launches at
+ * decode), else one linear each; the outputs are the same either way. */
+static int linears(dsv4_backend *be, const dsv4_buf *x, int n, const dsv4_linear *const *w, dsv4_buf *const *y,
+                   dsv4_err *err) {
+    if (be->linear_multi) return be->linear_multi(be, x, n, w, y, err);
+    for (int i = 0; i < n; i++) {
+        int rc = be->linear(be, x, w[i], y[i], err);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* rmsnorm then rope on each head of x, in one op where the backend has it (same results). */
+static int norm_rope(dsv4_backend *be, dsv4_buf *x, const dsv4_tview *weight, int hd, float eps, const dsv4_rope *rope,
+                     const dsv4_batch *b, dsv4_err *err) {
+    if (be->rmsnorm_rope) return be->rmsnorm_rope(be, x, weight, hd, eps, rope, b, err);
+    int rc = be->rmsnorm(be, x, weight, hd, eps, x, err);
+    return rc ? rc : be->rope(be, x, hd, rope, b, 0, err);
+}
+
 /* Attention sub-layer: x [T][d] (normed) → a [T][d]. §3.4. */
 static int attention_block(const dsv4_config *cfg, const dsv4_block_dev *blk, dsv4_layer_state *ls,
                            dsv4_backend *be, const dsv4_batch *b, const dsv4_buf *x, dsv4_buf *a,
@@ -25,33 +46,56 @@ static int attention_block(const dsv4_config *cfg, const dsv4_block_dev *blk, ds
     int ref = be->numerics == DSV4_NUMERICS_REFERENCE, ratio = blk->w.ratio, rc = 0;
     dsv4_dtype ad = be->act_dtype;
 
-    /* §3.4.1 query path */
+    /* every projection of x first, in one linears call: wq_a, wkv, the compressor's and the
+     * indexer's wkv / wgate and the indexer's head weights (independent of each other) */
     dsv4_buf *qlat = sc_alloc(s, ad, T, cfg->q_lora_rank, &rc, err);
     dsv4_buf *q = sc_alloc(s, ad, T, (int64_t)H * hd, &rc, err);
-    if (rc) return rc;
-    if ((rc = be->linear(be, x, &w->wq_a, qlat, err))) return rc;
-    if ((rc = be->rmsnorm(be, qlat, &w->q_norm, cfg->q_lora_rank, eps, qlat, err))) return rc;
-    if ((rc = be->linear(be, qlat, &w->wq_b, q, err))) return rc;
-    if ((rc = be->rmsnorm(be, q, NULL, hd, eps, q, err))) return rc; /* per-head, unweighted */
-    if ((rc = be->rope(be, q, hd, &blk->rope, b, 0, err))) return rc;
-
-    /* §3.4.2 KV path: one shared head, K = V */
     dsv4_buf *kv = sc_alloc(s, ad, T, hd, &rc, err);
     if (rc) return rc;
-    if ((rc = be->linear(be, x, &w->wkv, kv, err))) return rc;
-    if ((rc = be->rmsnorm(be, kv, &w->kv_norm, hd, eps, kv, err))) return rc;
-    if ((rc = be->rope(be, kv, hd, &blk->rope, b, 0, err))) return rc;
+    const dsv4_linear *lw[DSV4_LINEAR_MULTI_MAX] = {&w->wq_a, &w->wkv};
+    dsv4_buf *ly[DSV4_LINEAR_MULTI_MAX] = {qlat, kv};
+    int nl = 2;
+    dsv4_buf *cK = NULL, *cZ = NULL, *iK = NULL, *iZ = NULL, *g = NULL;
+    if (ratio > 0) {
+        const dsv4_compressor_w *c = &w->compressor;
+        cK = sc_alloc(s, DSV4_DT_F32, T, c->wkv.out, &rc, err);
+        cZ = sc_alloc(s, DSV4_DT_F32, T, c->wgate.out, &rc, err);
+        lw[nl] = &c->wkv, ly[nl++] = cK;
+        lw[nl] = &c->wgate, ly[nl++] = cZ;
+    }
+    if (ratio == 4) {
+        const dsv4_compressor_w *c = &w->indexer.compressor;
+        iK = sc_alloc(s, DSV4_DT_F32, T, c->wkv.out, &rc, err);
+        iZ = sc_alloc(s, DSV4_DT_F32, T, c->wgate.out, &rc, err);
+        g = sc_alloc(s, DSV4_DT_F32, T, cfg->index_n_heads, &rc, err);
+        lw[nl] = &c->wkv, ly[nl++] = iK;
+        lw[nl] = &c->wgate, ly[nl++] = iZ;
+        lw[nl] = &w->indexer.weights_proj, ly[nl++] = g;
+    }
+    if (rc) return rc;
+    if ((rc = linears(be, x, nl, lw, ly, err))) return rc;
+
+    /* §3.4.1 query path */
+    if ((rc = be->rmsnorm(be, qlat, &w->q_norm, cfg->q_lora_rank, eps, qlat, err))) return rc;
+    /* the normed latent feeds wq_b and (ratio 4) the indexer's wq_b: one linears call */
+    dsv4_buf *qi = NULL;
+    if (ratio == 4) qi = sc_alloc(s, ad, T, (int64_t)cfg->index_n_heads * cfg->index_head_dim, &rc, err);
+    if (rc) return rc;
+    {
+        const dsv4_linear *qw[2] = {&w->wq_b, &w->indexer.wq_b};
+        dsv4_buf *qy[2] = {q, qi};
+        if ((rc = linears(be, qlat, ratio == 4 ? 2 : 1, qw, qy, err))) return rc;
+    }
+    if ((rc = norm_rope(be, q, NULL, hd, eps, &blk->rope, b, err))) return rc; /* per-head, unweighted */
+
+    /* §3.4.2 KV path: one shared head, K = V */
+    if ((rc = norm_rope(be, kv, &w->kv_norm, hd, eps, &blk->rope, b, err))) return rc;
     if (ref && (rc = be->qat_fp8(be, kv, hd, hd - rd, 64, err))) return rc;
 
     /* §3.4.5 compressor: emits the rows completed by this batch, before attention */
     if (ratio > 0) {
         const dsv4_compressor_w *c = &w->compressor;
-        dsv4_buf *K = sc_alloc(s, DSV4_DT_F32, T, c->wkv.out, &rc, err);
-        dsv4_buf *Z = sc_alloc(s, DSV4_DT_F32, T, c->wgate.out, &rc, err);
-        if (rc) return rc;
-        if ((rc = be->linear(be, x, &c->wkv, K, err))) return rc;
-        if ((rc = be->linear(be, x, &c->wgate, Z, err))) return rc;
-        if ((rc = be->compress(be, &ls->cmp, K, Z, &c->ape, &c->norm, eps, &blk->rope, DSV4_QAT_FP8_NOPE, b,
+        if ((rc = be->compress(be, &ls->cmp, cK, cZ, &c->ape, &c->norm, eps, &blk->rope, DSV4_QAT_FP8_NOPE, b,
                                err)))
             return rc;
     }
@@ -61,21 +105,13 @@ static int attention_block(const dsv4_config *cfg, const dsv4_block_dev *blk, ds
     if (ratio == 4) {
         const dsv4_compressor_w *c = &w->indexer.compressor;
         int Hi = cfg->index_n_heads, dk = cfg->index_head_dim;
-        dsv4_buf *K = sc_alloc(s, DSV4_DT_F32, T, c->wkv.out, &rc, err);
-        dsv4_buf *Z = sc_alloc(s, DSV4_DT_F32, T, c->wgate.out, &rc, err);
-        dsv4_buf *qi = sc_alloc(s, ad, T, (int64_t)Hi * dk, &rc, err);
-        dsv4_buf *g = sc_alloc(s, DSV4_DT_F32, T, Hi, &rc, err);
         sel = sc_alloc(s, DSV4_DT_I32, T, cfg->index_topk, &rc, err);
         if (rc) return rc;
-        if ((rc = be->linear(be, x, &c->wkv, K, err))) return rc;
-        if ((rc = be->linear(be, x, &c->wgate, Z, err))) return rc;
-        if ((rc = be->compress(be, &ls->idx, K, Z, &c->ape, &c->norm, eps, &blk->rope, DSV4_QAT_HADAMARD_FP4,
+        if ((rc = be->compress(be, &ls->idx, iK, iZ, &c->ape, &c->norm, eps, &blk->rope, DSV4_QAT_HADAMARD_FP4,
                                b, err)))
             return rc;
-        if ((rc = be->linear(be, qlat, &w->indexer.wq_b, qi, err))) return rc;
         if ((rc = be->rope(be, qi, dk, &blk->rope, b, 0, err))) return rc;
         if (ref && (rc = be->qat_hadamard_fp4(be, qi, dk, err))) return rc;
-        if ((rc = be->linear(be, x, &w->indexer.weights_proj, g, err))) return rc;
         float g_scale = (float)(1.0 / sqrt((double)dk * Hi));
         if ((rc = be->indexer_select(be, qi, g, g_scale, &ls->idx, cfg->index_topk, b, sel, err))) return rc;
     }
@@ -116,11 +152,23 @@ static int moe_block(const dsv4_config *cfg, const dsv4_block_dev *blk, dsv4_bac
     dsv4_buf *u = sc_alloc(s, ad, T, F, &rc, err);
     dsv4_buf *sh = sc_alloc(s, ad, T, cfg->hidden_size, &rc, err);
     if (rc) return rc;
-    if ((rc = be->linear(be, x, &w->shared.w1, g, err))) return rc;
-    if ((rc = be->linear(be, x, &w->shared.w3, u, err))) return rc;
+    const dsv4_linear *lw[2] = {&w->shared.w1, &w->shared.w3};
+    dsv4_buf *ly[2] = {g, u};
+    if ((rc = linears(be, x, 2, lw, ly, err))) return rc;
     if ((rc = be->swiglu(be, g, u, limit, g, err))) return rc;
     if ((rc = be->linear(be, g, &w->shared.w2, sh, err))) return rc;
     return be->add(be, f, sh, f, err);
+}
+
+/* hc_pre, then the sub-layer's RMSNorm on y: one op where the backend has hc_pre_norm. */
+static int hc_pre_normed(dsv4_backend *be, const dsv4_buf *X, const dsv4_hc_w *hc, int n_hc, int iters, float hc_eps,
+                         const dsv4_tview *norm, int d, float eps, dsv4_buf *y, dsv4_buf *post, dsv4_buf *comb,
+                         dsv4_err *err) {
+    if (be->hc_pre_norm)
+        return be->hc_pre_norm(be, X, &hc->fn, &hc->base, &hc->scale, n_hc, iters, hc_eps, norm, eps, y, post, comb,
+                               err);
+    int rc = be->hc_pre(be, X, &hc->fn, &hc->base, &hc->scale, n_hc, iters, hc_eps, y, post, comb, err);
+    return rc ? rc : be->rmsnorm(be, y, norm, d, eps, y, err);
 }
 
 int dsv4_block_forward(const dsv4_config *cfg, const dsv4_block_dev *blk, dsv4_layer_state *ls,
@@ -138,16 +186,14 @@ int dsv4_block_forward(const dsv4_config *cfg, const dsv4_block_dev *blk, dsv4_l
     dsv4_buf *sub = sc_alloc(&s, ad, T, d, &rc, err);
     dsv4_buf *X2 = sc_alloc(&s, ad, T, (int64_t)n_hc * d, &rc, err);
     /* attention half: X → X2 */
-    if (!rc) rc = be->hc_pre(be, X, &blk->w.hc_attn.fn, &blk->w.hc_attn.base, &blk->w.hc_attn.scale, n_hc,
-                             cfg->hc_sinkhorn_iters, hc_eps, y, post, comb, err);
-    if (!rc) rc = be->rmsnorm(be, y, &blk->w.attn_norm, d, eps, y, err);
+    if (!rc) rc = hc_pre_normed(be, X, &blk->w.hc_attn, n_hc, cfg->hc_sinkhorn_iters, hc_eps, &blk->w.attn_norm, d, eps,
+                                y, post, comb, err);
     if (!rc) rc = attention_block(cfg, blk, ls, be, b, y, sub, &s, err);
     if (!rc && blk->comm) rc = blk->comm->all_reduce_sum(blk->comm, be, sub, err); /* TP: sum the heads' wo_b partials */
     if (!rc) rc = be->hc_post(be, X, sub, post, comb, n_hc, X2, err);
     /* MoE half: X2 → X */
-    if (!rc) rc = be->hc_pre(be, X2, &blk->w.hc_ffn.fn, &blk->w.hc_ffn.base, &blk->w.hc_ffn.scale, n_hc,
-                             cfg->hc_sinkhorn_iters, hc_eps, y, post, comb, err);
-    if (!rc) rc = be->rmsnorm(be, y, &blk->w.ffn_norm, d, eps, y, err);
+    if (!rc) rc = hc_pre_normed(be, X2, &blk->w.hc_ffn, n_hc, cfg->hc_sinkhorn_iters, hc_eps, &blk->w.ffn_norm, d, eps,
+                                y, post, comb, err);
     if (!rc) rc = moe_block(cfg, blk, be, b, y, sub, &s, err);
     if (!rc && blk->comm) rc = blk->comm->all_reduce_sum(blk->comm, be, sub, err); /* TP: sum the experts' w2 partials */
     if (!rc) rc = be->hc_post(be, X2, sub, post, comb, n_hc, X, err);

@@ -67,11 +67,18 @@ int dsv4_forward_ex(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const ds
                                 m->n_layers);
     if (n_taps && be->act_dtype != DSV4_DT_F32)
         return dsv4_err_set(err, DSV4_EUNSUPPORTED, "forward: taps need F32 activations (backend %s)", be->name);
-    int rc = be->batch_begin(be, b, err);
+    int rc;
+    /* capture sizes (issue 7): a decode / verify batch runs as the next captured size */
+    if (m->n_pad_sizes && !m->in_pad && (rc = dsv4_forward_padded(m, st, b, out, err)) != 1) return rc;
+    rc = be->batch_begin(be, b, err);
     if (rc) return rc;
     __atomic_store_n(&m->last_path, DSV4_FWD_PATH_EAGER, __ATOMIC_RELAXED); /* forward_graph refines it */
     /* CUDA graphs (issue 7): replay or capture when enabled and eligible; 1 = not handled */
-    if (m->graphs_on && (rc = dsv4_forward_graph(m, st, b, out, err)) != 1) return rc;
+    if (m->graphs_on && (rc = dsv4_forward_graph(m, st, b, out, err)) != 1) {
+        dsv4_forward_path_count(m);
+        return rc;
+    }
+    if (m->graphs_on) dsv4_forward_path_count(m);
     dsv4_buf X = {0}, lg = {0}, taps = {0};
     /* Taps: a backend with hc_mean keeps them in backend memory until the end
      * (no read in the middle of the forward); otherwise the streams are read
@@ -108,7 +115,7 @@ int dsv4_forward_launch(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, cons
                 continue;
             }
             if (!read && !(rc = be->buf_read(be, &X, host, err))) read = 1;
-            if (!rc) tap_mean(host, T, n_hc, d, i, n_taps, out->taps);
+            if (!rc) tap_mean(host, out->read_rows > 0 && out->read_rows < T ? out->read_rows : T, n_hc, d, i, n_taps, out->taps);
         }
     }
     if (!rc && n_logits > 0) {
@@ -141,10 +148,17 @@ int dsv4_forward_finish(dsv4_model *m, const dsv4_fwd_out *out, dsv4_buf *X, dsv
                         dsv4_err *err) {
     dsv4_backend *be = m->be;
     int n_logits = dsv4_fwd_n_logits(out);
+    /* a padded batch reads its real rows only (views of the first read_rows rows; freed whole below) */
+    dsv4_buf vlg = *lg, vtaps = *taps, vX = *X;
+    if (out->read_rows > 0) {
+        if (vlg.rows > out->read_rows) vlg.rows = out->read_rows;
+        if (vtaps.rows > out->read_rows) vtaps.rows = out->read_rows;
+        if (vX.rows > out->read_rows) vX.rows = out->read_rows;
+    }
     /* every read after the last launch: the step is launch-only up to here */
-    if (!rc && n_logits > 0) rc = be->buf_read(be, lg, out->ids ? (void *)out->ids : (void *)out->logits, err);
-    if (!rc && taps->data) rc = be->buf_read(be, taps, out->taps, err);
-    if (!rc && out->streams) rc = be->buf_read(be, X, out->streams, err);
+    if (!rc && n_logits > 0) rc = be->buf_read(be, &vlg, out->ids ? (void *)out->ids : (void *)out->logits, err);
+    if (!rc && taps->data) rc = be->buf_read(be, &vtaps, out->taps, err);
+    if (!rc && out->streams) rc = be->buf_read(be, &vX, out->streams, err);
     if (!rc) rc = be->sync(be, err);
     be->buf_free(be, X);
     be->buf_free(be, lg);

@@ -28,6 +28,11 @@ extern "C" {
 #endif
 
 /* One block's weights resident on the backend, with what its ops need. */
+/* Most capture sizes a model keeps (vLLM's default list up to 512 has 67). */
+#define DSV4_MAX_GRAPH_SIZES 96
+/* Longest segment a padded / captured decode-verify step has (k+1 rows, k <= 15). */
+#define DSV4_GRAPH_MAX_ROWS_PER_SEQ 16
+
 typedef struct dsv4_block_dev {
     dsv4_block_w w;          /* every view uploaded (data in backend memory) */
     dsv4_linear *w1, *w3, *w2; /* [n_experts] routed expert linears, for moe_experts */
@@ -53,6 +58,24 @@ typedef struct dsv4_model {
      * with graph ops); graphs = the captured ones (freed with the model). */
     int graphs_on;
     struct dsv4_fwd_graphs *graphs;
+    /* Capture at start, padding at run time (issue 7, src/model/forward_pad.c).
+     * n_pad_sizes > 0: a decode / verify batch of s sequences of r rows each
+     * (every row's logits wanted) runs as the batch of the smallest size
+     * S >= s in pad_sizes, the S - s extra sequences being r rows of the
+     * reserved state slot pad_slot at positions 0 .. r-1 (that slot is never
+     * given to a request, so its writes disturb nothing); only the real rows'
+     * outputs are read back. graphs_fixed = 1: no shape is warmed or captured
+     * outside graphs_warming (set by dsv4_model_runner_warmup at start), so
+     * a shape not captured then runs eagerly instead of compiling at request
+     * time. in_pad: recursion guard of the padded forward. */
+    int n_pad_sizes;
+    int pad_sizes[DSV4_MAX_GRAPH_SIZES]; /* ascending sequence counts */
+    int pad_slot;
+    unsigned pad_rows_mask;  /* bit r: segments of r rows are padded (the captured rows per sequence) */
+    int graphs_fixed, graphs_warming, in_pad;
+    unsigned long long n_padded; /* forwards that ran padded (diagnostics, tests) */
+    /* forwards with graphs on, by path (DSV4_FWD_PATH_*), logged when the model is freed */
+    unsigned long long n_path[5];
     /* How the latest forward runs / ran (DSV4_FWD_PATH_*), set before its launches;
      * diagnostics for tensor parallelism (tp_runner.c), read by other threads with
      * __atomic_load_n. */
@@ -211,6 +234,9 @@ typedef struct dsv4_fwd_out {
                                   wanted row (backend logit_top on the device: ties -> lowest
                                   id, as the host sampler), so only 4 bytes a row come back
                                   (issue 7). When set, `logits` is not written. */
+    int read_rows;             /* > 0: only the first read_rows rows of the logits / ids, taps
+                                  and streams are read back (a padded batch's real rows,
+                                  src/model/forward_pad.c); 0 = all */
 } dsv4_fwd_out;
 
 /* Rows of logits (or ids) a forward produces for `out`. */
@@ -246,6 +272,24 @@ int dsv4_forward_finish(dsv4_model *m, const dsv4_fwd_out *out, dsv4_buf *X, dsv
 int dsv4_forward_graph(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const dsv4_fwd_out *out,
                        dsv4_err *err);
 void dsv4_forward_graphs_free(dsv4_model *m);
+/* Count m->last_path in m->n_path (after the forward's path is decided; not during the warm-up). */
+void dsv4_forward_path_count(dsv4_model *m);
+/* Captured graphs currently held (replayable), for the start-up log. */
+int dsv4_forward_graphs_count(const dsv4_model *m);
+
+/*
+ * dsv4_forward_padded — dsv4_forward_ex of b padded to the next capture size
+ * (m->pad_sizes, see dsv4_model): b must be n_seqs segments of r rows each
+ * (bit r of m->pad_rows_mask set: a captured decode / verify width), every row's logits wanted in row order
+ * (out->logit_rows = 0..T-1) — the shape of a decode or uniform verify step.
+ * The padded rows go to slot m->pad_slot at positions 0..r-1, token 0; out
+ * receives exactly what the unpadded forward writes (the real rows). Returns
+ * 1 when b is not such a batch, no size >= n_seqs exists or no padding is
+ * needed (the caller runs b as is), else a status as dsv4_forward_ex.
+ * Called by dsv4_forward_ex; issue 7.
+ */
+int dsv4_forward_padded(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const dsv4_fwd_out *out,
+                        dsv4_err *err);
 
 #ifdef __cplusplus
 }

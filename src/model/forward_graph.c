@@ -14,6 +14,14 @@
  * replays. Buffers allocated during capture keep their addresses on every
  * replay, so the key's X / logits / taps buffers are recorded with it and read
  * after each replay (then freed: the next replay allocates them again).
+ *
+ * Capture at start (m->graphs_fixed, set with capture sizes): new shapes are
+ * only taken while m->graphs_warming (the runner's warm-up, before the server
+ * is ready); afterwards a shape without a graph runs eagerly, so nothing is
+ * captured at request time (mixed prefill + decode steps, uneven verify
+ * steps, batches beyond the largest size). A graph made stale by a moved
+ * batch mirror is still recaptured (the warm-up sizes the mirror for the
+ * largest step first, so that does not happen in serving).
  */
 #include "model/forward.h"
 
@@ -22,9 +30,9 @@
 
 #include "parallel/comm.h"
 
-#define FG_MAX 64     /* captured shapes kept; further shapes run eagerly */
+#define FG_MAX 512    /* captured shapes kept; further shapes run eagerly */
 #define FG_MAX_ROWS 512 /* decode / verify shapes only: prefills run eagerly */
-#define FG_MAX_ROWS_PER_SEQ 16 /* a verify step is k+1 rows per sequence; longer chunks are prefills */
+#define FG_MAX_ROWS_PER_SEQ DSV4_GRAPH_MAX_ROWS_PER_SEQ /* a verify step is k+1 rows per sequence; longer chunks are prefills */
 
 typedef struct fg_entry {
     int T, n_seqs, n_logits, n_taps, streams, ids, epoch, seen, failed;
@@ -38,7 +46,19 @@ struct dsv4_fwd_graphs {
     int n;
 };
 
+int dsv4_forward_graphs_count(const dsv4_model *m) {
+    int n = 0;
+    for (int i = 0; m && m->graphs && i < m->graphs->n; i++) n += m->graphs->e[i].graph != NULL;
+    return n;
+}
+
 void dsv4_forward_graphs_free(dsv4_model *m) {
+    if (m && m->graphs_on && m->n_pad_sizes)
+        dsv4_log(DSV4_LOG_INFO,
+                 "forward: %llu graph replays, %llu eager forwards (prefill / mixed / uneven steps), %llu captures, "
+                 "%llu padded",
+                 m->n_path[DSV4_FWD_PATH_REPLAY], m->n_path[DSV4_FWD_PATH_EAGER] + m->n_path[DSV4_FWD_PATH_NOGRAPH] +
+                 m->n_path[DSV4_FWD_PATH_WARM], m->n_path[DSV4_FWD_PATH_CAPTURE], m->n_padded);
     if (!m || !m->graphs) return;
     for (int i = 0; i < m->graphs->n; i++) {
         fg_entry *g = &m->graphs->e[i];
@@ -59,6 +79,12 @@ static int fg_match(const fg_entry *g, const dsv4_batch *b, const dsv4_fwd_out *
 }
 
 static void set_path(dsv4_model *m, int path) { __atomic_store_n(&m->last_path, path, __ATOMIC_RELAXED); }
+
+/* Count the path a forward finally took (after dsv4_forward_graph decided). */
+void dsv4_forward_path_count(dsv4_model *m) {
+    int p = __atomic_load_n(&m->last_path, __ATOMIC_RELAXED);
+    if (p >= 0 && p < 5 && !m->graphs_warming) m->n_path[p]++;
+}
 
 const char *dsv4_fwd_path_name(int path) {
     static const char *names[] = {"eager", "warm-up", "capture", "replay", "no-graph"};
@@ -81,7 +107,7 @@ int dsv4_forward_graph(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const
     for (int i = 0; i < G->n && !g; i++)
         if (fg_match(&G->e[i], b, out, n_logits, n_taps)) g = &G->e[i];
     if (!g) {
-        if (G->n == FG_MAX) return 1;
+        if (G->n == FG_MAX || (m->graphs_fixed && !m->graphs_warming)) return 1;
         g = &G->e[G->n];
         memset(g, 0, sizeof *g);
         if (!(g->key = malloc(sizeof(int32_t) * (size_t)(n_logits + n_taps + 1)))) return 1;
@@ -127,7 +153,8 @@ int dsv4_forward_graph(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const
             return 1;
         }
         g->graph = graph;
-        dsv4_log(DSV4_LOG_INFO, "forward: CUDA graph for %d rows / %d seqs / %d logit rows captured", b->n_rows,
+        if (!m->graphs_warming)
+            dsv4_log(DSV4_LOG_INFO, "forward: CUDA graph for %d rows / %d seqs / %d logit rows captured", b->n_rows,
                  b->n_seqs, n_logits);
     } else {
         set_path(m, DSV4_FWD_PATH_REPLAY);

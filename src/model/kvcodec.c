@@ -99,11 +99,19 @@ static const struct codec {
 };
 
 int dsv4_kv_dtype_parse(const char *s, dsv4_kv_dtype *out, dsv4_err *err) {
-    if (!s || !strcmp(s, "auto") || !strcmp(s, "f32") || !strcmp(s, "float32")) *out = DSV4_KV_F32;
+    return dsv4_kv_dtype_parse_for(s, 0, out, err);
+}
+
+int dsv4_kv_dtype_parse_for(const char *s, int gpu, dsv4_kv_dtype *out, dsv4_err *err) {
+    if (!s || !strcmp(s, "auto")) *out = gpu ? DSV4_KV_FP8_DS_MLA : DSV4_KV_F32;
+    else if (!strcmp(s, "f32") || !strcmp(s, "float32")) *out = DSV4_KV_F32;
     else if (!strcmp(s, "bf16") || !strcmp(s, "bfloat16")) *out = DSV4_KV_BF16;
-    else if (!strcmp(s, "fp8_ds_mla")) *out = DSV4_KV_FP8_DS_MLA;
+    /* vLLM: for DeepSeek V3.2-style sparse MLA "fp8" / "fp8_e4m3" mean the fp8_ds_mla record */
+    else if (!strcmp(s, "fp8_ds_mla") || !strcmp(s, "fp8") || !strcmp(s, "fp8_e4m3")) *out = DSV4_KV_FP8_DS_MLA;
     else
-        return dsv4_err_set(err, DSV4_EINVAL, "kv cache dtype '%s' is not one of auto, f32, bf16, fp8_ds_mla", s);
+        return dsv4_err_set(err, DSV4_EINVAL,
+                            "kv cache dtype '%s' is not one of auto, f32, bf16 (bfloat16), fp8_ds_mla (fp8, fp8_e4m3)",
+                            s);
     return DSV4_OK;
 }
 

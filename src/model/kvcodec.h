@@ -42,10 +42,18 @@ typedef enum dsv4_kv_dtype {
 } dsv4_kv_dtype;
 
 /*
- * dsv4_kv_dtype_parse — `--kv-cache-dtype` value: "auto" (= F32 on the CPU
- * backend, the reference storage), "f32"/"float32", "bf16"/"bfloat16",
- * "fp8_ds_mla". Errors: DSV4_EINVAL naming the value and the choices.
+ * dsv4_kv_dtype_parse_for — `--kv-cache-dtype` value for a run on the GPU
+ * (gpu != 0) or the CPU: "auto"/NULL = fp8_ds_mla on the GPU (vLLM's default
+ * for DeepSeek V3.2-style sparse MLA: its config hook turns "auto" and "fp8"
+ * into the custom fp8_ds_mla cache; 584 bytes a row instead of 2048, so ~3.5x
+ * the pool tokens and a quarter of the key bytes read at long context) and F32
+ * on the CPU (the reference storage; token-identical to unpaged f32 state);
+ * "f32"/"float32"; "bf16"/"bfloat16"; "fp8_ds_mla", "fp8", "fp8_e4m3" (vLLM's
+ * names for the same record on this model). Errors: DSV4_EINVAL naming the
+ * value and the choices (e.g. "fp8_e5m2": no such record for this model).
+ * dsv4_kv_dtype_parse = dsv4_kv_dtype_parse_for(s, 0, ...).
  */
+int dsv4_kv_dtype_parse_for(const char *s, int gpu, dsv4_kv_dtype *out, dsv4_err *err);
 int dsv4_kv_dtype_parse(const char *s, dsv4_kv_dtype *out, dsv4_err *err);
 const char *dsv4_kv_dtype_name(dsv4_kv_dtype t); /* "f32", "bf16", "fp8_ds_mla" */
 

@@ -1,5 +1,6 @@
 /*
  * Scratch buffers of one forward call on a backend, all freed together
+ * (contents undefined on backends with buf_alloc_scratch, zeroed otherwise)
  * (used by the block, the DSpark drafter and the MTP block). Allocation
  * threads an rc through so a sequence of ops reads straight:
  *   dsv4_buf *q = sc_alloc(&s, dt, T, n, &rc, err); ... sc_free(&s);
@@ -25,14 +26,16 @@ static inline dsv4_buf *sc_alloc(scratch *s, dsv4_dtype dt, int64_t rows, int64_
         return NULL;
     }
     dsv4_buf *b = &s->bufs[s->n];
-    *rc = s->be->buf_alloc(s->be, dt, rows, cols, b, err);
+    /* contents undefined where the backend has scratch allocation: every op writes its outputs in full */
+    *rc = s->be->buf_alloc_scratch ? s->be->buf_alloc_scratch(s->be, dt, rows, cols, b, err)
+                                   : s->be->buf_alloc(s->be, dt, rows, cols, b, err);
     if (*rc) return NULL;
     s->n++;
     return b;
 }
 
 static inline void sc_free(scratch *s) {
-    for (int i = 0; i < s->n; i++) s->be->buf_free(s->be, &s->bufs[i]);
+    for (int i = s->n - 1; i >= 0; i--) s->be->buf_free(s->be, &s->bufs[i]); /* newest first: an arena pops at once */
     s->n = 0;
 }
 #endif

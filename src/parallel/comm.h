@@ -139,15 +139,18 @@ int dsv4_comm_tcp_check(dsv4_comm *c, dsv4_err *err);
  */
 int dsv4_comm_nccl_create_all(int n, dsv4_comm **ranks, dsv4_err *err);
 /*
- * dsv4_comm_nccl_set_oneshot — with DSV4_TP_ONESHOT=1 in the environment at
- * dsv4_comm_nccl_create_all, small F32 all-reduces of a CUDA build go through
- * a one-shot kernel over NVLink peer memory (backend/cuda/cuda_backend.h)
- * instead of NCCL; this turns that path on (1) or off (0) for rank c (every
- * rank must be set the same way between the same pair of steps). Returns
- * whether the one-shot path is now in use (0 for other communicators).
+ * dsv4_comm_nccl_set_oneshot — in a CUDA build, dsv4_comm_nccl_create_all sets
+ * up a one-shot all-reduce over NVLink peer memory (cuda_backend.h
+ * dsv4_cuda_oneshot_*: one kernel, for a decode step's small messages)
+ * unless DSV4_TP_ONESHOT=0, or peer access is missing (then NCCL only, with a
+ * warning); F32 and BF16 messages up to DSV4_TP_ONESHOT_MAX bytes (default
+ * 1 MB) take it, larger ones NCCL. This turns that path on (1) or off (0)
+ * for rank c (every rank must be set the same way between the same pair of
+ * steps). Returns whether the one-shot path is now in use (0 for other
+ * communicators).
  */
 int dsv4_comm_nccl_set_oneshot(dsv4_comm *c, int on);
-/* The largest F32 message (floats) the one-shot path takes; larger ones go through NCCL. 0 = no one-shot path. */
+/* The largest message in BYTES the one-shot path takes; larger ones go through NCCL. 0 = no one-shot path. */
 int64_t dsv4_comm_nccl_oneshot_max(const dsv4_comm *c);
 /* The number of CUDA devices this process sees (cudaGetDeviceCount through the
  * runtime NCCL's loader finds), or -1 with err set (no runtime: DSV4_EUNSUPPORTED;

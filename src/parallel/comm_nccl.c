@@ -37,6 +37,9 @@
 #include "backend/cuda/cuda_backend.h"
 #endif
 
+/* DSV4_TP_ONESHOT unset: use the one-shot all-reduce (comm.h dsv4_comm_nccl_set_oneshot) */
+#define DSV4_TP_ONESHOT_DEFAULT 1
+
 typedef int nccl_res;
 typedef void *nccl_comm_t;
 typedef struct {
@@ -174,10 +177,11 @@ static int n_all_reduce(dsv4_comm *c, dsv4_backend *be, dsv4_buf *buf, dsv4_err 
     size_t n = (size_t)buf->rows * (size_t)buf->cols;
     if (!n) return 0;
 #ifdef DSV4_HAVE_CUDA
-    /* small decode messages: one kernel over NVLink peer memory (cuda_tp.cu); every rank decides the
-     * same way (same n, same dtype), so the ranks' sequences of collectives stay in step */
-    if (r->os && r->os_on && be->stream && dt == NCCL_FLOAT32 && (int64_t)n <= dsv4_cuda_oneshot_capacity(r->os))
-        return dsv4_cuda_oneshot_all_reduce(r->os, buf->data, (int64_t)n, be->stream, err);
+    /* small decode messages: one kernel over NVLink peer memory (cuda_allreduce.cu); every rank decides
+     * the same way (same n, same dtype), so the ranks' sequences of collectives stay in step */
+    if (r->os && r->os_on && be->stream &&
+        (int64_t)n * (dt == NCCL_BF16 ? 2 : 4) <= dsv4_cuda_oneshot_capacity(r->os))
+        return dsv4_cuda_oneshot_all_reduce(r->os, buf->data, (int64_t)n, dt == NCCL_BF16, be->stream, err);
 #endif
     if (be->stream) /* in order with the backend's ops (banner) */
         return nerr(r, N.all_reduce(buf->data, buf->data, n, dt, NCCL_SUM, r->comm, be->stream), "ncclAllReduce",
@@ -270,6 +274,9 @@ static int n_barrier(dsv4_comm *c, dsv4_err *err) {
 static void n_abort(dsv4_comm *c) {
     nccl_rank *r = (nccl_rank *)c;
     if (__atomic_exchange_n(&r->dead, 1, __ATOMIC_ACQ_REL)) return;
+#ifdef DSV4_HAVE_CUDA
+    dsv4_cuda_oneshot_abort(r->os); /* a one-shot kernel waiting for a dead peer returns */
+#endif
     N.abort(r->comm);
 }
 
@@ -355,11 +362,13 @@ int dsv4_comm_nccl_create_all(int n, dsv4_comm **ranks, dsv4_err *err) {
         ranks[i] = &r->c;
     }
 #ifdef DSV4_HAVE_CUDA
-    /* opt-in (the default stays NCCL until the one-shot path has run whole models on every kind):
-     * DSV4_TP_ONESHOT=1, messages up to DSV4_TP_ONESHOT_MAX bytes (default 512 KB = 32 rows of 4096) */
+    /* DSV4_TP_ONESHOT: 1 on, 0 off, unset = DSV4_TP_ONESHOT_DEFAULT (on: measured faster than NCCL on
+     * the 2x H200 machine, bench/results/2026-12-01-tp2-oneshot-allreduce.md); messages up to
+     * DSV4_TP_ONESHOT_MAX bytes (default 1 MB = 64 rows of 4096 F32), NCCL above */
     const char *on = getenv("DSV4_TP_ONESHOT"), *mx = getenv("DSV4_TP_ONESHOT_MAX");
-    if (n >= 2 && n <= 8 && on && strcmp(on, "0")) {
-        long long cap = mx && atoll(mx) > 0 ? atoll(mx) / 4 : 128 * 1024;
+    int want = on && on[0] ? strcmp(on, "0") != 0 : DSV4_TP_ONESHOT_DEFAULT;
+    if (n >= 2 && n <= 8 && want) {
+        long long cap = mx && atoll(mx) > 0 ? atoll(mx) : 1024 * 1024;
         dsv4_cuda_oneshot *os[8];
         dsv4_err oe = {0};
         if (dsv4_cuda_oneshot_create(n, cap, os, &oe)) {
@@ -369,8 +378,8 @@ int dsv4_comm_nccl_create_all(int n, dsv4_comm **ranks, dsv4_err *err) {
                 ((nccl_rank *)ranks[i])->os = os[i];
                 ((nccl_rank *)ranks[i])->os_on = 1;
             }
-            dsv4_log(DSV4_LOG_INFO, "tensor parallel: one-shot all-reduce over NVLink peer memory for F32 messages up "
-                                    "to %lld bytes, NCCL above", cap * 4);
+            dsv4_log(DSV4_LOG_INFO, "tensor parallel: one-shot all-reduce over NVLink peer memory for messages up "
+                                    "to %lld bytes, NCCL above (DSV4_TP_ONESHOT=0: NCCL only)", cap);
         }
     }
 #endif

@@ -29,14 +29,16 @@
 #include <time.h>
 
 #include "model/forward.h"
+#include "parallel/ar_bench.h"
 #include "parallel/tp_shard.h"
 #ifdef DSV4_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif
 
-enum { JOB_OPEN = 1, JOB_FORWARD, JOB_TARGET, JOB_BENCH, JOB_RELEASE, JOB_RESUME, JOB_COPY, JOB_PAGES, JOB_CLOSE, JOB_QUIT };
+enum { JOB_OPEN = 1, JOB_FORWARD, JOB_TARGET, JOB_BENCH, JOB_RELEASE, JOB_RESUME, JOB_COPY, JOB_PAGES, JOB_CLOSE, JOB_QUIT,
+       JOB_WARMUP };
 static const char *const job_names[] = {"?",    "open",   "forward", "target", "bench", "release",
-                                        "resume", "copy", "pages",   "close",  "quit"};
+                                        "resume", "copy", "pages",   "close",  "quit",  "warmup"};
 
 /*
  * The communicator a rank's model sees: the rank's own, with the collectives
@@ -92,7 +94,8 @@ typedef struct tp_rank {
     size_t logits_cap;
     int rc;
     dsv4_err err;
-    double bench_us; /* JOB_BENCH: mean µs per all-reduce on this rank */
+    dsv4_ar_bench bench; /* JOB_BENCH: this rank's times and check */
+    int warm_graphs; /* JOB_WARMUP: graphs this rank captured */
     int bench_path;  /* 1: the one-shot path ran */
     /* diagnostics (watchdog, DSV4_TP_TRACE) */
     counted *cc;              /* the communicator this rank's model uses */
@@ -137,6 +140,7 @@ struct dsv4_tp_runner {
         int64_t pos;
         int64_t ar_rows, ar_cols;
         int iters, oneshot;
+        dsv4_dtype ar_dtype;
     } job;
 };
 
@@ -174,37 +178,19 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* One rank of dsv4_tp_runner_bench_all_reduce: check one sum, then time back-to-back calls. */
+/* One rank of dsv4_tp_runner_bench_all_reduce (parallel/ar_bench.c), on the path the job asks for. */
 static int bench_rank(dsv4_tp_runner *t, tp_rank *r, dsv4_err *err) {
     dsv4_backend *be = dsv4_model_runner_backend(r->mr);
     dsv4_comm *c = t->comms[r->rank];
-    int64_t rows = t->job.ar_rows, cols = t->job.ar_cols;
-    size_t n = (size_t)(rows * cols);
-    r->bench_path = dsv4_comm_nccl_set_oneshot(c, t->job.oneshot) && (int64_t)n <= dsv4_comm_nccl_oneshot_max(c);
-    dsv4_buf b = {0};
-    float *h = malloc(n * sizeof(float));
-    int rc = h ? be->buf_alloc(be, DSV4_DT_F32, rows, cols, &b, err) : dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
-    for (size_t i = 0; !rc && i < n; i++) h[i] = (float)(r->rank + 1) * (float)(1 + i % 7);
-    if (!rc) rc = be->buf_write(be, &b, h, err);
-    if (!rc) rc = c->all_reduce_sum(c, be, &b, err);
-    if (!rc) rc = be->buf_read(be, &b, h, err);
-    float S = (float)(t->n * (t->n + 1) / 2);
-    for (size_t i = 0; !rc && i < n; i++)
-        if (h[i] != S * (float)(1 + i % 7))
-            rc = dsv4_err_set(err, DSV4_EINTERNAL, "all-reduce check: element %zu is %g, want %g", i, (double)h[i],
-                              (double)(S * (float)(1 + i % 7)));
-    if (!rc) {
-        memset(h, 0, n * sizeof(float));
-        rc = be->buf_write(be, &b, h, err);
-    }
-    for (int i = 0; i < 10 && !rc; i++) rc = c->all_reduce_sum(c, be, &b, err);
-    if (!rc) rc = be->sync(be, err);
-    double t0 = now_s();
-    for (int i = 0; i < t->job.iters && !rc; i++) rc = c->all_reduce_sum(c, be, &b, err);
-    if (!rc) rc = be->sync(be, err);
-    r->bench_us = (now_s() - t0) * 1e6 / (t->job.iters > 0 ? t->job.iters : 1);
-    be->buf_free(be, &b);
-    free(h);
+    dsv4_ar_bench *b = &r->bench;
+    memset(b, 0, sizeof *b);
+    b->rows = t->job.ar_rows;
+    b->cols = t->job.ar_cols;
+    b->dtype = t->job.ar_dtype;
+    b->iters = t->job.iters;
+    int64_t bytes = b->rows * b->cols * (b->dtype == DSV4_DT_BF16 ? 2 : 4);
+    r->bench_path = dsv4_comm_nccl_set_oneshot(c, t->job.oneshot) && bytes <= dsv4_comm_nccl_oneshot_max(c);
+    int rc = dsv4_ar_bench_rank(c, be, b, err);
     dsv4_comm_nccl_set_oneshot(c, 1); /* back to the default: one-shot when it was set up */
     return rc;
 }
@@ -274,6 +260,9 @@ static void run_job_body(dsv4_tp_runner *t, tp_rank *r, float *logits0) {
         break;
     case JOB_PAGES:
         r->rc = r->it.set_pages(r->it.ctx, t->job.slot, t->job.n_ids, t->job.ids, &r->err);
+        break;
+    case JOB_WARMUP: /* every rank captures the same shapes in the same order: their collectives pair up */
+        r->rc = dsv4_model_runner_warmup(r->mr, &r->warm_graphs, &r->err);
         break;
     default:
         break;
@@ -477,20 +466,29 @@ int dsv4_tp_runner_forward_target(dsv4_tp_runner *t, const dsv4_batch *b, const 
     return forward_job(t, JOB_TARGET, b, rows, n_logits, logits, err);
 }
 
-int dsv4_tp_runner_bench_all_reduce(dsv4_tp_runner *t, int64_t rows, int64_t cols, int iters, int oneshot,
-                                    double *us, int *used_oneshot, dsv4_err *err) {
+int dsv4_tp_runner_bench_all_reduce(dsv4_tp_runner *t, int64_t rows, int64_t cols, dsv4_dtype dt, int iters,
+                                    int oneshot, dsv4_tp_ar_result *res, dsv4_err *err) {
     if (rows < 1 || cols < 1 || iters < 1) return dsv4_err_set(err, DSV4_EINVAL, "all-reduce bench: bad sizes");
     t->job.op = JOB_BENCH;
     t->job.ar_rows = rows;
     t->job.ar_cols = cols;
+    t->job.ar_dtype = dt;
     t->job.iters = iters;
     t->job.oneshot = oneshot;
     int rc = dispatch(t, NULL, err);
     if (rc) return rc;
-    double m = 0;
-    for (int i = 0; i < t->n; i++) m = t->ranks[i].bench_us > m ? t->ranks[i].bench_us : m;
-    *us = m;
-    *used_oneshot = t->ranks[0].bench_path;
+    memset(res, 0, sizeof *res);
+    res->ranks_equal = 1;
+    res->hash = t->ranks[0].bench.hash;
+    res->used_oneshot = t->ranks[0].bench_path;
+    for (int i = 0; i < t->n; i++) {
+        const dsv4_ar_bench *b = &t->ranks[i].bench;
+        res->us_eager = b->us_eager > res->us_eager ? b->us_eager : res->us_eager;
+        res->us_graph = i == 0 || b->us_graph > res->us_graph ? b->us_graph : res->us_graph;
+        res->ranks_equal &= b->hash == res->hash;
+        res->bad += b->bad;
+        res->checked += b->checked;
+    }
     return 0;
 }
 
@@ -532,6 +530,19 @@ static int tp_set_pages(void *ctx, int slot, int n, const int32_t *ids, dsv4_err
     t->job.n_ids = n;
     t->job.ids = ids;
     return dispatch(t, NULL, err);
+}
+
+/* Capture at start (issue 7) on every rank at once; *n_graphs = rank 0's count (the ranks' are equal). */
+static int tp_warmup(void *ctx, int *n_graphs, dsv4_err *err) {
+    dsv4_tp_runner *t = ctx;
+    t->job.op = JOB_WARMUP;
+    int rc = dispatch(t, NULL, err);
+    *n_graphs = t->ranks[0].warm_graphs;
+    for (int i = 1; i < t->n && !rc; i++)
+        if (t->ranks[i].warm_graphs != *n_graphs)
+            dsv4_log(DSV4_LOG_WARN, "tensor parallel: rank %d holds %d CUDA graphs, rank 0 %d", i,
+                     t->ranks[i].warm_graphs, *n_graphs);
+    return rc;
 }
 
 /*
@@ -769,7 +780,8 @@ dsv4_runner dsv4_tp_runner_iface(dsv4_tp_runner *t) {
                      .release = tp_release,
                      .reusable = t->it0.reusable ? tp_reusable : NULL,
                      .resume = tp_resume,
-                     .copy_slot = tp_copy_slot};
+                     .copy_slot = tp_copy_slot,
+                     .warmup = t->it0.warmup ? tp_warmup : NULL};
     if (t->it0.set_pages) {
         r.page_tokens = t->it0.page_tokens;
         r.n_pages = t->it0.n_pages;

@@ -67,16 +67,26 @@ int dsv4_tp_runner_open(const char *dir, const dsv4_model_runner_opts *o, const 
 int dsv4_tp_runner_forward_target(dsv4_tp_runner *t, const dsv4_batch *b, const int32_t *rows, int n_logits,
                                   float *logits, dsv4_err *err);
 /*
- * dsv4_tp_runner_bench_all_reduce — the all-reduce of a [rows][cols] F32
- * buffer on every rank's backend: one call checked (every element the sum
- * over ranks, exactly), then `iters` calls back to back; *us = the slowest
- * rank's mean µs per call. oneshot 1 asks for the NVLink one-shot path
- * (comm.h dsv4_comm_nccl_set_oneshot; *used_oneshot says whether it ran:
- * messages above its capacity still go through NCCL),
- * 0 for NCCL. Errors: DSV4_EINTERNAL a wrong sum; the communicator's.
+ * dsv4_tp_runner_bench_all_reduce — the all-reduce of a [rows][cols] buffer of
+ * dtype dt (F32 or BF16) on every rank's backend (parallel/ar_bench.h): one
+ * eager call and two replays of a captured CUDA graph checked bit for bit
+ * against the host rank-order sum, then `iters` eager calls and replays of a
+ * graph of up to 50 calls timed. oneshot 1 asks for the NVLink one-shot path
+ * (comm.h dsv4_comm_nccl_set_oneshot; res->used_oneshot says whether it ran:
+ * messages above its capacity still go through NCCL), 0 for NCCL.
+ * res: the slowest rank's mean µs per call (us_graph -1 without graphs),
+ * rank 0's result hash, ranks_equal (every rank's result bytes hashed the
+ * same), bad / checked summed over ranks. A wrong sum is reported in res,
+ * not as an error. Errors: DSV4_EINVAL bad sizes; the communicator's.
  */
-int dsv4_tp_runner_bench_all_reduce(dsv4_tp_runner *t, int64_t rows, int64_t cols, int iters, int oneshot,
-                                    double *us, int *used_oneshot, dsv4_err *err);
+typedef struct dsv4_tp_ar_result {
+    double us_eager, us_graph;
+    int used_oneshot, ranks_equal;
+    uint64_t hash;
+    int64_t bad, checked;
+} dsv4_tp_ar_result;
+int dsv4_tp_runner_bench_all_reduce(dsv4_tp_runner *t, int64_t rows, int64_t cols, dsv4_dtype dt, int iters,
+                                    int oneshot, dsv4_tp_ar_result *res, dsv4_err *err);
 /* Stop the workers and free every rank. NULL-safe. */
 void dsv4_tp_runner_free(dsv4_tp_runner *t);
 

@@ -6,8 +6,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine/engine.h"
+#include "engine/graph_sizes.h"
+#include "model/forward.h"
 #include "engine/model_runner.h"
 #include "model/kvcodec.h"
 #include "parallel/multinode.h"
@@ -38,18 +41,59 @@ static int warm_up(dsv4_service *s, dsv4_err *err) {
     return DSV4_OK;
 }
 
+/* Capture sizes and rows per sequence (issue 7), storage for the runner options' pointers. */
+typedef struct graph_plan {
+    int sizes[DSV4_MAX_GRAPH_SIZES], n_sizes;
+    int rows[16], rows_max[16], n_rows;
+} graph_plan;
+
+/*
+ * Capture the decode / verify CUDA graphs before the server is ready (issue 7):
+ * the log says how many, for which shapes and how long it took, so a client
+ * request never waits for a capture. Steps that are not one of these shapes
+ * (mixed prefill + decode chunks, verify steps whose requests draft different
+ * numbers of tokens, more sequences than the largest size) run eagerly.
+ */
+static int graphs_at_start(dsv4_runner *run, const graph_plan *gp, dsv4_err *err) {
+    char sz[512] = "", rw[256] = "";
+    size_t n = 0;
+    for (int i = 0; i < gp->n_sizes && n + 16 < sizeof sz; i++) n += (size_t)snprintf(sz + n, sizeof sz - n, "%s%d", i ? "," : "", gp->sizes[i]);
+    n = 0;
+    for (int i = 0; i < gp->n_rows && n + 48 < sizeof rw; i++) {
+        if (gp->rows_max[i] > 0)
+            n += (size_t)snprintf(rw + n, sizeof rw - n, "%s%d (sizes <= %d)", i ? ", " : "", gp->rows[i], gp->rows_max[i]);
+        else
+            n += (size_t)snprintf(rw + n, sizeof rw - n, "%s%d", i ? ", " : "", gp->rows[i]);
+    }
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int ng = 0, rc = run->warmup(run->ctx, &ng, err);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (rc) return rc;
+    dsv4_log(DSV4_LOG_INFO,
+             "CUDA graphs: captured %d graphs at start in %.1f s (batch sizes %s sequences; rows per sequence %s); "
+             "steps pad up to the next size; mixed prefill+decode steps and uneven verify steps run eagerly",
+             ng, (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9, sz, rw);
+    return DSV4_OK;
+}
+
 /*
  * The model runner options the serving flags give. Every node of a multi-node
  * launch derives them the same way (dsv4_service_follow), so the KV pools match.
  */
 static int runner_opts(const dsv4_service_opts *o, dsv4_model_runner_opts *mo, dsv4_load_opts *lo, int *cache_slots_out,
-                       dsv4_kv_dtype *kvt_out, dsv4_err *err) {
+                       dsv4_kv_dtype *kvt_out, graph_plan *gp, dsv4_err *err) {
     int64_t max_model_len = o->max_model_len > 0 ? o->max_model_len : 8192;
     /* prefix caching: a few slots beyond max_num_seqs keep the state of recent
      * prompts while their requests decode on (SERVING.md §8.7) */
     int cache_slots = !o->enable_prefix_caching ? 0 : o->max_num_seqs < 8 ? o->max_num_seqs : 8;
     dsv4_kv_dtype kvt;
-    int rc = dsv4_kv_dtype_parse(o->kv_cache_dtype, &kvt, err);
+    /* "auto": fp8_ds_mla on the GPU (vLLM's default for this model), f32 on the CPU (kvcodec.h) */
+    int gpu = o->device == DSV4_DEVICE_CUDA;
+#ifdef DSV4_HAVE_CUDA
+    gpu |= o->device == DSV4_DEVICE_AUTO;
+#endif
+    int rc = dsv4_kv_dtype_parse_for(o->kv_cache_dtype, gpu, &kvt, err);
     if (rc) return rc;
     *mo = (dsv4_model_runner_opts){.n_slots = o->max_num_seqs + cache_slots,
                                    .max_len = (int)max_model_len,
@@ -65,6 +109,22 @@ static int runner_opts(const dsv4_service_opts *o, dsv4_model_runner_opts *mo, d
     *lo = (dsv4_load_opts){.dummy = o->load_dummy, .hf_overrides = o->hf_overrides};
     *cache_slots_out = cache_slots;
     *kvt_out = kvt;
+    memset(gp, 0, sizeof *gp);
+    /* decode / verify graphs captured at start, for max_num_seqs sequences at most; several nodes keep
+     * the per-shape capture of the first steps (the followers have no warm-up step to join yet) */
+    if (o->cuda_graphs && !o->multinode) {
+        gp->n_sizes = dsv4_graph_sizes_resolve(o->graph_sizes, o->n_graph_sizes, o->max_graph_size, o->max_num_seqs,
+                                               gp->sizes, DSV4_MAX_GRAPH_SIZES, err);
+        if (gp->n_sizes < 0) return err ? err->code : DSV4_EINVAL;
+        gp->n_rows = dsv4_graph_rows_plan(o->spec_k, (const int(*)[3])o->k_schedule, o->n_k_schedule, o->max_num_seqs,
+                                          gp->sizes, gp->n_sizes, gp->rows, gp->rows_max, 16);
+        mo->graph_sizes = gp->sizes;
+        mo->n_graph_sizes = gp->n_sizes;
+        mo->graph_rows = gp->rows;
+        mo->graph_rows_max_seqs = gp->rows_max;
+        mo->n_graph_rows = gp->n_rows;
+        mo->warm_rows = o->max_num_batched_tokens;
+    }
     return 0;
 }
 
@@ -73,7 +133,8 @@ int dsv4_service_follow(const dsv4_service_opts *o, dsv4_err *err) {
     dsv4_load_opts lo;
     int cache_slots;
     dsv4_kv_dtype kvt;
-    int rc = runner_opts(o, &mo, &lo, &cache_slots, &kvt, err);
+    graph_plan gp;
+    int rc = runner_opts(o, &mo, &lo, &cache_slots, &kvt, &gp, err);
     if (rc) return dsv4_err_prefix(err, "server flag: "), rc;
     return dsv4_multinode_follow(o->multinode, o->model_dir, &mo, &lo, err);
 }
@@ -128,7 +189,8 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
     dsv4_kv_dtype kvt;
     dsv4_model_runner_opts mo;
     dsv4_load_opts lo;
-    if ((rc = runner_opts(o, &mo, &lo, &cache_slots, &kvt, err))) goto fail_flag;
+    graph_plan gp;
+    if ((rc = runner_opts(o, &mo, &lo, &cache_slots, &kvt, &gp, err))) goto fail_flag;
     dsv4_runner mn_run = {0};
     if (o->multinode) { /* node 0 of several: rank 0's slice here, the other nodes follow its step plans */
         if ((rc = dsv4_multinode_open_leader(o->multinode, o->model_dir, &mo, &lo, &s->mr, &mn_run, err))) goto fail;
@@ -185,6 +247,7 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
                                    : "DSpark draft stages (mtp.0..S-1 with main_proj)");
         goto fail;
     }
+    if (run.warmup && (rc = graphs_at_start(&run, &gp, err))) goto fail;
     dsv4_engine_opts eo = {o->max_num_seqs, o->max_num_batched_tokens, s->max_model_len, o->spec_k, s->eos_id,
                            {{0}}, o->n_k_schedule, o->enable_prefix_caching};
     memcpy(eo.k_schedule, o->k_schedule, sizeof eo.k_schedule);

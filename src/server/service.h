@@ -40,6 +40,12 @@ typedef struct dsv4_service_opts {
     int enable_prefix_caching;   /* --enable-prefix-caching (spec/SERVING.md §8.7) */
     int device;                  /* dsv4_device (engine/model_runner.h); 0 = CPU */
     int cuda_graphs;             /* model_runner_opts.cuda_graphs (--enforce-eager: 0) */
+    /* CUDA graphs captured at start (issue 7; src/engine/graph_sizes.h): the explicit sizes
+     * (cudagraph_capture_sizes, NULL/0 = vLLM's default pattern) and max_cudagraph_capture_size
+     * (0 = default), resolved against max_num_seqs */
+    const int *graph_sizes;
+    int n_graph_sizes;
+    int max_graph_size;
     int draft_sampled;           /* --speculative-config draft_sample_method "probabilistic" */
     /* Weights source (engine/model_runner.h dsv4_load_opts): --load-format dummy,
      * --hf-overrides; and where tokenizer.json / encoding/ are read (NULL = model_dir;

@@ -29,6 +29,7 @@
 #include <time.h>
 
 #include "backend/conformance.h"
+#include "model/kvcodec.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/timing.h"
 
@@ -84,7 +85,7 @@ static uint8_t rb(void) {
 static dsv4_linear host_lin(dsv4_dtype dt, int64_t o, int64_t i) {
     dsv4_linear l = {.out = o, .in = i};
     size_t wb = dt == DSV4_DT_I8 ? (size_t)(o * i / 2) : (size_t)(o * i);
-    size_t sb = dt == DSV4_DT_I8 ? (size_t)(o * i / 32) : (size_t)((o / 128) * (i / 128));
+    size_t sb = dt == DSV4_DT_I8 ? (size_t)(o * i / 32) : (size_t)(((o + 127) / 128) * ((i + 127) / 128));
     uint8_t *w = malloc(wb), *s = malloc(sb);
     for (size_t k = 0; w && k < wb; k++) {
         uint8_t b = rb();
@@ -93,7 +94,7 @@ static dsv4_linear host_lin(dsv4_dtype dt, int64_t o, int64_t i) {
     for (size_t k = 0; s && k < sb; k++) s[k] = (uint8_t)(120 + k % 3);
     l.w = (dsv4_tview){.dtype = dt, .ndim = 2, .shape = {o, dt == DSV4_DT_I8 ? i / 2 : i}, .data = w, .nbytes = wb};
     l.scale = (dsv4_tview){.dtype = DSV4_DT_F8_E8M0, .ndim = 2,
-                           .shape = {dt == DSV4_DT_I8 ? o : o / 128, dt == DSV4_DT_I8 ? i / 32 : i / 128},
+                           .shape = {dt == DSV4_DT_I8 ? o : (o + 127) / 128, dt == DSV4_DT_I8 ? i / 32 : (i + 127) / 128},
                            .data = s, .nbytes = sb};
     return l;
 }
@@ -179,7 +180,7 @@ static int perf(void) {
 /* A host linear [o][i]: FP8 as host_lin (random codes, scales 2^-7..2^-5), BF16 / F32 random in
  * [-1, 1) / sqrt(i) (the BF16 values exact in F32 too). */
 static dsv4_linear host_rows_lin(dsv4_dtype dt, int64_t o, int64_t i) {
-    if (dt == DSV4_DT_F8_E4M3) return host_lin(dt, o, i);
+    if (dt == DSV4_DT_F8_E4M3 || dt == DSV4_DT_I8) return host_lin(dt, o, i);
     dsv4_linear l = {.out = o, .in = i};
     size_t es = dt == DSV4_DT_BF16 ? 2 : 4, n = (size_t)(o * i);
     uint8_t *w = malloc(n * es);
@@ -260,7 +261,7 @@ static int rows_case(const char *name, dsv4_dtype dt, int64_t out, int64_t in, i
     free(hy);
     free(sx);
     free(sy);
-    if (dt == DSV4_DT_F8_E4M3) free_host_lin(&h);
+    if (dt == DSV4_DT_F8_E4M3 || dt == DSV4_DT_I8) free_host_lin(&h);
     else free((void *)h.w.data);
     return rc;
 }
@@ -268,9 +269,13 @@ static int rows_case(const char *name, dsv4_dtype dt, int64_t out, int64_t in, i
 static int rows_cases(double tol) {
     printf("== fp32-activation linears (cuda_rows.cu), real shapes, CUDA vs CPU reference on up to 64 sampled rows, "
            "tol %.1e; wall clock / call after one warm-up call (weights partly L2-resident at small T)\n", tol);
-    static const int Ts[] = {1, 2, 6, 8, 16, 48, 64, 96, 192, 256, 512, 4096};
+    static const int Ts_all[] = {1, 2, 6, 8, 16, 48, 64, 96, 192, 256, 512, 4096}, Ts_few[] = {1, 48};
+    /* DSV4_CONF_ROWS_FEW=1: the real shapes at T = 1 and 48 only (a short device run) */
+    const int few = getenv("DSV4_CONF_ROWS_FEW") != NULL;
+    const int *Ts = few ? Ts_few : Ts_all;
+    const size_t nTs = few ? 2 : sizeof Ts_all / sizeof Ts_all[0];
     int bad = 0, err = 0;
-    for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
+    for (size_t i = 0; i < nTs; i++) {
         int r = rows_case("wo_a FP8 8x[1024x4096] grouped", DSV4_DT_F8_E4M3, 8192, 4096, 8, Ts[i], tol);
         bad += r == 1, err += r == 2;
         if (Ts[i] == 1 || Ts[i] == 48) { /* the 16-row-tile kernel (large shapes with out_g % 128 != 0) */
@@ -288,16 +293,29 @@ static int rows_cases(double tol) {
         }
     }
     static const int Tg[] = {1, 6, 16, 48, 4096};
-    for (size_t i = 0; i < sizeof Tg / sizeof Tg[0]; i++) {
+    for (size_t i = 0; i < (few ? 1 : sizeof Tg / sizeof Tg[0]); i++) {
         int r = rows_case("gate BF16 256x4096 (grouped, 1)", DSV4_DT_BF16, 256, 4096, 1, Tg[i], tol);
         bad += r == 1, err += r == 2;
         r = rows_case("F32 256x4096 linear", DSV4_DT_F32, 256, 4096, 0, Tg[i], tol);
         bad += r == 1, err += r == 2;
     }
-    /* the tiny checkpoints' wo_a (under 2^20 weights: the per-output kernel, cuda_rows.cu) */
-    static const int Tt[] = {5, 300};
+    /* the tiny checkpoints' wo_a (k_rows_mma up to 64 rows, cuBLAS above) and its TP = 2 slice */
+    static const int Tt[] = {1, 5, 6, 300};
     for (size_t i = 0; i < sizeof Tt / sizeof Tt[0]; i++) {
         int r = rows_case("tiny wo_a FP8 2x[64x256] grouped", DSV4_DT_F8_E4M3, 128, 256, 2, Tt[i], tol);
+        bad += r == 1, err += r == 2;
+        r = rows_case("tiny wo_a TP=2 slice FP8 1x[64x256]", DSV4_DT_F8_E4M3, 64, 256, 1, Tt[i], tol);
+        bad += r == 1, err += r == 2;
+    }
+    /* W8A8 linears below the 128 tiles (TP = 2 slices of the tiny checkpoints: shared w1/w3 rows,
+     * wo_b / shared w2 / expert w2 columns): uploaded zero-padded (cuda_subtile.cu) */
+    static const int Tp[] = {1, 5, 300};
+    for (size_t i = 0; i < sizeof Tp / sizeof Tp[0]; i++) {
+        int r = rows_case("sub-tile FP8 [64x256] linear (padded rows)", DSV4_DT_F8_E4M3, 64, 256, 0, Tp[i], tol);
+        bad += r == 1, err += r == 2;
+        r = rows_case("sub-tile FP8 [256x64] linear (padded columns)", DSV4_DT_F8_E4M3, 256, 64, 0, Tp[i], tol);
+        bad += r == 1, err += r == 2;
+        r = rows_case("sub-tile FP4 [256x64] linear (padded columns)", DSV4_DT_I8, 256, 64, 0, Tp[i], tol);
         bad += r == 1, err += r == 2;
     }
     /* shapes the fast paths refuse: the one-warp-per-output fallback */
@@ -385,7 +403,7 @@ static int call_compress(dsv4_backend *be, void *p) {
 
 /* R requests of k rows (k = 1 decode, 6 verify) ending near position ctx-1; random queries, index keys
  * and batch rows, the rest of the state zeros (attention timing does not depend on values). */
-static int perf_attn(int ctx, int R, int k) {
+static int perf_attn(int ctx, int R, int k, dsv4_kv_dtype kvt) {
     dsv4_err e = {0};
     dsv4_backend *be = dsv4_backend_cuda_create(DSV4_NUMERICS_REFERENCE, 0, &e);
     if (!be) {
@@ -413,9 +431,13 @@ static int perf_attn(int ctx, int R, int k) {
     int64_t mr4 = ctx / 4 + 1, mr128 = ctx / 128 + 1;
     dsv4_buf ring, rows4, rows128, irows, ckv, csc, ikv, isc, c128kv, c128sc;
     CK(be->batch_begin(be, &b, &e));
-    CK(be->buf_alloc(be, DSV4_DT_F32, (int64_t)R * (W + 8), HD, &ring, &e));
-    CK(be->buf_alloc(be, DSV4_DT_F32, R * mr4, HD, &rows4, &e));
-    CK(be->buf_alloc(be, DSV4_DT_F32, R * mr128, HD, &rows128, &e));
+    /* window and main compressed rows in the --kv-cache-dtype record (kvcodec.h) */
+    const int64_t rbytes = dsv4_kvcodec_row_bytes(kvt, HD, 64);
+    const dsv4_dtype kdt = kvt == DSV4_KV_F32 ? DSV4_DT_F32 : kvt == DSV4_KV_BF16 ? DSV4_DT_BF16 : DSV4_DT_U8;
+    const int64_t kcols = kvt == DSV4_KV_FP8_DS_MLA ? rbytes : HD;
+    CK(be->buf_alloc(be, kdt, (int64_t)R * (W + 8), kcols, &ring, &e));
+    CK(be->buf_alloc(be, kdt, R * mr4, kcols, &rows4, &e));
+    CK(be->buf_alloc(be, kdt, R * mr128, kcols, &rows128, &e));
     CK(be->buf_alloc(be, DSV4_DT_F32, R * mr4, DK, &irows, &e));
     CK(be->buf_alloc(be, DSV4_DT_F32, (int64_t)R * 16, 2 * HD, &ckv, &e));
     CK(be->buf_alloc(be, DSV4_DT_F32, (int64_t)R * 16, 2 * HD, &csc, &e));
@@ -460,9 +482,9 @@ static int perf_attn(int ctx, int R, int k) {
     double kb_sel = 0, kb_128 = 0, kb_win = 0, kb_idx = 0;
     for (int t = 0; t < T; t++) {
         double p = arr[T + t], nw = p + 1 < W ? p + 1 : W;
-        kb_win += nw * HD * 4;
-        kb_sel += (nw + 512) * HD * 4;
-        kb_128 += (nw + floor((p + 1) / 128)) * HD * 4;
+        kb_win += nw * rbytes;
+        kb_sel += (nw + 512) * rbytes;
+        kb_128 += (nw + floor((p + 1) / 128)) * rbytes;
         kb_idx += floor((p + 1) / 4) * DK * 4;
     }
     struct { const char *name; int (*f)(dsv4_backend *, void *); double bytes; } ops[5] = {
@@ -471,8 +493,9 @@ static int perf_attn(int ctx, int R, int k) {
         {"attention, window 128 + all ratio-128 rows", call_att_128, kb_128},
         {"attention, window 128 only", call_att_win, kb_win},
         {"compress (ratio 4, overlap, FP8 QAT)", call_compress, 0}};
-    printf("== attention-state ops, CUDA, Flash shapes: %d requests x %d rows at context %d (%d calls each, wall "
-           "clock / call, one sync at the end)\n", R, k, ctx, reps);
+    printf("== attention-state ops, CUDA, Flash shapes: %d requests x %d rows at context %d, %s key rows (%lld "
+           "bytes) (%d calls each, wall clock / call, one sync at the end)\n", R, k, ctx, dsv4_kv_dtype_name(kvt),
+           (long long)rbytes, reps);
     for (int i = 0; i < 5; i++) {
         double dt = timed_calls(be, reps, ops[i].f, &a, &e);
         if (dt < 0) {
@@ -809,7 +832,7 @@ out:
 
 int main(int argc, char **argv) {
     double tol = 2e-2;
-    int rows[8], nrows = 0, do_perf = 1, attn_perf = 0, rows_only = 0, do_rows = 1, small = 1;
+    int rows[8], nrows = 0, do_perf = 1, attn_perf = 0, rows_only = 0, do_rows = 1, small = 1, layouts_only = 0;
     double rows_tol = 1e-4;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--tol") && i + 1 < argc) tol = atof(argv[++i]);
@@ -820,25 +843,30 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--no-rows")) do_rows = 0;
         else if (!strcmp(argv[i], "--rows-tol") && i + 1 < argc) rows_tol = atof(argv[++i]);
         else if (!strcmp(argv[i], "--small-only")) small = 2;
+        else if (!strcmp(argv[i], "--layouts-only")) layouts_only = 1; /* only the attention-state layouts */
         else if (!strcmp(argv[i], "--no-small")) small = 0;
         else {
             fprintf(stderr,
                     "usage: %s [--tol X] [--flash-rows N]... [--no-perf] [--attn-perf] [--rows-only | --no-rows] "
-                    "[--rows-tol X] [--small-only | --no-small]\n",
+                    "[--rows-tol X] [--small-only | --no-small] [--layouts-only]\n",
                     argv[0]);
             return 2;
         }
     }
     if (attn_perf) { /* only the attention-state timings of one request (decode, verify, prefill) */
-        int e2 = perf_attn(4096, 1, 1) != 0;
-        e2 += perf_attn(32768, 1, 1) != 0;
-        e2 += perf_attn(4096, 1, 6) != 0;
-        e2 += perf_attn(4096, 8, 6) != 0;
-        e2 += perf_attn(4096, 1, 4096) != 0;
+        int e2 = 0;
+        for (int kv = 0; kv < DSV4_KV_COUNT; kv++) { /* f32, bf16, fp8_ds_mla key rows */
+            e2 += perf_attn(4096, 1, 1, (dsv4_kv_dtype)kv) != 0;
+            e2 += perf_attn(32768, 1, 1, (dsv4_kv_dtype)kv) != 0;
+            e2 += perf_attn(32768, 64, 1, (dsv4_kv_dtype)kv) != 0;
+            e2 += perf_attn(4096, 8, 6, (dsv4_kv_dtype)kv) != 0;
+            e2 += perf_attn(4096, 1, 4096, (dsv4_kv_dtype)kv) != 0;
+        }
         return e2 ? 2 : 0;
     }
     if (!nrows) rows[nrows++] = 4;
     int bad = 0, err = 0, f;
+    if (layouts_only) do_rows = 0, small = 0, do_perf = 0;
     if (do_rows && small != 2) {
         f = rows_cases(rows_tol);
         bad += f > 0, err += f < 0;
@@ -857,11 +885,13 @@ int main(int argc, char **argv) {
     }
     dsv4_conf_shape s;
     dsv4_conf_shape_tiny(&s);
-    f = run("tiny", &s, DSV4_NUMERICS_REFERENCE, tol, 0);
-    bad += f > 0, err += f < 0;
-    f = run("tiny", &s, DSV4_NUMERICS_HF, tol, 0);
-    bad += f > 0, err += f < 0;
-    for (int i = 0; i < nrows; i++) {
+    if (!layouts_only) {
+        f = run("tiny", &s, DSV4_NUMERICS_REFERENCE, tol, 0);
+        bad += f > 0, err += f < 0;
+        f = run("tiny", &s, DSV4_NUMERICS_HF, tol, 0);
+        bad += f > 0, err += f < 0;
+    }
+    for (int i = 0; !layouts_only && i < nrows; i++) {
         dsv4_conf_shape_flash(&s, rows[i]);
         f = run("flash", &s, DSV4_NUMERICS_REFERENCE, tol, 0);
         bad += f > 0, err += f < 0;
@@ -894,14 +924,37 @@ int main(int argc, char **argv) {
         f = run(L[i].title, &s, DSV4_NUMERICS_REFERENCE, tol, 0);
         bad += f > 0, err += f < 0;
     }
+    /* --kv-cache-dtype bf16 / fp8_ds_mla: window and main compressed rows stored as records on both
+     * sides (src/model/kvcodec.h; the CPU codec is the reference), on the layouts that take each
+     * kernel path: tiny, paged verify, paged decode, ratio 128, verify at 4K, a tensor-core prefill chunk */
+    static const int KL[] = {0, 2, 5, 6, 8, 9};
+    for (int kv = DSV4_KV_BF16; kv <= DSV4_KV_FP8_DS_MLA; kv++)
+        for (size_t k = 0; k < sizeof KL / sizeof KL[0]; k++) {
+            const int i = KL[k];
+            if (L[i].flash) dsv4_conf_shape_flash(&s, L[i].rows);
+            else dsv4_conf_shape_tiny(&s);
+            s.rows = L[i].rows;
+            s.seg_rows = L[i].seg;
+            s.pos0 = L[i].pos0;
+            s.ratio = L[i].ratio;
+            s.paged = L[i].paged;
+            s.attn_only = 1;
+            s.kv_dtype = kv;
+            char title[160];
+            snprintf(title, sizeof title, "%s, kv %s", L[i].title, dsv4_kv_dtype_name((dsv4_kv_dtype)kv));
+            f = run(title, &s, DSV4_NUMERICS_REFERENCE, tol, 0);
+            bad += f > 0, err += f < 0;
+        }
     if (do_perf) {
-        err += perf_attn(65536, 32, 1) != 0;
-        err += perf_attn(65536, 8, 6) != 0;
-        err += perf_attn(8192, 1, 1) != 0;
+        for (int kv = 0; kv < DSV4_KV_COUNT; kv++) { /* f32, bf16, fp8_ds_mla key rows */
+            err += perf_attn(65536, 32, 1, (dsv4_kv_dtype)kv) != 0;
+            err += perf_attn(65536, 8, 6, (dsv4_kv_dtype)kv) != 0;
+            err += perf_attn(8192, 1, 1, (dsv4_kv_dtype)kv) != 0;
+        }
         printf("(the same with the attention pv kernel built for 1 block / SM: DSV4_CUDA_ATT_PV_MINB=1)\n");
         setenv("DSV4_CUDA_ATT_PV_MINB", "1", 1);
-        err += perf_attn(65536, 32, 1) != 0;
-        err += perf_attn(65536, 8, 6) != 0;
+        err += perf_attn(65536, 32, 1, DSV4_KV_F32) != 0;
+        err += perf_attn(65536, 8, 6, DSV4_KV_F32) != 0;
         unsetenv("DSV4_CUDA_ATT_PV_MINB");
         dsv4_conf_shape_flash(&s, rows[0]);
         f = run("flash, timed", &s, DSV4_NUMERICS_REFERENCE, tol, 1);

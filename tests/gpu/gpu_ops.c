@@ -1157,7 +1157,27 @@ static void t_linear_prefill(const char *label, int64_t R, int64_t K, int n) {
     DIE_IF(dsv4_cuda_linear(G, &w, dx, n, dy, 0, &err), err);
     DIE_IF(dsv4_cuda_sync(G, &err), err);
     down(y2, dy, ny * 4);
+    snprintf(shape, sizeof shape, "%s %lldx%lld n=%d default vs old", label, (long long)R, (long long)K, n);
+    report("fp8_prefill", shape, y2, y1, ny, 1e-5);
     ref_linear(&h, x + (size_t)(n - 2) * K, 2, ref);
+    /* cuBLASLt's block-scaled GEMM (cuda_fp8_lt.cu, opt-in): every row
+     * against the old kernel. A wrong scale layout is O(1); Hopper's FP8
+     * wgmma accumulation inside a 128-column block measured 2.3e-4 on H200
+     * (DSV4_CUDA_FP8_LT_LAYOUT=0; the other three layouts 1.1..1.3). */
+    if (n >= 256) {
+        float *y3 = malloc(ny * 4);
+        setenv("DSV4_CUDA_FP8_LT", "1", 1);
+        poison(dy, ny * 4);
+        DIE_IF(dsv4_cuda_linear(G, &w, dx, n, dy, 0, &err), err);
+        DIE_IF(dsv4_cuda_sync(G, &err), err);
+        down(y3, dy, ny * 4);
+        unsetenv("DSV4_CUDA_FP8_LT");
+        snprintf(shape, sizeof shape, "%s %lldx%lld n=%d cublasLt vs old", label, (long long)R, (long long)K, n);
+        report("fp8_prefill", shape, y3, y1, ny, 1e-3);
+        snprintf(shape, sizeof shape, "%s n=%d cublasLt last 2 rows vs ref", label, n);
+        report("fp8_prefill", shape, y3 + (size_t)(n - 2) * R, ref, (size_t)2 * R, 1e-3);
+        free(y3);
+    }
     snprintf(shape, sizeof shape, "%s n=%d last 2 rows vs ref", label, n);
     report("fp8_prefill", shape, y2 + (size_t)(n - 2) * R, ref, (size_t)2 * R, 1e-3);
     dsv4_cuda_weight_free(G, &w);
@@ -1232,6 +1252,16 @@ static void perf_linear_prefill(const char *label, int64_t R, int64_t K) {
             print_perf("fp8_pf", shape, a.n, us, (double)h.lin.w.nbytes + (double)a.n * (K * 4 + R * 4),
                        2.0 * a.n * R * K);
         }
+        if (a.n >= 256) { /* cuBLASLt block-scaled FP8 (cuda_fp8_lt.cu, opt-in) */
+            set_paths(2);
+            setenv("DSV4_CUDA_FP8_LT", "1", 1);
+            double us = time_graph(op_linear, &a, a.n >= 4096 ? 6 : 20);
+            unsetenv("DSV4_CUDA_FP8_LT");
+            char shape[64];
+            snprintf(shape, sizeof shape, "%s cublasLt", label);
+            print_perf("fp8_pf", shape, a.n, us, (double)h.lin.w.nbytes + (double)a.n * (K * 4 + R * 4),
+                       2.0 * a.n * R * K);
+        }
     }
     set_paths(2);
     for (int i = 0; i < 2; i++) dsv4_cuda_weight_free(G, &a.w[i]);
@@ -1252,6 +1282,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--tiny")) tiny_only = 1; /* quick, e.g. under compute-sanitizer */
         else if (!strcmp(argv[i], "--profile")) profile = 1;  /* a few launches, for ncu */
         else if (!strcmp(argv[i], "--prefill")) prefill = 1, correct = 0; /* prefill sizes only */
+        else if (!strcmp(argv[i], "--prefill-check")) prefill = 2, correct = 0; /* the same, no timings */
+        else if (!strcmp(argv[i], "--prefill-linear")) prefill = 3, correct = 0; /* FP8 linear timings only */
         else {
             fprintf(stderr, "usage: %s [--tiny] [--perf | --perf-only | --prefill]\n", argv[0]);
             return 2;
@@ -1350,6 +1382,7 @@ int main(int argc, char **argv) {
 done:
     if (prefill) {
         printf("\n== prefill sizes: tiled GEMMs vs the decode kernels (correctness, then timings)\n");
+        if (prefill == 3) goto linear_perf;
         if (!have_flash) {
             moe_make(&flash, 256, 4096, 2048);
             have_flash = 1;
@@ -1357,14 +1390,18 @@ done:
         t_linear_prefill("wo_b", 4096, 8192, 4096);
         t_linear_prefill("wq_a", 1024, 4096, 200);
         t_linear_prefill("wkv", 512, 4096, 77);
+        t_linear_prefill("wq_b", 32768, 1024, 1000); /* cuBLASLt on 992 rows, the old kernel on 8 */
         t_moe_prefill(&flash, 1365);
         t_moe_prefill(&flash, 4096);
         t_moe_prefill(&flash, 8192);
         printf("\nprefill correctness: %d passed, %d failed\n\n", n_pass, n_fail);
+        if (prefill == 2) goto out; /* --prefill-check: correctness only */
+    linear_perf:
         perf_linear_prefill("wq_b 32768x1024", 32768, 1024);
         perf_linear_prefill("wo_b 4096x8192", 4096, 8192);
         perf_linear_prefill("wq_a 1024x4096", 1024, 4096);
         perf_linear_prefill("sh_w1 2048x4096", 2048, 4096);
+        if (prefill == 3) goto out;
         perf_moe_prefill(&flash);
     }
     if (perf && !tiny_only) {
@@ -1386,6 +1423,7 @@ done:
         printf("\n== perf: one decode layer's weight-streaming chain (11 ops, graph replay)\n");
         perf_chain(&flash);
     }
+out:
     if (have_flash) moe_free(&flash);
     dsv4_cuda_ctx_free(G);
     printf("\n%d passed, %d failed\n", n_pass, n_fail);

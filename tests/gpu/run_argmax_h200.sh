@@ -27,9 +27,9 @@ echo "equiv rc=$? $(( $(date +%s) - t0 )) s" >> "$O/env.txt"
 P=5,17,42,7,99,3,250,11,64,8
 for m in tiny-flash:0 tiny-dspark:5; do
   n=${m%%:*}; k=${m##*:}
-  a=$(timeout 30 "$D/bin/dsv4" run "$D/models/$n" --prompt-ids $P --max-tokens 24 --device cpu --spec $k 2>/dev/null | tr -d '\n')
-  b=$(timeout 30 "$D/bin/dsv4" run "$D/models/$n" --prompt-ids $P --max-tokens 24 --device cuda --spec $k 2>/dev/null | tr -d '\n')
-  c=$(DSV4_DEVICE_ARGMAX=0 timeout 30 "$D/bin/dsv4" run "$D/models/$n" --prompt-ids $P --max-tokens 24 --device cuda \
+  a=$(timeout 30 "$D/bin/dsv4" run "$D/models/$n" --prompt-ids $P --max-tokens 24 --device cpu --kv-cache-dtype ${KV:-f32} --spec $k 2>/dev/null | tr -d '\n')
+  b=$(timeout 30 "$D/bin/dsv4" run "$D/models/$n" --prompt-ids $P --max-tokens 24 --device cuda --kv-cache-dtype ${KV:-f32} --spec $k 2>/dev/null | tr -d '\n')
+  c=$(DSV4_DEVICE_ARGMAX=0 timeout 30 "$D/bin/dsv4" run "$D/models/$n" --prompt-ids $P --max-tokens 24 --device cuda --kv-cache-dtype ${KV:-f32} \
       --spec $k 2>/dev/null | tr -d '\n')
   r=DIFFER; [ -n "$a" ] && [ "$a" = "$b" ] && [ "$b" = "$c" ] && r=SAME
   printf '%s spec=%s: %s\n  cpu            : %s\n  cuda ids       : %s\n  cuda full rows : %s\n' "$n" "$k" "$r" "$a" "$b" "$c"

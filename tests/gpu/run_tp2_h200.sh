@@ -30,9 +30,9 @@ P=5,17,42,7,99,3,250,11,64,8
 # $1 label, $2 model dir, $3 spec k, then extra args for both runs; cuda runs with -tp 2
 compare() {
   local label=$1 dir=$2 k=$3; shift 3
-  timeout 60 "$BIN" run "$dir" --prompt-ids $P --max-tokens ${MAX_TOKENS:-24} --device cpu --spec $k --show-ids "$@" \
+  timeout 60 "$BIN" run "$dir" --prompt-ids $P --max-tokens ${MAX_TOKENS:-24} --device cpu --kv-cache-dtype ${KV:-f32} --spec $k --show-ids "$@" \
     > "$R/$label.cpu.out" 2> "$R/$label.cpu.err"; echo "rc=$?" >> "$R/$label.cpu.err"
-  timeout 60 "$BIN" run "$dir" --prompt-ids $P --max-tokens ${MAX_TOKENS:-24} --device cuda -tp 2 --spec $k --show-ids "$@" \
+  timeout 60 "$BIN" run "$dir" --prompt-ids $P --max-tokens ${MAX_TOKENS:-24} --device cuda -tp 2 --kv-cache-dtype ${KV:-f32} --spec $k --show-ids "$@" \
     > "$R/$label.tp2.out" 2> "$R/$label.tp2.err"; echo "rc=$?" >> "$R/$label.tp2.err"
   local a b
   # the generated ids ([id] per token on stderr; log lines may interrupt them)

@@ -129,3 +129,21 @@ def test_prompt_ids_and_device_cpu_on_a_checkpoint_without_tokenizer():
     assert both.returncode == 2 and "--prompt-ids" in both.stderr
     bad = run(d, "--prompt-ids", "1", "--device", "tpu")
     assert bad.returncode == 2 and "--device" in bad.stderr
+
+
+def test_kv_cache_dtype_names():
+    """--kv-cache-dtype (vLLM's flag) on `dsv4 run`: "fp8" is vLLM's name for the fp8_ds_mla record on
+    this model and gives the same tokens as "fp8_ds_mla"; "bfloat16" = "bf16"; "auto" on the CPU is the
+    f32 reference storage, so it matches "f32"; a dtype with no record here is refused."""
+    d = os.path.join(ROOT, "models", "tiny-flash")
+    if not os.path.exists(DSV4) or not os.path.exists(os.path.join(d, "config.json")):
+        pytest.skip("dsv4 or models/tiny-flash missing")
+    args = ["--prompt-ids", "5,17,42,7,99,3", "--max-tokens", "6", "--device", "cpu", "--kv-cache-dtype"]
+    out = {kv: run(d, *args, kv) for kv in ("auto", "f32", "bf16", "bfloat16", "fp8", "fp8_ds_mla")}
+    for kv, r in out.items():
+        assert r.returncode == 0, kv + ": " + r.stderr
+    assert out["auto"].stdout == out["f32"].stdout
+    assert out["bfloat16"].stdout == out["bf16"].stdout
+    assert out["fp8"].stdout == out["fp8_ds_mla"].stdout
+    bad = run(d, "--prompt-ids", "1", "--kv-cache-dtype", "fp8_e5m2")
+    assert bad.returncode == 2 and "fp8_ds_mla" in bad.stderr

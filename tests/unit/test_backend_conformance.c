@@ -8,6 +8,7 @@
  * GPU run: paged rows, verify-shaped segments, long chunks, ratio 128.
  */
 #include "backend/conformance.h"
+#include "model/kvcodec.h"
 #include "backend/cpu/cpu_internal.h"
 #include "test.h"
 
@@ -100,9 +101,12 @@ int main(void) {
          * many compressor windows, ratio 128. Paging only moves rows: the results must be identical. */
         static const struct { int rows, seg, pos0, ratio, paged; } L[] = {
             {24, 0, 0, 0, 1}, {24, 6, 300, 0, 1}, {300, 0, 0, 0, 0}, {300, 0, 0, 128, 1}, {24, 6, 1000, 128, 0}};
-        for (size_t i = 0; i < sizeof L / sizeof L[0]; i++) {
+        /* each layout with the window / main compressed rows stored as f32, bf16 and fp8_ds_mla records
+         * (--kv-cache-dtype; the CUDA harness runs the same three) */
+        for (size_t i = 0, kv = 0; i < sizeof L / sizeof L[0]; kv = (kv + 1) % 3, i += kv == 0) {
             dsv4_conf_shape ls;
             dsv4_conf_shape_tiny(&ls);
+            ls.kv_dtype = (int)kv;
             ls.rows = L[i].rows;
             ls.seg_rows = L[i].seg;
             ls.pos0 = L[i].pos0;
@@ -111,14 +115,15 @@ int main(void) {
             dsv4_backend *ref = dsv4_backend_cpu_create(DSV4_NUMERICS_REFERENCE, &e);
             dsv4_backend *test = dsv4_backend_cpu_create(DSV4_NUMERICS_REFERENCE, &e);
             int fails = dsv4_backend_conformance(test, ref, &ls, 0.0, 7, NULL, &e);
-            CHECK_MSG(fails == 0, "layout %zu (rows %d, seg %d, pos0 %d, ratio %d, paged %d): %d (%s)", i, L[i].rows,
-                      L[i].seg, L[i].pos0, L[i].ratio, L[i].paged, fails, e.msg);
+            CHECK_MSG(fails == 0, "layout %zu (rows %d, seg %d, pos0 %d, ratio %d, paged %d, kv %s): %d (%s)", i,
+                      L[i].rows, L[i].seg, L[i].pos0, L[i].ratio, L[i].paged, dsv4_kv_dtype_name((dsv4_kv_dtype)kv),
+                      fails, e.msg);
             /* and a paged attention that ignores the block table reads the NaN spare pages: caught */
             if (L[i].paged) {
                 test->attention = paging_blind_attention;
                 fails = dsv4_backend_conformance(test, ref, &ls, 1e-3, 7, NULL, &e);
-                CHECK_MSG(fails >= 1, "layout %zu: attention blind to the block table not caught (%d, %s)", i, fails,
-                          e.msg);
+                CHECK_MSG(fails >= 1, "layout %zu (kv %s): attention blind to the block table not caught (%d, %s)", i,
+                          dsv4_kv_dtype_name((dsv4_kv_dtype)kv), fails, e.msg);
             }
             test->free(test);
             ref->free(ref);

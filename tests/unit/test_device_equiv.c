@@ -31,9 +31,18 @@
 
 #include "engine/model_runner.h"
 #include "model/forward.h"
+#include "model/kvcodec.h"
 #include "test.h"
 
 #define REL_TOL 1e-3
+/* Coded KV rows (--kv-cache-dtype bf16 / fp8_ds_mla, both sides storing the same record): a value
+ * the two backends compute a few ulps apart can round to neighbouring bf16 codes when stored (2^-8
+ * relative apart), and these random-weight checkpoints amplify such a step enormously: on the CPU
+ * alone, bf16 instead of f32 rows moves the logits by 0.3-0.5 x rms within a few positions
+ * (bench/results/2026-12-01-kv-dtype-cuda-h200.md). So for coded rows the logit gap is reported,
+ * not bounded; what is asserted is the near-tie rule for argmax differences and that at least
+ * half the positions agree. The per-op check with equal inputs is the conformance harness
+ * (dsv4-gpu-conformance: the coded rows CUDA writes are the CPU codec's bytes). */
 #define N_PROMPT 10
 #define N_TOK 34
 
@@ -103,7 +112,7 @@ static void layer_gap(const char *dir, dsv4_model_runner *cpu, dsv4_model_runner
         dsv4_err err = {0};
         tp[k] = malloc(sizeof(float) * (size_t)n * L * d);
         lg[k] = malloc(sizeof(float) * (size_t)n * V);
-        dsv4_fwd_out fo = {rows, n, lg[k], NULL, layers, L, tp[k], NULL};
+        dsv4_fwd_out fo = {rows, n, lg[k], NULL, layers, L, tp[k], NULL, 0};
         int rc = dsv4_forward_ex(m[k], st[k], &b, &fo, &err);
         CHECK_MSG(rc == 0, "%s: tapped prefill on %s: %s", dir, k ? "cuda" : "cpu", err.msg);
         dsv4_runner run = dsv4_model_runner_iface(k ? gpu : cpu);
@@ -176,11 +185,57 @@ static int argmax(const float *x, int V, float *margin) {
     return b;
 }
 
-static void compare(const char *dir) {
+/*
+ * Coded rows, a diagnostic (printed, not asserted): the stored window rows of slot 0 (the last
+ * ring-capacity positions), CPU vs CUDA, decoded — how many values differ and by how much. After
+ * the first value that rounded to a neighbouring code the hidden states drift apart (see above),
+ * so later rows differ widely; the number says how early that happened.
+ */
+static void stored_rows_gap(const char *dir, dsv4_kv_dtype kt, dsv4_model_runner *cpu, dsv4_model_runner *gpu) {
+    struct dsv4_model *m;
+    struct dsv4_state *st[2];
+    dsv4_model_runner_target(cpu, &m, &st[0]);
+    dsv4_model_runner_target(gpu, &m, &st[1]);
+    dsv4_backend *be[2] = {dsv4_model_runner_backend(cpu), dsv4_model_runner_backend(gpu)};
+    const dsv4_config *cfg = dsv4_model_runner_config(cpu);
+    int hd = cfg->head_dim, rope = cfg->qk_rope_head_dim;
+    int64_t rb = dsv4_kvcodec_row_bytes(kt, hd, rope), nval = 0, ndiff = 0;
+    double worst = 0;
+    for (int l = 0; l < st[0]->n_layers; l++) {
+        const dsv4_win_state *w0 = &st[0]->layers[l].win, *w1 = &st[1]->layers[l].win;
+        int64_t n = (int64_t)w0->cap; /* slot 0's ring rows */
+        uint8_t *r[2] = {malloc((size_t)(w0->rows.rows * rb)), malloc((size_t)(w1->rows.rows * rb))};
+        float *x = malloc(sizeof(float) * (size_t)hd), *y = malloc(sizeof(float) * (size_t)hd);
+        dsv4_err e = {0};
+        CHECK(r[0] && r[1] && x && y);
+        CHECK_EQ_INT(be[0]->buf_read(be[0], &w0->rows, r[0], &e), 0);
+        CHECK_EQ_INT(be[1]->buf_read(be[1], &w1->rows, r[1], &e), 0);
+        for (int64_t i = 0; i < n && i < N_TOK; i++) {
+            dsv4_kvcodec_decode(kt, hd, rope, r[0] + i * rb, x);
+            dsv4_kvcodec_decode(kt, hd, rope, r[1] + i * rb, y);
+            for (int j = 0; j < hd; j++, nval++) {
+                if (x[j] == y[j]) continue;
+                ndiff++;
+                double rel = fabs((double)x[j] - y[j]) / fmax(fabs((double)x[j]), fabs((double)y[j]));
+                if (rel > worst) worst = rel;
+            }
+        }
+        free(r[0]);
+        free(r[1]);
+        free(x);
+        free(y);
+    }
+    printf("%s (kv %s): stored window rows: %lld of %lld values differ, largest relative difference %.3g\n", dir,
+           dsv4_kv_dtype_name(kt), (long long)ndiff, (long long)nval, worst);
+}
+
+/* dir's logits, CPU vs CUDA, with the window / compressed rows of both stored as kt. */
+static void compare(const char *dir, dsv4_kv_dtype kt) {
     dsv4_err err = {0};
     dsv4_model_runner *cpu = NULL, *gpu = NULL;
     dsv4_model_runner_opts o = {.n_slots = 1, .max_len = N_TOK + 2, .numerics = DSV4_NUMERICS_REFERENCE,
-                                .device = DSV4_DEVICE_CPU};
+                                .device = DSV4_DEVICE_CPU, .kv_dtype = (int)kt};
+    printf("%s: kv cache dtype %s\n", dir, dsv4_kv_dtype_name(kt));
     CHECK_EQ_INT(dsv4_model_runner_open(dir, &o, &cpu, &err), 0);
     o.device = DSV4_DEVICE_CUDA;
     int grc = dsv4_model_runner_open(dir, &o, &gpu, &err);
@@ -197,7 +252,7 @@ static void compare(const char *dir) {
     float *a = malloc(sizeof(float) * N_TOK * V), *b = malloc(sizeof(float) * N_TOK * V);
     /* prompt, then the CPU's own greedy continuation (what `dsv4 run` would emit) */
     int32_t tok[N_TOK + 1] = {5, 17, 42, 7, 99, 3, 250, 11, 64, 8};
-    layer_gap(dir, cpu, gpu, tok);
+    if (kt == DSV4_KV_F32) layer_gap(dir, cpu, gpu, tok);
     {
         dsv4_runner run = dsv4_model_runner_iface(cpu);
         float m;
@@ -211,6 +266,7 @@ static void compare(const char *dir) {
     }
     CHECK_EQ_INT(all_logits(cpu, tok, a, V, &err), 0);
     CHECK_EQ_INT(all_logits(gpu, tok, b, V, &err), 0);
+    if (kt != DSV4_KV_F32) stored_rows_gap(dir, kt, cpu, gpu);
     {
         dsv4_runner rc_ = dsv4_model_runner_iface(cpu), rg_ = dsv4_model_runner_iface(gpu);
         rc_.release(rc_.ctx, 0);
@@ -239,12 +295,13 @@ static void compare(const char *dir) {
                    ac, ag, (double)mc, md, rms);
             CHECK_MSG(mc <= 2 * md, "%s position %d: argmax differs beyond a near tie", dir, p);
         }
-        CHECK_MSG(rel <= REL_TOL, "%s position %d: logits differ by %.3g x rms", dir, p, rel);
+        if (kt == DSV4_KV_F32) CHECK_MSG(rel <= REL_TOL, "%s position %d: logits differ by %.3g x rms", dir, p, rel);
     }
     printf("%s: per-position max|diff|/rms:", dir);
     for (int p = 0; p < N_TOK; p++) printf(" %.2g", rels[p]);
     printf("\n");
-    printf("%s: %d positions, largest |logit diff| / rms = %.3g, argmax differs at %d\n", dir, N_TOK, worst, n_diff);
+    printf("%s (kv %s): %d positions, largest |logit diff| / rms = %.3g, argmax differs at %d\n", dir,
+           dsv4_kv_dtype_name(kt), N_TOK, worst, n_diff);
     CHECK_MSG(2 * n_diff <= N_TOK, "%s: argmax differs at %d of %d positions", dir, n_diff, N_TOK);
     free(a);
     free(b);
@@ -253,11 +310,13 @@ static void compare(const char *dir) {
 }
 
 int main(int argc, char **argv) {
-    if (argc > 1) {
-        for (int i = 1; i < argc; i++) compare(argv[i]);
-    } else {
-        compare("models/tiny-flash");
-        compare("models/tiny-dspark");
+    for (int kv = 0; kv < DSV4_KV_COUNT; kv++) { /* f32, bf16, fp8_ds_mla rows */
+        if (argc > 1) {
+            for (int i = 1; i < argc; i++) compare(argv[i], (dsv4_kv_dtype)kv);
+        } else {
+            compare("models/tiny-flash", (dsv4_kv_dtype)kv);
+            compare("models/tiny-dspark", (dsv4_kv_dtype)kv);
+        }
     }
     return TEST_REPORT();
 }

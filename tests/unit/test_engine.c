@@ -233,7 +233,7 @@ static int reference(const int32_t *prompt, int n, int max_tokens, int32_t eos, 
 }
 
 static toy T;
-static dsv4_runner RUN = {&T, VOCAB, SLOTS, toy_forward, toy_release, NULL, NULL, NULL, 0, 0, 0, NULL, NULL};
+static dsv4_runner RUN = {&T, VOCAB, SLOTS, toy_forward, toy_release, NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL};
 static dsv4_drafter DR = {&T, 5, toy_commit, toy_propose, toy_drafter_release};
 
 /* Every test runs twice (main): without and with the runner's forward_ids

@@ -47,8 +47,21 @@ int main(void) {
     CHECK_EQ_INT(t, DSV4_KV_FP8_DS_MLA);
     CHECK_EQ_INT(dsv4_kv_dtype_parse("bf16", &t, &err), 0);
     CHECK_EQ_INT(t, DSV4_KV_BF16);
-    CHECK_EQ_INT(dsv4_kv_dtype_parse("fp8", &t, &err), DSV4_EINVAL);
+    CHECK_EQ_INT(dsv4_kv_dtype_parse("fp8", &t, &err), 0); /* vLLM's "fp8" for this model */
+    CHECK_EQ_INT(t, DSV4_KV_FP8_DS_MLA);
+    CHECK_EQ_INT(dsv4_kv_dtype_parse("bfloat16", &t, &err), 0);
+    CHECK_EQ_INT(t, DSV4_KV_BF16);
+    CHECK_EQ_INT(dsv4_kv_dtype_parse("fp8_e5m2", &t, &err), DSV4_EINVAL);
     CHECK_CONTAINS(err.msg, "fp8_ds_mla");
+    /* "auto": the reference f32 rows on the CPU, vLLM's fp8_ds_mla default on the GPU */
+    CHECK_EQ_INT(dsv4_kv_dtype_parse_for("auto", 1, &t, &err), 0);
+    CHECK_EQ_INT(t, DSV4_KV_FP8_DS_MLA);
+    CHECK_EQ_INT(dsv4_kv_dtype_parse_for(NULL, 1, &t, &err), 0);
+    CHECK_EQ_INT(t, DSV4_KV_FP8_DS_MLA);
+    CHECK_EQ_INT(dsv4_kv_dtype_parse_for("auto", 0, &t, &err), 0);
+    CHECK_EQ_INT(t, DSV4_KV_F32);
+    CHECK_EQ_INT(dsv4_kv_dtype_parse_for("f32", 1, &t, &err), 0);
+    CHECK_EQ_INT(t, DSV4_KV_F32);
     CHECK_STR(dsv4_kv_dtype_name(DSV4_KV_FP8_DS_MLA), "fp8_ds_mla");
 
     /* byte layout of a 512-dim row (§4.3) */

@@ -38,7 +38,7 @@
  * groups. Rows are
  * processed in chunks so S stays within ATT_SCRATCH bytes.
  */
-#include "backend/cuda/cuda_be_internal.cuh"
+#include "backend/cuda/cuda_kvrow.cuh"
 
 #include <math.h>
 #include <stdlib.h>
@@ -54,7 +54,10 @@
 
 /* Everything a kernel needs to find the keys of a row (passed by value). */
 typedef struct att_args {
-    const float *q, *kv, *ring;
+    const float *q;
+    const uint8_t *kv, *ring; /* the batch's rows and the window ring, both in the store's record format */
+    int64_t rb;               /* bytes per key row (cuda_kvrow.cuh: F32 4·hd, BF16 2·hd, fp8_ds_mla record) */
+    int nope, scoff;          /* fp8_ds_mla: E4M3 dims, offset of the scale bytes */
     float *o;
     const int32_t *sel;
     int sel_cols;        /* 0: no selection (every visible compressed row) */
@@ -70,14 +73,13 @@ typedef struct att_args {
 } att_args;
 
 /* Key row of candidate j of row t, or NULL when there is none. */
-__device__ __forceinline__ const float *cand_key(const att_args &a, int t, int64_t j) {
+__device__ __forceinline__ const uint8_t *cand_key(const att_args &a, int t, int64_t j) {
     const int64_t p = a.pos[t], p0 = a.p0[t];
     const int slot = a.slot[t];
     const int64_t lo = p - a.window + 1 < 0 ? 0 : p - a.window + 1, nwin = p - lo + 1;
     if (j < nwin) {
         const int64_t pp = lo + j;
-        return pp >= p0 ? a.kv + (t - (p - pp)) * (int64_t)a.hd
-                        : a.ring + ((int64_t)slot * a.cap + pp % a.cap) * (int64_t)a.hd;
+        return pp >= p0 ? a.kv + (t - (p - pp)) * a.rb : a.ring + ((int64_t)slot * a.cap + pp % a.cap) * a.rb;
     }
     if (!a.has_cmp) return NULL;
     const int64_t jj = j - nwin, nvis = (p + 1) / a.cs.ratio;
@@ -91,7 +93,7 @@ __device__ __forceinline__ const float *cand_key(const att_args &a, int t, int64
         if (w >= nvis) return NULL;
     }
     const int64_t r = cu_cmp_index(a.cs, slot, w);
-    return r < 0 ? NULL : (const float *)a.cs.rows.data + r * a.hd;
+    return r < 0 ? NULL : (const uint8_t *)a.cs.rows.data + r * a.rb;
 }
 
 /* Sum of v[i] over the warp's lanes for N (32 or 64) values at once: a transposing butterfly — at
@@ -122,11 +124,11 @@ __device__ __forceinline__ void warp_sum_transpose(float (&v)[N], int lane) {
  * warp loads its 4 keys at once (loads in flight together), accumulates the
  * QH x 4 dots of its lanes' dims and reduces them over the warp in one
  * transposing butterfly. */
-template <int NV, int QH>
+template <int NV, int QH, int FMT>
 __global__ void __launch_bounds__(ATT_THREADS, 2) k_att_scores(att_args a, int chunk) {
     constexpr int C = 4; /* keys per warp in flight */
     __shared__ float4 qs[QH][NV * 32];
-    __shared__ const float *kp[ATT_CHUNK];
+    __shared__ const uint8_t *kp[ATT_CHUNK];
     const int tl = blockIdx.z, t = a.t0 + tl, hg0 = blockIdx.y * QH;
     const int nh = a.H - hg0 < QH ? a.H - hg0 : QH;
     const int64_t j0 = (int64_t)blockIdx.x * chunk;
@@ -144,10 +146,10 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) k_att_scores(att_args a, int c
         float4 k[C][NV];
 #pragma unroll
         for (int c = 0; c < C; c++) {
-            const float *key = kp[jb + c];
+            const uint8_t *key = kp[jb + c];
 #pragma unroll
             for (int v = 0; v < NV; v++)
-                k[c][v] = key ? ((const float4 *)key)[v * 32 + lane] : make_float4(0.f, 0.f, 0.f, 0.f);
+                k[c][v] = key ? kv_ld4<FMT>(key, v * 32 + lane, a.nope, a.scoff) : make_float4(0.f, 0.f, 0.f, 0.f);
         }
         float s[QH * C]; /* [head][key] partial dots of this lane's dims */
 #pragma unroll
@@ -181,12 +183,12 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) k_att_scores(att_args a, int c
  * each warp streams its candidates' slices, 4 loads in flight.
  * out: o itself (one split) or the split's partial buffer.
  */
-template <int MINB>
+template <int MINB, int FMT>
 __global__ void __launch_bounds__(ATT_THREADS, MINB) k_att_pv(att_args a, const void *sinks, int sinks_bf16, int ref,
                                                         int nsplit, float *part) {
     __shared__ float mx_s[ATT_PHEADS], den_s[ATT_PHEADS];
     __shared__ __align__(16) float ps[ATT_PHEADS][ATT_PCHUNK];
-    __shared__ const float *kp[ATT_PCHUNK];
+    __shared__ const uint8_t *kp[ATT_PCHUNK];
     __shared__ float4 red[ATT_THREADS / 32][ATT_PHEADS / 2][32];
     const int tl = blockIdx.z, t = a.t0 + tl, hg0 = blockIdx.y * ATT_PHEADS;
     const int slice = blockIdx.x % (a.hd / 128), split = blockIdx.x / (a.hd / 128);
@@ -229,8 +231,8 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) k_att_pv(att_args a, const 
             float4 v[4];
 #pragma unroll
             for (int u = 0; u < 4; u++) {
-                const float *key = j + u < n ? kp[j + u] : NULL;
-                v[u] = key ? ((const float4 *)(key + slice * 128))[lane] : make_float4(0.f, 0.f, 0.f, 0.f);
+                const uint8_t *key = j + u < n ? kp[j + u] : NULL;
+                v[u] = key ? kv_ld4<FMT>(key, slice * 32 + lane, a.nope, a.scoff) : make_float4(0.f, 0.f, 0.f, 0.f);
             }
             /* candidates past n have p = 0 and v = 0: no tail test, one broadcast float4 of p per head */
 #pragma unroll
@@ -310,10 +312,28 @@ __device__ __forceinline__ void split2(float x0, float x1, uint32_t &hi, uint32_
 __device__ __forceinline__ float2 ld2(const float *p, int k) {
     return p ? *(const float2 *)(p + k) : make_float2(0.f, 0.f);
 }
+template <int FMT>
+__device__ __forceinline__ float2 kld2(const att_args &a, const uint8_t *p, int k) {
+    return p ? kv_ld2<FMT>(p, k, a.nope, a.scoff) : make_float2(0.f, 0.f);
+}
+template <int FMT>
+__device__ __forceinline__ float kld1(const att_args &a, const uint8_t *p, int k) {
+    return p ? kv_ld1<FMT>(p, k, a.nope, a.scoff) : 0.f;
+}
+/* Coded rows (cuda_kvrow.cuh kv_raw*): bf16 bits as stored (exact), 0 for no key. */
+template <int FMT>
+__device__ __forceinline__ uint32_t kraw1(const att_args &a, const uint8_t *p, int k) {
+    return p ? kv_raw1<FMT>(p, k, a.nope, a.scoff) : 0u;
+}
+template <int FMT>
+__device__ __forceinline__ uint32_t kraw2(const att_args &a, const uint8_t *p, int k) {
+    return p ? kv_raw2<FMT>(p, k, a.nope, a.scoff) : 0u;
+}
 
 /* S of ATT_TC_CAND candidates x 64 heads of one row; warp w: heads 16w.., all candidates (8 n-tiles). */
+template <int FMT>
 __global__ void __launch_bounds__(ATT_TC_THREADS) k_att_scores_tc(att_args a) {
-    __shared__ const float *kp[ATT_TC_CAND];
+    __shared__ const uint8_t *kp[ATT_TC_CAND];
     const int tl = blockIdx.z, t = a.t0 + tl, hb = blockIdx.y * ATT_TC_HEADS;
     const int64_t j0 = (int64_t)blockIdx.x * ATT_TC_CAND;
     if (j0 >= a.ld) return;
@@ -324,7 +344,7 @@ __global__ void __launch_bounds__(ATT_TC_THREADS) k_att_scores_tc(att_args a) {
     const int h0 = hb + warp * 16 + g, h1 = h0 + 8;
     const float *q0 = h0 < a.H ? a.q + ((int64_t)t * a.H + h0) * a.hd : NULL;
     const float *q1 = h1 < a.H ? a.q + ((int64_t)t * a.H + h1) * a.hd : NULL;
-    const float *kr[8];
+    const uint8_t *kr[8];
 #pragma unroll
     for (int i = 0; i < 8; i++) kr[i] = kp[i * 8 + g];
     float acc[8][4];
@@ -341,20 +361,34 @@ __global__ void __launch_bounds__(ATT_TC_THREADS) k_att_scores_tc(att_args a) {
         split2(x.x, x.y, ah[2], al[2]);
         x = ld2(q1, kb);
         split2(x.x, x.y, ah[3], al[3]);
-        float2 y[8][2];
+        if constexpr (FMT != DSV4_KV_F32) { /* coded keys are bf16 values: their lo part is 0, one product fewer */
+            uint32_t yb[8][2];
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            y[i][0] = ld2(kr[i], ka);
-            y[i][1] = ld2(kr[i], kb);
-        }
+            for (int i = 0; i < 8; i++) {
+                yb[i][0] = kraw2<FMT>(a, kr[i], ka);
+                yb[i][1] = kraw2<FMT>(a, kr[i], kb);
+            }
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            uint32_t bh0, bl0, bh1, bl1;
-            split2(y[i][0].x, y[i][0].y, bh0, bl0);
-            split2(y[i][1].x, y[i][1].y, bh1, bl1);
-            mma_bf16(acc[i], al, bh0, bh1);
-            mma_bf16(acc[i], ah, bl0, bl1);
-            mma_bf16(acc[i], ah, bh0, bh1);
+            for (int i = 0; i < 8; i++) {
+                mma_bf16(acc[i], al, yb[i][0], yb[i][1]);
+                mma_bf16(acc[i], ah, yb[i][0], yb[i][1]);
+            }
+        } else {
+            float2 y[8][2];
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                y[i][0] = kld2<FMT>(a, kr[i], ka);
+                y[i][1] = kld2<FMT>(a, kr[i], kb);
+            }
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                uint32_t bh0, bl0, bh1, bl1;
+                split2(y[i][0].x, y[i][0].y, bh0, bl0);
+                split2(y[i][1].x, y[i][1].y, bh1, bl1);
+                mma_bf16(acc[i], al, bh0, bh1);
+                mma_bf16(acc[i], ah, bl0, bl1);
+                mma_bf16(acc[i], ah, bh0, bh1);
+            }
         }
     }
 #pragma unroll
@@ -370,10 +404,11 @@ __global__ void __launch_bounds__(ATT_TC_THREADS) k_att_scores_tc(att_args a) {
 
 /* Softmax (with the sink) and P·V of 64 heads x one 128-dim slice of one row, all candidates;
  * warp w: heads 16w.., 16 n-tiles of 8 dims. */
+template <int FMT>
 __global__ void __launch_bounds__(ATT_TC_THREADS) k_att_pv_tc(att_args a, const void *sinks, int sinks_bf16,
                                                                int ref) {
     __shared__ float mx_s[ATT_TC_HEADS], den_s[ATT_TC_HEADS];
-    __shared__ const float *kp[ATT_TC_CAND];
+    __shared__ const uint8_t *kp[ATT_TC_CAND];
     const int tl = blockIdx.z, t = a.t0 + tl, hb = blockIdx.y * ATT_TC_HEADS, slice = blockIdx.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     const int nh = a.H - hb < ATT_TC_HEADS ? a.H - hb : ATT_TC_HEADS;
@@ -424,17 +459,28 @@ __global__ void __launch_bounds__(ATT_TC_THREADS) k_att_pv_tc(att_args a, const 
             split2(pv[1][0], pv[1][1], ah[1], al[1]);
             split2(pv[0][2], pv[0][3], ah[2], al[2]);
             split2(pv[1][2], pv[1][3], ah[3], al[3]);
-            const float *v0 = kp[kk + 2 * c], *v1 = kp[kk + 2 * c + 1], *v2 = kp[kk + 8 + 2 * c],
-                        *v3 = kp[kk + 9 + 2 * c];
+            const uint8_t *v0 = kp[kk + 2 * c], *v1 = kp[kk + 2 * c + 1], *v2 = kp[kk + 8 + 2 * c],
+                          *v3 = kp[kk + 9 + 2 * c];
+            if constexpr (FMT != DSV4_KV_F32) { /* coded values are bf16 values (lo = 0): stored bits straight in */
 #pragma unroll
-            for (int i = 0; i < 16; i++) {
-                const int dim = dim0 + i * 8;
-                uint32_t bh0, bl0, bh1, bl1;
-                split2(v0 ? v0[dim] : 0.f, v1 ? v1[dim] : 0.f, bh0, bl0);
-                split2(v2 ? v2[dim] : 0.f, v3 ? v3[dim] : 0.f, bh1, bl1);
-                if (!ref) mma_bf16(acc[i], al, bh0, bh1); /* reference: p is a bf16 value, lo = 0 */
-                mma_bf16(acc[i], ah, bl0, bl1);
-                mma_bf16(acc[i], ah, bh0, bh1);
+                for (int i = 0; i < 16; i++) {
+                    const int dim = dim0 + i * 8;
+                    const uint32_t bh0 = kraw1<FMT>(a, v0, dim) | kraw1<FMT>(a, v1, dim) << 16;
+                    const uint32_t bh1 = kraw1<FMT>(a, v2, dim) | kraw1<FMT>(a, v3, dim) << 16;
+                    if (!ref) mma_bf16(acc[i], al, bh0, bh1);
+                    mma_bf16(acc[i], ah, bh0, bh1);
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < 16; i++) {
+                    const int dim = dim0 + i * 8;
+                    uint32_t bh0, bl0, bh1, bl1;
+                    split2(kld1<FMT>(a, v0, dim), kld1<FMT>(a, v1, dim), bh0, bl0);
+                    split2(kld1<FMT>(a, v2, dim), kld1<FMT>(a, v3, dim), bh1, bl1);
+                    if (!ref) mma_bf16(acc[i], al, bh0, bh1); /* reference: p is a bf16 value, lo = 0 */
+                    mma_bf16(acc[i], ah, bl0, bl1);
+                    mma_bf16(acc[i], ah, bh0, bh1);
+                }
             }
         }
     }
@@ -463,6 +509,62 @@ __global__ void k_att_reduce(const float4 *part, int nsplit, int64_t n4, float4 
     o[i] = s;
 }
 
+/* Launch sizes of one attention call (cu_be_attention), passed to the per-format launcher. */
+typedef struct att_launch_cfg {
+    int T, n_heads, tc, sc_qh, sc_chunk, pv_one_block, nsplit, sbf, ref;
+    int64_t hd, maxc, chunk;
+    const void *sinks;
+    float *part;
+    cudaStream_t stream;
+} att_launch_cfg;
+
+/* The kernels of one call for key rows in record format FMT (cuda_kvrow.cuh). */
+template <int FMT>
+static int att_launch(att_args a, const att_launch_cfg &L, dsv4_err *err) {
+    const int T = L.T, n_heads = L.n_heads, tc = L.tc, sc_qh = L.sc_qh, sc_chunk = L.sc_chunk, nsplit = L.nsplit;
+    const int64_t hd = L.hd, maxc = L.maxc, chunk = L.chunk;
+    const int pv_one_block = L.pv_one_block, sbf = L.sbf, ref = L.ref;
+    float *part = L.part;
+    cudaStream_t stream = L.stream;
+    const void *sinks = L.sinks;
+    for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+        const unsigned n = (unsigned)(T - t0 < chunk ? T - t0 : chunk);
+        a.t0 = (int)t0;
+        if (tc) {
+            dim3 gs((unsigned)((maxc + ATT_TC_CAND - 1) / ATT_TC_CAND),
+                    (unsigned)((n_heads + ATT_TC_HEADS - 1) / ATT_TC_HEADS), n);
+            k_att_scores_tc<FMT><<<gs, ATT_TC_THREADS, 0, stream>>>(a);
+            CU_LAUNCHED(err, "attention (scores, tensor cores)");
+            dim3 gp((unsigned)(hd / 128), (unsigned)((n_heads + ATT_TC_HEADS - 1) / ATT_TC_HEADS), n);
+            k_att_pv_tc<FMT><<<gp, ATT_TC_THREADS, 0, stream>>>(a, sinks, sbf, ref);
+            CU_LAUNCHED(err, "attention (pv, tensor cores)");
+            continue;
+        }
+        dim3 g1((unsigned)((maxc + sc_chunk - 1) / sc_chunk), (unsigned)((n_heads + sc_qh - 1) / sc_qh), n);
+        if (sc_qh == ATT_QHEADS) {
+            if (hd == 128) k_att_scores<1, ATT_QHEADS, FMT><<<g1, ATT_THREADS, 0, stream>>>(a, sc_chunk);
+            else if (hd == 256) k_att_scores<2, ATT_QHEADS, FMT><<<g1, ATT_THREADS, 0, stream>>>(a, sc_chunk);
+            else k_att_scores<4, ATT_QHEADS, FMT><<<g1, ATT_THREADS, 0, stream>>>(a, sc_chunk);
+        } else {
+            if (hd == 128) k_att_scores<1, ATT_QHEADS / 2, FMT><<<g1, ATT_THREADS, 0, stream>>>(a, sc_chunk);
+            else if (hd == 256) k_att_scores<2, ATT_QHEADS / 2, FMT><<<g1, ATT_THREADS, 0, stream>>>(a, sc_chunk);
+            else k_att_scores<4, ATT_QHEADS / 2, FMT><<<g1, ATT_THREADS, 0, stream>>>(a, sc_chunk);
+        }
+        CU_LAUNCHED(err, "attention (scores)");
+        dim3 g2((unsigned)(hd / 128 * nsplit), (unsigned)((n_heads + ATT_PHEADS - 1) / ATT_PHEADS), n);
+        if (pv_one_block) k_att_pv<1, FMT><<<g2, ATT_THREADS, 0, stream>>>(a, sinks, sbf, ref, nsplit, part);
+        else k_att_pv<2, FMT><<<g2, ATT_THREADS, 0, stream>>>(a, sinks, sbf, ref, nsplit, part);
+        CU_LAUNCHED(err, "attention (pv)");
+        if (nsplit > 1) {
+            const int64_t n4 = (int64_t)n * n_heads * hd / 4;
+            k_att_reduce<<<(unsigned)((n4 + 255) / 256), 256, 0, stream>>>(
+                (const float4 *)part, nsplit, n4, (float4 *)(a.o + t0 * n_heads * hd));
+            CU_LAUNCHED(err, "attention (split sum)");
+        }
+    }
+    return DSV4_OK;
+}
+
 int cu_be_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, const dsv4_win_state *ws,
                     const dsv4_cmp_state *cs, const dsv4_buf *sel, const dsv4_tview *sinks, int n_heads,
                     const dsv4_batch *b, dsv4_buf *o, dsv4_err *err) {
@@ -476,13 +578,15 @@ int cu_be_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, con
     if (!rc) rc = cu_be_check(o, DSV4_DT_F32, T, hd * n_heads, "attention o", err);
     if (!rc && (!ws || ws->cap < ws->window || ws->window <= 0))
         rc = cu_err(err, DSV4_EINVAL, "cuda: attention: window state: cap must be >= window > 0");
-    if (!rc && ws->rows.dtype != DSV4_DT_F32)
-        rc = cu_err(err, DSV4_EUNSUPPORTED, "cuda: attention: window ring dtype %d (only F32 rings implemented)",
-                    (int)ws->rows.dtype);
-    if (!rc) rc = cu_be_check(&ws->rows, DSV4_DT_F32, (int64_t)ws->n_slots * ws->cap, hd, "window rows", err);
+    cu_kvfmt wf, cf;
+    if (!rc) rc = cu_kv_fmt_of(&ws->rows, (int64_t)ws->n_slots * ws->cap, hd, "window rows", &wf, err);
     if (!rc) rc = cu_be_check_vec(sinks, n_heads, "attn_sink", err);
     if (!rc && cs && cs->ratio <= 0) rc = cu_err(err, DSV4_EINVAL, "cuda: attention: compressed state ratio %d", cs->ratio);
     if (!rc && cs) rc = cu_be_check_cmp_rows(cs, hd, "compressed rows", err);
+    if (!rc && cs) rc = cu_kv_fmt_of(&cs->rows, -1, hd, "compressed rows", &cf, err);
+    if (!rc && cs && (cf.t != wf.t || cf.bytes != wf.bytes)) /* one record format for every key (the state's) */
+        rc = cu_err(err, DSV4_EUNSUPPORTED, "cuda: attention: window rows (%s) and compressed rows (%s) in "
+                    "different formats", dsv4_kv_dtype_name((dsv4_kv_dtype)wf.t), dsv4_kv_dtype_name((dsv4_kv_dtype)cf.t));
     if (!rc && sel) rc = cu_be_check(sel, DSV4_DT_I32, T, -1, "attention sel", err);
     if (!rc && hd != 128 && hd != 256 && hd != 512)
         rc = cu_err(err, DSV4_EUNSUPPORTED, "cuda: attention: head_dim %lld (128, 256 or 512 implemented)",
@@ -514,8 +618,11 @@ int cu_be_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, con
     att_args a;
     memset(&a, 0, sizeof a);
     a.q = (const float *)q->data;
-    a.kv = (const float *)kv->data;
-    a.ring = (const float *)ws->rows.data;
+    a.kv = (const uint8_t *)kv->data; /* coded stores: replaced by the encoded batch rows below */
+    a.ring = (const uint8_t *)ws->rows.data;
+    a.rb = wf.bytes;
+    a.nope = wf.nope;
+    a.scoff = wf.scoff;
     a.o = (float *)o->data;
     a.sel = sel ? (const int32_t *)sel->data : NULL;
     a.sel_cols = sel ? (int)sel->cols : 0;
@@ -551,7 +658,15 @@ int cu_be_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, con
     const size_t s_bytes = cu_align((size_t)chunk * n_heads * maxc * sizeof(float));
     const size_t p_bytes = nsplit > 1 ? (size_t)nsplit * chunk * n_heads * hd * sizeof(float) : 0;
     void *ws_p = NULL;
-    if ((rc = cu_workspace(ctx, s_bytes + p_bytes, &ws_p, err))) return rc;
+    /* coded stores: the batch's own rows as the store will hold them (the CPU reference encodes and
+     * decodes them too), so a result never depends on where chunks fall */
+    const size_t k_bytes = wf.t != DSV4_KV_F32 ? cu_align((size_t)T * (size_t)wf.bytes) : 0;
+    if ((rc = cu_workspace(ctx, s_bytes + p_bytes + k_bytes, &ws_p, err))) return rc;
+    if (k_bytes) {
+        uint8_t *kb = (uint8_t *)ws_p + s_bytes + p_bytes;
+        if ((rc = cu_kv_encode_rows(ctx->stream, &wf, (const float *)kv->data, T, kb, err))) return rc;
+        a.kv = kb;
+    }
     a.S = (float *)ws_p;
     float *part = nsplit > 1 ? (float *)((char *)ws_p + s_bytes) : NULL;
     const int ref = be->numerics == DSV4_NUMERICS_REFERENCE, sbf = sinks->dtype == DSV4_DT_BF16;
@@ -569,40 +684,11 @@ int cu_be_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, con
     /* long row chunks (prefill) on tensor cores; DSV4_CUDA_ATT_TC=0 keeps the fp32 kernels (measuring) */
     const char *tce = getenv("DSV4_CUDA_ATT_TC");
     const int tc = chunk >= ATT_TC_MIN_ROWS && !(tce && tce[0] == '0');
-    for (int64_t t0 = 0; t0 < T; t0 += chunk) {
-        const unsigned n = (unsigned)(T - t0 < chunk ? T - t0 : chunk);
-        a.t0 = (int)t0;
-        if (tc) {
-            dim3 gs((unsigned)((maxc + ATT_TC_CAND - 1) / ATT_TC_CAND),
-                    (unsigned)((n_heads + ATT_TC_HEADS - 1) / ATT_TC_HEADS), n);
-            k_att_scores_tc<<<gs, ATT_TC_THREADS, 0, ctx->stream>>>(a);
-            CU_LAUNCHED(err, "attention (scores, tensor cores)");
-            dim3 gp((unsigned)(hd / 128), (unsigned)((n_heads + ATT_TC_HEADS - 1) / ATT_TC_HEADS), n);
-            k_att_pv_tc<<<gp, ATT_TC_THREADS, 0, ctx->stream>>>(a, sinks->data, sbf, ref);
-            CU_LAUNCHED(err, "attention (pv, tensor cores)");
-            continue;
-        }
-        dim3 g1((unsigned)((maxc + sc_chunk - 1) / sc_chunk), (unsigned)((n_heads + sc_qh - 1) / sc_qh), n);
-        if (sc_qh == ATT_QHEADS) {
-            if (hd == 128) k_att_scores<1, ATT_QHEADS><<<g1, ATT_THREADS, 0, ctx->stream>>>(a, sc_chunk);
-            else if (hd == 256) k_att_scores<2, ATT_QHEADS><<<g1, ATT_THREADS, 0, ctx->stream>>>(a, sc_chunk);
-            else k_att_scores<4, ATT_QHEADS><<<g1, ATT_THREADS, 0, ctx->stream>>>(a, sc_chunk);
-        } else {
-            if (hd == 128) k_att_scores<1, ATT_QHEADS / 2><<<g1, ATT_THREADS, 0, ctx->stream>>>(a, sc_chunk);
-            else if (hd == 256) k_att_scores<2, ATT_QHEADS / 2><<<g1, ATT_THREADS, 0, ctx->stream>>>(a, sc_chunk);
-            else k_att_scores<4, ATT_QHEADS / 2><<<g1, ATT_THREADS, 0, ctx->stream>>>(a, sc_chunk);
-        }
-        CU_LAUNCHED(err, "attention (scores)");
-        dim3 g2((unsigned)(hd / 128 * nsplit), (unsigned)((n_heads + ATT_PHEADS - 1) / ATT_PHEADS), n);
-        if (pv_one_block) k_att_pv<1><<<g2, ATT_THREADS, 0, ctx->stream>>>(a, sinks->data, sbf, ref, nsplit, part);
-        else k_att_pv<2><<<g2, ATT_THREADS, 0, ctx->stream>>>(a, sinks->data, sbf, ref, nsplit, part);
-        CU_LAUNCHED(err, "attention (pv)");
-        if (nsplit > 1) {
-            const int64_t n4 = (int64_t)n * n_heads * hd / 4;
-            k_att_reduce<<<(unsigned)((n4 + 255) / 256), 256, 0, ctx->stream>>>(
-                (const float4 *)part, nsplit, n4, (float4 *)(a.o + t0 * n_heads * hd));
-            CU_LAUNCHED(err, "attention (split sum)");
-        }
+    att_launch_cfg L = {T, n_heads, tc, sc_qh, sc_chunk, pv_one_block, nsplit, sbf, ref, hd, maxc, chunk,
+                        sinks->data, part, ctx->stream};
+    switch (wf.t) {
+    case DSV4_KV_F32: return att_launch<DSV4_KV_F32>(a, L, err);
+    case DSV4_KV_BF16: return att_launch<DSV4_KV_BF16>(a, L, err);
+    default: return att_launch<DSV4_KV_FP8_DS_MLA>(a, L, err);
     }
-    return DSV4_OK;
 }

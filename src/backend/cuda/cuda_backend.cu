@@ -22,6 +22,7 @@
 #include "backend/cuda/cuda_be_internal.cuh"
 #include "backend/cuda/cuda_rows.cuh"
 #include "backend/cuda/cuda_logit_top.h"
+#include "backend/cuda/cuda_subtile.cuh"
 
 #include <stdlib.h>
 #include <string.h>
@@ -33,7 +34,7 @@ typedef struct cu_lin {
     dsv4_dtype dtype;     /* stored dtype of w */
     dsv4_cuda_weight cw;  /* FP8 / FP4 / BF16 */
     float *f32;           /* F32 weights: device copy [out][in] */
-    int64_t out, in;
+    int64_t out, in;      /* logical; cw.out / cw.in are larger when uploaded padded (cuda_subtile.cu) */
     int borrowed;         /* cw points into an expert-major set (cu_moe): not ours to free */
     struct cu_lin *next;
 } cu_lin;
@@ -43,6 +44,7 @@ typedef struct cu_moe {
     const void *key0;       /* w1[0].w.data, in case the array is reused */
     int n_exp;
     dsv4_cuda_experts ex;
+    void *bf16_ptrs;        /* BF16 experts: device table of 3 x n_exp weight pointers (w1s, w3s, w2s); ex unused */
     struct cu_moe *next;
 } cu_moe;
 
@@ -98,6 +100,7 @@ static void cu_be_free(dsv4_backend *be) {
         for (cu_moe *m = cb->moes, *n; m; m = n) {
             n = m->next;
             dsv4_cuda_experts_free(cb->ctx, &m->ex);
+            dsv4_cuda_free(cb->ctx, m->bf16_ptrs);
             free(m);
         }
         dsv4_cuda_free(cb->ctx, cb->d_batch);
@@ -136,9 +139,31 @@ static int cu_buf_alloc(dsv4_backend *be, dsv4_dtype dt, int64_t rows, int64_t c
     return DSV4_OK;
 }
 
+/* Scratch with undefined contents (backend.h buf_alloc_scratch): from the
+ * context's arena (cu_arena_alloc), so a captured step has no allocation,
+ * memset or free nodes for it. DSV4_CUDA_SCRATCH_MB=0: buf_alloc's zeroed
+ * pool memory, the behaviour before, for comparison. */
+static int cu_buf_alloc_scratch(dsv4_backend *be, dsv4_dtype dt, int64_t rows, int64_t cols, dsv4_buf *out,
+                                dsv4_err *err) {
+    dsv4_cuda_ctx *c = cube(be)->ctx;
+    if (!c->ar_mode) return cu_buf_alloc(be, dt, rows, cols, out, err);
+    size_t es = dt_size(dt);
+    if (!out || !es || rows < 0 || cols < 0)
+        return cu_err(err, DSV4_EINVAL, "cuda: buf_alloc_scratch: bad dtype or shape [%lld,%lld]", (long long)rows,
+                      (long long)cols);
+    void *p = NULL;
+    int rc = cu_arena_alloc(c, (size_t)rows * (size_t)cols * es, &p, err);
+    if (rc) return rc;
+    out->data = p;
+    out->dtype = dt;
+    out->rows = rows;
+    out->cols = cols;
+    return DSV4_OK;
+}
+
 static void cu_buf_free(dsv4_backend *be, dsv4_buf *b) {
     if (!b || !b->data) return;
-    cudaFreeAsync(b->data, cube(be)->ctx->stream); /* stream-ordered: queued ops that use it finish first */
+    cu_arena_free(cube(be)->ctx, b->data); /* stream-ordered: queued ops that use it finish first */
     b->data = NULL;
 }
 
@@ -217,6 +242,12 @@ static int cu_upload_linear(dsv4_backend *be, const dsv4_linear *host, dsv4_line
         rc = dsv4_cuda_alloc(cb->ctx, nb, &p, err);
         if (!rc) rc = dsv4_cuda_upload(cb->ctx, p, host->w.data, nb, err);
         l->f32 = (float *)p;
+    } else if (cu_subtile_needed(host)) { /* narrower than the tiles: zero-padded (cuda_subtile.cu) */
+        dsv4_linear pl;
+        void *bytes = NULL;
+        rc = cu_subtile_pad(host, &pl, &bytes, err);
+        if (!rc) rc = dsv4_cuda_weight_upload(cb->ctx, &pl, &l->cw, err);
+        free(bytes);
     } else {
         rc = dsv4_cuda_weight_upload(cb->ctx, host, &l->cw, err);
     }
@@ -359,7 +390,8 @@ static int cu_batch_begin(dsv4_backend *be, const dsv4_batch *b, dsv4_err *err) 
                 return cu_err(err, DSV4_EINVAL, "batch: row %d inconsistent with segment %d (slot/pos/seq_idx)", r, s);
     if (b->cu_seqlens[0] != 0 || b->cu_seqlens[b->n_seqs] != b->n_rows)
         return cu_err(err, DSV4_EINVAL, "batch: cu_seqlens do not cover %d rows", b->n_rows);
-    return batch_upload(be, cube(be), b, err);
+    int rc = cu_arena_reserve(cube(be)->ctx, err); /* outside capture: batch_upload synchronises */
+    return rc ? rc : batch_upload(be, cube(be), b, err);
 }
 
 /* Synchronise, then report (and clear) the deferred input errors of the ops since the last sync. */
@@ -379,8 +411,19 @@ static int cu_sync(dsv4_backend *be, dsv4_err *err) {
 /* Thread-local capture: another thread's unrelated CUDA calls (e.g. a second
  * backend) do not invalidate it, while this thread's unsafe calls (a
  * synchronisation, cudaMalloc) do, which is what should fail the capture. */
+/* A replayable step: the executable graph and the arena top at capture
+ * start; scratch the graph uses lies above it (cu_graph_launch checks). */
+typedef struct cu_graph {
+    cudaGraphExec_t x;
+    size_t ar_lo;
+} cu_graph;
+
 static int cu_graph_begin(dsv4_backend *be, dsv4_err *err) {
-    CU_TRY(cudaStreamBeginCapture(cube(be)->ctx->stream, cudaStreamCaptureModeThreadLocal), err, "graph capture begin");
+    dsv4_cuda_ctx *c = cube(be)->ctx;
+    int rc = cu_arena_reserve(c, err);
+    if (rc) return rc;
+    cube(be)->ar_capture_lo = c->ar_top;
+    CU_TRY(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal), err, "graph capture begin");
     return DSV4_OK;
 }
 
@@ -393,9 +436,31 @@ static int cu_graph_end(dsv4_backend *be, void **graph, dsv4_err *err) {
         cudaGetLastError(); /* capture errors are not sticky: clear the record */
         return cu_err(err, DSV4_EBACKEND, "cuda: graph capture: %s", cudaGetErrorString(e));
     }
+    /* node census (issue 7: a decode step's cost is mostly per node) */
     size_t nodes = 0;
     cudaGraphGetNodes(g, NULL, &nodes);
-    dsv4_log(DSV4_LOG_INFO, "cuda: captured a graph of %zu nodes", nodes);
+    int nk = 0, nset = 0, ncpy = 0, nal = 0, nfr = 0, nother = 0;
+    cudaGraphNode_t *nv = nodes ? (cudaGraphNode_t *)malloc(nodes * sizeof *nv) : NULL;
+    if (nv && cudaGraphGetNodes(g, nv, &nodes) == cudaSuccess) {
+        for (size_t i = 0; i < nodes; i++) {
+            cudaGraphNodeType ty;
+            if (cudaGraphNodeGetType(nv[i], &ty) != cudaSuccess) ty = cudaGraphNodeTypeEmpty;
+            switch (ty) {
+            case cudaGraphNodeTypeKernel: nk++; break;
+            case cudaGraphNodeTypeMemset: nset++; break;
+            case cudaGraphNodeTypeMemcpy: ncpy++; break;
+            case cudaGraphNodeTypeMemAlloc: nal++; break;
+            case cudaGraphNodeTypeMemFree: nfr++; break;
+            default: nother++; break;
+            }
+        }
+    }
+    free(nv);
+    dsv4_cuda_ctx *c = cube(be)->ctx;
+    dsv4_log(DSV4_LOG_INFO,
+             "cuda: captured a graph of %zu nodes (%d kernels, %d memsets, %d memcpys, %d allocs, %d frees, %d other; "
+             "scratch arena peak %zu MiB, %d fallbacks)",
+             nodes, nk, nset, ncpy, nal, nfr, nother, c->ar_peak >> 20, c->ar_fallbacks);
     cudaGraphExec_t x = NULL;
     /* auto-free: a replay may start while the previous one's buffers were not freed (error paths) */
     e = cudaGraphInstantiateWithFlags(&x, g, cudaGraphInstantiateFlagAutoFreeOnLaunch);
@@ -404,19 +469,34 @@ static int cu_graph_end(dsv4_backend *be, void **graph, dsv4_err *err) {
         cudaGetLastError();
         return cu_err(err, DSV4_EBACKEND, "cuda: graph instantiate: %s", cudaGetErrorString(e));
     }
-    *graph = (void *)x;
+    cu_graph *cg = (cu_graph *)malloc(sizeof *cg);
+    if (!cg) {
+        cudaGraphExecDestroy(x);
+        return cu_err(err, DSV4_ENOMEM, "cuda: graph: out of host memory");
+    }
+    cg->x = x;
+    cg->ar_lo = cube(be)->ar_capture_lo;
+    *graph = (void *)cg;
     return DSV4_OK;
 }
 
 static int cu_graph_launch(dsv4_backend *be, void *graph, dsv4_err *err) {
-    CU_TRY(cudaGraphLaunch((cudaGraphExec_t)graph, cube(be)->ctx->stream), err, "graph launch");
+    const cu_graph *cg = (const cu_graph *)graph;
+    dsv4_cuda_ctx *c = cube(be)->ctx;
+    /* the replay writes the arena scratch above ar_lo: nothing may be live there now */
+    if (c->ar_top > cg->ar_lo)
+        return cu_err(err, DSV4_EINTERNAL,
+                      "cuda: graph launch: %zu bytes of scratch are live above the graph's arena start %zu "
+                      "(free scratch before replaying a step)", c->ar_top - cg->ar_lo, cg->ar_lo);
+    CU_TRY(cudaGraphLaunch(cg->x, c->stream), err, "graph launch");
     return DSV4_OK;
 }
 
 static void cu_graph_free(dsv4_backend *be, void *graph) {
     if (!graph) return;
     cudaStreamSynchronize(cube(be)->ctx->stream);
-    cudaGraphExecDestroy((cudaGraphExec_t)graph);
+    cudaGraphExecDestroy(((cu_graph *)graph)->x);
+    free(graph);
 }
 
 static int cu_hc_mean(dsv4_backend *be, const dsv4_buf *X, int n_hc, dsv4_buf *y, int64_t col0, dsv4_err *err) {
@@ -445,6 +525,9 @@ static int dot_rows(cu_be *cb, const cu_lin *l, const float *x, int64_t xstride,
     } else {
         return cu_err(err, DSV4_EUNSUPPORTED, "cuda: linear_grouped: FP4 weights not implemented");
     }
+    if (!l->f32 && l->cw.in != l->in) /* padded columns change the row stride the kernels assume */
+        return cu_err(err, DSV4_EUNSUPPORTED, "cuda: linear_grouped: in-dim %lld below the 128-column tile",
+                      (long long)l->in);
     return cu_rows_linear(cb->ctx, kind, W, ws, l->out, l->in, x, xstride, T, out_g, y, err);
 }
 
@@ -460,7 +543,41 @@ static int cu_linear(dsv4_backend *be, const dsv4_buf *x, const dsv4_linear *w, 
     if (l->cw.kind != DSV4_CUDA_W_BF16 && be->numerics != DSV4_NUMERICS_REFERENCE)
         return cu_err(err, DSV4_EUNSUPPORTED, "cuda: linear %s: FP8/FP4 weights in HF numerics (no activation "
                       "quantisation) not implemented", lin_name(w));
+    if (l->cw.out != l->out || l->cw.in != l->in)
+        return cu_subtile_linear(cb->ctx, &l->cw, l->out, l->in, (const float *)x->data, x->rows, (float *)y->data,
+                                 err);
     return dsv4_cuda_linear(cb->ctx, &l->cw, (const float *)x->data, (int)x->rows, (float *)y->data, 0, err);
+}
+
+/* linear_multi: the FP8 weights (reference numerics) go through
+ * dsv4_cuda_linear_group — one activation quantisation, up to 4 weights per
+ * launch, the same per-tile sums as the single-weight kernel, so every y[i]
+ * is bit-identical to `linear`'s; the others (BF16, F32, FP4) one by one. */
+static int cu_linear_multi(dsv4_backend *be, const dsv4_buf *x, int n, const dsv4_linear *const *w,
+                           dsv4_buf *const *y, dsv4_err *err) {
+    cu_be *cb = cube(be);
+    if (n < 0 || n > DSV4_LINEAR_MULTI_MAX || (n && (!w || !y)))
+        return cu_err(err, DSV4_EINVAL, "cuda: linear_multi: %d linears (max %d)", n, DSV4_LINEAR_MULTI_MAX);
+    const dsv4_cuda_weight *gw[DSV4_LINEAR_MULTI_MAX];
+    float *gy[DSV4_LINEAR_MULTI_MAX];
+    int ng = 0;
+    for (int i = 0; i < n; i++) {
+        const cu_lin *l = lin_of(w[i], "linear_multi", err);
+        if (!l) return DSV4_EINVAL;
+        int rc = cu_be_check(x, DSV4_DT_F32, -1, l->in, "linear_multi x", err);
+        if (!rc) rc = cu_be_check(y[i], DSV4_DT_F32, x->rows, l->out, "linear_multi y", err);
+        if (!rc && x->data == y[i]->data)
+            rc = cu_err(err, DSV4_EINVAL, "cuda: linear_multi %s: y aliases x", lin_name(w[i]));
+        if (rc) return rc;
+        if (!l->f32 && l->cw.kind == DSV4_CUDA_W_FP8 && be->numerics == DSV4_NUMERICS_REFERENCE) {
+            gw[ng] = &l->cw;
+            gy[ng++] = (float *)y[i]->data;
+        } else if ((rc = cu_linear(be, x, w[i], y[i], err))) {
+            return rc;
+        }
+    }
+    if (!ng) return DSV4_OK;
+    return dsv4_cuda_linear_group(cb->ctx, ng, gw, (const float *)x->data, (int)x->rows, gy, 0, err);
 }
 
 static int cu_linear_grouped(dsv4_backend *be, const dsv4_buf *x, const dsv4_linear *w, int groups, dsv4_buf *y,
@@ -507,13 +624,12 @@ static int cu_moe_route(dsv4_backend *be, const dsv4_buf *x, const dsv4_linear *
     /* logits in fp32 (exact fp32 dot, as the CPU reference), in a buffer of our own:
      * the workspace is used by the route tail's error flag */
     void *lg = NULL;
-    cudaStream_t st = cb->ctx->stream;
-    CU_TRY(cudaMallocAsync(&lg, (size_t)T * E * 4, st), err, "moe_route logits");
+    if ((rc = cu_arena_alloc(cb->ctx, (size_t)T * E * 4, &lg, err))) return rc;
     rc = dot_rows(cb, l, (const float *)x->data, l->in, T, E, (float *)lg, err);
     if (!rc)
         rc = cu_be_route_tail(be, (const float *)lg, T, E, bias && bias->data ? bias : NULL, hash ? tid2eid : NULL,
                               tok, k, route_scale, (int32_t *)ids->data, (float *)weights->data, err);
-    cudaFreeAsync(lg, st); /* stream-ordered: no synchronisation inside the layer */
+    cu_arena_free(cb->ctx, lg); /* stream-ordered: no synchronisation inside the layer */
     return rc;
 }
 
@@ -521,13 +637,17 @@ static int cu_moe_route(dsv4_backend *be, const dsv4_buf *x, const dsv4_linear *
 static int moe_set(cu_be *cb, const dsv4_linear *w1, const dsv4_linear *w3, const dsv4_linear *w2, int n_exp,
                    const dsv4_cuda_experts **out, dsv4_err *err) {
     for (cu_moe *m = cb->moes; m; m = m->next)
-        if (m->key == w1 && m->key0 == w1[0].w.data && m->n_exp == n_exp) {
+        if (m->key == w1 && m->key0 == w1[0].w.data && m->n_exp == n_exp && !m->bf16_ptrs) {
             *out = &m->ex;
             return DSV4_OK;
         }
     const cu_lin *l0 = lin_of(&w1[0], "moe_experts", err);
     if (!l0) return DSV4_EINVAL;
-    int64_t dm = l0->in, dff = l0->out;
+    /* the stored (possibly padded, cuda_subtile.cu) dims: a padded d_ff is exact (zero rows give h = 0) */
+    int64_t dm = l0->cw.in, dff = l0->cw.out;
+    if (l0->cw.in != l0->in)
+        return cu_err(err, DSV4_EUNSUPPORTED, "cuda: moe_experts: d_model %lld below the 128-column tile",
+                      (long long)l0->in);
     for (int e = 0; e < n_exp; e++) {
         const dsv4_linear *ws[3] = {&w1[e], &w3[e], &w2[e]};
         for (int j = 0; j < 3; j++) {
@@ -537,7 +657,8 @@ static int moe_set(cu_be *cb, const dsv4_linear *w1, const dsv4_linear *w3, cons
                 return cu_err(err, DSV4_EUNSUPPORTED, "cuda: moe_experts: expert %d %s is not FP4 (only FP4 experts "
                               "are implemented)", e, lin_name(ws[j]));
             int64_t eo = j == 2 ? dm : dff, ei = j == 2 ? dff : dm;
-            if (l->out != eo || l->in != ei)
+            int64_t lo = j == 2 ? l0->in : l0->out, li = j == 2 ? l0->out : l0->in;
+            if (l->cw.out != eo || l->cw.in != ei || l->out != lo || l->in != li)
                 return cu_err(err, DSV4_EINVAL, "moe: expert %d weight shapes do not match d=%lld, F=%lld", e,
                               (long long)dm, (long long)dff);
         }
@@ -602,6 +723,56 @@ static int moe_set(cu_be *cb, const dsv4_linear *w1, const dsv4_linear *w3, cons
     return DSV4_OK;
 }
 
+/* BF16 experts (the dequantised tiny checkpoints): the device table of their
+ * weight pointers for cu_moe_generic_bf16, made on first use and kept like
+ * an expert set. *F: the expert width. 0 with *out = NULL when the experts
+ * are not BF16. */
+static int moe_bf16_set(cu_be *cb, const dsv4_linear *w1, const dsv4_linear *w3, const dsv4_linear *w2, int n_exp,
+                        const void *const **out, int64_t *F, dsv4_err *err) {
+    *out = NULL;
+    const cu_lin *l0 = lin_of(&w1[0], "moe_experts", err);
+    if (!l0) return DSV4_EINVAL;
+    if (l0->f32 || l0->cw.kind != DSV4_CUDA_W_BF16) return DSV4_OK;
+    *F = l0->out;
+    for (cu_moe *m = cb->moes; m; m = m->next)
+        if (m->key == w1 && m->key0 == w1[0].w.data && m->n_exp == n_exp && m->bf16_ptrs) {
+            *out = (const void *const *)m->bf16_ptrs;
+            return DSV4_OK;
+        }
+    const void **h = (const void **)calloc((size_t)3 * n_exp, sizeof *h);
+    if (!h) return cu_err(err, DSV4_ENOMEM, "cuda: moe_experts: out of memory");
+    int rc = DSV4_OK;
+    for (int e = 0; e < n_exp && !rc; e++) {
+        const dsv4_linear *ws[3] = {&w1[e], &w3[e], &w2[e]};
+        for (int j = 0; j < 3 && !rc; j++) {
+            const cu_lin *l = lin_of(ws[j], "moe_experts", err);
+            int64_t eo = j == 2 ? l0->in : l0->out, ei = j == 2 ? l0->out : l0->in;
+            if (!l) rc = DSV4_EINVAL;
+            else if (l->f32 || l->cw.kind != DSV4_CUDA_W_BF16 || l->out != eo || l->in != ei)
+                rc = cu_err(err, DSV4_EINVAL, "cuda: moe_experts: expert %d %s is not BF16 [%lld, %lld] like expert 0",
+                            e, lin_name(ws[j]), (long long)eo, (long long)ei);
+            else h[(size_t)j * n_exp + e] = l->cw.w;
+        }
+    }
+    cu_moe *m = rc ? NULL : (cu_moe *)calloc(1, sizeof *m);
+    if (!rc && !m) rc = cu_err(err, DSV4_ENOMEM, "cuda: moe_experts: out of memory");
+    if (!rc) rc = dsv4_cuda_alloc(cb->ctx, (size_t)3 * n_exp * sizeof *h, &m->bf16_ptrs, err);
+    if (!rc) rc = dsv4_cuda_upload(cb->ctx, m->bf16_ptrs, h, (size_t)3 * n_exp * sizeof *h, err);
+    free(h);
+    if (rc) {
+        if (m) dsv4_cuda_free(cb->ctx, m->bf16_ptrs);
+        free(m);
+        return rc;
+    }
+    m->key = w1;
+    m->key0 = w1[0].w.data;
+    m->n_exp = n_exp;
+    m->next = cb->moes;
+    cb->moes = m;
+    *out = (const void *const *)m->bf16_ptrs;
+    return DSV4_OK;
+}
+
 static int cu_moe_experts(dsv4_backend *be, const dsv4_buf *x, const dsv4_linear *w1, const dsv4_linear *w3,
                           const dsv4_linear *w2, int n_exp, const dsv4_buf *ids, const dsv4_buf *weights, float limit,
                           dsv4_buf *y, dsv4_err *err) {
@@ -614,6 +785,17 @@ static int cu_moe_experts(dsv4_backend *be, const dsv4_buf *x, const dsv4_linear
     if (!rc) rc = cu_be_check(y, DSV4_DT_F32, T, d, "moe y", err);
     if (!rc && n_exp <= 0) rc = cu_err(err, DSV4_EINVAL, "cuda: moe_experts: %d experts", n_exp);
     if (rc) return rc;
+    const void *const *tab = NULL;
+    int64_t F = 0;
+    if ((rc = moe_bf16_set(cb, w1, w3, w2, n_exp, &tab, &F, err))) return rc;
+    if (tab) { /* BF16 experts: no activation quantisation in either numerics (cpu_linear.c) */
+        if (w1[0].in != d)
+            return cu_err(err, DSV4_EINVAL, "cuda: moe_experts: x has %lld columns, experts %lld", (long long)d,
+                          (long long)w1[0].in);
+        return cu_moe_generic_bf16(cb->ctx, tab, tab + n_exp, tab + 2 * n_exp, n_exp, (const float *)x->data, T, d,
+                                   F, (const int32_t *)ids->data, (const float *)weights->data, (int)ids->cols, limit,
+                                   (float *)y->data, err);
+    }
     if (be->numerics != DSV4_NUMERICS_REFERENCE)
         return cu_err(err, DSV4_EUNSUPPORTED, "cuda: moe_experts: HF numerics (no W8A8) not implemented");
     if (limit != 10.0f)
@@ -687,6 +869,7 @@ extern "C" dsv4_backend *dsv4_backend_cuda_create(dsv4_numerics numerics, int de
     be->free = cu_be_free;
     be->buf_alloc = cu_buf_alloc;
     be->buf_free = cu_buf_free;
+    be->buf_alloc_scratch = cu_buf_alloc_scratch;
     be->buf_write = cu_buf_write;
     be->buf_read = cu_buf_read;
     be->buf_gather_rows = cu_buf_gather_rows;
@@ -698,11 +881,14 @@ extern "C" dsv4_backend *dsv4_backend_cuda_create(dsv4_numerics numerics, int de
     be->add = cu_be_add;
     be->rmsnorm = cu_be_rmsnorm;
     be->rope = cu_be_rope;
+    be->rmsnorm_rope = cu_be_rmsnorm_rope;
     be->qat_fp8 = cu_be_qat_fp8;
     be->qat_hadamard_fp4 = cu_be_qat_hadamard_fp4;
     be->linear = cu_linear;
     be->linear_grouped = cu_linear_grouped;
+    be->linear_multi = cu_linear_multi;
     be->hc_pre = cu_be_hc_pre;
+    be->hc_pre_norm = cu_be_hc_pre_norm;
     be->hc_post = cu_be_hc_post;
     be->hc_head = cu_be_hc_head;
     be->win_store = cu_be_win_store;

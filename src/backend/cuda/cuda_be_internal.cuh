@@ -30,6 +30,7 @@ typedef struct cu_be {
      * so no op needs a host round trip in the middle of a forward. Bit 0:
      * moe_route found a tid2eid id outside [0, n_exp). */
     int *d_flags;
+    size_t ar_capture_lo; /* the context's arena top when the capture in progress began */
 } cu_be;
 
 static inline cu_be *cube(dsv4_backend *be) { return (cu_be *)be->ctx; }
@@ -91,6 +92,11 @@ int cu_be_embed(dsv4_backend *be, const dsv4_tview *table, const dsv4_batch *b, 
 int cu_be_add(dsv4_backend *be, const dsv4_buf *a, const dsv4_buf *b, dsv4_buf *y, dsv4_err *err);
 int cu_be_rmsnorm(dsv4_backend *be, const dsv4_buf *x, const dsv4_tview *weight, int group,
                   float eps, dsv4_buf *y, dsv4_err *err);
+int cu_be_hc_pre_norm(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn, const dsv4_tview *base,
+                      const dsv4_tview *scale, int n_hc, int iters, float eps, const dsv4_tview *norm, float norm_eps,
+                      dsv4_buf *y, dsv4_buf *post, dsv4_buf *comb, dsv4_err *err);
+int cu_be_rmsnorm_rope(dsv4_backend *be, dsv4_buf *x, const dsv4_tview *weight, int head_dim, float eps,
+                       const dsv4_rope *rope, const dsv4_batch *b, dsv4_err *err);
 int cu_be_rope(dsv4_backend *be, dsv4_buf *x, int head_dim, const dsv4_rope *rope,
                const dsv4_batch *b, int inverse, dsv4_err *err);
 int cu_be_qat_fp8(dsv4_backend *be, dsv4_buf *x, int head_dim, int n_quant, int block,

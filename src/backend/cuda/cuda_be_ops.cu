@@ -13,12 +13,11 @@
  * GPU: bench/results/2026-11-30-cuda-small-kernels-h200.md.
  */
 #include "backend/cuda/cuda_be_internal.cuh"
+#include "backend/cuda/cuda_kvrow.cuh" /* coded window rings */
 
 #include <limits.h>
 #include <math.h>
 #include <stdint.h>
-
-#define LAUNCHED(what) CU_TRY(cudaGetLastError(), err, what)
 
 static unsigned nblk(int64_t n, int t) { return (unsigned)((n + t - 1) / t); }
 
@@ -26,6 +25,8 @@ static unsigned nblk(int64_t n, int t) { return (unsigned)((n + t - 1) / t); }
 
 __global__ void k_embed(const void *table, int bf16, int64_t d, int n_copies, const int32_t *tok,
                         float *out) {
+    pdl_trigger();
+    pdl_wait();
     const int t = blockIdx.x;
     const int64_t row = tok[t];
     float *o = out + (int64_t)t * d * n_copies;
@@ -50,15 +51,17 @@ int cu_be_embed(dsv4_backend *be, const dsv4_tview *table, const dsv4_batch *b, 
     const int32_t *tok, *pos, *slot;
     if ((rc = cu_be_batch(be, b, &tok, &pos, &slot, err))) return rc;
     if (!b->n_rows) return DSV4_OK;
-    k_embed<<<b->n_rows, 256, 0, cube(be)->ctx->stream>>>(table->data, table->dtype == DSV4_DT_BF16, d,
-                                                          n_copies, tok, (float *)out->data);
-    LAUNCHED("embed");
+    CU_TRY(cu_launch(cube(be)->ctx, k_embed, dim3(b->n_rows), dim3(256), 0, table->data,
+                     (int)(table->dtype == DSV4_DT_BF16), d, n_copies, tok, (float *)out->data),
+           err, "embed");
     return DSV4_OK;
 }
 
 /* -------------------------------------------------------------- add, swiglu */
 
 __global__ void k_add(const float *a, const float *b, float *y, int64_t n) {
+    pdl_trigger();
+    pdl_wait();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = a[i] + b[i];
 }
@@ -70,13 +73,15 @@ int cu_be_add(dsv4_backend *be, const dsv4_buf *a, const dsv4_buf *b, dsv4_buf *
     if (rc) return rc;
     int64_t n = a->rows * a->cols;
     if (!n) return DSV4_OK;
-    k_add<<<nblk(n, 256), 256, 0, cube(be)->ctx->stream>>>((const float *)a->data, (const float *)b->data,
-                                                          (float *)y->data, n);
-    LAUNCHED("add");
+    CU_TRY(cu_launch(cube(be)->ctx, k_add, dim3(nblk(n, 256)), dim3(256), 0, (const float *)a->data,
+                     (const float *)b->data, (float *)y->data, n),
+           err, "add");
     return DSV4_OK;
 }
 
 __global__ void k_swiglu(const float *g, const float *u, float limit, float *h, int64_t n) {
+    pdl_trigger();
+    pdl_wait();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float gv = fminf(g[i], limit), uv = fminf(fmaxf(u[i], -limit), limit);
@@ -91,9 +96,9 @@ int cu_be_swiglu(dsv4_backend *be, const dsv4_buf *g, const dsv4_buf *u, float l
     if (rc) return rc;
     int64_t n = g->rows * g->cols;
     if (!n) return DSV4_OK;
-    k_swiglu<<<nblk(n, 256), 256, 0, cube(be)->ctx->stream>>>((const float *)g->data, (const float *)u->data,
-                                                             limit, (float *)h->data, n);
-    LAUNCHED("swiglu");
+    CU_TRY(cu_launch(cube(be)->ctx, k_swiglu, dim3(nblk(n, 256)), dim3(256), 0, (const float *)g->data,
+                     (const float *)u->data, limit, (float *)h->data, n),
+           err, "swiglu");
     return DSV4_OK;
 }
 
@@ -113,6 +118,8 @@ __device__ float block_sum(float v) {
 
 /* One block per group of `group` elements. */
 __global__ void k_rmsnorm_g(const float *x, const void *w, int wbf16, int group, float eps, float *y) {
+    pdl_trigger();
+    pdl_wait();
     const int64_t g0 = (int64_t)blockIdx.x * group;
     float ss = 0.f;
     for (int i = threadIdx.x; i < group; i += blockDim.x) ss += x[g0 + i] * x[g0 + i];
@@ -129,6 +136,8 @@ __global__ void k_rmsnorm_g(const float *x, const void *w, int wbf16, int group,
  * pass, where k_rmsnorm_g reads x twice. Σx² per thread in element order,
  * then block_sum (the same tree as k_rmsnorm_g above, over other partials). */
 __global__ void k_rmsnorm_v4(const float *x, const void *w, int wbf16, int group, float eps, float *y) {
+    pdl_trigger();
+    pdl_wait();
     const int64_t g0 = (int64_t)blockIdx.x * group;
     const int i = threadIdx.x * 4;
     const float4 v = *(const float4 *)(x + g0 + i);
@@ -161,14 +170,15 @@ int cu_be_rmsnorm(dsv4_backend *be, const dsv4_buf *x, const dsv4_tview *weight,
     const void *w = weight ? weight->data : NULL;
     const int wb = weight && weight->dtype == DSV4_DT_BF16;
     if (group % 128 == 0 && group <= 4096 && !(((uintptr_t)x->data | (uintptr_t)y->data) & 15)) {
-        k_rmsnorm_v4<<<(unsigned)ng, group / 4, 0, cube(be)->ctx->stream>>>((const float *)x->data, w, wb, group,
-                                                                            eps, (float *)y->data);
+        CU_TRY(cu_launch(cube(be)->ctx, k_rmsnorm_v4, dim3((unsigned)ng), dim3(group / 4), 0, (const float *)x->data,
+                         w, wb, group, eps, (float *)y->data),
+               err, "rmsnorm");
     } else {
         int th = group >= 1024 ? 1024 : group >= 256 ? 256 : 128;
-        k_rmsnorm_g<<<(unsigned)ng, th, 0, cube(be)->ctx->stream>>>((const float *)x->data, w, wb, group, eps,
-                                                                    (float *)y->data);
+        CU_TRY(cu_launch(cube(be)->ctx, k_rmsnorm_g, dim3((unsigned)ng), dim3(th), 0, (const float *)x->data, w, wb,
+                         group, eps, (float *)y->data),
+               err, "rmsnorm");
     }
-    LAUNCHED("rmsnorm");
     return DSV4_OK;
 }
 
@@ -180,6 +190,8 @@ int cu_be_rmsnorm(dsv4_backend *be, const dsv4_buf *x, const dsv4_tview *weight,
  * block per (row, head) recomputed the trig per head: 64x at the Flash q.) */
 #define ROPE_HG 16
 __global__ void k_rope(float *x, int head_dim, int nh, dsv4_rope r, const int32_t *pos, int inverse) {
+    pdl_trigger();
+    pdl_wait();
     __shared__ float cs[DSV4_ROPE_MAX_PAIRS], sn[DSV4_ROPE_MAX_PAIRS];
     const int t = blockIdx.x, np = r.rope_dim / 2, h0 = blockIdx.y * ROPE_HG;
     const int hg = nh - h0 < ROPE_HG ? nh - h0 : ROPE_HG;
@@ -212,9 +224,75 @@ int cu_be_rope(dsv4_backend *be, dsv4_buf *x, int head_dim, const dsv4_rope *rop
     if (!b->n_rows || !nh) return DSV4_OK;
     const int np = rope->rope_dim / 2, hg = nh < ROPE_HG ? nh : ROPE_HG;
     const int th = hg * np >= 256 ? 256 : (hg * np + 31) / 32 * 32 < 64 ? 64 : (hg * np + 31) / 32 * 32;
-    k_rope<<<dim3((unsigned)b->n_rows, (unsigned)((nh + ROPE_HG - 1) / ROPE_HG)), th, 0, cube(be)->ctx->stream>>>(
-        (float *)x->data, head_dim, nh, *rope, pos, inverse);
-    LAUNCHED("rope");
+    CU_TRY(cu_launch(cube(be)->ctx, k_rope, dim3((unsigned)b->n_rows, (unsigned)((nh + ROPE_HG - 1) / ROPE_HG)),
+                     dim3(th), 0, (float *)x->data, head_dim, nh, *rope, pos, inverse),
+           err, "rope");
+    return DSV4_OK;
+}
+
+/* ------------------------------------------------------------ rmsnorm + rope */
+
+/*
+ * k_rmsnorm_v4 and k_rope in one kernel: one block of head_dim/4 threads per
+ * (row, head), each thread keeping its 4 values in registers through both.
+ * The norm is k_rmsnorm_v4's arithmetic (same per-thread partial, same
+ * block_sum tree) and the rotation k_rope's (cosf / sinf of pos·freq, the
+ * same products), so the output matches the two kernels. The rotated tail
+ * starts at an even column, so a pair never straddles two threads.
+ */
+__global__ void k_rmsnorm_rope(float *x, const void *w, int wbf16, int group, float eps, int nh, dsv4_rope r,
+                               const int32_t *pos) {
+    pdl_trigger();
+    pdl_wait();
+    const int64_t g0 = (int64_t)blockIdx.x * group;
+    const int i = threadIdx.x * 4, t = (int)(blockIdx.x / nh);
+    const float4 v = *(const float4 *)(x + g0 + i);
+    float ss = v.x * v.x;
+    ss += v.y * v.y;
+    ss += v.z * v.z;
+    ss += v.w * v.w;
+    ss = block_sum(ss);
+    const float rs = 1.0f / sqrtf(ss / (float)group + eps);
+    float o[4] = {v.x * rs, v.y * rs, v.z * rs, v.w * rs};
+    if (w) {
+        o[0] *= cu_ldf(w, wbf16, i);
+        o[1] *= cu_ldf(w, wbf16, i + 1);
+        o[2] *= cu_ldf(w, wbf16, i + 2);
+        o[3] *= cu_ldf(w, wbf16, i + 3);
+    }
+    const int tail = group - r.rope_dim;
+#pragma unroll
+    for (int j = 0; j < 4; j += 2) {
+        if (i + j < tail) continue;
+        const float ang = (float)pos[t] * r.freq[(i + j - tail) / 2];
+        const float c = cosf(ang), s = sinf(ang), a = o[j], b = o[j + 1];
+        o[j] = a * c - b * s;
+        o[j + 1] = a * s + b * c;
+    }
+    *(float4 *)(x + g0 + i) = make_float4(o[0], o[1], o[2], o[3]);
+}
+
+int cu_be_rmsnorm_rope(dsv4_backend *be, dsv4_buf *x, const dsv4_tview *weight, int head_dim, float eps,
+                       const dsv4_rope *rope, const dsv4_batch *b, dsv4_err *err) {
+    int rc = cu_be_check(x, DSV4_DT_F32, b->n_rows, -1, "rmsnorm_rope x", err);
+    if (rc) return rc;
+    const int fused = rope && head_dim % 128 == 0 && head_dim <= 4096 && x->cols % head_dim == 0 &&
+                      rope->rope_dim > 0 && rope->rope_dim % 2 == 0 && rope->rope_dim <= head_dim &&
+                      rope->rope_dim <= 2 * DSV4_ROPE_MAX_PAIRS && !((uintptr_t)x->data & 15);
+    if (!fused) { /* the two ops (they check and report the arguments) */
+        if ((rc = cu_be_rmsnorm(be, x, weight, head_dim, eps, x, err))) return rc;
+        return cu_be_rope(be, x, head_dim, rope, b, 0, err);
+    }
+    if (weight && (rc = cu_be_check_vec(weight, head_dim, "rmsnorm_rope weight", err))) return rc;
+    const int32_t *tok, *pos, *slot;
+    if ((rc = cu_be_batch(be, b, &tok, &pos, &slot, err))) return rc;
+    const int nh = (int)(x->cols / head_dim);
+    const int64_t nb = (int64_t)b->n_rows * nh;
+    if (!nb) return DSV4_OK;
+    CU_TRY(cu_launch(cube(be)->ctx, k_rmsnorm_rope, dim3((unsigned)nb), dim3(head_dim / 4), 0, (float *)x->data,
+                     weight ? weight->data : NULL, (int)(weight && weight->dtype == DSV4_DT_BF16), head_dim, eps, nh,
+                     *rope, pos),
+           err, "rmsnorm_rope");
     return DSV4_OK;
 }
 
@@ -223,6 +301,8 @@ int cu_be_rope(dsv4_backend *be, dsv4_buf *x, int head_dim, const dsv4_rope *rop
 /* One warp per block of `block` values: FP8 round-trip with a pow2 scale
  * (one thread per block, the first version, looped over 64 values serially). */
 __global__ void k_qat_fp8(float *x, int head_dim, int n_quant, int block, int64_t nblocks) {
+    pdl_trigger();
+    pdl_wait();
     const int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (i >= nblocks) return; /* whole warps */
@@ -242,14 +322,17 @@ int cu_be_qat_fp8(dsv4_backend *be, dsv4_buf *x, int head_dim, int n_quant, int 
     if (rc) return rc;
     int64_t nb = x->rows * (x->cols / head_dim) * (n_quant / block);
     if (!nb) return DSV4_OK;
-    k_qat_fp8<<<nblk(nb * 32, 128), 128, 0, cube(be)->ctx->stream>>>((float *)x->data, head_dim, n_quant, block, nb);
-    LAUNCHED("qat_fp8");
+    CU_TRY(cu_launch(cube(be)->ctx, k_qat_fp8, dim3(nblk(nb * 32, 128)), dim3(128), 0, (float *)x->data, head_dim,
+                     n_quant, block, nb),
+           err, "qat_fp8");
     return DSV4_OK;
 }
 
 /* One block of head_dim threads per head: Sylvester Hadamard (same butterfly
  * order and scaling as the CPU reference), then FP4 round-trip per 32 (one warp). */
 __global__ void k_qat_hadamard_fp4(float *x, int n) {
+    pdl_trigger();
+    pdl_wait();
     extern __shared__ float v[];
     float *p = x + (int64_t)blockIdx.x * n;
     const int i = threadIdx.x;
@@ -287,9 +370,9 @@ int cu_be_qat_hadamard_fp4(dsv4_backend *be, dsv4_buf *x, int head_dim, dsv4_err
     if (rc) return rc;
     int64_t nh = x->rows * (x->cols / head_dim);
     if (!nh) return DSV4_OK;
-    k_qat_hadamard_fp4<<<(unsigned)nh, head_dim, head_dim * sizeof(float), cube(be)->ctx->stream>>>(
-        (float *)x->data, head_dim);
-    LAUNCHED("qat_hadamard_fp4");
+    CU_TRY(cu_launch(cube(be)->ctx, k_qat_hadamard_fp4, dim3((unsigned)nh), dim3(head_dim), head_dim * sizeof(float),
+                     (float *)x->data, head_dim),
+           err, "qat_hadamard_fp4");
     return DSV4_OK;
 }
 
@@ -324,6 +407,8 @@ int cu_be_qat_hadamard_fp4(dsv4_backend *be, dsv4_buf *x, int head_dim, dsv4_err
 #define HC_L_XT 32     /* k_hc_part_l: columns of X staged at a time */
 #define HC_L_XS 36     /* k_hc_part_l: padded row stride of the X tile (16-byte rows, no bank conflicts) */
 #define HC_BIG_T 1024  /* rows from which k_hc_part_l is used */
+#define HC_FIN_CPL 4   /* k_hc_fin: chunks per lane loaded together */
+#define HC_NORM_MIN_T 16 /* rows from which hc_pre_norm fuses the norm (k_hc_fin has one block per row there) */
 
 template <int NM>
 __global__ void __launch_bounds__(HC_S_CH) k_hc_part_s(const float *__restrict__ X, int64_t n, const void *fn,
@@ -332,11 +417,15 @@ __global__ void __launch_bounds__(HC_S_CH) k_hc_part_s(const float *__restrict__
     __shared__ double sq[HC_S_CH / 32];
     const int t = blockIdx.y, ch = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const int64_t i = (int64_t)ch * HC_S_CH + threadIdx.x;
-    const float xi = i < n ? X[(int64_t)t * n + i] : 0.f;
-    double ss = (double)xi * xi;
+    pdl_trigger();
     float acc[NM];
 #pragma unroll
-    for (int k = 0; k < NM; k++) acc[k] = i < n ? cu_ldf(fn, fbf16, (int64_t)k * n + i) * xi : 0.f;
+    for (int k = 0; k < NM; k++) acc[k] = i < n ? cu_ldf(fn, fbf16, (int64_t)k * n + i) : 0.f; /* weights: before the wait */
+    pdl_wait();
+    const float xi = i < n ? X[(int64_t)t * n + i] : 0.f;
+    double ss = (double)xi * xi;
+#pragma unroll
+    for (int k = 0; k < NM; k++) acc[k] *= xi;
 #pragma unroll
     for (int k = 0; k < NM; k++)
 #pragma unroll
@@ -371,6 +460,8 @@ template <int NM>
 __global__ void __launch_bounds__(HC_L_ROWS) k_hc_part_l(const float *__restrict__ X, int T, int64_t n,
                                                         const void *fn, int fbf16, int nch, float *part,
                                                         double *ssp) {
+    pdl_trigger();
+    pdl_wait();
     __shared__ float4 sf[NM][HC_L_SUB / 4];
     __shared__ __align__(16) float sx[HC_L_ROWS * HC_L_XS];
     const int r0 = blockIdx.y * HC_L_ROWS, tid = threadIdx.x, t = r0 + tid, ch = blockIdx.x;
@@ -471,24 +562,46 @@ __device__ void hc_post_comb(const float *m, const void *base, int bbf16, float 
 __global__ void __launch_bounds__(256) k_hc_fin(const float *part, const double *ssp, int nch, int nm,
                                                const float *X, int64_t n, int n_hc, const void *base, int bbf16,
                                                const void *scale, int sbf16, int iters, float eps, float *y,
-                                               float *post, float *comb) {
+                                               float *post, float *comb, const void *nw, int nwbf16, float neps) {
+    pdl_trigger();
+    pdl_wait();
     __shared__ float m[HC_MAXM + 1], pre[4];
     __shared__ double ssum;
     const int t = blockIdx.y, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     const float *pp = part + (int64_t)t * nch * nm;
-    /* value v (< nm: a mix; nm: Σx²) is summed by warp v % 8: lane-strided over the chunks, then a tree */
-    for (int v = w; v <= nm; v += 8) {
-        if (v < nm) {
-            float s = 0.f;
-            for (int c = lane; c < nch; c += 32) s += pp[(int64_t)c * nm + v];
-            for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-            if (lane == 0) m[v] = s;
-        } else {
-            double s = 0;
-            for (int c = lane; c < nch; c += 32) s += ssp[(int64_t)t * nch + c];
-            for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-            if (lane == 0) ssum = s;
+    /* value v (< nm: a mix; nm: Σx²) is summed by warp v % 8 (values w + 8q, q < 4: nm < 32):
+     * lane-strided over the chunks in ascending order, then a tree. Each lane loads its chunks of
+     * all its values first, HC_FIN_CPL per pass, so the loads are in flight together (the loop
+     * value by value, chunk by chunk, was a chain of ~16 dependent loads: ~9 us a call at T = 1). */
+    float s[4] = {0.f, 0.f, 0.f, 0.f};
+    double sd = 0;
+    const int wss = w == nm % 8; /* this warp sums Σx² */
+    for (int c0 = 0; c0 < nch; c0 += 32 * HC_FIN_CPL) {
+        float lv[4][HC_FIN_CPL];
+        double ld[HC_FIN_CPL];
+#pragma unroll
+        for (int k = 0; k < HC_FIN_CPL; k++) {
+            const int c = c0 + lane + 32 * k;
+#pragma unroll
+            for (int q = 0; q < 4; q++) lv[q][k] = c < nch && w + 8 * q < nm ? pp[(int64_t)c * nm + w + 8 * q] : 0.f;
+            ld[k] = c < nch && wss ? ssp[(int64_t)t * nch + c] : 0.0;
         }
+#pragma unroll
+        for (int k = 0; k < HC_FIN_CPL; k++) {
+#pragma unroll
+            for (int q = 0; q < 4; q++) s[q] += lv[q][k];
+            sd += ld[k];
+        }
+    }
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        float v = s[q];
+        for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0 && w + 8 * q < nm) m[w + 8 * q] = v;
+    }
+    if (wss) {
+        for (int o = 16; o; o >>= 1) sd += __shfl_xor_sync(0xffffffffu, sd, o);
+        if (lane == 0) ssum = sd;
     }
     __syncthreads();
     if (threadIdx.x < 32) { /* warp 0: scale the mixes, the pre weights */
@@ -501,10 +614,25 @@ __global__ void __launch_bounds__(256) k_hc_fin(const float *part, const double 
     __syncthreads();
     const int64_t d = n / n_hc;
     const float *x = X + (int64_t)t * n;
+    float ss = 0.f;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d; i += (int64_t)gridDim.x * blockDim.x) {
+        float xv[4]; /* n_hc <= 4 (callers check): the stream loads issued together */
+#pragma unroll
+        for (int h = 0; h < 4; h++) xv[h] = h < n_hc ? x[h * d + i] : 0.f;
         float acc = 0.f;
-        for (int h = 0; h < n_hc; h++) acc += pre[h] * x[h * d + i];
+#pragma unroll
+        for (int h = 0; h < 4; h++)
+            if (h < n_hc) acc += pre[h] * xv[h];
         y[(int64_t)t * d + i] = acc;
+        ss += acc * acc;
+    }
+    if (nw) { /* hc_pre_norm (one block per row): y = rmsnorm(y)·nw, each thread rescaling what it wrote */
+        ss = block_sum(ss);
+        const float r = 1.0f / sqrtf(ss / (float)d + neps);
+        for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+            float v = y[(int64_t)t * d + i] * r;
+            y[(int64_t)t * d + i] = v * cu_ldf(nw, nwbf16, i);
+        }
     }
     if (post && blockIdx.x == 0 && threadIdx.x < 32) { /* warp 0 of the row's first block: post, Sinkhorn */
         float *po = post + (int64_t)t * n_hc, *C = comb + (int64_t)t * n_hc * n_hc;
@@ -521,58 +649,60 @@ __global__ void __launch_bounds__(256) k_hc_fin(const float *part, const double 
 static int vec_bf16(const dsv4_tview *v) { return v->dtype == DSV4_DT_BF16; }
 
 template <int NM>
-static void hc_part(int big, unsigned nch, const float *X, int T, int64_t n, const void *fn, int fbf16, float *part,
-                    double *ssp, cudaStream_t st) {
+static cudaError_t hc_part(dsv4_cuda_ctx *c, int big, unsigned nch, const float *X, int T, int64_t n, const void *fn,
+                           int fbf16, float *part, double *ssp) {
     if (big)
-        k_hc_part_l<NM><<<dim3(nch, (unsigned)((T + HC_L_ROWS - 1) / HC_L_ROWS)), HC_L_ROWS, 0, st>>>(
-            X, T, n, fn, fbf16, (int)nch, part, ssp);
-    else
-        k_hc_part_s<NM><<<dim3(nch, (unsigned)T), HC_S_CH, 0, st>>>(X, n, fn, fbf16, (int)nch, part, ssp);
+        return cu_launch(c, k_hc_part_l<NM>, dim3(nch, (unsigned)((T + HC_L_ROWS - 1) / HC_L_ROWS)), dim3(HC_L_ROWS),
+                         0, X, T, n, fn, fbf16, (int)nch, part, ssp);
+    return cu_launch(c, k_hc_part_s<NM>, dim3(nch, (unsigned)T), dim3(HC_S_CH), 0, X, n, fn, fbf16, (int)nch, part,
+                     ssp);
 }
 
 /* The mixes and the finish of hc_pre (post, comb != NULL) or hc_head, for n_hc <= 4. */
 static int hc_run(cu_be *cb, const float *X, int T, int64_t n, int n_hc, int nm, const dsv4_tview *fn,
                   const dsv4_tview *base, const dsv4_tview *scale, int iters, float eps, float *y, float *post,
-                  float *comb, const char *what, dsv4_err *err) {
+                  float *comb, const dsv4_tview *norm, float neps, const char *what, dsv4_err *err) {
     if (T > 65535) return cu_err(err, DSV4_EUNSUPPORTED, "cuda: %s: %d rows in one call (max 65535)", what, T);
-    cudaStream_t st = cb->ctx->stream;
     const int big = T >= HC_BIG_T && n % 4 == 0 && ((uintptr_t)X & 15) == 0;
     const unsigned nch = (unsigned)((n + (big ? HC_L_CH : HC_S_CH) - 1) / (big ? HC_L_CH : HC_S_CH));
     /* partials: T·nch·nm floats, then T·nch doubles (stream-ordered scratch, like moe_route's logits) */
     const size_t pb = cu_align((size_t)T * nch * nm * sizeof(float));
     void *ws = NULL;
-    CU_TRY(cudaMallocAsync(&ws, pb + (size_t)T * nch * sizeof(double), st), err, what);
+    int rc = cu_arena_alloc(cb->ctx, pb + (size_t)T * nch * sizeof(double), &ws, err);
+    if (rc) return rc;
     float *part = (float *)ws;
     double *ssp = (double *)((char *)ws + pb);
     const int fb = fn->dtype == DSV4_DT_BF16;
+    dsv4_cuda_ctx *c = cb->ctx;
+    cudaError_t e;
     switch (nm) {
-    case 1: hc_part<1>(big, nch, X, T, n, fn->data, fb, part, ssp, st); break;
-    case 2: hc_part<2>(big, nch, X, T, n, fn->data, fb, part, ssp, st); break;
-    case 3: hc_part<3>(big, nch, X, T, n, fn->data, fb, part, ssp, st); break;
-    case 4: hc_part<4>(big, nch, X, T, n, fn->data, fb, part, ssp, st); break;
-    case 8: hc_part<8>(big, nch, X, T, n, fn->data, fb, part, ssp, st); break;
-    case 15: hc_part<15>(big, nch, X, T, n, fn->data, fb, part, ssp, st); break;
-    default: hc_part<24>(big, nch, X, T, n, fn->data, fb, part, ssp, st); break; /* nm = 24 (callers check) */
+    case 1: e = hc_part<1>(c, big, nch, X, T, n, fn->data, fb, part, ssp); break;
+    case 2: e = hc_part<2>(c, big, nch, X, T, n, fn->data, fb, part, ssp); break;
+    case 3: e = hc_part<3>(c, big, nch, X, T, n, fn->data, fb, part, ssp); break;
+    case 4: e = hc_part<4>(c, big, nch, X, T, n, fn->data, fb, part, ssp); break;
+    case 8: e = hc_part<8>(c, big, nch, X, T, n, fn->data, fb, part, ssp); break;
+    case 15: e = hc_part<15>(c, big, nch, X, T, n, fn->data, fb, part, ssp); break;
+    default: e = hc_part<24>(c, big, nch, X, T, n, fn->data, fb, part, ssp); break; /* nm = 24 (callers check) */
     }
-    cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess) {
         const int64_t d = n / n_hc, ycols = (d + 255) / 256;
-        int64_t yb = T >= 16 ? 1 : 256 / T;
+        int64_t yb = T >= 16 || norm ? 1 : 256 / T; /* the fused norm needs the whole row in one block */
         if (yb > ycols) yb = ycols;
         if (yb < 1) yb = 1;
-        k_hc_fin<<<dim3((unsigned)yb, (unsigned)T), 256, 0, st>>>(part, ssp, (int)nch, nm, X, n, n_hc, base->data,
-                                                                  vec_bf16(base), scale->data, vec_bf16(scale),
-                                                                  iters, eps, y, post, comb);
-        e = cudaGetLastError();
+        e = cu_launch(c, k_hc_fin, dim3((unsigned)yb, (unsigned)T), dim3(256), 0, (const float *)part,
+                      (const double *)ssp, (int)nch, nm, X, n, n_hc, base->data, vec_bf16(base), scale->data,
+                      vec_bf16(scale), iters, eps, y, post, comb, norm ? norm->data : NULL,
+                      (int)(norm && vec_bf16(norm)), neps);
     }
-    cudaFreeAsync(ws, st);
+    cu_arena_free(cb->ctx, ws);
     CU_TRY(e, err, what);
     return DSV4_OK;
 }
 
-int cu_be_hc_pre(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn, const dsv4_tview *base,
-                 const dsv4_tview *scale, int n_hc, int iters, float eps, dsv4_buf *y, dsv4_buf *post,
-                 dsv4_buf *comb, dsv4_err *err) {
+/* hc_pre (norm NULL) and hc_pre_norm: the checks, then hc_run. */
+static int hc_pre_impl(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn, const dsv4_tview *base,
+                       const dsv4_tview *scale, int n_hc, int iters, float eps, const dsv4_tview *norm, float neps,
+                       dsv4_buf *y, dsv4_buf *post, dsv4_buf *comb, dsv4_err *err) {
     if (n_hc <= 0 || n_hc > 16 || iters < 1)
         return cu_err(err, DSV4_EINVAL, "cuda: hc_pre: n_hc %d / iters %d", n_hc, iters);
     if (n_hc > 4)
@@ -587,14 +717,38 @@ int cu_be_hc_pre(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn, cons
     if (!rc) rc = cu_be_check(y, DSV4_DT_F32, T, d, "hc_pre y", err);
     if (!rc) rc = cu_be_check(post, DSV4_DT_F32, T, n_hc, "hc_pre post", err);
     if (!rc) rc = cu_be_check(comb, DSV4_DT_F32, T, n_hc * n_hc, "hc_pre comb", err);
+    if (!rc && norm) rc = cu_be_check_vec(norm, d, "hc_pre_norm weight", err);
     if (rc) return rc;
     if (!T || !n) return DSV4_OK;
     return hc_run(cube(be), (const float *)X->data, (int)T, n, n_hc, (int)nm, fn, base, scale, iters, eps,
-                  (float *)y->data, (float *)post->data, (float *)comb->data, "hc_pre", err);
+                  (float *)y->data, (float *)post->data, (float *)comb->data, norm, neps,
+                  norm ? "hc_pre_norm" : "hc_pre", err);
+}
+
+int cu_be_hc_pre(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn, const dsv4_tview *base,
+                 const dsv4_tview *scale, int n_hc, int iters, float eps, dsv4_buf *y, dsv4_buf *post,
+                 dsv4_buf *comb, dsv4_err *err) {
+    return hc_pre_impl(be, X, fn, base, scale, n_hc, iters, eps, NULL, 0.f, y, post, comb, err);
+}
+
+int cu_be_hc_pre_norm(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn, const dsv4_tview *base,
+                      const dsv4_tview *scale, int n_hc, int iters, float eps, const dsv4_tview *norm, float norm_eps,
+                      dsv4_buf *y, dsv4_buf *post, dsv4_buf *comb, dsv4_err *err) {
+    if (!norm) return cu_err(err, DSV4_EINVAL, "cuda: hc_pre_norm: no norm weight");
+    /* Below HC_NORM_MIN_T rows the finish spreads a row's y over several blocks (one block
+     * walking 4096 columns serially cost ~10 us a call at T = 1, more than the kernel it
+     * saves: H200, bench/results/2026-12-01-decode-kernels-h200.md), so the two kernels run. */
+    if (X && X->rows < HC_NORM_MIN_T) {
+        int rc = cu_be_hc_pre(be, X, fn, base, scale, n_hc, iters, eps, y, post, comb, err);
+        return rc ? rc : cu_be_rmsnorm(be, y, norm, (int)y->cols, norm_eps, y, err);
+    }
+    return hc_pre_impl(be, X, fn, base, scale, n_hc, iters, eps, norm, norm_eps, y, post, comb, err);
 }
 
 __global__ void k_hc_post(const float *X, const float *f, const float *post, const float *comb, int n_hc,
                           int64_t d, int64_t total, float *Xo) {
+    pdl_trigger();
+    pdl_wait();
     const int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (e >= total) return;
     const int64_t t = e / (n_hc * d), r = e % (n_hc * d);
@@ -613,6 +767,8 @@ __global__ void k_hc_post(const float *X, const float *f, const float *post, con
 template <int NH>
 __global__ void k_hc_post_v(const float *X, const float *f, const float *post, const float *comb, int64_t d,
                             float *Xo) {
+    pdl_trigger();
+    pdl_wait();
     const int64_t t = blockIdx.y, k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (k >= d) return;
     const float *x = X + t * NH * d + k, *C = comb + t * NH * NH, *po = post + t * NH;
@@ -646,25 +802,24 @@ int cu_be_hc_post(dsv4_backend *be, const dsv4_buf *X, const dsv4_buf *f, const 
     if (rc) return rc;
     int64_t total = T * X->cols;
     if (!total) return DSV4_OK;
-    cudaStream_t st = cube(be)->ctx->stream;
+    dsv4_cuda_ctx *c = cube(be)->ctx;
     const float *xp = (const float *)X->data, *fp = (const float *)f->data, *pp = (const float *)post->data,
                 *cp = (const float *)comb->data;
     float *op = (float *)Xout->data;
     if (n_hc <= 4 && T <= 65535) {
-        const dim3 g(nblk(d, 256), (unsigned)T);
+        const dim3 g(nblk(d, 256), (unsigned)T), th(256);
+        cudaError_t e;
         switch (n_hc) {
-        case 1: k_hc_post_v<1><<<g, 256, 0, st>>>(xp, fp, pp, cp, d, op); break;
-        case 2: k_hc_post_v<2><<<g, 256, 0, st>>>(xp, fp, pp, cp, d, op); break;
-        case 3: k_hc_post_v<3><<<g, 256, 0, st>>>(xp, fp, pp, cp, d, op); break;
-        default: k_hc_post_v<4><<<g, 256, 0, st>>>(xp, fp, pp, cp, d, op); break;
+        case 1: e = cu_launch(c, k_hc_post_v<1>, g, th, 0, xp, fp, pp, cp, d, op); break;
+        case 2: e = cu_launch(c, k_hc_post_v<2>, g, th, 0, xp, fp, pp, cp, d, op); break;
+        case 3: e = cu_launch(c, k_hc_post_v<3>, g, th, 0, xp, fp, pp, cp, d, op); break;
+        default: e = cu_launch(c, k_hc_post_v<4>, g, th, 0, xp, fp, pp, cp, d, op); break;
         }
-        LAUNCHED("hc_post");
+        CU_TRY(e, err, "hc_post");
         return DSV4_OK;
     }
-    k_hc_post<<<nblk(total, 256), 256, 0, cube(be)->ctx->stream>>>(
-        (const float *)X->data, (const float *)f->data, (const float *)post->data, (const float *)comb->data, n_hc,
-        d, total, (float *)Xout->data);
-    LAUNCHED("hc_post");
+    CU_TRY(cu_launch(c, k_hc_post, dim3(nblk(total, 256)), dim3(256), 0, xp, fp, pp, cp, n_hc, d, total, op), err,
+           "hc_post");
     return DSV4_OK;
 }
 
@@ -682,7 +837,7 @@ int cu_be_hc_head(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn, con
     if (rc) return rc;
     if (!T || !n) return DSV4_OK;
     return hc_run(cube(be), (const float *)X->data, (int)T, n, n_hc, n_hc, fn, base, scale, 1, eps,
-                  (float *)y->data, NULL, NULL, "hc_head", err);
+                  (float *)y->data, NULL, NULL, NULL, 0.f, "hc_head", err);
 }
 
 /* --------------------------------------------------------------- win_store */
@@ -692,6 +847,8 @@ int cu_be_hc_head(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn, con
  * of a segment write (no two blocks race on a ring row). */
 __global__ void k_win_store(float *rows, const float *kv, int64_t hd, int cap, const int32_t *pos,
                             const int32_t *slot, const int32_t *r1) {
+    pdl_trigger();
+    pdl_wait();
     const int t = blockIdx.x;
     if (t + cap < r1[t]) return;
     const int64_t r = (int64_t)slot[t] * cap + pos[t] % cap;
@@ -703,9 +860,7 @@ int cu_be_win_store(dsv4_backend *be, dsv4_win_state *ws, const dsv4_buf *kv, co
     int rc = cu_be_check(kv, DSV4_DT_F32, b->n_rows, -1, "win_store kv", err);
     if (!rc && (!ws || ws->cap <= 0))
         rc = cu_err(err, DSV4_EINVAL, "cuda: win_store: no window state");
-    if (!rc && ws->rows.dtype != DSV4_DT_F32)
-        rc = cu_err(err, DSV4_EUNSUPPORTED, "cuda: win_store: window ring dtype %d (only F32 rings implemented)",
-                    (int)ws->rows.dtype);
+    if (!rc && ws->rows.dtype != DSV4_DT_F32) return cu_kv_win_store(be, ws, kv, b, err); /* coded (cuda_kvrow.cu) */
     if (!rc) rc = cu_be_check(&ws->rows, DSV4_DT_F32, (int64_t)ws->n_slots * ws->cap, kv->cols, "window ring", err);
     if (rc) return rc;
     for (int t = 0; t < b->n_rows; t++)
@@ -717,9 +872,9 @@ int cu_be_win_store(dsv4_backend *be, dsv4_win_state *ws, const dsv4_buf *kv, co
         return rc;
     if (!b->n_rows) return DSV4_OK;
     const int th = kv->cols >= 512 ? 512 : (int)((kv->cols + 31) / 32 * 32); /* one pass over a 512-wide row */
-    k_win_store<<<b->n_rows, th, 0, cube(be)->ctx->stream>>>((float *)ws->rows.data, (const float *)kv->data,
-                                                              kv->cols, ws->cap, pos, slot, r1);
-    LAUNCHED("win_store");
+    CU_TRY(cu_launch(cube(be)->ctx, k_win_store, dim3(b->n_rows), dim3(th), 0, (float *)ws->rows.data,
+                     (const float *)kv->data, kv->cols, ws->cap, pos, slot, r1),
+           err, "win_store");
     return DSV4_OK;
 }
 
@@ -740,11 +895,14 @@ int cu_be_win_store(dsv4_backend *be, dsv4_win_state *ws, const dsv4_buf *kv, co
 #define RT_WARPS 4
 #define RT_MAXK 16
 #define RT_MAXE 1024 /* the per-lane taken mask has 32 bits */
+#define RT_LPL 8     /* k_route: experts per lane whose logits load together */
 
 __global__ void __launch_bounds__(RT_WARPS * 32) k_route(const float *logits, int T, int E, const void *bias,
                                                         int bbf16, const int64_t *tid2eid, const int32_t *tok,
                                                         int k, float route_scale, int32_t *ids, float *wts,
                                                         int *bad) {
+    pdl_trigger();
+    pdl_wait();
     extern __shared__ float rsh[]; /* [RT_WARPS][2][E]: a, v */
     __shared__ int sid[RT_WARPS][RT_MAXK];
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -752,10 +910,23 @@ __global__ void __launch_bounds__(RT_WARPS * 32) k_route(const float *logits, in
     if (t >= T) return; /* whole warps; no block-wide barrier below */
     float *a = rsh + (int64_t)w * 2 * E, *v = a + E;
     const float *l = logits + (int64_t)t * E;
-    for (int e = lane; e < E; e += 32) {
-        const float x = l[e];
-        a[e] = sqrtf(x > 20.0f ? x : log1pf(expf(x)));
-        v[e] = a[e] + (bias ? cu_ldf(bias, bbf16, e) : 0.0f);
+    /* RT_LPL experts per lane loaded together, then computed (a loop load by load waited ~8 times) */
+    for (int e0 = 0; e0 < E; e0 += 32 * RT_LPL) {
+        float lx[RT_LPL], lb[RT_LPL];
+#pragma unroll
+        for (int j = 0; j < RT_LPL; j++) {
+            const int e = e0 + lane + 32 * j;
+            lx[j] = e < E ? l[e] : 0.f;
+            lb[j] = e < E && bias ? cu_ldf(bias, bbf16, e) : 0.0f;
+        }
+#pragma unroll
+        for (int j = 0; j < RT_LPL; j++) {
+            const int e = e0 + lane + 32 * j;
+            if (e >= E) break;
+            const float x = lx[j];
+            a[e] = sqrtf(x > 20.0f ? x : log1pf(expf(x)));
+            v[e] = a[e] + lb[j];
+        }
     }
     __syncwarp();
     if (tid2eid) {
@@ -818,10 +989,11 @@ int cu_be_route_tail(dsv4_backend *be, const float *logits, int T, int E, const 
     if (T <= 0) return DSV4_OK;
     /* hash routing: a bad table entry sets the backend's deferred flag, reported by `sync` */
     int *bad = tid2eid ? cb->d_flags : NULL;
-    k_route<<<nblk(T, RT_WARPS), RT_WARPS * 32, (size_t)RT_WARPS * 2 * E * sizeof(float), cb->ctx->stream>>>(
-        logits, T, E, bias ? bias->data : NULL, bias && bias->dtype == DSV4_DT_BF16,
-        tid2eid ? (const int64_t *)tid2eid->data : NULL, d_token, k, route_scale, ids, weights, bad);
-    LAUNCHED("moe_route");
+    CU_TRY(cu_launch(cb->ctx, k_route, dim3(nblk(T, RT_WARPS)), dim3(RT_WARPS * 32),
+                     (size_t)RT_WARPS * 2 * E * sizeof(float), logits, T, E, bias ? bias->data : NULL,
+                     (int)(bias && bias->dtype == DSV4_DT_BF16), tid2eid ? (const int64_t *)tid2eid->data : NULL,
+                     d_token, k, route_scale, ids, weights, bad),
+           err, "moe_route");
     return DSV4_OK;
 }
 
@@ -829,6 +1001,8 @@ int cu_be_route_tail(dsv4_backend *be, const float *logits, int T, int E, const 
 
 /* y[t][col0 + k] = (Σ_h X[t][h*d + k]) / n_hc, summed in h order like the CPU path. */
 __global__ void k_hc_mean(const float *X, int n_hc, int64_t d, float *y, int64_t ycols, int64_t col0) {
+    pdl_trigger();
+    pdl_wait();
     const int64_t t = blockIdx.y;
     for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < d; k += (int64_t)gridDim.x * blockDim.x) {
         const float *x = X + t * n_hc * d + k;
@@ -850,8 +1024,8 @@ int cu_be_hc_mean(dsv4_backend *be, const dsv4_buf *X, int n_hc, dsv4_buf *y, in
                       (long long)(col0 + d), (long long)y->cols);
     if (!X->rows || !d) return DSV4_OK;
     dim3 grid((unsigned)((d + 255) / 256 < 16 ? (d + 255) / 256 : 16), (unsigned)X->rows);
-    k_hc_mean<<<grid, 256, 0, cube(be)->ctx->stream>>>((const float *)X->data, n_hc, d, (float *)y->data, y->cols,
-                                                       col0);
-    LAUNCHED("hc_mean");
+    CU_TRY(cu_launch(cube(be)->ctx, k_hc_mean, grid, dim3(256), 0, (const float *)X->data, n_hc, d, (float *)y->data,
+                     y->cols, col0),
+           err, "hc_mean");
     return DSV4_OK;
 }

@@ -18,7 +18,7 @@
  *     never race on a ring row.
  * Emission reads the ring before the ring kernel writes it, as the reference.
  */
-#include "backend/cuda/cuda_be_internal.cuh"
+#include "backend/cuda/cuda_kvrow.cuh"
 
 #include <math.h>
 
@@ -26,15 +26,13 @@
 #define CMP_MAX_DIM 1024
 #define CMP_CACHE 8 /* pooling slots held in registers (ratio 4 with overlap) */
 
-/* Emitted-row storage checks (shared with the indexer and attention). */
+/* Emitted-row storage checks (shared with the indexer and attention): the rows are F32, BF16 or
+ * fp8_ds_mla records of out_dim values (cu_kv_fmt_of). */
 int cu_be_check_cmp_rows(const dsv4_cmp_state *cs, int64_t out_dim, const char *what, dsv4_err *err) {
     if (!cs->rows.data) return cu_err(err, DSV4_EINVAL, "cuda: %s: missing rows buffer", what);
-    if (cs->rows.dtype != DSV4_DT_F32)
-        return cu_err(err, DSV4_EUNSUPPORTED, "cuda: %s: row dtype %d not supported (the CUDA attention-state "
-                      "kernels read and write F32 rows only)", what, (int)cs->rows.dtype);
-    if (cs->rows.cols != out_dim)
-        return cu_err(err, DSV4_EINVAL, "cuda: %s: rows are %lld wide, expected %lld", what,
-                      (long long)cs->rows.cols, (long long)out_dim);
+    cu_kvfmt f; /* F32, BF16 or fp8_ds_mla records (--kv-cache-dtype, cuda_kvrow.cuh) */
+    int rc = cu_kv_fmt_of(&cs->rows, -1, out_dim, what, &f, err);
+    if (rc) return rc;
     if (cs->block_table) {
         if (cs->page_rows <= 0 || cs->max_pages <= 0 || cs->rows.rows % cs->page_rows)
             return cu_err(err, DSV4_EINVAL, "cuda: %s: paged state with page_rows %d, max_pages %d, %lld rows",
@@ -86,7 +84,7 @@ __device__ __forceinline__ void cmp_slot(const dsv4_cmp_state &cs, const float *
 __global__ void __launch_bounds__(CMP_THREADS) k_cmp_emit(dsv4_cmp_state cs, const float *K, const float *Z,
                                                           const void *ape, int ape_bf16, const void *nw, int nw_bf16,
                                                           float eps, dsv4_rope rope, int qat, const int32_t *pos,
-                                                          const int32_t *slots, const int32_t *p0s) {
+                                                          const int32_t *slots, const int32_t *p0s, cu_kvfmt rf) {
     __shared__ float row[CMP_MAX_DIM];
     __shared__ double part[32];
     const int t = blockIdx.x, m = cs.ratio, D = cs.out_dim;
@@ -190,8 +188,8 @@ __global__ void __launch_bounds__(CMP_THREADS) k_cmp_emit(dsv4_cmp_state cs, con
         }
     }
     __syncthreads();
-    float *out = (float *)cs.rows.data + dst * D;
-    for (int j = threadIdx.x; j < D; j += blockDim.x) out[j] = row[j];
+    /* 5. into the store in its record format (kvcodec.h; F32 is a copy) */
+    kv_encode_row(rf.t, row, (uint8_t *)cs.rows.data + dst * rf.bytes, D, rf.nope, rf.scoff);
 }
 
 /* The batch's (K, Z+ape) into the token ring; rows overwritten later in the same segment skip. */
@@ -228,7 +226,9 @@ int cu_be_compress(dsv4_backend *be, dsv4_cmp_state *cs, const dsv4_buf *K, cons
         rc = cu_err(err, DSV4_EUNSUPPORTED, "cuda: compress: token ring dtype not F32 (only F32 rings implemented)");
     if (!rc) rc = cu_be_check(&cs->kv, DSV4_DT_F32, (int64_t)cs->n_slots * cs->cap, cw, "compressor kv ring", err);
     if (!rc) rc = cu_be_check(&cs->score, DSV4_DT_F32, (int64_t)cs->n_slots * cs->cap, cw, "compressor score ring", err);
+    cu_kvfmt rf;
     if (!rc) rc = cu_be_check_cmp_rows(cs, D, "compressed rows", err);
+    if (!rc) rc = cu_kv_fmt_of(&cs->rows, -1, D, "compressed rows", &rf, err);
     if (rc) return rc;
     for (int t = 0; t < b->n_rows; t++) {
         if (b->slot[t] < 0 || b->slot[t] >= cs->n_slots || b->pos[t] < 0)
@@ -249,7 +249,7 @@ int cu_be_compress(dsv4_backend *be, dsv4_cmp_state *cs, const dsv4_buf *K, cons
     const int q = be->numerics == DSV4_NUMERICS_REFERENCE ? (int)qat : 0;
     const int abf = ape->dtype == DSV4_DT_BF16, nbf = norm_w->dtype == DSV4_DT_BF16;
     k_cmp_emit<<<b->n_rows, CMP_THREADS, 0, st>>>(*cs, (const float *)K->data, (const float *)Z->data, ape->data,
-                                                  abf, norm_w->data, nbf, eps, *rope, q, pos, slot, p0);
+                                                  abf, norm_w->data, nbf, eps, *rope, q, pos, slot, p0, rf);
     CU_LAUNCHED(err, "compress (emit)");
     /* a row's channels over several blocks: one round trip per thread, not cw/128 dependent ones */
     const unsigned ring_y = (unsigned)((cw + 127) / 128 < 16 ? (cw + 127) / 128 : 16);

@@ -36,6 +36,11 @@ extern "C" int dsv4_cuda_ctx_create(int device, dsv4_cuda_ctx **out, dsv4_err *e
     c->moe_persistent = getenv("DSV4_CUDA_MOE_PERSISTENT") != NULL;
     c->moe_fq = getenv("DSV4_CUDA_MOE_FQ") != NULL;
     c->moe_minb3 = getenv("DSV4_CUDA_MOE_MINB3") != NULL;
+    {
+        const char *mb = getenv("DSV4_CUDA_SCRATCH_MB");
+        c->ar_mode = !(mb && atol(mb) <= 0);
+        c->ar_poison = getenv("DSV4_CUDA_SCRATCH_POISON") != NULL;
+    }
     e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
         free(c);
@@ -58,6 +63,7 @@ extern "C" void dsv4_cuda_ctx_free(dsv4_cuda_ctx *c) {
     if (c->stream) { /* the areas came stream-ordered from the device pool */
         for (int i = 0; i < c->n_ws_old; i++) cudaFreeAsync(c->ws_old[i], c->stream);
         if (c->ws) cudaFreeAsync(c->ws, c->stream);
+        if (c->ar_base) cudaFreeAsync(c->ar_base, c->stream);
         cudaStreamSynchronize(c->stream);
     }
     free(c->ws_old);
@@ -167,6 +173,69 @@ int cu_workspace(dsv4_cuda_ctx *c, size_t bytes, void **out, dsv4_err *err) {
     if (rc) return rc;
     *out = c->ws;
     return DSV4_OK;
+}
+
+/* ------------------------------------------------------------- scratch arena */
+
+int cu_arena_reserve(dsv4_cuda_ctx *c, dsv4_err *err) {
+    if (!c->ar_mode || c->ar_base) return DSV4_OK;
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    CU_TRY(cudaStreamIsCapturing(c->stream, &st), err, "capture status");
+    if (st != cudaStreamCaptureStatusNone) return DSV4_OK; /* next time, outside capture */
+    const char *mb = getenv("DSV4_CUDA_SCRATCH_MB");
+    size_t cap = (size_t)(mb ? atol(mb) : 512) << 20; /* 64 x 6-row verify at Flash shapes: ~300 MB */
+    void *p = NULL;
+    /* from the device pool, stream-ordered: no host wait (see dsv4_cuda_workspace_reserve) */
+    cudaError_t e = cudaMallocAsync(&p, cap, c->stream);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        c->ar_mode = 0; /* no room: every scratch comes from the pool, as before */
+        return DSV4_OK;
+    }
+    c->ar_base = (unsigned char *)p;
+    c->ar_cap = cap;
+    c->ar_top = 0;
+    c->ar_n = 0;
+    return DSV4_OK;
+}
+
+int cu_arena_alloc(dsv4_cuda_ctx *c, size_t bytes, void **out, dsv4_err *err) {
+    const size_t n = cu_align(bytes ? bytes : 1);
+    void *p = NULL;
+    if (c->ar_base && c->ar_n < CU_ARENA_MAX && n <= c->ar_cap - c->ar_top) {
+        p = c->ar_base + c->ar_top;
+        c->ar_ent[c->ar_n].off = c->ar_top;
+        c->ar_ent[c->ar_n].end = c->ar_top + n;
+        c->ar_ent[c->ar_n].live = 1;
+        c->ar_n++;
+        c->ar_top += n;
+        if (c->ar_top > c->ar_peak) c->ar_peak = c->ar_top;
+    } else {
+        cudaError_t e = cudaMallocAsync(&p, n, c->stream);
+        if (e != cudaSuccess)
+            return cu_err(err, e == cudaErrorMemoryAllocation ? DSV4_ENOMEM : DSV4_EBACKEND,
+                          "cuda: scratch of %zu bytes: %s", n, cudaGetErrorString(e));
+        if (c->ar_base) c->ar_fallbacks++;
+    }
+    if (c->ar_poison) CU_TRY(cudaMemsetAsync(p, 0xff, n, c->stream), err, "scratch poison");
+    *out = p;
+    return DSV4_OK;
+}
+
+void cu_arena_free(dsv4_cuda_ctx *c, void *p) {
+    if (!p) return;
+    if (!cu_arena_owns(c, p)) {
+        cudaFreeAsync(p, c->stream);
+        return;
+    }
+    const size_t off = (size_t)((unsigned char *)p - c->ar_base);
+    for (int i = c->ar_n - 1; i >= 0; i--)
+        if (c->ar_ent[i].off == off && c->ar_ent[i].live) {
+            c->ar_ent[i].live = 0;
+            break;
+        }
+    while (c->ar_n > 0 && !c->ar_ent[c->ar_n - 1].live) c->ar_n--;
+    c->ar_top = c->ar_n ? c->ar_ent[c->ar_n - 1].end : 0;
 }
 
 /* ------------------------------------------------------------------ ceilings */

@@ -259,6 +259,8 @@ int cu_be_indexer_select(dsv4_backend *be, const dsv4_buf *qi, const dsv4_buf *g
     rc = cu_be_check(qi, DSV4_DT_F32, T, (int64_t)H * dk, "indexer q", err);
     if (!rc) rc = cu_be_check(sel, DSV4_DT_I32, T, topk, "indexer sel", err);
     if (!rc) rc = cu_be_check_cmp_rows(idx, dk, "index keys", err);
+    if (!rc && idx->rows.dtype != DSV4_DT_F32) /* as the CPU reference: index keys have no record format */
+        rc = cu_err(err, DSV4_EUNSUPPORTED, "cuda: indexer_select: index keys must be F32 rows");
     if (!rc && (topk <= 0 || H <= 0 || H > IDX_MAXH || dk <= 0 || dk % 8 || dk > 256))
         rc = cu_err(err, DSV4_EUNSUPPORTED, "cuda: indexer_select: %d heads (max %d) x dim %d (multiple of 8, "
                     "max 256), topk %d", H, IDX_MAXH, dk, topk);

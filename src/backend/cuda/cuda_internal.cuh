@@ -17,6 +17,8 @@
 
 #include "backend/cuda/dsv4_cuda.h"
 
+#define CU_ARENA_MAX 256 /* live arena entries */
+
 struct dsv4_cuda_ctx {
     int device;
     int pdl; /* programmatic dependent launch (sm_90+): see cu_launch */
@@ -32,6 +34,13 @@ struct dsv4_cuda_ctx {
     size_t ws_bytes;
     void **ws_old;   /* earlier areas, kept until the context is freed: captured graphs use them */
     int n_ws_old;
+    /* Scratch arena (cu_arena_alloc): one area, bump-allocated, entries popped from the top when freed */
+    int ar_mode;     /* 1: arena on; 0: off (DSV4_CUDA_SCRATCH_MB=0: pool + zeroing, the old behaviour) */
+    int ar_poison;   /* DSV4_CUDA_SCRATCH_POISON: fill every scratch allocation with 0xff (NaN) */
+    unsigned char *ar_base;
+    size_t ar_cap, ar_top, ar_peak;
+    int ar_n, ar_fallbacks;
+    struct { size_t off, end; int live; } ar_ent[CU_ARENA_MAX];
 };
 
 /* The backend does not depend on dsv4core's err.c (static-library order):
@@ -72,6 +81,25 @@ static inline int cu_err(dsv4_err *err, int code, const char *fmt, ...) {
 int cu_workspace(dsv4_cuda_ctx *ctx, size_t bytes, void **out, dsv4_err *err);
 
 static inline size_t cu_align(size_t x) { return (x + 255) & ~(size_t)255; }
+
+/*
+ * Stream-ordered scratch with undefined contents (cuda_ctx.cu). Why: a
+ * decode layer allocated ~25 buffers; each cudaMallocAsync + memset +
+ * cudaFreeAsync became three nodes of the captured graph, about half the
+ * graph's nodes (issue 7). The arena is one area reserved outside capture
+ * (cu_arena_reserve, DSV4_CUDA_SCRATCH_MB, default 512); an allocation bumps
+ * its top, a free pops freed entries off the top (any free order works, the
+ * space comes back when everything above it is freed). Reuse is ordered by
+ * the context's one stream, as cudaFreeAsync's is. A request that does not
+ * fit (prefill-sized) comes from the device pool, as before.
+ */
+int cu_arena_reserve(dsv4_cuda_ctx *c, dsv4_err *err);
+int cu_arena_alloc(dsv4_cuda_ctx *c, size_t bytes, void **out, dsv4_err *err);
+void cu_arena_free(dsv4_cuda_ctx *c, void *p);
+/* 1 if p lies in the arena (a pointer from cu_arena_alloc that did not fall back). */
+static inline int cu_arena_owns(const dsv4_cuda_ctx *c, const void *p) {
+    return c->ar_base && (const unsigned char *)p >= c->ar_base && (const unsigned char *)p < c->ar_base + c->ar_cap;
+}
 
 /* ------------------------------------------------------------ device helpers */
 

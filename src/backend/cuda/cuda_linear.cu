@@ -571,12 +571,30 @@ static int pick_kw(int chunks) {
 
 static int pick_nt(int n) { return n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8; }
 
+/* cuda_fp8_lt.cu */
+int cu_fp8_lt_rows(const dsv4_cuda_weight *w, int n);
+int cu_fp8_lt(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const uint8_t *xq, const float *xs, int n, float *y,
+              int flags, dsv4_err *err);
+
 static int fp8_linear(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const float *x,
                       const uint8_t *xq, const float *xs, int n, float *y, int flags, dsv4_err *err) {
     int kw = pick_kw((int)(w->in / 128));
     if (!xq) return launch_fp8_small<true>(c, w, x, xq, xs, n, y, flags, err);
     if (n <= 8) return launch_fp8_small<false>(c, w, x, xq, xs, n, y, flags, err);
     const int gi = fp8_gemm_pick(w, n);
+    /* prefill sizes: cuBLASLt's block-scaled FP8 GEMM (cuda_fp8_lt.cu) on whole
+     * 16-row groups, unless a tile shape is forced (harness comparisons) */
+    const int nl = gi >= 0 && cu_env_int("DSV4_CUDA_FP8_GEMM_CFG", 0) == 0 ? cu_fp8_lt_rows(w, n) : 0;
+    if (nl > 0) {
+        const int rc = cu_fp8_lt(c, w, xq, xs, nl, y, flags, err);
+        if (rc == DSV4_OK) {
+            if (nl == n) return DSV4_OK;
+            const size_t K = (size_t)w->in;
+            return fp8_linear(c, w, x ? x + (size_t)nl * K : NULL, xq + (size_t)nl * K, xs + (size_t)nl * (K / 128),
+                              n - nl, y + (size_t)nl * w->out, flags, err);
+        }
+        if (rc != DSV4_EUNSUPPORTED) return rc;
+    }
     if (gi >= 0) return fp8_gemm_cfgs[gi](c, w, xq, xs, n, y, flags, err);
     switch (pick_nt(n)) {
     case 1: return launch_fp8<1, false>(c, w, x, xq, xs, n, y, flags, kw, err);
@@ -642,13 +660,19 @@ extern "C" int dsv4_cuda_linear_group(dsv4_cuda_ctx *c, int nw, const dsv4_cuda_
         return DSV4_OK;
     }
     const int K = (int)w[0]->in;
-    size_t qb = cu_align((size_t)n * K), sb = cu_align((size_t)n * (K / 128) * sizeof(float));
-    void *ws = NULL;
-    int rc = cu_workspace(c, qb + sb, &ws, err);
-    if (rc) return rc;
-    uint8_t *xq = (uint8_t *)ws;
-    float *xs = (float *)((uint8_t *)ws + qb);
-    if ((rc = cu_act_quant(c, x, n, K, xq, xs, err))) return rc;
+    /* n <= fuseq_max (DSV4_CUDA_FUSEQ_MAX): each block quantises x itself, as dsv4_cuda_linear does */
+    const int fq = n <= c->fuseq_max;
+    uint8_t *xq = NULL;
+    float *xs = NULL;
+    int rc = DSV4_OK;
+    if (!fq) {
+        size_t qb = cu_align((size_t)n * K), sb = cu_align((size_t)n * (K / 128) * sizeof(float));
+        void *ws = NULL;
+        if ((rc = cu_workspace(c, qb + sb, &ws, err))) return rc;
+        xq = (uint8_t *)ws;
+        xs = (float *)((uint8_t *)ws + qb);
+        if ((rc = cu_act_quant(c, x, n, K, xq, xs, err))) return rc;
+    }
     for (int i0 = 0; i0 < nw; i0 += FP8_GROUP_MAX) {
         Fp8Group G8;
         memset(&G8, 0, sizeof G8);
@@ -661,8 +685,12 @@ extern "C" int dsv4_cuda_linear_group(dsv4_cuda_ctx *c, int nw, const dsv4_cuda_
             G8.R[i] = (int)wi->out;
             G8.tile0[i + 1] = G8.tile0[i] + (int)(wi->out / 16);
         }
-        rc = G8.nw == 1 ? launch_fp8_small<false, false>(c, G8, K, x, xq, xs, n, flags, err)
-                        : launch_fp8_small<false, true>(c, G8, K, x, xq, xs, n, flags, err);
+        if (fq)
+            rc = G8.nw == 1 ? launch_fp8_small<true, false>(c, G8, K, x, xq, xs, n, flags, err)
+                            : launch_fp8_small<true, true>(c, G8, K, x, xq, xs, n, flags, err);
+        else
+            rc = G8.nw == 1 ? launch_fp8_small<false, false>(c, G8, K, x, xq, xs, n, flags, err)
+                            : launch_fp8_small<false, true>(c, G8, K, x, xq, xs, n, flags, err);
         if (rc) return rc;
     }
     return DSV4_OK;

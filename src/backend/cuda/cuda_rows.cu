@@ -16,7 +16,14 @@
  *    (E4M3 -> f16 -> f32 -> bf16, all exact) and the 128x128 block scale (a
  *    power of two) multiplies the block's fp32 partial sum, which is exact;
  *    x is split into bf16 hi + mid + lo in registers, all three go through
- *    the mma.
+ *    the mma. In k_rows_mma each part starts from a zero accumulator and the
+ *    sums are added on the CUDA cores (round to nearest); k_rows_mma2 (the
+ *    real wo_a) chains them for speed (see launch_mma2). Chaining the 24 mma of a block through one
+ *    accumulator lets the tensor core's own alignment and truncation of every
+ *    add into the running sum dominate the error: on tiny-flash that moved
+ *    4 of 34 positions to 3e-3..1.1e-2 x rms logit differences against the CPU
+ *    (an E4M3 rounding of the next linear's input flipping), independent of
+ *    the x split (DSV4_CUDA_ROWS_MMA_CHAIN=1 restores it for A/B).
  *    As in cuda_linear.cu, the order of the columns inside a 64-column chunk
  *    does not matter, so each lane takes 16 contiguous bytes of its two rows
  *    and the matching 16 floats of x, and the 4 mma steps walk them.
@@ -34,13 +41,14 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define ROWS_MMA_SLAB 48    /* FP8: tokens per mma launch (6 n-tiles: 168 registers; 8 spill) */
 #define ROWS_MMA_MAX_T 64   /* FP8: mma slabs up to here, cuBLAS above (measured crossover between 64
                                and 96 rows on H200); DSV4_CUDA_ROWS_MMA_MAX overrides */
 #define ROWS_GEMV_MAX_T 16  /* F32 / BF16: GEMV up to here, SGEMM above */
 #define ROWS_MMA_NW 4       /* warps per 16-row tile: they split the 128-column blocks */
-#define ROWS_SMALL_WEIGHTS ((int64_t)1 << 20) /* out·in below this: the per-output kernel (see dispatch) */
+#define ROWS_SMALL_WEIGHTS ((int64_t)1 << 20) /* BF16/F32 out·in below this: the per-output kernel (see dispatch) */
 #define ROWS_SPLIT_BYTES ((size_t)192 << 20) /* hi + mid + lo scratch per chunk of rows (T > 64) */
 
 /* ------------------------------------------------------ generic fallback */
@@ -136,7 +144,7 @@ __device__ __forceinline__ void ld_blk(uint4 (&F)[4], const uint8_t *w0, const u
  * step s pairs its columns 16t + 4s + {0,1} with logical k {2t, 2t+1} and 16t + 4s + {2,3}
  * with {2t+8, 2t+9}, the same map on the A and the B side, so the 4 steps cover the chunk.
  */
-template <int NT>
+template <int NT, bool CHAIN>
 __device__ __forceinline__ void mma_blk(float (&acc)[NT][4], const uint4 (&F)[4], float scale, const float *xk,
                                         int64_t xstride, int T, int g) {
     float d[NT][4];
@@ -158,9 +166,18 @@ __device__ __forceinline__ void mma_blk(float (&acc)[NT][4], const uint4 (&F)[4]
                 uint32_t h0, m0, l0, h1, m1, l1;
                 split3(v.x, v.y, h0, m0, l0);
                 split3(v.z, v.w, h1, m1, l1);
-                mma_bf16(d[nt], a0, a1, a2, a3, h0, h1);
-                mma_bf16(d[nt], a0, a1, a2, a3, m0, m1);
-                mma_bf16(d[nt], a0, a1, a2, a3, l0, l1);
+                if (CHAIN) { /* the 24 mma of a block chained through one accumulator */
+                    mma_bf16(d[nt], a0, a1, a2, a3, h0, h1);
+                    mma_bf16(d[nt], a0, a1, a2, a3, m0, m1);
+                    mma_bf16(d[nt], a0, a1, a2, a3, l0, l1);
+                } else { /* each part from zero, added on the CUDA cores (round to nearest) */
+                    float ph[4] = {0.f, 0.f, 0.f, 0.f}, pm[4] = {0.f, 0.f, 0.f, 0.f}, pl[4] = {0.f, 0.f, 0.f, 0.f};
+                    mma_bf16(ph, a0, a1, a2, a3, h0, h1);
+                    mma_bf16(pm, a0, a1, a2, a3, m0, m1);
+                    mma_bf16(pl, a0, a1, a2, a3, l0, l1);
+#pragma unroll
+                    for (int i = 0; i < 4; i++) d[nt][i] += ph[i] + (pm[i] + pl[i]);
+                }
             }
         }
     }
@@ -173,7 +190,7 @@ __device__ __forceinline__ void mma_blk(float (&acc)[NT][4], const uint4 (&F)[4]
 /* Block = one 16-row tile (inside one group), ROWS_MMA_NW warps taking its 128-column blocks
  * in turn, two blocks of weight loads in flight per lane; the warps' sums meet in shared memory.
  * Needs in % 128 == 0, out_g % 16 == 0, x 16-byte aligned, xstride % 4 == 0, T <= 8·NT. */
-template <int NT>
+template <int NT, bool CHAIN>
 __global__ void __launch_bounds__(ROWS_MMA_NW * 32) k_rows_mma(const uint8_t *__restrict__ W,
                                                               const uint8_t *__restrict__ ws, int64_t wsc,
                                                               const float *__restrict__ x, int64_t xstride, int T,
@@ -195,11 +212,11 @@ __global__ void __launch_bounds__(ROWS_MMA_NW * 32) k_rows_mma(const uint8_t *__
     if (kb + ROWS_MMA_NW < nkb) ld_blk(B, w0, w1, kb + ROWS_MMA_NW);
     pdl_wait();
     while (kb < nkb) {
-        mma_blk<NT>(acc, A, e8m0_to_f32(srow[kb]), xg + (size_t)kb * 128, xstride, T, g);
+        mma_blk<NT, CHAIN>(acc, A, e8m0_to_f32(srow[kb]), xg + (size_t)kb * 128, xstride, T, g);
         if (kb + 2 * ROWS_MMA_NW < nkb) ld_blk(A, w0, w1, kb + 2 * ROWS_MMA_NW);
         kb += ROWS_MMA_NW;
         if (kb >= nkb) break;
-        mma_blk<NT>(acc, B, e8m0_to_f32(srow[kb]), xg + (size_t)kb * 128, xstride, T, g);
+        mma_blk<NT, CHAIN>(acc, B, e8m0_to_f32(srow[kb]), xg + (size_t)kb * 128, xstride, T, g);
         if (kb + 2 * ROWS_MMA_NW < nkb) ld_blk(B, w0, w1, kb + 2 * ROWS_MMA_NW);
         kb += ROWS_MMA_NW;
     }
@@ -230,7 +247,11 @@ __global__ void __launch_bounds__(ROWS_MMA_NW * 32) k_rows_mma(const uint8_t *__
 template <int NT>
 static cudaError_t launch_mma(dsv4_cuda_ctx *c, const uint8_t *W, const uint8_t *ws, int64_t wsc, const float *x,
                               int64_t xstride, int T, int out, int out_g, int in, float *y) {
-    return cu_launch(c, k_rows_mma<NT>, dim3((unsigned)(out / 16)), dim3(ROWS_MMA_NW * 32), 0, W, ws, wsc, x,
+    /* DSV4_CUDA_ROWS_MMA_CHAIN=1: the former chained accumulation (A/B of the tiny-checkpoint difference) */
+    if (getenv("DSV4_CUDA_ROWS_MMA_CHAIN"))
+        return cu_launch(c, k_rows_mma<NT, true>, dim3((unsigned)(out / 16)), dim3(ROWS_MMA_NW * 32), 0, W, ws, wsc,
+                         x, xstride, T, out, out_g, in, y);
+    return cu_launch(c, k_rows_mma<NT, false>, dim3((unsigned)(out / 16)), dim3(ROWS_MMA_NW * 32), 0, W, ws, wsc, x,
                      xstride, T, out, out_g, in, y);
 }
 
@@ -247,7 +268,7 @@ static cudaError_t launch_mma(dsv4_cuda_ctx *c, const uint8_t *W, const uint8_t 
 #define R2_NW 8
 #define R2_SMEM_MAX (96 * 1024)
 
-template <int NT>
+template <int NT, bool CHAIN>
 __device__ __forceinline__ void mma_blk2(float (&acc)[NT][4], const uint4 (&F)[4], float scale,
                                          const float4 *__restrict__ xs, int lane) {
     float d[NT][4];
@@ -267,9 +288,18 @@ __device__ __forceinline__ void mma_blk2(float (&acc)[NT][4], const uint4 (&F)[4
                 uint32_t h0, m0, l0, h1, m1, l1;
                 split3(v.x, v.y, h0, m0, l0);
                 split3(v.z, v.w, h1, m1, l1);
-                mma_bf16(d[nt], a0, a1, a2, a3, h0, h1);
-                mma_bf16(d[nt], a0, a1, a2, a3, m0, m1);
-                mma_bf16(d[nt], a0, a1, a2, a3, l0, l1);
+                if (CHAIN) {
+                    mma_bf16(d[nt], a0, a1, a2, a3, h0, h1);
+                    mma_bf16(d[nt], a0, a1, a2, a3, m0, m1);
+                    mma_bf16(d[nt], a0, a1, a2, a3, l0, l1);
+                } else { /* as mma_blk (DSV4_CUDA_ROWS_MMA2_UNCHAINED=1) */
+                    float ph[4] = {0.f, 0.f, 0.f, 0.f}, pm[4] = {0.f, 0.f, 0.f, 0.f}, pl[4] = {0.f, 0.f, 0.f, 0.f};
+                    mma_bf16(ph, a0, a1, a2, a3, h0, h1);
+                    mma_bf16(pm, a0, a1, a2, a3, m0, m1);
+                    mma_bf16(pl, a0, a1, a2, a3, l0, l1);
+#pragma unroll
+                    for (int i = 0; i < 4; i++) d[nt][i] += ph[i] + (pm[i] + pl[i]);
+                }
             }
         }
     }
@@ -279,7 +309,7 @@ __device__ __forceinline__ void mma_blk2(float (&acc)[NT][4], const uint4 (&F)[4
         for (int i = 0; i < 4; i++) acc[nt][i] = fmaf(scale, d[nt][i], acc[nt][i]);
 }
 
-template <int NT>
+template <int NT, bool CHAIN>
 __global__ void __launch_bounds__(R2_NW * 32) k_rows_mma2(const uint8_t *__restrict__ W,
                                                          const uint8_t *__restrict__ ws, int64_t wsc,
                                                          const float *__restrict__ x, int64_t xstride, int T,
@@ -312,10 +342,10 @@ __global__ void __launch_bounds__(R2_NW * 32) k_rows_mma2(const uint8_t *__restr
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
     for (int kbi = 0; kbi < kbl;) {
-        mma_blk2<NT>(acc, A, e8m0_to_f32(srow[kbi]), xs + (size_t)kbi * NT * 256, lane);
+        mma_blk2<NT, CHAIN>(acc, A, e8m0_to_f32(srow[kbi]), xs + (size_t)kbi * NT * 256, lane);
         if (kbi + 2 < kbl) ld_blk(A, w0, w1, kb0 + kbi + 2);
         if (++kbi >= kbl) break;
-        mma_blk2<NT>(acc, B, e8m0_to_f32(srow[kbi]), xs + (size_t)kbi * NT * 256, lane);
+        mma_blk2<NT, CHAIN>(acc, B, e8m0_to_f32(srow[kbi]), xs + (size_t)kbi * NT * 256, lane);
         if (kbi + 2 < kbl) ld_blk(B, w0, w1, kb0 + kbi + 2);
         ++kbi;
     }
@@ -363,28 +393,42 @@ static int mma2_split(const dsv4_cuda_ctx *c, int NT, int64_t out, int64_t in) {
     return (size_t)NT * 4096 * (nkb / ks) <= R2_SMEM_MAX ? ks : 0;
 }
 
-template <int NT>
-static int launch_mma2(dsv4_cuda_ctx *c, const uint8_t *W, const uint8_t *ws, int64_t wsc, const float *x,
+template <int NT, bool CHAIN>
+static int launch_mma2_k(dsv4_cuda_ctx *c, const uint8_t *W, const uint8_t *ws, int64_t wsc, const float *x,
                        int64_t xstride, int T, int out, int out_g, int in, int ks, float *y, dsv4_err *err) {
     const int kbl = in / 128 / ks;
     const size_t smem = (size_t)NT * 4096 * kbl;
     /* the opt-in above 48 KB, per call: it is per device (cf. launch_fp8_small) */
     if (smem > 48 * 1024)
-        CU_TRY(cudaFuncSetAttribute(k_rows_mma2<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), err,
+        CU_TRY(cudaFuncSetAttribute(k_rows_mma2<NT, CHAIN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), err,
                "linear_grouped (fp8 rows, shared memory)");
     float *part = NULL;
-    cudaStream_t st = c->stream;
-    if (ks > 1)
-        CU_TRY(cudaMallocAsync((void **)&part, (size_t)ks * T * out * 4, st), err, "linear_grouped (partials)");
-    cudaError_t e = cu_launch(c, k_rows_mma2<NT>, dim3((unsigned)(out / 128), (unsigned)ks), dim3(R2_NW * 32), smem,
+    if (ks > 1) {
+        int rc = cu_arena_alloc(c, (size_t)ks * T * out * 4, (void **)&part, err);
+        if (rc) return rc;
+    }
+    cudaError_t e = cu_launch(c, k_rows_mma2<NT, CHAIN>, dim3((unsigned)(out / 128), (unsigned)ks), dim3(R2_NW * 32), smem,
                               W, ws, wsc, x, xstride, T, out, out_g, in, kbl, y, part);
     if (e == cudaSuccess && ks > 1) {
         const size_t n4 = (size_t)T * out / 4;
         e = cu_launch(c, k_rows_reduce, dim3(nblk(n4, 256)), dim3(256), 0, (const float4 *)part, ks, n4, (float4 *)y);
     }
-    if (part) cudaFreeAsync(part, st);
+    cu_arena_free(c, part);
     CU_TRY(e, err, "linear_grouped (fp8 rows, mma2)");
     return DSV4_OK;
+}
+
+/* Chained accumulation by default here, unlike k_rows_mma: at the real wo_a shape (8x[1024x4096])
+ * the zero-accumulator parts cost 27.1 vs 17.8 us at T = 1 and 86 vs 67 us at T = 48 for a
+ * normalised error of 4.1e-7 vs 5.8e-7 (H200, bench/results/2026-12-01-tiny-tp2-cuda-h200x2.md);
+ * whether that error matters end to end on Flash is not measured. DSV4_CUDA_ROWS_MMA2_UNCHAINED=1
+ * selects the parts (A/B); DSV4_CUDA_ROWS_MMA_CHAIN=1 forces the chain in both kernels. */
+template <int NT>
+static int launch_mma2(dsv4_cuda_ctx *c, const uint8_t *W, const uint8_t *ws, int64_t wsc, const float *x,
+                       int64_t xstride, int T, int out, int out_g, int in, int ks, float *y, dsv4_err *err) {
+    if (getenv("DSV4_CUDA_ROWS_MMA2_UNCHAINED") && !getenv("DSV4_CUDA_ROWS_MMA_CHAIN"))
+        return launch_mma2_k<NT, false>(c, W, ws, wsc, x, xstride, T, out, out_g, in, ks, y, err);
+    return launch_mma2_k<NT, true>(c, W, ws, wsc, x, xstride, T, out, out_g, in, ks, y, err);
 }
 
 /* Equal slabs of up to 48 tokens (multiples of 8), one launch each: the weight is read once per slab. */
@@ -489,9 +533,9 @@ static int rows_fp8_gemm(dsv4_cuda_ctx *c, const uint8_t *W, const uint8_t *ws, 
     const size_t wb = cu_align((size_t)(out * in) * 2), xb = cu_align((size_t)(tc * xstride) * 2);
     void *p = NULL;
     /* stream-ordered scratch (no synchronisation; capturable) */
-    CU_TRY(cudaMallocAsync(&p, wb + 3 * xb, st), err, "linear_grouped (fp8 rows, scratch)");
+    int rc = cu_arena_alloc(c, wb + 3 * xb, &p, err);
+    if (rc) return rc;
     uint8_t *Wb = (uint8_t *)p, *hi = Wb + wb, *mid = hi + xb, *lo = mid + xb;
-    int rc = DSV4_OK;
     const size_t n16 = (size_t)(out * in) / 16;
     k_rows_fp8_to_bf16<<<nblk(n16, 256), 256, 0, st>>>(W, ws, (in + 127) / 128, in, n16, (uint4 *)Wb);
     cudaError_t e = cudaGetLastError();
@@ -510,7 +554,7 @@ static int rows_fp8_gemm(dsv4_cuda_ctx *c, const uint8_t *W, const uint8_t *ws, 
         if (!rc) rc = rows_gemm(c, CUDA_R_16BF, Wb, lo, xstride, n, out, in, out_g, 1.f, y + r0 * out,
                                 "linear_grouped (fp8 rows, lo)", err);
     }
-    cudaFreeAsync(p, st);
+    cu_arena_free(c, p);
     return rc;
 }
 
@@ -601,17 +645,18 @@ static int rows_sgemm(dsv4_cuda_ctx *c, int kind, const void *W, int64_t out, in
     const float *Wf = (const float *)W;
     if (kind == CU_ROWS_BF16) {
         const size_t n = (size_t)(out * in);
-        CU_TRY(cudaMallocAsync(&p, n * 4, st), err, "linear (rows, f32 scratch)");
+        int rc = cu_arena_alloc(c, n * 4, &p, err);
+        if (rc) return rc;
         k_rows_bf16_to_f32<<<nblk(n, 256), 256, 0, st>>>((const uint16_t *)W, n, (float *)p);
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) {
-            cudaFreeAsync(p, st);
+            cu_arena_free(c, p);
             return cu_err(err, DSV4_EBACKEND, "cuda: linear (rows, widen): %s", cudaGetErrorString(e));
         }
         Wf = (const float *)p;
     }
     int rc = rows_gemm(c, CUDA_R_32F, Wf, x, xstride, T, out, in, out_g, 0.f, y, "linear (rows, sgemm)", err);
-    if (p) cudaFreeAsync(p, st);
+    cu_arena_free(c, p);
     return rc;
 }
 
@@ -625,14 +670,16 @@ int cu_rows_linear(dsv4_cuda_ctx *c, int kind, const void *W, const uint8_t *ws,
                       (long long)out_g, (long long)out);
     /* DSV4_CUDA_ROWS_NAIVE=1: the one-warp-per-output kernel for every shape (A/B checks);
      * DSV4_CUDA_ROWS_MMA_MAX: FP8 rows up to which the mma slabs run (read per call: cheap) */
-    /* Linears under 2^20 weights (the tiny checkpoints' wo_a 128x256 and gate 8x256) keep the
-     * per-output kernel: they are launch-bound, so the fast paths buy nothing there, and on
-     * tiny-flash the fast paths (both the two- and the three-part x split) moved 4 of 34
-     * teacher-forced positions to 3e-3..1.1e-2 x rms logit differences against the CPU
-     * (argmax and greedy tokens unchanged; test_device_equiv's bound is 1e-3), while with the
-     * per-output kernel every position stays ~1e-5 (H200, bench/results/2026-11-30-cuda-wo-a-h200.md).
-     * The real wo_a (32M weights) and gate (exactly 2^20) take the fast paths. */
-    const int naive = getenv("DSV4_CUDA_ROWS_NAIVE") != NULL || out * in < ROWS_SMALL_WEIGHTS;
+    /* BF16 / F32 linears under 2^20 weights (the tiny checkpoints' gate 8x256, BF16 wo_a of the
+     * -bf16 copies) keep the per-output kernel: launch-bound, the fast paths buy nothing there.
+     * Small FP8 linears (tiny wo_a 128x256 and its TP slices) take the fast paths like the real
+     * wo_a: the 4 of 34 tiny-flash positions at 3e-3..1.1e-2 x rms that once kept them off came
+     * from the chained tensor-core accumulation, fixed in mma_blk (H200: test_device_equiv
+     * passes with them on, bench/results/2026-12-01-tiny-tp2-cuda-h200x2.md).
+     * DSV4_CUDA_ROWS_SMALL_FAST=dense|all: the small BF16 / F32 ones take the fast paths too (A/B). */
+    const char *sf = getenv("DSV4_CUDA_ROWS_SMALL_FAST");
+    const int small_fast = kind == CU_ROWS_FP8 || (sf && (!strcmp(sf, "all") || !strcmp(sf, "dense")));
+    const int naive = getenv("DSV4_CUDA_ROWS_NAIVE") != NULL || (out * in < ROWS_SMALL_WEIGHTS && !small_fast);
     const char *mm = getenv("DSV4_CUDA_ROWS_MMA_MAX");
     const int64_t mma_max = mm ? atoll(mm) : ROWS_MMA_MAX_T;
     const int ok32 = out < INT32_MAX / 2 && in < INT32_MAX / 2 && xstride < INT32_MAX / 2 && T < INT32_MAX / 2;

@@ -30,9 +30,9 @@ enum { CU_ROWS_F32 = 0, CU_ROWS_BF16 = 1, CU_ROWS_FP8 = 2 };
  * for T <= 64 (slabs of up to 48 tokens), cuBLAS bf16 GEMMs above. Measured
  * on H200 against the CPU op at the wo_a shape: normalised error 5.8e-7
  * (mma) / 2.4e-6 (cuBLAS), exact fp32 GEMV 4.2e-7. Shapes no fast path takes
- * (unaligned x, odd in-dims) and linears under 2^20 weights (the tiny
- * checkpoints: launch-bound; see the dispatcher for the measured reason)
- * use one warp per output (exact fp32, the kernel this file replaced).
+ * (unaligned x, odd in-dims) and BF16 / F32 linears under 2^20 weights
+ * (the tiny checkpoints' gate: launch-bound) use one warp per output (exact
+ * fp32, the kernel this file replaced); small FP8 ones take the mma path.
  *
  * Scratch of the T > 64 / T > 16 paths comes from the stream-ordered pool
  * (capturable in a CUDA graph). Errors: DSV4_ENOMEM (scratch), DSV4_EBACKEND

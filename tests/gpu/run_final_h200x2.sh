@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The issue-7 whole-model check of one commit on 2x H200, in one device call:
+#  1. all 43 layers of the 0731 config, dummy weights, TP=2: plain decode and DSpark verify (6 rows/request)
+#     step times at batch 1..64 against the roofline, prefill throughput at 8K, 32K and 100K context;
+#  2. correctness: every CUDA op vs the CPU op (one GPU), CPU == CUDA greedy tokens on the tiny checkpoints
+#     (one GPU), and under TP=2 (run_tinytp_h200x2.sh when present, else the small dummy config), and two
+#     `--nnodes 2` processes joined by NCCL (run_multinode_h200x2.sh);
+#  3. serve, 43 layers TP=2: start to ready, first request after ready vs warm, 2N concurrent requests.
+# Runs from a folder holding bin/ (dsv4, dsv4-gpu-conformance, test_device_equiv; -DDSV4_CUDA=ON), lib/,
+# v4-0731/, configs/, models/ (tiny checkpoints). Output: $OUT. Env: SKIP_PERF, SKIP_CHECK, SKIP_SERVE.
+set -uo pipefail
+D=${DIR:-$(pwd)}
+G=$(cd "$(dirname "$0")" && pwd)
+export LD_LIBRARY_PATH="$D/lib:${LD_LIBRARY_PATH:-}"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+nd=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)
+[ -n "$nd" ] && export DSV4_NCCL_LIB="${DSV4_NCCL_LIB:-$nd/lib/libnccl.so.2}"
+OUTD=${OUT:-/tmp/final-out}
+mkdir -p "$OUTD"
+{ echo "commit: $(cat "$D/.commit" 2>/dev/null)"; date -u
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; echo "NCCL=${DSV4_NCCL_LIB:-}"; } \
+  > "$OUTD/env.txt" 2>&1
+cd "$D" || exit 1
+if [ -z "${SKIP_PERF:-}" ]; then
+  timeout ${PERF_TIMEOUT:-240} bin/dsv4 perf v4-0731 --load-format dummy --device cuda -tp 2 \
+    --batch 1,2,4,8,16,32,64 --rows-per-seq 1,6 --context 4096 --warmup 2 --steps 5 \
+    --prefill ${PREFILL:-8192,32768} 2>&1 | grep -v "CUDA graph for\|captured a graph" > "$OUTD/perf_tp2_43.txt"
+  echo "perf rc=${PIPESTATUS[0]}" >> "$OUTD/perf_tp2_43.txt"
+  grep -v INFO "$OUTD/perf_tp2_43.txt"
+  # 100K alone (batch 1): the state for 64 slots of 100K context would not fit beside the weights
+  timeout ${PERF_TIMEOUT:-240} bin/dsv4 perf v4-0731 --load-format dummy --device cuda -tp 2 --batch 1 \
+    --rows-per-seq 1 --context 4096 --warmup 1 --steps 2 --prefill 102400 2>&1 \
+    | grep -v "CUDA graph for\|captured a graph" > "$OUTD/perf_tp2_43_100k.txt"
+  echo "perf rc=${PIPESTATUS[0]}" >> "$OUTD/perf_tp2_43_100k.txt"
+  grep -E "prefill|rc=|rror" "$OUTD/perf_tp2_43_100k.txt"
+fi
+if [ -z "${SKIP_CHECK:-}" ]; then
+  CUDA_VISIBLE_DEVICES=0 timeout 90 bin/dsv4-gpu-conformance --no-perf --flash-rows 4 --flash-rows 48 \
+    > "$OUTD/conformance.txt" 2>&1; echo "conformance rc=$?" | tee -a "$OUTD/conformance.txt"
+  tail -3 "$OUTD/conformance.txt"
+  CUDA_VISIBLE_DEVICES=0 SKIP_PERF=1 OUT="$OUTD/gpurun" timeout 120 bash "$G/run_gpurun_h200.sh" > /dev/null 2>&1
+  grep -hE "SAME|DIFFER|passed" "$OUTD/gpurun/tokens.txt" "$OUTD/gpurun/equiv.txt" 2>/dev/null
+  if [ -f "$G/run_tinytp_h200x2.sh" ]; then
+    OUT="$OUTD/tinytp" timeout 150 bash "$G/run_tinytp_h200x2.sh" > "$OUTD/tinytp.txt" 2>&1
+    grep -hE "PASS|FAIL" "$OUTD/tinytp.txt"
+  else
+    SKIP_PERF=1 SKIP_SERVE=1 OUT="$OUTD/tp2" timeout 100 bash "$G/run_tp2_h200.sh" > /dev/null 2>&1
+    grep -h "spec=" "$OUTD/tp2/tokens.txt"
+  fi
+  OUT="$OUTD/multinode" timeout 200 bash "$G/run_multinode_h200x2.sh" > /dev/null 2>&1
+  grep -h "PASS\|FAIL" "$OUTD/multinode/multinode.txt"
+fi
+if [ -z "${SKIP_SERVE:-}" ]; then
+  PORT=${PORT:-8897}
+  bin/dsv4 serve v4-0731 --load-format dummy --device cuda -tp 2 --port "$PORT" --max-model-len 1048576 \
+    --max-num-seqs 32 --speculative-config '{"method":"dspark","num_speculative_tokens":5}' \
+    > "$OUTD/serve_tp2_43.log" 2>&1 &
+  SP=$!
+  timeout 300 python3 "$G/serve_concurrency.py" "$PORT" 8 48 2>&1 | tee "$OUTD/serve_concurrency.txt"
+  echo "serve check rc=${PIPESTATUS[0]} (\"ready after\" counts from the server's launch)"
+  kill "$SP" 2>/dev/null; sleep 3; kill -9 "$SP" 2>/dev/null
+  grep -hE "KV cache pool|ready:|ERROR|WARN|graphs" "$OUTD/serve_tp2_43.log" | head -12
+fi

@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Concurrency check against a running dsv4 server (issue 7 whole-model runs; the
+"garbled output under concurrency" users saw with vLLM).
+
+Sends one greedy request alone (the reference), then the same request N times at once
+mixed with N other prompts, and reports whether each concurrent copy's text equals
+the reference, plus start-to-first-token and total time of the first request after
+ready vs a warm one. Batched arithmetic may legitimately differ from batch-1
+arithmetic in the last bits (different kernels per batch size), so a difference is
+reported with the first differing character, not hidden; all requests must finish.
+
+usage: serve_concurrency.py PORT [N] [MAX_TOKENS]   (exit 1 if a request fails)
+"""
+import concurrent.futures as cf
+import json
+import sys
+import time
+import urllib.request
+
+port = sys.argv[1]
+n = int(sys.argv[2]) if len(sys.argv) > 2 else 8
+max_tokens = int(sys.argv[3]) if len(sys.argv) > 3 else 48
+base = f"http://127.0.0.1:{port}"
+
+
+def ask(prompt):
+    body = {"model": "x", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True, "stream": True}
+    req = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    t = time.time()
+    ttft, text = None, []
+    with urllib.request.urlopen(req, timeout=300) as r:
+        for line in r:
+            if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                continue
+            ch = json.loads(line[6:])
+            if ch.get("choices"):
+                if ttft is None:
+                    ttft = time.time() - t
+                text.append(ch["choices"][0].get("text") or "")
+    return "".join(text), ttft or 0.0, time.time() - t
+
+
+t0 = time.time()
+while True:
+    try:
+        with urllib.request.urlopen(base + "/health", timeout=2) as r:
+            if r.status == 200:
+                break
+    except Exception:
+        pass
+    if time.time() - t0 > 240:
+        print("not ready after 240 s")
+        sys.exit(1)
+    time.sleep(0.2)
+print(f"ready after {time.time() - t0:.1f} s of polling")
+P = "Explain in detail how a GPU schedules warps."
+ref, ttft1, tot1 = ask(P)
+print(f"first request after ready: TTFT {ttft1 * 1000:.1f} ms, total {tot1 * 1000:.1f} ms for {max_tokens} tokens")
+again, ttft2, tot2 = ask(P)
+print(f"same request warm:         TTFT {ttft2 * 1000:.1f} ms, total {tot2 * 1000:.1f} ms "
+      f"(first/warm total {tot1 / tot2:.2f}x); text {'equal' if again == ref else 'DIFFERENT'}")
+prompts = [P] * n + [f"Other request {i}: a poem about memory bandwidth." for i in range(n)]
+fails = 0
+t = time.time()
+with cf.ThreadPoolExecutor(len(prompts)) as ex:
+    futs = [ex.submit(ask, p) for p in prompts]
+    res = []
+    for f in futs:
+        try:
+            res.append(f.result())
+        except Exception as e:  # a failed request is a failure of the check
+            res.append(None)
+            fails += 1
+            print(f"request FAILED: {e}")
+wall = time.time() - t
+same = sum(1 for r in res[:n] if r and r[0] == ref)
+print(f"{2 * n} concurrent requests: {2 * n - fails} finished in {wall:.2f} s; "
+      f"{same}/{n} copies of the reference prompt equal to it alone")
+for i, r in enumerate(res[:n]):
+    if r and r[0] != ref:
+        k = next((j for j, (a, b) in enumerate(zip(r[0], ref)) if a != b), min(len(r[0]), len(ref)))
+        print(f"  copy {i}: first difference at character {k}")
+sys.exit(1 if fails else 0)

@@ -1,0 +1,272 @@
+/*
+ * Capture sizes and padding (issue 7): decode / verify steps are padded up to
+ * the next capture size with sequences in a reserved slot
+ * (src/model/forward_pad.c). On the CPU backend with the shape-static mode
+ * (cuda_graphs = 2: padding, no graphs) against the same runner without
+ * capture sizes (no padding):
+ *  - runner level: after the warm-up (which runs the padding-only batches of
+ *    every captured shape), the logits of every real row of prefills, plain
+ *    decode steps (1, 3 and 2 sequences, padded to 2 and 4) and verify steps
+ *    (3 rows per sequence) are bit-identical, on tiny-flash and tiny-dspark
+ *    (DSpark taps on);
+ *  - engine level, prefix cache on: greedy tokens of concurrent requests are
+ *    identical, plain decode (tiny-flash) and DSpark verify (tiny-dspark,
+ *    k = 3), over two rounds whose second reuses the first's prefixes;
+ *  - dsv4_graph_sizes_resolve / dsv4_graph_rows_plan follow vLLM's default
+ *    pattern and rules.
+ * The expected sizes come from vLLM's rule (1, 2, 4, then steps of 8 to 256,
+ * then steps of 16; max = min(2 * max_num_seqs, 512); the list's largest
+ * entry must equal max_cudagraph_capture_size), not from running this code.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine.h"
+#include "engine/graph_sizes.h"
+#include "engine/model_runner.h"
+#include "model/forward.h"
+#include "test.h"
+
+static unsigned long long padded(dsv4_model_runner *mr) {
+    dsv4_model *m;
+    dsv4_state *st;
+    dsv4_model_runner_target(mr, &m, &st);
+    return m->n_padded;
+}
+
+static void check_sizes(void) {
+    int out[96], n;
+    dsv4_err err = {0};
+    n = dsv4_graph_sizes_resolve(NULL, 0, 0, 64, out, 96, &err);
+    CHECK_EQ_INT(n, 11); /* 1 2 4 8 16 24 32 40 48 56 64 */
+    if (n == 11) {
+        CHECK_EQ_INT(out[0], 1);
+        CHECK_EQ_INT(out[2], 4);
+        CHECK_EQ_INT(out[3], 8);
+        CHECK_EQ_INT(out[4], 16);
+        CHECK_EQ_INT(out[10], 64);
+    }
+    n = dsv4_graph_sizes_resolve(NULL, 0, 0, 512, out, 96, &err); /* 3 + 32 (8..256) + 16 (272..512) */
+    CHECK_EQ_INT(n, 51);
+    if (n == 51) CHECK_EQ_INT(out[35], 272);
+    n = dsv4_graph_sizes_resolve(NULL, 0, 0, 3, out, 96, &err); /* 1 2, then max_num_seqs itself */
+    CHECK_EQ_INT(n, 3);
+    if (n == 3) CHECK_EQ_INT(out[2], 3);
+    n = dsv4_graph_sizes_resolve(NULL, 0, 16, 64, out, 96, &err); /* max given: up to it, nothing added */
+    CHECK_EQ_INT(n, 5);
+    if (n == 5) CHECK_EQ_INT(out[4], 16);
+    int given[] = {8, 1, 4, 4, 32};
+    n = dsv4_graph_sizes_resolve(given, 5, 0, 16, out, 96, &err); /* sorted, deduplicated, <= max_num_seqs */
+    CHECK_EQ_INT(n, 3);
+    if (n == 3) CHECK(out[0] == 1 && out[1] == 4 && out[2] == 8);
+    n = dsv4_graph_sizes_resolve(given, 5, 16, 64, out, 96, &err);
+    CHECK_EQ_INT(n, -1);
+    CHECK_CONTAINS(err.msg, "max_cudagraph_capture_size 16 must equal the largest");
+    int bad[] = {0, 2};
+    CHECK_EQ_INT(dsv4_graph_sizes_resolve(bad, 2, 0, 64, out, 96, &err), -1);
+    /* rows: k = 5 for 1-2 running, 3 for 3-8; sizes 1 2 4 8 */
+    int sizes[] = {1, 2, 4, 8}, rows[16], mx[16];
+    int sched[1][3] = {{1, 2, 5}};
+    n = dsv4_graph_rows_plan(3, (const int(*)[3])sched, 1, 8, sizes, 4, rows, mx, 16);
+    CHECK_EQ_INT(n, 3);
+    if (n == 3) {
+        CHECK(rows[0] == 1 && mx[0] == 0);
+        CHECK(rows[1] == 6 && mx[1] == 2);
+        CHECK(rows[2] == 4 && mx[2] == 8);
+    }
+    CHECK_EQ_INT(dsv4_graph_rows_plan(0, NULL, 0, 8, sizes, 4, rows, mx, 16), 1);
+}
+
+#define NS 3 /* request slots */
+
+static dsv4_model_runner *open_runner(const char *dir, int k, int pad, int n_slots) {
+    static const int sizes[] = {2, 4}, rows[] = {1, 3, 4}, rmax[] = {0, 0, 0};
+    dsv4_model_runner_opts o = {.n_slots = n_slots, .max_len = 128, .max_spec = k,
+                                .numerics = DSV4_NUMERICS_REFERENCE, .cuda_graphs = 2};
+    if (pad) {
+        o.graph_sizes = sizes;
+        o.n_graph_sizes = 2;
+        o.graph_rows = rows;
+        o.graph_rows_max_seqs = rmax;
+        o.n_graph_rows = 3;
+        o.warm_rows = 64;
+    }
+    dsv4_model_runner *mr = NULL;
+    dsv4_err err = {0};
+    int rc = dsv4_model_runner_open(dir, &o, &mr, &err);
+    CHECK_MSG(rc == 0, "%s: %s (run scripts/setup.sh to generate the tiny checkpoints)", dir, err.msg);
+    return mr;
+}
+
+static int32_t tok_of(int slot, int pos) { return (int32_t)((slot * 7919 + pos * 104729 + 13) % 200 + 3); }
+
+/* prefill of every slot, then decode / verify steps; all logits into lg; returns rows. */
+static int run_steps(dsv4_model_runner *mr, float *lg, int V, dsv4_err *err) {
+    dsv4_runner run = dsv4_model_runner_iface(mr);
+    if (run.set_pages) { /* engine-style pool mapping: slot s gets pages [s*per, (s+1)*per) */
+        int per = (128 + run.page_tokens - 1) / run.page_tokens;
+        int32_t ids[16];
+        for (int s = 0; s < NS; s++) {
+            for (int j = 0; j < per; j++) ids[j] = s * per + j;
+            int rc = run.set_pages(run.ctx, s, per, ids, err);
+            if (rc) return -rc;
+        }
+    }
+    int len[NS] = {0}, out = 0;
+    int32_t tok[64], pos[64], slot[64], sidx[64], rows[64], cu[NS + 1], sslot[NS], spos0[NS];
+    for (int s = 0; s < NS; s++) {
+        int P = 6 + 3 * s;
+        for (int i = 0; i < P; i++) tok[i] = tok_of(s, i), pos[i] = i, slot[i] = s, sidx[i] = 0, rows[i] = i;
+        cu[0] = 0, cu[1] = P, sslot[0] = s, spos0[0] = 0;
+        dsv4_batch b = {P, 1, tok, pos, slot, sidx, cu, sslot, spos0};
+        int rc = run.forward(run.ctx, &b, rows, P, lg + (size_t)out * V, err);
+        if (rc) return -rc;
+        out += P;
+        len[s] = P;
+    }
+    /* (sequences, rows per sequence): 3 -> 4, 1 -> 2, 2 (a size: unpadded), verify 3x3 -> 4x3, 1x3 -> 2x3 */
+    static const int steps[][2] = {{3, 1}, {1, 1}, {2, 1}, {3, 3}, {3, 1}, {1, 3}, {2, 3}, {3, 1}};
+    for (size_t st = 0; st < sizeof steps / sizeof steps[0]; st++) {
+        int ns = steps[st][0], rp = steps[st][1], T = 0;
+        cu[0] = 0;
+        for (int i = 0; i < ns; i++) {
+            int s = (int)(st + (size_t)i) % NS;
+            sslot[i] = s;
+            spos0[i] = len[s];
+            for (int r = 0; r < rp; r++, T++) {
+                pos[T] = len[s] + r;
+                tok[T] = tok_of(s, pos[T]);
+                slot[T] = s;
+                sidx[T] = i;
+                rows[T] = T;
+            }
+            cu[i + 1] = T;
+            len[s] += 1; /* a verify step commits one row; the others are written again later */
+        }
+        dsv4_batch b = {T, ns, tok, pos, slot, sidx, cu, sslot, spos0};
+        int rc = run.forward(run.ctx, &b, rows, T, lg + (size_t)out * V, err);
+        if (rc) return -rc;
+        out += T;
+    }
+    return out;
+}
+
+static void check_runner(const char *dir, int k) {
+    dsv4_model_runner *ref = open_runner(dir, k, 0, NS), *pad = open_runner(dir, k, 1, NS + 1);
+    if (!ref || !pad) {
+        dsv4_model_runner_free(ref);
+        dsv4_model_runner_free(pad);
+        return;
+    }
+    dsv4_err err = {0};
+    int ng = -1;
+    CHECK_MSG(dsv4_model_runner_warmup(pad, &ng, &err) == 0, "%s: warm-up: %s", dir, err.msg);
+    CHECK_EQ_INT(ng, 0); /* cuda_graphs 2: the forwards run, nothing is captured */
+    dsv4_runner it = dsv4_model_runner_iface(pad);
+    CHECK_EQ_INT(it.n_slots, NS + 1); /* the padding slot is not the engine's */
+    CHECK(it.warmup != NULL);
+    CHECK(dsv4_model_runner_iface(ref).warmup == NULL);
+    int V = dsv4_model_runner_config(ref)->vocab_size;
+    size_t cap = (size_t)200 * V;
+    float *a = calloc(cap, sizeof(float)), *b = calloc(cap, sizeof(float));
+    int na = run_steps(ref, a, V, &err);
+    CHECK_MSG(na > 0, "%s: unpadded: %s", dir, err.msg);
+    unsigned long long p0 = padded(pad);
+    int nb = run_steps(pad, b, V, &err);
+    CHECK_MSG(nb > 0, "%s: padded: %s", dir, err.msg);
+    /* every decode / verify step but those of 2 sequences (a size); prefills (1 x 6..12 rows) never */
+    CHECK_EQ_INT((int)(padded(pad) - p0), 6);
+    CHECK_EQ_INT((int)padded(ref), 0);
+    CHECK_EQ_INT(na, nb);
+    if (na > 0 && na == nb) {
+        size_t diff = 0;
+        for (size_t i = 0; i < (size_t)na * V; i++) diff += memcmp(&a[i], &b[i], sizeof(float)) != 0;
+        CHECK_MSG(diff == 0, "%s k=%d: %zu of %zu logits differ between padded and unpadded steps", dir, k, diff,
+                  (size_t)na * V);
+        printf("%s k=%d: %d rows, padded == unpadded logits bit for bit\n", dir, k, na);
+    }
+    free(a);
+    free(b);
+    dsv4_model_runner_free(ref);
+    dsv4_model_runner_free(pad);
+}
+
+#define MAXT 10
+/* Two rounds of NS concurrent greedy requests (the second round's prompts extend the first's: prefix cache). */
+static void engine_tokens(dsv4_model_runner *mr, int k, int32_t tok[2][NS][MAXT], uint64_t *drafts, uint64_t *hits) {
+    dsv4_runner run = dsv4_model_runner_iface(mr);
+    dsv4_drafter dr;
+    int has = k > 0 && dsv4_model_runner_drafter(mr, &dr);
+    dsv4_engine_opts eo = {NS, 64, 128, k, 1, {{0}}, 0, 1};
+    dsv4_engine *e = NULL;
+    dsv4_err err = {0};
+    int rc = dsv4_engine_create(&eo, &run, has ? &dr : NULL, &e, &err);
+    CHECK_MSG(rc == 0, "engine: %s", err.msg);
+    if (rc) return;
+    if (run.warmup) {
+        int ng;
+        CHECK_EQ_INT(run.warmup(run.ctx, &ng, &err), 0);
+    }
+    for (int round = 0; round < 2; round++) {
+        dsv4_request *r[NS];
+        for (int i = 0; i < NS; i++) {
+            int32_t p[64];
+            int len = 6 + 5 * i;
+            for (int j = 0; j < len; j++) p[j] = 2 + (int32_t)((i * 131 + j * 17 + j * j) % 250);
+            if (round) { /* the first round's conversation continued: its prompt, its answer, 3 more tokens */
+                memcpy(p + len, tok[0][i], sizeof(int32_t) * (size_t)(MAXT - 2 * i));
+                len += MAXT - 2 * i;
+                for (int j = 0; j < 3; j++, len++) p[len] = 5 + j;
+            }
+            dsv4_gen_params gp;
+            dsv4_gen_params_default(&gp);
+            gp.sampling.temperature = 0;
+            gp.max_tokens = MAXT - 2 * i; /* requests finish at different steps: batch sizes 3, 2, 1 */
+            gp.ignore_eos = 1;
+            CHECK_EQ_INT(dsv4_engine_submit(e, p, len, &gp, &r[i], &err), 0);
+        }
+        while (dsv4_engine_step(e, &err) > 0) {}
+        for (int i = 0; i < NS; i++) {
+            dsv4_finish f;
+            memset(tok[round][i], 0, sizeof tok[round][i]);
+            CHECK_EQ_INT(dsv4_request_poll(r[i], tok[round][i], MAXT, &f, 0), MAXT - 2 * i);
+            dsv4_request_release(r[i]);
+        }
+    }
+    dsv4_engine_stats st;
+    dsv4_engine_get_stats(e, &st);
+    *drafts = st.spec_drafts;
+    *hits = st.prefix_hits;
+    dsv4_engine_free(e);
+}
+
+static void check_engine(const char *dir, int k) {
+    /* NS request slots + 2 for the prefix cache; the padded runner sizes go up to 4 */
+    dsv4_model_runner *ref = open_runner(dir, k, 0, NS + 2), *pad = open_runner(dir, k, 1, NS + 2);
+    if (ref && pad) {
+        int32_t a[2][NS][MAXT], b[2][NS][MAXT];
+        uint64_t da = 0, db = 0, ha = 0, hb = 0;
+        engine_tokens(ref, k, a, &da, &ha);
+        engine_tokens(pad, k, b, &db, &hb);
+        CHECK(hb > 0); /* the second round reused the first's prefixes */
+        CHECK(ha == hb);
+        CHECK(padded(pad) > 0);
+        CHECK_MSG(!memcmp(a, b, sizeof a), "%s k=%d: greedy tokens differ between padded and unpadded steps", dir, k);
+        CHECK(da == db);
+        if (k > 0) CHECK(db > 0);
+        printf("%s k=%d: engine tokens equal (prefix cache on: %llu tokens hit; %llu verify steps)\n", dir, k,
+               (unsigned long long)hb, (unsigned long long)db);
+    }
+    dsv4_model_runner_free(ref);
+    dsv4_model_runner_free(pad);
+}
+
+int main(void) {
+    check_sizes();
+    check_runner("models/tiny-flash", 0);
+    check_runner("models/tiny-dspark", 3);
+    check_engine("models/tiny-flash", 0);
+    check_engine("models/tiny-dspark", 3);
+    return TEST_REPORT();
+}
