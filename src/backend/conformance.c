@@ -71,31 +71,50 @@ static int pair(conf *c, dsv4_dtype dt, int64_t r, int64_t cols, const void *hos
 
 static int copy_ref_to_test(conf *c, dsv4_buf **b);
 
+static void note_skipped(conf *c, const char *op) {
+    if (c->rep) fprintf(c->rep, "%-22s unsupported by %s (reference output copied)\n", op, c->be[0]->name);
+}
+
 /* The test backend said DSV4_EUNSUPPORTED for this op: report it and give the
  * test side the reference's output, so the ops after it still get equal inputs. */
 static int skipped(conf *c, const char *op, dsv4_buf **b) {
-    if (c->rep) fprintf(c->rep, "%-22s unsupported by %s (reference output copied)\n", op, c->be[0]->name);
+    note_skipped(c, op);
     return copy_ref_to_test(c, b);
+}
+
+/* Both sides' contents on the host: the test side's in *x, the reference's
+ * in *y. The caller frees both, also on error. */
+static int read_both(conf *c, dsv4_buf **b, void **x, void **y) {
+    *x = malloc((size_t)(b[0]->rows * b[0]->cols) * dsv4_dtype_size(b[0]->dtype) + 1);
+    *y = malloc((size_t)(b[1]->rows * b[1]->cols) * dsv4_dtype_size(b[1]->dtype) + 1);
+    int rc = (*x && *y) ? DSV4_OK : dsv4_err_set(c->err, DSV4_ENOMEM, "conformance: out of memory");
+    if (!rc) rc = c->be[0]->buf_read(c->be[0], b[0], *x, c->err);
+    if (!rc) rc = c->be[1]->buf_read(c->be[1], b[1], *y, c->err);
+    return rc;
+}
+
+/* Count and report a normalised error sqrt(num) / sqrt(den) against c->tol. */
+static void judge_nerr(conf *c, const char *op, double num, double den, const char *note) {
+    double e = sqrt(num) / fmax(sqrt(den), 1e-30);
+    int bad = !(e <= c->tol);
+    c->fails += bad;
+    if (c->rep) fprintf(c->rep, "%-22s nerr %.3e %s%s\n", op, e, bad ? "FAIL" : "ok", note);
 }
 
 /* Normalised error of an F32 output; counts a failure above tol. */
 static int check_f32(conf *c, const char *op, dsv4_buf **b) {
     if (c->skip) return skipped(c, op, b);
     size_t n = (size_t)(b[1]->rows * b[1]->cols);
-    float *x = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float));
-    int rc = (x && y) ? DSV4_OK : dsv4_err_set(c->err, DSV4_ENOMEM, "conformance: out of memory");
-    if (!rc) rc = c->be[0]->buf_read(c->be[0], b[0], x, c->err);
-    if (!rc) rc = c->be[1]->buf_read(c->be[1], b[1], y, c->err);
+    void *xv, *yv;
+    int rc = read_both(c, b, &xv, &yv);
+    float *x = xv, *y = yv;
     if (!rc) {
         double num = 0, den = 0;
         for (size_t i = 0; i < n; i++) {
             num += ((double)x[i] - y[i]) * ((double)x[i] - y[i]);
             den += (double)y[i] * y[i];
         }
-        double e = sqrt(num) / fmax(sqrt(den), 1e-30);
-        int bad = !(e <= c->tol);
-        c->fails += bad;
-        if (c->rep) fprintf(c->rep, "%-22s nerr %.3e %s\n", op, e, bad ? "FAIL" : "ok");
+        judge_nerr(c, op, num, den, "");
     }
     free(x);
     free(y);
@@ -107,30 +126,41 @@ static int cmp_i32(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Row-set comparison of an I32 output (order within a row does not matter). */
-static int check_sets(conf *c, const char *op, dsv4_buf **b) {
+/*
+ * Row comparison of an I32 output. as_sets: the order within a row does not
+ * matter (both sorted first) and a fraction of differing rows up to tol
+ * passes; else every row must be equal.
+ */
+static int check_i32_rows(conf *c, const char *op, dsv4_buf **b, int as_sets) {
     if (c->skip) return skipped(c, op, b);
     int64_t R = b[1]->rows, K = b[1]->cols;
-    int32_t *x = malloc((size_t)(R * K) * 4), *y = malloc((size_t)(R * K) * 4);
-    int rc = (x && y) ? DSV4_OK : dsv4_err_set(c->err, DSV4_ENOMEM, "conformance: out of memory");
-    if (!rc) rc = c->be[0]->buf_read(c->be[0], b[0], x, c->err);
-    if (!rc) rc = c->be[1]->buf_read(c->be[1], b[1], y, c->err);
+    void *xv, *yv;
+    int rc = read_both(c, b, &xv, &yv);
+    int32_t *x = xv, *y = yv;
     if (!rc) {
         int64_t diff = 0;
         for (int64_t r = 0; r < R; r++) {
-            qsort(x + r * K, (size_t)K, 4, cmp_i32);
-            qsort(y + r * K, (size_t)K, 4, cmp_i32);
+            if (as_sets) {
+                qsort(x + r * K, (size_t)K, 4, cmp_i32);
+                qsort(y + r * K, (size_t)K, 4, cmp_i32);
+            }
             diff += memcmp(x + r * K, y + r * K, (size_t)K * 4) != 0;
         }
         double f = (double)diff / (double)(R ? R : 1);
-        int bad = !(f <= c->tol);
+        int bad = as_sets ? !(f <= c->tol) : diff > 0;
         c->fails += bad;
-        if (c->rep) fprintf(c->rep, "%-22s rows differing %.3f %s\n", op, f, bad ? "FAIL" : "ok");
+        if (c->rep && as_sets) fprintf(c->rep, "%-22s rows differing %.3f %s\n", op, f, bad ? "FAIL" : "ok");
+        else if (c->rep)
+            fprintf(c->rep, "%-22s rows differing %lld of %lld (exact) %s\n", op, (long long)diff, (long long)R,
+                    bad ? "FAIL" : "ok");
     }
     free(x);
     free(y);
     return rc;
 }
+
+static int check_sets(conf *c, const char *op, dsv4_buf **b) { return check_i32_rows(c, op, b, 1); }
+static int check_exact(conf *c, const char *op, dsv4_buf **b) { return check_i32_rows(c, op, b, 0); }
 
 /* Copy the reference side's buffer into the test side's (e.g. to feed both the same ids). */
 static int copy_ref_to_test(conf *c, dsv4_buf **b) {
@@ -196,10 +226,9 @@ static int check_kv(conf *c, const char *op, dsv4_kv_dtype kt, int dim, int rope
             num += ((double)x[i] - y[i]) * ((double)x[i] - y[i]);
             den += (double)y[i] * y[i];
         }
-        double e = sqrt(num) / fmax(sqrt(den), 1e-30);
-        int bad = !(e <= c->tol);
-        c->fails += bad;
-        if (c->rep) fprintf(c->rep, "%-22s nerr %.3e %s (%s rows)\n", op, e, bad ? "FAIL" : "ok", dsv4_kv_dtype_name(kt));
+        char note[32];
+        snprintf(note, sizeof note, " (%s rows)", dsv4_kv_dtype_name(kt));
+        judge_nerr(c, op, num, den, note);
     }
     free(x);
     free(y);
@@ -281,18 +310,21 @@ static int up_vec(conf *c, const float *data, int64_t n, dsv4_tview *d /* [2] */
     return rc ? rc : up_view(c, 1, &h, &d[1]);
 }
 
-/* Run an op in both backends. DSV4_EUNSUPPORTED from the test backend is not
- * an error: the op is reported as unsupported and its outputs are copied from
- * the reference (c->skip, read by check_f32 / check_sets). */
+/* DSV4_EUNSUPPORTED from the test backend is not an error: the op is
+ * reported as unsupported and its outputs are copied from the reference
+ * (c->skip, read by the checks). Returns rc, or 0 for that case. */
+static int allow_unsupported(conf *c, int rc) {
+    c->skip = rc == DSV4_EUNSUPPORTED;
+    if (!c->skip) return rc;
+    c->unsupported++;
+    if (c->err) c->err->code = 0, c->err->msg[0] = 0;
+    return DSV4_OK;
+}
+
+/* Run an op in both backends (call0 = test, call1 = reference). */
 #define RUN(call0, call1)                                    \
     do {                                                     \
-        int rc_ = (call0);                                   \
-        c->skip = rc_ == DSV4_EUNSUPPORTED;                  \
-        if (c->skip) {                                       \
-            c->unsupported++;                                \
-            rc_ = 0;                                         \
-            if (c->err) c->err->code = 0, c->err->msg[0] = 0; \
-        }                                                    \
+        int rc_ = allow_unsupported(c, (call0));             \
         if (!rc_) rc_ = (call1);                             \
         if (rc_) return dsv4_err_prefix(c->err, "%s: ", op); \
     } while (0)
@@ -505,26 +537,6 @@ static int conf_hc(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
     return check_f32(c, op, u);
 }
 
-/* Exact comparison of an I32 output, order included (no tolerance: ids are picks, not sums). */
-static int check_exact(conf *c, const char *op, dsv4_buf **b) {
-    if (c->skip) return skipped(c, op, b);
-    int64_t R = b[1]->rows, K = b[1]->cols;
-    int32_t *x = malloc((size_t)(R * K) * 4), *y = malloc((size_t)(R * K) * 4);
-    int rc = (x && y) ? DSV4_OK : dsv4_err_set(c->err, DSV4_ENOMEM, "conformance: out of memory");
-    if (!rc) rc = c->be[0]->buf_read(c->be[0], b[0], x, c->err);
-    if (!rc) rc = c->be[1]->buf_read(c->be[1], b[1], y, c->err);
-    if (!rc) {
-        int64_t diff = 0;
-        for (int64_t r = 0; r < R; r++) diff += memcmp(x + r * K, y + r * K, (size_t)K * 4) != 0;
-        c->fails += diff > 0;
-        if (c->rep) fprintf(c->rep, "%-22s rows differing %lld of %lld (exact) %s\n", op, (long long)diff, (long long)R,
-                            diff ? "FAIL" : "ok");
-    }
-    free(x);
-    free(y);
-    return rc;
-}
-
 /*
  * logit_top (issue 7, greedy ids on the device): rows of a vocabulary-wide
  * logit matrix (129280 at Flash shapes) with exact ties planted — coarse
@@ -608,6 +620,17 @@ static int64_t unpage_of(const cmp_pair *cp, int64_t slot, int64_t w) {
     return (int64_t)cp->bt[slot * t->max_pages + w / t->page_rows] * t->page_rows + w % t->page_rows;
 }
 
+/* Copy unpaged rows [n_slots][max_rows] of rb bytes to where the test side's
+ * block table puts them (rows of unmapped pages are dropped, spare rows untouched). */
+static void page_rows(const cmp_pair *cp, int64_t rb, const void *unpaged, void *paged) {
+    for (int sl = 0; sl < cp->st[0].n_slots; sl++)
+        for (int64_t w = 0; w < cp->max_rows; w++) {
+            int64_t r = unpage_of(cp, sl, w);
+            if (r >= 0)
+                memcpy((char *)paged + r * rb, (const char *)unpaged + (sl * cp->max_rows + w) * rb, (size_t)rb);
+        }
+}
+
 static int make_cmp(conf *c, int ratio, int overlap, int D, int slots, const int64_t *nvis_max, int paged,
                     dsv4_kv_dtype kt, int rope, cmp_pair *cp) {
     int64_t maxr = 1;
@@ -653,11 +676,7 @@ static int make_cmp(conf *c, int ratio, int overlap, int D, int slots, const int
     cp->bt = bt;
     cp->st[0].page_rows = pr;
     cp->st[0].max_pages = mp;
-    for (int sl = 0; sl < slots; sl++)
-        for (int64_t w = 0; w < maxr; w++) {
-            int64_t r = unpage_of(cp, sl, w);
-            if (r >= 0) memcpy(prow + r * rb, rec + (sl * maxr + w) * rb, (size_t)rb);
-        }
+    page_rows(cp, rb, rec, prow);
     dsv4_buf *tb = NULL;
     if ((rc = single(c, 0, kv_buf_dtype(kt), (int64_t)np * pr, kv_buf_cols(kt, D, rope), prow, &cp->rows[0])) ||
         (rc = single(c, 1, kv_buf_dtype(kt), slots * maxr, kv_buf_cols(kt, D, rope), rec, &cp->rows[1])) ||
@@ -673,27 +692,21 @@ static int make_cmp(conf *c, int ratio, int overlap, int D, int slots, const int
 static int check_rows(conf *c, const char *op, cmp_pair *cp) {
     const dsv4_cmp_state *t = &cp->st[0];
     if (!cp->bt) return check_kv(c, op, cp->kt, t->out_dim, cp->rope, cp->rows);
-    int64_t D = t->out_dim, nref = cp->rows[1]->rows, ntest = cp->rows[0]->rows;
-    int64_t rb = dsv4_kvcodec_row_bytes(cp->kt, (int)D, cp->rope);
-    float *x = NULL, *y = NULL;
-    int rc = DSV4_OK;
+    int64_t D = t->out_dim;
     if (c->skip) { /* page the reference's records into the test side */
-        uint8_t *rx = malloc((size_t)(ntest * rb) + 1), *ry = malloc((size_t)(nref * rb) + 1);
-        rc = rx && ry ? DSV4_OK : dsv4_err_set(c->err, DSV4_ENOMEM, "conformance: out of memory");
-        if (!rc) rc = c->be[1]->buf_read(c->be[1], cp->rows[1], ry, c->err);
-        if (!rc) rc = c->be[0]->buf_read(c->be[0], cp->rows[0], rx, c->err);
-        if (!rc && c->rep) fprintf(c->rep, "%-22s unsupported by %s (reference output copied)\n", op, c->be[0]->name);
-        for (int sl = 0; !rc && sl < t->n_slots; sl++)
-            for (int64_t w = 0; w < cp->max_rows; w++) {
-                int64_t r = unpage_of(cp, sl, w);
-                if (r >= 0) memcpy(rx + r * rb, ry + (sl * cp->max_rows + w) * rb, (size_t)rb);
-            }
-        if (!rc) rc = c->be[0]->buf_write(c->be[0], cp->rows[0], rx, c->err);
+        void *rx, *ry;
+        int rc = read_both(c, cp->rows, &rx, &ry);
+        if (!rc) {
+            note_skipped(c, op);
+            page_rows(cp, dsv4_kvcodec_row_bytes(cp->kt, (int)D, cp->rope), ry, rx);
+            rc = c->be[0]->buf_write(c->be[0], cp->rows[0], rx, c->err);
+        }
         free(rx);
         free(ry);
         return rc;
     }
-    rc = kv_read_pair(c, cp->kt, (int)D, cp->rope, cp->rows, &x, &y);
+    float *x = NULL, *y = NULL;
+    int rc = kv_read_pair(c, cp->kt, (int)D, cp->rope, cp->rows, &x, &y);
     if (!rc) {
         double num = 0, den = 0;
         for (int sl = 0; sl < t->n_slots; sl++)
@@ -705,11 +718,9 @@ static int check_rows(conf *c, const char *op, cmp_pair *cp) {
                     den += (double)ref[j] * ref[j];
                 }
             }
-        double e = sqrt(num) / fmax(sqrt(den), 1e-30);
-        int bad = !(e <= c->tol);
-        c->fails += bad;
-        if (c->rep)
-            fprintf(c->rep, "%-22s nerr %.3e %s (paged, %s rows)\n", op, e, bad ? "FAIL" : "ok", dsv4_kv_dtype_name(cp->kt));
+        char note[48];
+        snprintf(note, sizeof note, " (paged, %s rows)", dsv4_kv_dtype_name(cp->kt));
+        judge_nerr(c, op, num, den, note);
     }
     free(x);
     free(y);
@@ -826,13 +837,8 @@ static int conf_moe(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
     /* both sides route with the reference's ids and weights, so only the experts are compared */
     op = "moe_experts";
     if (!rc) {
-        rc = c->be[0]->moe_experts(c->be[0], x[0], w1, w3, w2, E, ids[0], w[0], 10.0f, y[0], c->err);
-        c->skip = rc == DSV4_EUNSUPPORTED;
-        if (c->skip) {
-            c->unsupported++;
-            rc = 0;
-            if (c->err) c->err->code = 0, c->err->msg[0] = 0;
-        }
+        rc = allow_unsupported(c,
+                               c->be[0]->moe_experts(c->be[0], x[0], w1, w3, w2, E, ids[0], w[0], 10.0f, y[0], c->err));
         if (!rc) rc = c->be[1]->moe_experts(c->be[1], x[1], w1 + E, w3 + E, w2 + E, E, ids[1], w[1], 10.0f, y[1], c->err);
         if (rc) dsv4_err_prefix(c->err, "%s: ", op);
     }

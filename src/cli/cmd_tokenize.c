@@ -11,34 +11,44 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "cli/cli.h"
+#include "text/encoder.h"
 #include "text/tokenizer.h"
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: dsv4 tokenize [--model DIR | --tokenizer FILE] [--ids] [--no-special] TEXT...\n"
-            "       dsv4 tokenize [--model DIR | --tokenizer FILE] [--skip-special] --decode IDS\n"
+            "usage: dsv4 tokenize [MODEL_DIR | --tokenizer FILE] [--ids] [--no-special]\n"
+            "                     [--no-add-special-tokens] TEXT...\n"
+            "       dsv4 tokenize [MODEL_DIR | --tokenizer FILE] [--skip-special] --decode IDS\n"
             "\n"
             "Print the token ids of TEXT (several TEXT arguments are joined with one space;\n"
             "'-' reads the text from stdin; put -- before TEXT that starts with '-'), or the\n"
-            "text of IDS (comma- or space-separated; '-' reads them from stdin).\n"
+            "text of IDS (comma- or space-separated; '-' reads them from stdin). The ids are\n"
+            "those the server's POST /tokenize gives for {\"prompt\": TEXT}: BOS first.\n"
             "\n"
-            "  --model DIR        use DIR/tokenizer.json (default: the embedded default model,\n"
-            "                     %s)\n"
+            "  MODEL_DIR          use MODEL_DIR/tokenizer.json, as serve/run/check take it: the\n"
+            "                     first argument, when it names a directory (default: the\n"
+            "                     embedded default model, %s)\n"
+            "  --model DIR        the same as MODEL_DIR\n"
             "  --tokenizer FILE   use this tokenizer.json\n"
             "  --ids              print only the ids, comma-separated on one line\n"
             "                     (default: one line per token: id, then its text)\n"
+            "  --no-add-special-tokens\n"
+            "                     no BOS first (/tokenize's \"add_special_tokens\": false);\n"
+            "                     by default BOS is added unless TEXT starts with it\n"
             "  --no-special       tokenize special-token text (<｜User｜>, </think>, ...) as\n"
             "                     ordinary text, as the server does for client content\n"
             "                     (default: it becomes the special id, as for encoder output)\n"
             "  --decode IDS       print the text of IDS instead\n"
             "  --skip-special     with --decode: drop special tokens (BOS, EOS, ...)\n"
             "  --batch-hex        for scripts and tests: read lines of hex-encoded text bytes\n"
-            "                     from stdin; print per line the comma-separated ids, a tab,\n"
-            "                     and the hex of decode(ids); with --stats, print encode time\n"
-            "                     and throughput to stderr\n",
+            "                     from stdin; print per line the comma-separated ids (the\n"
+            "                     tokenizer's alone: no BOS), a tab, and the hex of\n"
+            "                     decode(ids); with --stats, print encode time and\n"
+            "                     throughput to stderr\n",
             dsv4_default_model_dir());
 }
 
@@ -165,17 +175,26 @@ static int parse_ids(const char *s, int32_t **ids, size_t *n) {
     return 0;
 }
 
+static int is_dir(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
 int dsv4_cmd_tokenize(int argc, char **argv) {
     const char *model = NULL, *file = NULL, *decode = NULL;
-    int ids_only = 0, no_special = 0, skip_special = 0, first_text = -1, batch = 0, stats = 0;
+    int ids_only = 0, no_special = 0, skip_special = 0, first_text = -1, batch = 0, stats = 0, add_special = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
-        else if (!strcmp(a, "--model") && i + 1 < argc) model = argv[++i];
+        else if (!strcmp(a, "--model") && i + 1 < argc) {
+            if (model) { fprintf(stderr, "dsv4 tokenize: the model directory is given twice\n"); return 2; }
+            model = argv[++i];
+        }
         else if (!strcmp(a, "--tokenizer") && i + 1 < argc) file = argv[++i];
         else if (!strcmp(a, "--decode") && i + 1 < argc) decode = argv[++i];
         else if (!strcmp(a, "--ids")) ids_only = 1;
         else if (!strcmp(a, "--no-special")) no_special = 1;
+        else if (!strcmp(a, "--no-add-special-tokens")) add_special = 0;
         else if (!strcmp(a, "--skip-special")) skip_special = 1;
         else if (!strcmp(a, "--batch-hex")) batch = 1;
         else if (!strcmp(a, "--stats")) stats = 1;
@@ -184,9 +203,17 @@ int dsv4_cmd_tokenize(int argc, char **argv) {
             fprintf(stderr, "dsv4 tokenize: unknown or incomplete option %s\n", a);
             usage(stderr);
             return 2;
-        } else { first_text = i; break; }
+        }
+        /* The positional model directory of serve/run/check: the first
+         * non-option argument, when it names a directory and no model or
+         * tokenizer was named yet; options may follow it. */
+        else if (!model && !file && is_dir(a)) model = a;
+        else { first_text = i; break; }
     }
-    if (model && file) { fprintf(stderr, "dsv4 tokenize: give --model or --tokenizer, not both\n"); return 2; }
+    if (model && file) {
+        fprintf(stderr, "dsv4 tokenize: give MODEL_DIR (or --model) or --tokenizer, not both\n");
+        return 2;
+    }
     if (!decode && !batch && (first_text < 0 || first_text >= argc)) { usage(stderr); return 2; }
     if (decode && first_text >= 0 && first_text < argc) {
         fprintf(stderr, "dsv4 tokenize: --decode takes no TEXT\n");
@@ -201,7 +228,7 @@ int dsv4_cmd_tokenize(int argc, char **argv) {
         if (!file && !model)
             fprintf(stderr,
                     "dsv4 tokenize: the default model has no tokenizer (%s: %s); run scripts/setup.sh or pass "
-                    "--tokenizer FILE / --model DIR\n", path, strerror(errno));
+                    "--tokenizer FILE / MODEL_DIR\n", path, strerror(errno));
         else fprintf(stderr, "dsv4 tokenize: %s: %s\n", path, strerror(errno));
         return 1;
     }
@@ -276,7 +303,7 @@ int dsv4_cmd_tokenize(int argc, char **argv) {
         fprintf(stderr, "dsv4 tokenize: out of memory or cannot read stdin\n");
     } else {
         dsv4_tokvec v = {0};
-        if (dsv4_tokenizer_encode(tok, text, tl, !no_special, &v, &err)) {
+        if (dsv4_text_prompt_tokenize(tok, text, tl, !no_special, add_special, &v, &err)) {
             fprintf(stderr, "dsv4 tokenize: %s\n", err.msg);
             status = 1;
         } else if (ids_only) {

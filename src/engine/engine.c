@@ -472,7 +472,7 @@ static int take_free(dsv4_engine *e, int i) {
 static void admit_locked(dsv4_engine *e, dsv4_request *r) {
     int best = -1;
     int64_t R = 0;
-    if (e->caching && !r->plp) { /* prompt logprobs need every row computed */
+    if (e->caching && !r->plp && !r->p.no_prefix_cache) { /* prompt logprobs need every row computed */
         if (r->n_tok == r->n_prompt) e->st.prefix_queries += (uint64_t)r->n_prompt;
         for (int i = 0; i < e->n_free; i++) {
             int64_t x = cache_match(e, e->free_slots[i], r);
@@ -511,7 +511,9 @@ static void admit_locked(dsv4_engine *e, dsv4_request *r) {
  * slot (LRU eviction) unless a free slot already serves this prompt.
  */
 static void snapshot_locked(dsv4_engine *e, dsv4_request *r) {
-    if (!e->caching || !e->run.copy_slot || !e->n_free || r->slot < 0 || r->n_computed != r->n_prompt) return;
+    if (!e->caching || r->p.no_prefix_cache || !e->run.copy_slot || !e->n_free || r->slot < 0 ||
+        r->n_computed != r->n_prompt)
+        return;
     for (int i = 0; i < e->n_free; i++)
         if (cache_match(e, e->free_slots[i], r) == r->n_prompt - 1) return;
     int i = victim_locked(e), dst = e->free_slots[i];
@@ -535,7 +537,7 @@ static void finish_locked(dsv4_engine *e, dsv4_request *r, dsv4_finish why) {
     if (r->st == RQ_DONE) return;
     if (r->slot >= 0) {
         /* a failed forward may have left the slot half-written: never cache it */
-        if (!e->caching || why == DSV4_FINISH_ERROR || r->n_computed < 1 ||
+        if (!e->caching || r->p.no_prefix_cache || why == DSV4_FINISH_ERROR || r->n_computed < 1 ||
             cache_store(e, r->slot, r->tok, r->n_computed))
             slot_drop(e, r->slot);
         e->free_slots[e->n_free++] = r->slot;

@@ -86,6 +86,11 @@ typedef struct dsv4_gen_params {
      * at most DSV4_PROMPT_LOGPROB_CHUNK rows (bounds the logits buffer). */
     int prompt_logprobs;
     int prompt_top_logprobs; /* 0..DSV4_MAX_TOP_LOGPROBS alternatives per prompt token */
+    /* nonzero: the prefix cache (enable_prefix_caching) neither serves this
+     * request nor keeps its state (no snapshot, its slot emptied when it
+     * ends). For the server's warm-up, whose BOS would otherwise show as a
+     * cached token of the first client request (SERVING.md §3.3, §8.5). */
+    int no_prefix_cache;
     dsv4_on_tokens_fn on_tokens;
     void *user;
     /* Constrained decoding (spec/SERVING.md §4.6, src/engine/constrain.h):

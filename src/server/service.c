@@ -30,6 +30,7 @@ static int warm_up(dsv4_service *s, dsv4_err *err) {
     gp.sampling.temperature = 0;
     gp.max_tokens = 2;
     gp.ignore_eos = 1;
+    gp.no_prefix_cache = 1; /* a client's first request starts with 0 cached tokens */
     dsv4_request *r;
     if (dsv4_engine_submit(s->engine, p, 4, &gp, &r, err)) return err ? err->code : DSV4_EINTERNAL;
     int32_t out[4];

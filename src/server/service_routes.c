@@ -87,12 +87,10 @@ static int completion_prompt(dsv4_service *s, const cJSON *req, dsv4_tokvec *ids
     if (cJSON_IsArray(pr) && cJSON_GetArraySize(pr) == 1 && !cJSON_IsNumber(cJSON_GetArrayItem(pr, 0)))
         pr = cJSON_GetArrayItem(pr, 0); /* a batch of one */
     dsv4_err err = {0};
-    int32_t bos = dsv4_tokenizer_special_id(s->tok, DSV4_TOK_BOS);
     if (cJSON_IsString(pr)) {
         *text = strdup(pr->valuestring);
         const char *t = pr->valuestring;
-        if (strncmp(t, DSV4_TOK_BOS, strlen(DSV4_TOK_BOS)) != 0 && bos >= 0) dsv4_tokvec_push(ids, bos);
-        if (dsv4_tokenizer_encode(s->tok, t, strlen(t), 1, ids, &err)) {
+        if (dsv4_text_prompt_tokenize(s->tok, t, strlen(t), 1, 1, ids, &err)) {
             dsv4_reply_error(out, 400, "prompt", "%s", err.msg);
             return 1;
         }
@@ -173,11 +171,10 @@ static void handle_tokenize(dsv4_service *s, const cJSON *req, const char *raw, 
             return;
         }
     } else if (cJSON_IsString(pr)) {
+        /* vLLM's /tokenize: add_special_tokens defaults to true (BOS first) */
         const cJSON *ast = cJSON_GetObjectItemCaseSensitive(req, "add_special_tokens");
-        int32_t bos = dsv4_tokenizer_special_id(s->tok, DSV4_TOK_BOS);
-        if (!cJSON_IsFalse(ast) && bos >= 0 && strncmp(pr->valuestring, DSV4_TOK_BOS, strlen(DSV4_TOK_BOS)))
-            dsv4_tokvec_push(&ids, bos);
-        if (dsv4_tokenizer_encode(s->tok, pr->valuestring, strlen(pr->valuestring), 1, &ids, &err)) {
+        if (dsv4_text_prompt_tokenize(s->tok, pr->valuestring, strlen(pr->valuestring), 1, !cJSON_IsFalse(ast), &ids,
+                                      &err)) {
             dsv4_reply_error(out, 400, "prompt", "%s", err.msg);
             dsv4_tokvec_free(&ids);
             return;

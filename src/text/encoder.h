@@ -154,6 +154,19 @@ int dsv4_encoder_detect_profile(const char *ckpt_dir, dsv4_effort_profile overri
 int dsv4_prompt_tokenize(const dsv4_prompt *p, const dsv4_tokenizer *tok, int special_in_content,
                          dsv4_tokvec *out, dsv4_err *err);
 
+/*
+ * dsv4_text_prompt_tokenize — token ids of a raw text prompt (/v1/completions
+ * `prompt`, /tokenize `prompt`, `dsv4 tokenize`), APPENDED to *out
+ * (spec/SERVING.md §3.6, §3.7). add_special (vLLM add_special_tokens, default
+ * true there): BOS is put first unless the text already starts with the BOS
+ * string and allow_special recognises it (**Deviation** §3.6: vLLM's
+ * tokenizer would double it). allow_special as in dsv4_tokenizer_encode.
+ * A tokenizer without the BOS token gets none. Errors: those of
+ * dsv4_tokenizer_encode; DSV4_ENOMEM.
+ */
+int dsv4_text_prompt_tokenize(const dsv4_tokenizer *tok, const char *text, size_t len, int allow_special,
+                              int add_special, dsv4_tokvec *out, dsv4_err *err);
+
 /* Server-side encoder settings (CLI flags) for dsv4_encoder_build_chat. */
 typedef struct dsv4_encoder_config {
     dsv4_thinking_defaults thinking;  /* profile + --default-thinking etc.   */

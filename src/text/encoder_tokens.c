@@ -12,6 +12,16 @@
 
 #include <string.h>
 
+int dsv4_text_prompt_tokenize(const dsv4_tokenizer *tok, const char *text, size_t len, int allow_special,
+                              int add_special, dsv4_tokvec *out, dsv4_err *err) {
+    static const char bos_text[] = DSV4_TOK_BOS;
+    int32_t bos = dsv4_tokenizer_special_id(tok, bos_text);
+    int starts_with_bos = allow_special && len >= sizeof bos_text - 1 && !memcmp(text, bos_text, sizeof bos_text - 1);
+    if (add_special && bos >= 0 && !starts_with_bos && dsv4_tokvec_push(out, bos))
+        return dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
+    return dsv4_tokenizer_encode(tok, text, len, allow_special, out, err);
+}
+
 int dsv4_prompt_tokenize(const dsv4_prompt *p, const dsv4_tokenizer *tok, int special_in_content,
                          dsv4_tokvec *out, dsv4_err *err)
 {

@@ -6,10 +6,10 @@
 # .so files the GPU machine lacks) and v4-0731/ (the 0731 config.json plus
 # tokenizer.json, tokenizer_config.json, encoding/). Output: $OUT.
 # Env: LAYERS (num_hidden_layers override; all 43 do not fit one H200), PORT.
+# Needs serve_lib.sh and serve_client.py next to it (tests/gpu/).
 set -uo pipefail
-D=${DIR:-$(pwd)}
-export LD_LIBRARY_PATH="$D/lib:${LD_LIBRARY_PATH:-}"
-export NCCL_NVLS_ENABLE=0
+# shellcheck source=tests/gpu/serve_lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/serve_lib.sh" || exit 2
 OUTD=${OUT:-/tmp/serve-dummy-out}
 mkdir -p "$OUTD"
 L=${LAYERS:-24}
@@ -22,45 +22,20 @@ timeout 200 "$D/bin/dsv4" perf "$D/v4-0731" --load-format dummy --hf-overrides "
   2>&1 | tee "$OUTD/perf.txt"
 # 2. serve: start to ready, then the first requests against warm ones
 t0=$(date +%s.%N)
-"$D/bin/dsv4" serve "$D/v4-0731" --load-format dummy --hf-overrides "{\"num_hidden_layers\": $L}" \
-  --device cuda --port $PORT --max-model-len 16384 --max-num-seqs 16 \
-  --speculative-config '{"method":"dspark","num_speculative_tokens":5}' > "$OUTD/serve.log" 2>&1 &
-SP=$!
-python3 - "$PORT" "$t0" <<'PY' 2>&1 | tee "$OUTD/requests.txt"
-import json, sys, time, urllib.request
+dummy_serve "$D/bin/dsv4" "$L" "$PORT" "$OUTD/serve.log" --device cuda
+python3 - "$PORT" "$t0" "$GPU_LIB_DIR" <<'PY' 2>&1 | tee "$OUTD/requests.txt"
+import sys
+sys.path.insert(0, sys.argv[3])
+from serve_client import print_metrics, stream_completion, wait_ready
 port, t0 = sys.argv[1], float(sys.argv[2])
 base = f"http://127.0.0.1:{port}"
-while True:
-    try:
-        with urllib.request.urlopen(base + "/health", timeout=2) as r:
-            if r.status == 200: break
-    except Exception:
-        pass
-    if time.time() - t0 > 170: print("not ready after 170 s"); sys.exit(1)
-    time.sleep(0.2)
-print(f"start to ready: {time.time() - t0:.1f} s")
-def one(i, n=64):
-    body = {"model": "deepseek-v4-flash-dspark", "prompt": f"Request {i}: write a long story about GPUs.",
-            "max_tokens": n, "temperature": 0, "ignore_eos": True, "stream": True}
-    req = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    t = time.time(); ttft = None; chunks = 0
-    with urllib.request.urlopen(req, timeout=120) as r:
-        for line in r:
-            if line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"):
-                if ttft is None: ttft = time.time() - t
-                chunks += 1
-    total = time.time() - t
-    return ttft, total, chunks
+wait_ready(base, t0, 170)
 for i in range(8):
-    ttft, total, chunks = one(i)
+    ttft, total, chunks = stream_completion(base, i)
     print(f"request {i}: TTFT {ttft*1000:.1f} ms, total {total*1000:.1f} ms for 64 tokens "
           f"({64/total:.1f} tok/s, {chunks} chunks)")
-with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
-    for ln in r.read().decode().splitlines():
-        if ln.startswith(("vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total",
-                          "vllm:cache_config_info", "dsv4:kv_cache_pool_blocks")):
-            print(ln)
+print_metrics(base, ("vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_draft_tokens_total",
+                     "vllm:cache_config_info", "dsv4:kv_cache_pool_blocks"))
 PY
-kill $SP; wait $SP 2>/dev/null
+stop_serve "$SP"
 grep -E "KV cache pool|dummy weights|ready|backend|ERROR|WARN" "$OUTD/serve.log" | head -20 | tee -a "$OUTD/requests.txt"

@@ -10,11 +10,10 @@
 # Runs from a folder holding bin/dsv4 (-DDSV4_CUDA=ON), lib/ and v4-0731/ (as
 # run_serve_dummy_h200.sh). Env: BIN (default bin/dsv4: run it once with this
 # branch's binary and once with the old one to compare), LAYERS (8), N (5),
-# PORT, OUT.
+# PORT, OUT. Needs serve_lib.sh and serve_client.py next to it (tests/gpu/).
 set -uo pipefail
-D=${DIR:-$(pwd)}
-export LD_LIBRARY_PATH="$D/lib:${LD_LIBRARY_PATH:-}"
-export NCCL_NVLS_ENABLE=0
+# shellcheck source=tests/gpu/serve_lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/serve_lib.sh" || exit 2
 export DSV4_TP_TRACE=1 DSV4_TP_WATCHDOG_S=${DSV4_TP_WATCHDOG_S:-10}
 BIN=${BIN:-$D/bin/dsv4}
 OUTD=${OUT:-/tmp/tp2-serve-out}
@@ -24,40 +23,27 @@ N=${N:-5}
 PORT=${PORT:-8892}
 { echo "bin: $BIN"; date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; } 2>&1 \
   | tee "$OUTD/env.txt"
-"$BIN" serve "$D/v4-0731" --load-format dummy --hf-overrides "{\"num_hidden_layers\": $L}" --device cuda -tp 2 \
-  --port "$PORT" --max-model-len 16384 --max-num-seqs 16 \
-  --speculative-config '{"method":"dspark","num_speculative_tokens":5}' > "$OUTD/serve.log" 2>&1 &
-SP=$!
-python3 - "$PORT" "$N" <<'PY' 2>&1 | tee "$OUTD/requests.txt"
-import json, sys, time, urllib.request
-port, n = sys.argv[1], int(sys.argv[2])
+t0=$(date +%s.%N)
+dummy_serve "$BIN" "$L" "$PORT" "$OUTD/serve.log" --device cuda -tp 2
+python3 - "$PORT" "$t0" "$GPU_LIB_DIR" "$N" <<'PY' 2>&1 | tee "$OUTD/requests.txt"
+import sys
+import time
+sys.path.insert(0, sys.argv[3])
+from serve_client import stream_completion, wait_ready
+port, t0, n = sys.argv[1], float(sys.argv[2]), int(sys.argv[4])
 base = f"http://127.0.0.1:{port}"
-t0 = time.time()
-while True:
-    try:
-        with urllib.request.urlopen(base + "/health", timeout=2) as r:
-            if r.status == 200: break
-    except Exception:
-        pass
-    if time.time() - t0 > 170: print("not ready after 170 s"); sys.exit(1)
-    time.sleep(0.2)
-print(f"start to ready: {time.time() - t0:.1f} s")
+wait_ready(base, t0, 170)
 for i in range(n):
-    body = {"model": "deepseek-v4-flash-dspark", "prompt": f"Request {i}: write a long story about GPUs.",
-            "max_tokens": 64, "temperature": 0, "ignore_eos": True, "stream": True}
-    req = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    t = time.time(); chunks = 0
+    t = time.time()
+    st = {}
     try:
-        with urllib.request.urlopen(req, timeout=45) as r:
-            for line in r:
-                if line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"): chunks += 1
-        print(f"request {i}: {chunks} chunks in {time.time() - t:.2f} s")
+        _, total, chunks = stream_completion(base, i, timeout=45, state=st)
+        print(f"request {i}: {chunks} chunks in {total:.2f} s")
     except Exception as e:
-        print(f"request {i}: FAILED after {time.time() - t:.1f} s with {chunks} chunks: {e}")
+        print(f"request {i}: FAILED after {time.time() - t:.1f} s with {st.get('chunks', 0)} chunks: {e}")
         break
 PY
-kill "$SP" 2>/dev/null; sleep 3; kill -9 "$SP" 2>/dev/null
+stop_serve "$SP"
 echo "--- errors, watchdog, graph paths that disagree"
 grep -E "ERROR|WARN|not finished|ran it" "$OUTD/serve.log" | head -40
 echo "--- last jobs per rank"

@@ -218,6 +218,57 @@ def test_non_streaming_client_hang_up_aborts(default_server):
     assert status == 200
 
 
+def test_streaming_client_hang_up_cancels_and_logs(default_server):
+    """A streaming client that closes its socket mid-stream: the request is
+    cancelled (no request left running, its KV pages back in the pool, counted
+    as finished with reason "abort"), and the log has one INFO line naming the
+    request id and the tokens generated so far (SERVING.md §3.5)."""
+    import re
+    import socket
+    import time
+    s = default_server
+    m0 = _metrics(s.base)
+    body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 400, "stream": True,
+                       "temperature": 0, "ignore_eos": True}).encode()
+    sock = socket.create_connection(("127.0.0.1", s.port))
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    got = b""
+    while got.count(b"data: ") < 3:  # the role chunk and two with tokens
+        chunk = sock.recv(65536)
+        assert chunk, got
+        got += chunk
+    rid = re.search(rb'"id":"(chatcmpl-[0-9a-f]+)"', got).group(1).decode()
+    sock.close()
+    deadline = time.time() + 120  # a guard against hanging, not a speed bound
+    while time.time() < deadline:
+        m1 = _metrics(s.base)
+        if _metric(m1, "vllm:num_requests_running") == 0 and _metric(m1, "vllm:num_requests_waiting") == 0:
+            break
+        time.sleep(0.2)
+    assert _metric(m1, "vllm:num_requests_running") == 0
+    assert _metric(m1, "vllm:kv_cache_usage_perc") == 0
+    abort = 'finished_reason="abort"'
+    assert _metric(m1, "vllm:request_success_total", abort) - _metric(m0, "vllm:request_success_total", abort) == 1
+    gen = _metric(m1, "vllm:generation_tokens_total") - _metric(m0, "vllm:generation_tokens_total")
+    assert 2 <= gen < 400, gen
+    deadline = time.time() + 30  # the line follows the abort count by a moment; a guard only
+    while True:
+        s.log.seek(0)
+        lines = [ln for ln in s.log.read().decode(errors="replace").splitlines() if rid in ln]
+        if lines or time.time() > deadline:
+            break
+        time.sleep(0.1)
+    assert len(lines) == 1, lines
+    assert "INFO" in lines[0] and "client disconnected" in lines[0], lines[0]
+    n = int(re.search(r"after (\d+) generated tokens", lines[0]).group(1))
+    assert n == gen, (lines[0], gen)
+    # the server still answers
+    status, r = request(s.base, "POST", "/v1/chat/completions",
+                        {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
+    assert status == 200
+
+
 def test_half_open_connection_flood_does_not_lock_out_clients(default_server):
     """~1000 clients that send half a request and wait must not lock others out
     (select() stopped at FD_SETSIZE=1024 and the soft fd limit was 1024)."""

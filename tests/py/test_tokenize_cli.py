@@ -1,4 +1,7 @@
-"""`dsv4 tokenize` (src/cli/cmd_tokenize.c) against the tokenizers library."""
+"""`dsv4 tokenize` (src/cli/cmd_tokenize.c) against the tokenizers library and the
+server's POST /tokenize (the same ids for the same text: BOS first, as vLLM's
+add_special_tokens=true default)."""
+import json
 import os
 import subprocess
 import sys
@@ -9,9 +12,12 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import gen_tokenizer_goldens as G  # noqa: E402
+from conftest import DEFAULT_MODEL, post  # noqa: E402
 
 DSV4 = os.path.join(ROOT, "build", "dsv4")
 TEXT = "<｜User｜>Hi there 你好 😀\n<think>x</think> 12345<｜end▁of▁sentence｜>"
+BOS_TEXT = "<｜begin▁of▁sentence｜>"
+BOS = 0
 
 
 @pytest.fixture(scope="module")
@@ -26,34 +32,71 @@ def run(*args, stdin=None, env=None):
     return subprocess.run([DSV4, "tokenize", *args], input=stdin, capture_output=True, timeout=60, env=env)
 
 
+def ids_of(p):
+    assert p.returncode == 0, p.stderr
+    return [int(x) for x in p.stdout.decode().strip().split(",")]
+
+
 def test_ids_match_tokenizers(ref):
     full, plain = ref
-    p = run("--tokenizer", G.tokenizer_json_path(), "--ids", TEXT)
-    assert p.returncode == 0, p.stderr
-    assert [int(x) for x in p.stdout.decode().strip().split(",")] == full.encode(TEXT).ids
-    p = run("--tokenizer", G.tokenizer_json_path(), "--ids", "--no-special", TEXT)
-    assert [int(x) for x in p.stdout.decode().strip().split(",")] == plain.encode(TEXT).ids
+    tj = G.tokenizer_json_path()
+    assert ids_of(run("--tokenizer", tj, "--ids", TEXT)) == [BOS] + full.encode(TEXT).ids
+    assert ids_of(run("--tokenizer", tj, "--ids", "--no-special", TEXT)) == [BOS] + plain.encode(TEXT).ids
+    # --no-add-special-tokens: the tokenizer's ids alone
+    assert ids_of(run("--tokenizer", tj, "--ids", "--no-add-special-tokens", TEXT)) == full.encode(TEXT).ids
+    assert ids_of(run("--tokenizer", tj, "--no-add-special-tokens", "--ids", "--no-special", TEXT)) == \
+        plain.encode(TEXT).ids
+    # text that starts with BOS keeps one BOS; as ordinary text (--no-special) it is not BOS
+    assert ids_of(run("--tokenizer", tj, "--ids", BOS_TEXT + "Hi")) == full.encode(BOS_TEXT + "Hi").ids
+    assert ids_of(run("--tokenizer", tj, "--ids", "--no-special", BOS_TEXT + "Hi")) == \
+        [BOS] + plain.encode(BOS_TEXT + "Hi").ids
 
 
 def test_args_joined_and_stdin(ref):
     full, _ = ref
     p = run("--tokenizer", G.tokenizer_json_path(), "--ids", "hello", "world")
-    assert [int(x) for x in p.stdout.decode().split(",")] == full.encode("hello world").ids
+    assert ids_of(p) == [BOS] + full.encode("hello world").ids
     p = run("--tokenizer", G.tokenizer_json_path(), "--ids", "-", stdin=TEXT.encode())
-    assert [int(x) for x in p.stdout.decode().split(",")] == full.encode(TEXT).ids
+    assert ids_of(p) == [BOS] + full.encode(TEXT).ids
+
+
+def check_listing(p, full):
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.decode().strip().split("\n")
+    ids = [BOS] + full.encode(TEXT).ids
+    assert lines[-1] == "%d tokens" % len(ids)
+    assert [int(x.split("\t")[0]) for x in lines[:-1]] == ids
+    assert lines[0] == "0\t<｜begin▁of▁sentence｜>\t(added, special)"
+    assert lines[1] == "128803\t<｜User｜>\t(added)"
 
 
 def test_model_dir_and_listing(ref):
     full, _ = ref
     with tempfile.TemporaryDirectory() as d:
         os.symlink(G.tokenizer_json_path(), os.path.join(d, "tokenizer.json"))
-        p = run("--model", d, TEXT)
-    assert p.returncode == 0, p.stderr
-    lines = p.stdout.decode().strip().split("\n")
-    ids = full.encode(TEXT).ids
-    assert lines[-1] == "%d tokens" % len(ids)
-    assert [int(x.split("\t")[0]) for x in lines[:-1]] == ids
-    assert lines[0] == "128803\t<｜User｜>\t(added)"
+        check_listing(run("--model", d, TEXT), full)
+        # the positional MODEL_DIR of serve/run/check, with options after it
+        check_listing(run(d, TEXT), full)
+        assert ids_of(run(d, "--ids", "hello")) == [BOS] + full.encode("hello").ids
+        p = run(d, "--decode", "33310")
+        assert p.returncode == 0 and p.stdout.decode() == "hello\n"
+        # a directory after -- (or once a model is named) is text
+        assert ids_of(run(d, "--ids", "--", d)) == [BOS] + full.encode(d).ids
+        assert ids_of(run("--model", d, "--ids", d)) == [BOS] + full.encode(d).ids
+        # the model given twice, or with --tokenizer: a usage error
+        assert run(d, "--model", d, "x").returncode == 2
+        assert run(d, "--tokenizer", G.tokenizer_json_path(), "x").returncode == 2
+
+
+def test_cli_ids_equal_server_tokenize(ref, default_server):
+    """The same text gives the same ids from `dsv4 tokenize --ids` and POST
+    /tokenize, with add_special_tokens default (true) and false."""
+    tj = os.path.join(DEFAULT_MODEL, "tokenizer.json")
+    for text in ["Hello, world", TEXT, BOS_TEXT + "Hi", " leading space"]:
+        for cli_flags, body_extra in [([], {}), (["--no-add-special-tokens"], {"add_special_tokens": False})]:
+            status, body = post(default_server.base, "/tokenize", {"prompt": text, **body_extra})
+            assert status == 200, body
+            assert ids_of(run("--tokenizer", tj, "--ids", *cli_flags, text)) == body["tokens"], (text, cli_flags)
 
 
 def test_decode(ref):

@@ -12,33 +12,17 @@
  *     peer that exits makes rank 0 fail naming it; dsv4_comm_tcp_check sees a
  *     hung-up peer with no collective in flight.
  * Every child reports through its exit status and a pipe; alarm() turns a
- * hang into a failure instead of a stuck CI job.
+ * hang into a failure instead of a stuck CI job (proc_test_util.h).
  */
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "parallel/comm.h"
+#include "proc_test_util.h"
 #include "test.h"
 
 #define N 3
 #define LEN 1000
-
-static int free_port(void) {
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {0};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    bind(s, (struct sockaddr *)&a, sizeof a);
-    socklen_t l = sizeof a;
-    getsockname(s, (struct sockaddr *)&a, &l);
-    close(s);
-    return ntohs(a.sin_port);
-}
 
 /* rank r's partial: values of very different magnitudes so the order of the sums matters */
 static float part(int r, int i) {
@@ -102,37 +86,28 @@ static void run_rank(int rank, int port, report *o) {
     c->free(c);
 }
 
+typedef struct {
+    int rank, port;
+} rank_arg;
+
+static void rank_child(void *arg, void *out) {
+    const rank_arg *a = arg;
+    run_rank(a->rank, a->port, out);
+}
+
 static void test_collectives(void) {
-    int port = free_port();
-    int fds[N][2];
+    int port = pt_free_port();
+    int rd[N];
     pid_t pid[N];
+    rank_arg args[N];
     for (int r = 1; r < N; r++) {
-        if (pipe(fds[r])) return;
-        pid[r] = fork();
-        if (pid[r] == 0) {
-            alarm(30);
-            report o;
-            run_rank(r, port, &o);
-            ssize_t w = write(fds[r][1], &o, sizeof o);
-            _exit(w == (ssize_t)sizeof o ? 0 : 3);
-        }
-        close(fds[r][1]);
+        args[r] = (rank_arg){r, port};
+        pid[r] = pt_fork_result(rank_child, &args[r], sizeof(report), &rd[r]);
+        if (pid[r] < 0) return;
     }
     report rep[N];
     run_rank(0, port, &rep[0]);
-    for (int r = 1; r < N; r++) {
-        size_t got = 0;
-        while (got < sizeof rep[r]) {
-            ssize_t k = read(fds[r][0], (char *)&rep[r] + got, sizeof rep[r] - got);
-            if (k <= 0) break;
-            got += (size_t)k;
-        }
-        CHECK(got == sizeof rep[r]);
-        close(fds[r][0]);
-        int st = 0;
-        waitpid(pid[r], &st, 0);
-        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-    }
+    for (int r = 1; r < N; r++) CHECK(pt_collect_result(pid[r], rd[r], &rep[r], sizeof rep[r]));
     for (int r = 0; r < N; r++) {
         CHECK_EQ_INT(rep[r].rc_reduce, 0);
         int same = 1, ordered = 1;
@@ -193,7 +168,7 @@ static void child(int port, int mode) {
 
 static void test_failures(void) {
     for (int mode = 0; mode < 3; mode++) {
-        int port = free_port();
+        int port = pt_free_port();
         pid_t p = fork();
         if (p == 0) child(port, mode);
         dsv4_err err = {0};
@@ -235,7 +210,7 @@ static void test_failures(void) {
 static void test_setup_errors(void) {
     dsv4_err err = {0};
     dsv4_comm *c;
-    int port = free_port();
+    int port = pt_free_port();
     /* nobody listens: a clear timeout */
     CHECK_EQ_INT(dsv4_comm_tcp_create("127.0.0.1", port, 1, 2, 0.3, &c, &err), DSV4_EIO);
     CHECK_CONTAINS(err.msg, "could not reach rank 0 at 127.0.0.1:");

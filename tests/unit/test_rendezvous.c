@@ -4,14 +4,10 @@
  * Covers the NCCL id reaching the peer, each mismatch naming its field on
  * both sides, the timeouts on both sides (short timeouts), and a port in use.
  */
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <stdlib.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "parallel/rendezvous.h"
+#include "proc_test_util.h"
 #include "test.h"
 
 typedef struct {
@@ -20,74 +16,39 @@ typedef struct {
     uint8_t id[DSV4_RDV_ID_BYTES];
 } result;
 
-static int free_port(void) {
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {0};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    bind(s, (struct sockaddr *)&a, sizeof a);
-    socklen_t l = sizeof a;
-    getsockname(s, (struct sockaddr *)&a, &l);
-    close(s);
-    return ntohs(a.sin_port);
-}
-
 static dsv4_rdv_opts base(int port, int nnodes, int rank) {
     dsv4_rdv_opts o = {"127.0.0.1", port, nnodes, rank, 2, 0x1234abcdull, "build-a", 5.0};
     return o;
 }
 
-/* Fork a node running o; its result comes back through a pipe. */
-static pid_t spawn(const dsv4_rdv_opts *o, int *rd) {
-    int p[2];
-    if (pipe(p)) return -1;
-    pid_t pid = fork();
-    if (pid == 0) {
-        close(p[0]);
-        result r;
-        memset(&r, 0, sizeof r);
-        dsv4_err err = {0};
-        r.rc = dsv4_rendezvous(o, r.id, &err);
-        snprintf(r.msg, sizeof r.msg, "%s", err.msg);
-        ssize_t w = write(p[1], &r, sizeof r);
-        _exit(w == (ssize_t)sizeof r ? 0 : 1);
-    }
-    close(p[1]);
-    *rd = p[0];
-    return pid;
+/* A forked node: the rendezvous with opts arg, its result in out. */
+static void node_child(void *arg, void *out) {
+    result *r = out;
+    dsv4_err err = {0};
+    r->rc = dsv4_rendezvous(arg, r->id, &err);
+    snprintf(r->msg, sizeof r->msg, "%s", err.msg);
 }
 
-static void collect(pid_t pid, int rd, result *r) {
-    memset(r, 0, sizeof r[0]);
-    r->rc = -1;
-    size_t got = 0;
-    while (got < sizeof *r) {
-        ssize_t k = read(rd, (char *)r + got, sizeof *r - got);
-        if (k <= 0) break;
-        got += (size_t)k;
-    }
-    close(rd);
-    int st;
-    waitpid(pid, &st, 0);
-}
-
-/* Node 0 here with o0, one forked peer with o1. */
+/* Node 0 here with o0, one forked peer with o1 (r1->rc = -1 when its result did not come back). */
 static void pair(const dsv4_rdv_opts *o0, const dsv4_rdv_opts *o1, result *r0, result *r1) {
     int rd = -1;
-    pid_t pid = spawn(o1, &rd);
+    pid_t pid = pt_fork_result(node_child, (void *)o1, sizeof *r1, &rd);
     dsv4_err err = {0};
     memset(r0, 0, sizeof *r0);
     for (int i = 0; i < DSV4_RDV_ID_BYTES; i++) r0->id[i] = (uint8_t)(i * 7 + 3);
     r0->rc = dsv4_rendezvous(o0, r0->id, &err);
     snprintf(r0->msg, sizeof r0->msg, "%s", err.msg);
-    collect(pid, rd, r1);
+    if (pid < 0 || !pt_collect_result(pid, rd, r1, sizeof *r1)) {
+        memset(r1, 0, sizeof *r1);
+        r1->rc = -1;
+    }
 }
 
 int main(void) {
     result r0, r1;
     /* success: the id reaches node 1 */
     {
-        int port = free_port();
+        int port = pt_free_port();
         dsv4_rdv_opts a = base(port, 2, 0), b = base(port, 2, 1);
         pair(&a, &b, &r0, &r1);
         CHECK_EQ_INT(r0.rc, 0);
@@ -97,7 +58,7 @@ int main(void) {
     }
     /* mismatches: both sides name the field */
     {
-        int port = free_port();
+        int port = pt_free_port();
         dsv4_rdv_opts a = base(port, 2, 0), b = base(port, 2, 1);
         b.tp_size = 4;
         pair(&a, &b, &r0, &r1);
@@ -107,7 +68,7 @@ int main(void) {
         CHECK_CONTAINS(r1.msg, "--tensor-parallel-size 4, node 0 has 2");
     }
     {
-        int port = free_port();
+        int port = pt_free_port();
         dsv4_rdv_opts a = base(port, 2, 0), b = base(port, 2, 1);
         b.config_hash = 99;
         pair(&a, &b, &r0, &r1);
@@ -116,7 +77,7 @@ int main(void) {
         CHECK_CONTAINS(r1.msg, "different model config.json");
     }
     {
-        int port = free_port();
+        int port = pt_free_port();
         dsv4_rdv_opts a = base(port, 2, 0), b = base(port, 2, 1);
         b.build_id = "build-b";
         pair(&a, &b, &r0, &r1);
@@ -124,7 +85,7 @@ int main(void) {
         CHECK_EQ_INT(r1.rc, DSV4_EINVAL);
     }
     {
-        int port = free_port();
+        int port = pt_free_port();
         dsv4_rdv_opts a = base(port, 2, 0), b = base(port, 3, 1);
         pair(&a, &b, &r0, &r1);
         CHECK_CONTAINS(r0.msg, "node 1 has --nnodes 3, node 0 has 2");
@@ -132,7 +93,7 @@ int main(void) {
     }
     /* timeout on node 0: 3 nodes, only node 1 comes; node 2 is named */
     {
-        int port = free_port();
+        int port = pt_free_port();
         dsv4_rdv_opts a = base(port, 3, 0), b = base(port, 3, 1);
         a.timeout_s = 0.5;
         pair(&a, &b, &r0, &r1);
@@ -143,7 +104,7 @@ int main(void) {
     }
     /* timeout on a peer: nobody listens */
     {
-        int port = free_port();
+        int port = pt_free_port();
         dsv4_rdv_opts b = base(port, 2, 1);
         b.timeout_s = 0.3;
         dsv4_err err = {0};
@@ -153,15 +114,10 @@ int main(void) {
     }
     /* port in use */
     {
-        int s = socket(AF_INET, SOCK_STREAM, 0);
-        struct sockaddr_in sa = {0};
-        sa.sin_family = AF_INET;
-        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        bind(s, (struct sockaddr *)&sa, sizeof sa);
+        int port;
+        int s = pt_loopback_socket(&port);
         listen(s, 1);
-        socklen_t l = sizeof sa;
-        getsockname(s, (struct sockaddr *)&sa, &l);
-        dsv4_rdv_opts a = base(ntohs(sa.sin_port), 2, 0);
+        dsv4_rdv_opts a = base(port, 2, 0);
         a.timeout_s = 0.3;
         dsv4_err err = {0};
         uint8_t id[DSV4_RDV_ID_BYTES] = {0};
