@@ -50,7 +50,7 @@ if [ -z "${SKIP_SERVE:-}" ]; then
     > "$OUTD/serve_tp2_43.log" 2>&1 &
   SP=$!
   timeout 150 python3 "$G/serve_concurrency.py" "$PORT" 8 48 2>&1 | tee "$OUTD/serve_concurrency.txt"
-  echo "serve check rc=${PIPESTATUS[0]} (\"ready after\" counts from the server's launch)"
+  echo "serve check rc=${PIPESTATUS[0]} (\"start to ready\" counts from the server's launch)"
   kill "$SP" 2>/dev/null; sleep 3; kill -9 "$SP" 2>/dev/null
   grep -hE "KV cache pool|ready:|ERROR|WARN|graphs" "$OUTD/serve_tp2_43.log" | head -12
 fi
