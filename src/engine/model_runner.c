@@ -279,13 +279,20 @@ int dsv4_model_runner_open_tp(const char *dir, const dsv4_model_runner_opts *o, 
                 free(ratios);
                 goto fail;
             }
+            /* The state's per-slot rings (window, compressor / indexer kv + score, block table) are
+             * allocated with the pool but are not in pb: counted here, or they come out of the
+             * activation reserve (~4 GiB of 43-layer Flash rings at 256 slots + the padding slot
+             * is the whole default reserve; review 2026-12-01 item 6). */
+            int64_t fixed = dsv4_state_fixed_bytes(&mr->cfg, ratios, L, o->n_slots + mr->pad, o->max_len, o->max_spec,
+                                                   bs, (dsv4_kv_dtype)o->kv_dtype);
+            if (fixed > 0) reserve += fixed;
             int64_t fit = dsv4_pool_pages_for_memory(fb, tb, o->gpu_mem_util, reserve, pb) - mr->pad;
             if (fit < 1) {
                 free(ratios);
                 rc = dsv4_err_set(err, DSV4_ENOMEM,
                                   "KV cache: --gpu-memory-utilization %.2f of %.1f GiB on %s leaves no page of %d "
                                   "tokens (%.1f MiB) for the KV pool: %.1f GiB are in use after the weights and %.1f "
-                                  "GiB are kept for activations (DSV4_ACT_RESERVE_MB); raise "
+                                  "GiB are kept for activations (DSV4_ACT_RESERVE_MB) and the slots' rings; raise "
                                   "--gpu-memory-utilization, use more GPUs (-tp), or give --kv-cache-memory-bytes",
                                   o->gpu_mem_util, (double)tb / 1073741824.0, mr->be->name, bs, (double)pb / 1048576.0,
                                   (double)(tb - fb) / 1073741824.0, (double)reserve / 1073741824.0);
@@ -294,7 +301,8 @@ int dsv4_model_runner_open_tp(const char *dir, const dsv4_model_runner_opts *o, 
             if (fit < np) {
                 dsv4_log(DSV4_LOG_INFO,
                          "KV cache: %lld pages of %d tokens fit in --gpu-memory-utilization %.2f on %s (%.1f GiB in "
-                         "use, %.1f GiB total, %.1f GiB kept for activations); %lld would hold every slot at "
+                         "use, %.1f GiB total, %.1f GiB kept for activations and the slots' rings); %lld would "
+                         "hold every slot at "
                          "max_model_len",
                          (long long)fit, bs, o->gpu_mem_util, mr->be->name, (double)(tb - fb) / 1073741824.0,
                          (double)tb / 1073741824.0, (double)reserve / 1073741824.0, (long long)np);

@@ -46,7 +46,8 @@ typedef struct dsv4_model_runner_opts {
     /* gpu_mem_util in (0, 1] (--gpu-memory-utilization; 0 = off): on a backend with
      * mem_info and neither n_pages nor kv_cache_bytes given, the pool is also capped at
      * what fits in gpu_mem_util of the device after the weights, less an activation
-     * reserve (dsv4_pool_pages_for_memory; DSV4_ACT_RESERVE_MB, default 4096): a long
+     * reserve (dsv4_pool_pages_for_memory; DSV4_ACT_RESERVE_MB, default 4096) and the
+     * state's per-slot rings (dsv4_state_fixed_bytes, allocated with the pool): a long
      * max_len no longer asks for n_slots full-length requests' worth of pages. */
     double gpu_mem_util;
     int kv_dtype;           /* dsv4_kv_dtype (src/model/kvcodec.h): storage of window and

@@ -173,6 +173,20 @@ int dsv4_state_create_paged(dsv4_backend *be, const dsv4_config *cfg, const int 
 int64_t dsv4_state_page_bytes(const dsv4_config *cfg, const int *ratios, int n_layers, int page_tokens,
                               dsv4_kv_dtype kv_dtype);
 /*
+ * dsv4_state_fixed_bytes — bytes a paged state of n_slots slots holds outside
+ * its pages: every layer's window ring (n_slots x (sliding_window + max_spec)
+ * rows in kv_dtype's record), the compressor and indexer token rings (f32 kv
+ * and score, n_slots x (ratio·(1+overlap) + max_spec) rows each) and the
+ * block table (n_slots x ceil(max_len/page_tokens) i32). What
+ * dsv4_state_create_paged allocates besides n_pages x dsv4_state_page_bytes;
+ * -1 on bad arguments (page_tokens <= 0, n_slots < 1). For the KV pool's
+ * memory budget (engine/model_runner.c; spec/SERVING.md, vLLM
+ * --gpu-memory-utilization): these rings scale with the slots, not the pages
+ * (~16 MB a slot on the 43-layer Flash config in fp8_ds_mla, ~4 GiB at 256 slots).
+ */
+int64_t dsv4_state_fixed_bytes(const dsv4_config *cfg, const int *ratios, int n_layers, int n_slots, int max_len,
+                               int max_spec, int page_tokens, dsv4_kv_dtype kv_dtype);
+/*
  * dsv4_state_set_pages — map pages [0, n) of `slot` to ids[0..n) (each in
  * [0, n_pages), or -1) and unmap the rest; written to the backend's block
  * table. The caller (the engine) guarantees no page id is mapped by two slots.

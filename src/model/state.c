@@ -60,6 +60,25 @@ int64_t dsv4_state_page_bytes(const dsv4_config *cfg, const int *ratios, int n_l
     return b;
 }
 
+int64_t dsv4_state_fixed_bytes(const dsv4_config *cfg, const int *ratios, int n_layers, int n_slots, int max_len,
+                               int max_spec, int page_tokens, dsv4_kv_dtype kv_dtype) {
+    if (n_slots < 1 || page_tokens <= 0 || max_len < 1 || max_spec < 0 || n_layers < 0) return -1;
+    int64_t row = dsv4_kvcodec_row_bytes(kv_dtype, cfg->head_dim, cfg->qk_rope_head_dim);
+    if (row < 0) return -1;
+    /* the same sizes as dsv4_state_create_paged / alloc_cmp below */
+    int64_t b = (int64_t)n_slots * ((max_len + page_tokens - 1) / page_tokens) * (int64_t)sizeof(int32_t);
+    for (int l = 0; l < n_layers; l++) {
+        b += (int64_t)n_slots * (cfg->sliding_window + max_spec) * row;
+        if (ratios[l] <= 0) continue;
+        int overlap = ratios[l] == 4;
+        int64_t cap = (int64_t)ratios[l] * (1 + overlap) + max_spec;
+        b += 2 * (int64_t)n_slots * cap * cfg->head_dim * (1 + overlap) * (int64_t)sizeof(float); /* kv + score */
+        if (ratios[l] == 4) /* the indexer's compressor: overlap, index_head_dim */
+            b += 2 * (int64_t)n_slots * (8 + max_spec) * cfg->index_head_dim * 2 * (int64_t)sizeof(float);
+    }
+    return b;
+}
+
 int dsv4_state_create(dsv4_backend *be, const dsv4_config *cfg, const int *ratios, int n_layers,
                       int n_slots, int max_len, int max_spec, dsv4_state **out, dsv4_err *err) {
     return dsv4_state_create_paged(be, cfg, ratios, n_layers, n_slots, max_len, max_spec, 0, 0, DSV4_KV_F32, out,

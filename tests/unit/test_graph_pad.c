@@ -26,6 +26,7 @@
 #include "engine/graph_sizes.h"
 #include "engine/model_runner.h"
 #include "model/forward.h"
+#include "model/kvcodec.h"
 #include "test.h"
 
 static unsigned long long padded(dsv4_model_runner *mr) {
@@ -80,10 +81,10 @@ static void check_sizes(void) {
 
 #define NS 3 /* request slots */
 
-static dsv4_model_runner *open_runner(const char *dir, int k, int pad, int n_slots) {
+static dsv4_model_runner *open_runner_kv(const char *dir, int k, int pad, int n_slots, int kv_dtype) {
     static const int sizes[] = {2, 4}, rows[] = {1, 3, 4}, rmax[] = {0, 0, 0};
     dsv4_model_runner_opts o = {.n_slots = n_slots, .max_len = 128, .max_spec = k,
-                                .numerics = DSV4_NUMERICS_REFERENCE, .cuda_graphs = 2};
+                                .numerics = DSV4_NUMERICS_REFERENCE, .cuda_graphs = 2, .kv_dtype = kv_dtype};
     if (pad) {
         o.graph_sizes = sizes;
         o.n_graph_sizes = 2;
@@ -97,6 +98,10 @@ static dsv4_model_runner *open_runner(const char *dir, int k, int pad, int n_slo
     int rc = dsv4_model_runner_open(dir, &o, &mr, &err);
     CHECK_MSG(rc == 0, "%s: %s (run scripts/setup.sh to generate the tiny checkpoints)", dir, err.msg);
     return mr;
+}
+
+static dsv4_model_runner *open_runner(const char *dir, int k, int pad, int n_slots) {
+    return open_runner_kv(dir, k, pad, n_slots, DSV4_KV_F32);
 }
 
 static int32_t tok_of(int slot, int pos) { return (int32_t)((slot * 7919 + pos * 104729 + 13) % 200 + 3); }
@@ -152,8 +157,11 @@ static int run_steps(dsv4_model_runner *mr, float *lg, int V, dsv4_err *err) {
     return out;
 }
 
-static void check_runner(const char *dir, int k) {
-    dsv4_model_runner *ref = open_runner(dir, k, 0, NS), *pad = open_runner(dir, k, 1, NS + 1);
+/* kv_dtype: the state's row storage (kvcodec.h). Coded rows (fp8_ds_mla, the CUDA default) with the
+ * padding slot: its page and rings must exist in the coded layout and its rows must stay out of the
+ * real slots' pages (docs/REVIEW-2026-12-01.md item 3). */
+static void check_runner_kv(const char *dir, int k, int kv_dtype) {
+    dsv4_model_runner *ref = open_runner_kv(dir, k, 0, NS, kv_dtype), *pad = open_runner_kv(dir, k, 1, NS + 1, kv_dtype);
     if (!ref || !pad) {
         dsv4_model_runner_free(ref);
         dsv4_model_runner_free(pad);
@@ -182,15 +190,18 @@ static void check_runner(const char *dir, int k) {
     if (na > 0 && na == nb) {
         size_t diff = 0;
         for (size_t i = 0; i < (size_t)na * V; i++) diff += memcmp(&a[i], &b[i], sizeof(float)) != 0;
-        CHECK_MSG(diff == 0, "%s k=%d: %zu of %zu logits differ between padded and unpadded steps", dir, k, diff,
-                  (size_t)na * V);
-        printf("%s k=%d: %d rows, padded == unpadded logits bit for bit\n", dir, k, na);
+        CHECK_MSG(diff == 0, "%s k=%d kv %s: %zu of %zu logits differ between padded and unpadded steps", dir, k,
+                  dsv4_kv_dtype_name((dsv4_kv_dtype)kv_dtype), diff, (size_t)na * V);
+        printf("%s k=%d kv %s: %d rows, padded == unpadded logits bit for bit\n", dir, k,
+               dsv4_kv_dtype_name((dsv4_kv_dtype)kv_dtype), na);
     }
     free(a);
     free(b);
     dsv4_model_runner_free(ref);
     dsv4_model_runner_free(pad);
 }
+
+static void check_runner(const char *dir, int k) { check_runner_kv(dir, k, DSV4_KV_F32); }
 
 #define MAXT 10
 /* Two rounds of NS concurrent greedy requests (the second round's prompts extend the first's: prefix cache). */
@@ -266,6 +277,8 @@ int main(void) {
     check_sizes();
     check_runner("models/tiny-flash", 0);
     check_runner("models/tiny-dspark", 3);
+    check_runner_kv("models/tiny-flash", 0, DSV4_KV_FP8_DS_MLA);
+    check_runner_kv("models/tiny-dspark", 3, DSV4_KV_BF16);
     check_engine("models/tiny-flash", 0);
     check_engine("models/tiny-dspark", 3);
     return TEST_REPORT();
