@@ -89,10 +89,7 @@ static int runner_opts(const dsv4_service_opts *o, dsv4_model_runner_opts *mo, d
     int cache_slots = !o->enable_prefix_caching ? 0 : o->max_num_seqs < 8 ? o->max_num_seqs : 8;
     dsv4_kv_dtype kvt;
     /* "auto": fp8_ds_mla on the GPU (vLLM's default for this model), f32 on the CPU (kvcodec.h) */
-    int gpu = o->device == DSV4_DEVICE_CUDA;
-#ifdef DSV4_HAVE_CUDA
-    gpu |= o->device == DSV4_DEVICE_AUTO;
-#endif
+    int gpu = dsv4_device_is_gpu((dsv4_device)o->device);
     int rc = dsv4_kv_dtype_parse_for(o->kv_cache_dtype, gpu, &kvt, err);
     if (rc) return rc;
     *mo = (dsv4_model_runner_opts){.n_slots = o->max_num_seqs + cache_slots,
