@@ -57,8 +57,12 @@ static int parse_size_list(const char *flag, const char *v, dsv4_serve_args *a, 
         char *end;
         errno = 0;
         long x = strtol(p, &end, 10);
-        if (end == p || errno || x < 1 || x > 65536)
-            return dsv4_err_set(err, DSV4_EINVAL, "%s: '%s' is not a list of positive batch sizes", flag, v);
+        if (end == p || errno || x < 1 || x > 65536) {
+            /* name the item at fault: the word up to the next separator */
+            size_t n = strcspn(p, ", []");
+            return dsv4_err_set(err, DSV4_EINVAL, "%s: '%.*s' is not a batch size in [1, 65536] (sequences per step)",
+                                flag, (int)(n > 40 ? 40 : n), p);
+        }
         if (a->n_graph_sizes >= (int)(sizeof a->graph_sizes / sizeof a->graph_sizes[0]))
             return dsv4_err_set(err, DSV4_EINVAL, "%s: more than %d sizes", flag,
                                 (int)(sizeof a->graph_sizes / sizeof a->graph_sizes[0]));
@@ -299,7 +303,8 @@ int dsv4_serve_args_parse(int argc, char **argv, dsv4_serve_args *a, dsv4_err *e
             if (val) {
                 if (parse_size_list(flag, val, a, &sizes_flag, err)) return DSV4_EINVAL;
             } else {
-                while (i + 1 < argc && strncmp(argv[i + 1], "-", 1) != 0)
+                /* values run to the next flag; "-3" is a (bad) value, not a flag */
+                while (i + 1 < argc && (argv[i + 1][0] != '-' || (argv[i + 1][1] >= '0' && argv[i + 1][1] <= '9')))
                     if (parse_size_list(flag, argv[++i], a, &sizes_flag, err)) return DSV4_EINVAL;
                 if (!sizes_flag) return dsv4_err_set(err, DSV4_EINVAL, "--cuda-graph-sizes needs a value");
             }

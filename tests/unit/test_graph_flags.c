@@ -77,6 +77,16 @@ int main(void) {
     CHECK_EQ_INT(parse(&a, &err, 2, "--cuda-graph-sizes", "0"), DSV4_EINVAL);
     CHECK_EQ_INT(parse(&a, &err, 1, "--cuda-graph-sizes"), DSV4_EINVAL);
     CHECK_CONTAINS(err.msg, "needs a value");
+    /* the message names the bad size and the range: a negative size is not "a missing value",
+     * and a too large one is not "not positive" */
+    CHECK_EQ_INT(parse(&a, &err, 2, "--cuda-graph-sizes", "-3"), DSV4_EINVAL);
+    CHECK_CONTAINS(err.msg, "'-3'");
+    CHECK_CONTAINS(err.msg, "[1, 65536]");
+    CHECK_EQ_INT(parse(&a, &err, 3, "--cuda-graph-sizes", "8", "1000000"), DSV4_EINVAL);
+    CHECK_CONTAINS(err.msg, "'1000000'");
+    CHECK_CONTAINS(err.msg, "[1, 65536]");
+    CHECK_EQ_INT(parse(&a, &err, 2, "--cuda-graph-sizes", "1,2,x"), DSV4_EINVAL);
+    CHECK_CONTAINS(err.msg, "'x'");
     CHECK_EQ_INT(parse(&a, &err, 2, "--compilation-config", "{not json"), DSV4_EINVAL);
     CHECK_CONTAINS(err.msg, "not a JSON object");
     return TEST_REPORT();
