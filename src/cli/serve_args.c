@@ -139,7 +139,8 @@ static int cc_key(const char *key, const cJSON *v, dsv4_serve_args *a, int *size
 /* --compilation-config / -O: a JSON object, an optimisation level (-O3: ignored), or KEY=VALUE after "-O." */
 static int parse_compilation_config(const char *flag, const char *val, const char *dotted_key, dsv4_serve_args *a,
                                     int *sizes_cc, int *max_cc, dsv4_err *err) {
-    cJSON *j = cJSON_Parse(val);
+    /* require_null_terminated: '{...} trailing' is an error, not the first object alone */
+    cJSON *j = cJSON_ParseWithOpts(val, NULL, 1);
     int rc = 0;
     if (dotted_key) { /* -O.max_cudagraph_capture_size=64, -O.cudagraph_capture_sizes=[1,2,4], -O.cudagraph_mode=NONE */
         if (!j) j = cJSON_CreateString(val);
@@ -427,7 +428,7 @@ int dsv4_serve_args_parse(int argc, char **argv, dsv4_serve_args *a, dsv4_err *e
         else if (!strcmp(flag, "--hf-overrides")) {
             NEED_VALUE();
             /* parsed here only to refuse bad JSON at once (with where it breaks), before any port or load */
-            cJSON *j = cJSON_Parse(val);
+            cJSON *j = cJSON_ParseWithOpts(val, NULL, 1); /* text after the object is an error */
             int obj = cJSON_IsObject(j);
             const char *at = j ? NULL : cJSON_GetErrorPtr();
             cJSON_Delete(j);

@@ -156,7 +156,7 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
         (rc = dsv4_effort_parse(o->default_reasoning_effort, 0, &s->enc.thinking.default_reasoning_effort, err)))
         goto fail_flag;
     if (o->default_chat_template_kwargs) {
-        s->default_kwargs = cJSON_Parse(o->default_chat_template_kwargs);
+        s->default_kwargs = cJSON_ParseWithOpts(o->default_chat_template_kwargs, NULL, 1); /* no trailing text */
         if (!cJSON_IsObject(s->default_kwargs)) {
             rc = dsv4_err_set(err, DSV4_EINVAL, "--default-chat-template-kwargs must be a JSON object, got '%s'",
                               o->default_chat_template_kwargs);

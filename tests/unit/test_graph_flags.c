@@ -89,5 +89,11 @@ int main(void) {
     CHECK_CONTAINS(err.msg, "'x'");
     CHECK_EQ_INT(parse(&a, &err, 2, "--compilation-config", "{not json"), DSV4_EINVAL);
     CHECK_CONTAINS(err.msg, "not a JSON object");
+    /* text after the object is refused, not dropped (cJSON_Parse stops after the first value) */
+    CHECK_EQ_INT(parse(&a, &err, 2, "-O", "{\"cudagraph_capture_sizes\": [1, 2]} {\"cudagraph_mode\": \"NONE\"}"),
+                 DSV4_EINVAL);
+    CHECK_CONTAINS(err.msg, "not a JSON object");
+    CHECK_EQ_INT(parse(&a, &err, 2, "--hf-overrides", "{\"num_hidden_layers\": 4} x"), DSV4_EINVAL);
+    CHECK_CONTAINS(err.msg, "--hf-overrides");
     return TEST_REPORT();
 }
