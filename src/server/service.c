@@ -202,8 +202,15 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
     }
     const dsv4_config *cfg = s->tp ? dsv4_tp_runner_config(s->tp) : dsv4_model_runner_config(s->mr);
     if (s->max_model_len > cfg->max_position_embeddings) {
-        rc = dsv4_err_set(err, DSV4_EINVAL, "--max-model-len %lld exceeds the model's max_position_embeddings %lld",
-                          (long long)s->max_model_len, (long long)cfg->max_position_embeddings);
+        if (o->max_model_len > 0)
+            rc = dsv4_err_set(err, DSV4_EINVAL, "--max-model-len %lld exceeds the model's max_position_embeddings %lld",
+                              (long long)s->max_model_len, (long long)cfg->max_position_embeddings);
+        else /* not given: say so, rather than name a flag the user did not pass */
+            rc = dsv4_err_set(err, DSV4_EINVAL,
+                              "the default max_model_len %lld exceeds the model's max_position_embeddings %lld; "
+                              "give --max-model-len %lld or less",
+                              (long long)s->max_model_len, (long long)cfg->max_position_embeddings,
+                              (long long)cfg->max_position_embeddings);
         goto fail;
     }
     s->vocab = cfg->vocab_size;
