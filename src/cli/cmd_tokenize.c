@@ -207,6 +207,11 @@ int dsv4_cmd_tokenize(int argc, char **argv) {
         else if (!strcmp(a, "--batch-hex")) batch = 1;
         else if (!strcmp(a, "--stats")) stats = 1;
         else if (!strcmp(a, "--")) dashdash = 1;
+        else if (!strcmp(a, "--model") || !strcmp(a, "--tokenizer") || !strcmp(a, "--decode")) {
+            fprintf(stderr, "dsv4 tokenize: %s needs a value\n", a); /* the last argument: the others took theirs */
+            free(texts);
+            return 2;
+        }
         else if (a[0] == '-' && a[1]) {
             fprintf(stderr, "dsv4 tokenize: unknown or incomplete option %s (put -- before TEXT that starts with '-')\n",
                     a);

@@ -146,3 +146,7 @@ def test_options_after_text(ref):
         # --decode with TEXT after it names the stray argument
         p = run(d, "--decode", "33310", "extra")
         assert p.returncode == 2 and b"extra" in p.stderr
+        # a value-taking option last on the line: says it needs a value
+        for flag in ["--decode", "--tokenizer", "--model"]:
+            p = run(d, "hello", flag)
+            assert p.returncode == 2 and (flag + " needs a value").encode() in p.stderr, p.stderr
