@@ -116,11 +116,16 @@ static int cc_key(const char *key, const cJSON *v, dsv4_serve_args *a, int *size
         const char *m = cJSON_IsString(v) ? v->valuestring : NULL;
         int ok = 0;
         for (size_t i = 0; m && i < sizeof modes / sizeof modes[0]; i++) ok |= !strcmp(m, modes[i]);
-        if (!ok)
-            return dsv4_err_set(err, DSV4_EINVAL,
-                                "--compilation-config: cudagraph_mode must be one of NONE, PIECEWISE, FULL, "
-                                "FULL_DECODE_ONLY, FULL_AND_PIECEWISE");
+        if (!ok) {
+            char *got = cJSON_PrintUnformatted(v); /* name the value given, whatever its JSON type */
+            int rc = dsv4_err_set(err, DSV4_EINVAL,
+                                  "--compilation-config: cudagraph_mode %.40s is not one of NONE, PIECEWISE, FULL, "
+                                  "FULL_DECODE_ONLY, FULL_AND_PIECEWISE", got ? got : "?");
+            cJSON_free(got);
+            return rc;
+        }
         a->cudagraph_mode_none = !strcmp(m, "NONE");
+        a->cudagraph_mode_graphs = !a->cudagraph_mode_none;
         if (!a->cudagraph_mode_none && strcmp(m, "FULL_DECODE_ONLY"))
             dsv4_log(DSV4_LOG_INFO, "--compilation-config: cudagraph_mode %s: dsv4 captures whole decode / verify "
                                     "steps (FULL_DECODE_ONLY); mixed prefill steps run eagerly", m);
@@ -492,6 +497,8 @@ int dsv4_serve_args_parse(int argc, char **argv, dsv4_serve_args *a, dsv4_err *e
     }
     if (a->enforce_eager && (sizes_flag || sizes_cc || max_cc))
         dsv4_log(DSV4_LOG_WARN, "--enforce-eager: the CUDA graph capture sizes given are not used (no graphs)");
+    if (a->enforce_eager && a->cudagraph_mode_graphs) /* vLLM: enforce_eager wins over cudagraph_mode */
+        dsv4_log(DSV4_LOG_WARN, "--enforce-eager: the --compilation-config cudagraph_mode given is not used (no graphs)");
     if (a->node_rank >= a->nnodes)
         return dsv4_err_set(err, DSV4_EINVAL, "--node-rank %d must be less than --nnodes %d", a->node_rank, a->nnodes);
     return 0;

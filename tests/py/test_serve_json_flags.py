@@ -71,3 +71,14 @@ def test_default_max_model_len_above_the_model_names_no_flag(tmp_path):
                        timeout=180)
     err = p.stderr.decode(errors="replace")
     assert p.returncode != 0 and "--max-model-len 8192 exceeds" in err, err
+
+
+def test_enforce_eager_with_a_graph_mode_warns():
+    """--enforce-eager wins over -O cudagraph_mode FULL (as in vLLM), and says so instead of
+    dropping the mode silently. A later start-up error (node rank) ends the run right after
+    the flags are read."""
+    p = subprocess.run([DSV4, "serve", "--enforce-eager", "-O", '{"cudagraph_mode": "FULL"}', "--nnodes", "1",
+                        "--node-rank", "3", "--port", str(free_port())], capture_output=True, timeout=60)
+    err = p.stderr.decode(errors="replace")
+    assert p.returncode != 0, err
+    assert "--enforce-eager: the --compilation-config cudagraph_mode given is not used" in err, err

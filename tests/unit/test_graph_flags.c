@@ -72,7 +72,9 @@ int main(void) {
     CHECK_EQ_INT(parse(&a, &err, 2, "-O", "{\"cuda_graph_sizez\": [1]}"), DSV4_EINVAL);
     CHECK_CONTAINS(err.msg, "unknown key 'cuda_graph_sizez'");
     CHECK_EQ_INT(parse(&a, &err, 2, "-O", "{\"cudagraph_mode\": \"SOMETIMES\"}"), DSV4_EINVAL);
-    CHECK_CONTAINS(err.msg, "cudagraph_mode must be one of");
+    CHECK_CONTAINS(err.msg, "cudagraph_mode \"SOMETIMES\" is not one of"); /* names the value given */
+    CHECK_EQ_INT(parse(&a, &err, 2, "-O", "{\"cudagraph_mode\": 3}"), DSV4_EINVAL);
+    CHECK_CONTAINS(err.msg, "cudagraph_mode 3 is not one of");
     CHECK_EQ_INT(parse(&a, &err, 2, "-O", "{\"cudagraph_capture_sizes\": [0, 1]}"), DSV4_EINVAL);
     CHECK_EQ_INT(parse(&a, &err, 2, "--cuda-graph-sizes", "0"), DSV4_EINVAL);
     CHECK_EQ_INT(parse(&a, &err, 1, "--cuda-graph-sizes"), DSV4_EINVAL);
