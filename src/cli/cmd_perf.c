@@ -365,10 +365,7 @@ int dsv4_cmd_perf(int argc, char **argv) {
     dsv4_tp_runner *tp = NULL;
     /* max_spec = rows-1: the state's rings are sized for verify rows that may be rejected */
     dsv4_kv_dtype kvt = DSV4_KV_F32;
-    int gpu = o.device == DSV4_DEVICE_CUDA;
-#ifdef DSV4_HAVE_CUDA
-    gpu |= o.device == DSV4_DEVICE_AUTO;
-#endif
+    int gpu = dsv4_device_is_gpu((dsv4_device)o.device);
     dsv4_kv_dtype_parse_for(o.kv_cache_dtype, gpu, &kvt, NULL); /* validated by the parser */
     dsv4_model_runner_opts mo = {.n_slots = max_b, .max_len = (int)max_len, .max_spec = max_r - 1,
                                  .numerics = DSV4_NUMERICS_REFERENCE, .device = o.device,

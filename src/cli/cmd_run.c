@@ -281,10 +281,7 @@ int dsv4_cmd_run(int argc, char **argv) {
     int max_len = (int)ids.n + o.max_tokens + o.spec_k + 2;
     if (!rc) {
         dsv4_kv_dtype kvt = DSV4_KV_F32;
-        int gpu = o.device == DSV4_DEVICE_CUDA;
-#ifdef DSV4_HAVE_CUDA
-        gpu |= o.device == DSV4_DEVICE_AUTO;
-#endif
+        int gpu = dsv4_device_is_gpu((dsv4_device)o.device);
         dsv4_kv_dtype_parse_for(o.kv_cache_dtype, gpu, &kvt, NULL); /* validated by parse_args */
         dsv4_model_runner_opts mo = {.n_slots = 1, .max_len = max_len, .max_spec = o.spec_k, .numerics = o.numerics,
                                      .device = o.device, .cuda_graphs = o.cuda_graphs, .kv_dtype = (int)kvt};

@@ -59,7 +59,7 @@ static int parse_spec(const char *json, dsv4_service_opts *so, char *method, siz
     so->n_k_schedule = 0;
     so->draft_sampled = 0;
     if (!json) return 0;
-    cJSON *j = cJSON_Parse(json);
+    cJSON *j = cJSON_ParseWithOpts(json, NULL, 1); /* text after the object is an error, not ignored */
     int rc = 0;
     if (!cJSON_IsObject(j)) {
         rc = dsv4_err_set(err, DSV4_EINVAL, "--speculative-config must be a JSON object, got '%s'", json);

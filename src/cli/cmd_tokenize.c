@@ -25,7 +25,8 @@ static void usage(FILE *f) {
             "       dsv4 tokenize [MODEL_DIR | --tokenizer FILE] [--skip-special] --decode IDS\n"
             "\n"
             "Print the token ids of TEXT (several TEXT arguments are joined with one space;\n"
-            "'-' reads the text from stdin; put -- before TEXT that starts with '-'), or the\n"
+            "'-' reads the text from stdin; options may also follow TEXT; put -- before TEXT\n"
+            "that starts with '-': every argument after -- is text), or the\n"
             "text of IDS (comma- or space-separated; '-' reads them from stdin). The ids are\n"
             "those the server's POST /tokenize gives for {\"prompt\": TEXT}: BOS first.\n"
             "\n"
@@ -182,12 +183,19 @@ static int is_dir(const char *p) {
 
 int dsv4_cmd_tokenize(int argc, char **argv) {
     const char *model = NULL, *file = NULL, *decode = NULL;
-    int ids_only = 0, no_special = 0, skip_special = 0, first_text = -1, batch = 0, stats = 0, add_special = 1;
+    int ids_only = 0, no_special = 0, skip_special = 0, batch = 0, stats = 0, add_special = 1;
+    /* TEXT arguments in order. Options are read wherever they stand, before or after TEXT
+     * (`dsv4 tokenize DIR "Hello" --ids`, as vLLM-style command lines put them); only
+     * arguments after -- are text whatever they look like. */
+    int n_text = 0, dashdash = 0;
+    const char **texts = calloc((size_t)argc + 1, sizeof *texts);
+    if (!texts) { fprintf(stderr, "dsv4 tokenize: out of memory\n"); return 1; }
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
+        if (dashdash) { texts[n_text++] = a; continue; }
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { free(texts); usage(stdout); return 0; }
         else if (!strcmp(a, "--model") && i + 1 < argc) {
-            if (model) { fprintf(stderr, "dsv4 tokenize: the model directory is given twice\n"); return 2; }
+            if (model) { fprintf(stderr, "dsv4 tokenize: the model directory is given twice\n"); free(texts); return 2; }
             model = argv[++i];
         }
         else if (!strcmp(a, "--tokenizer") && i + 1 < argc) file = argv[++i];
@@ -198,28 +206,41 @@ int dsv4_cmd_tokenize(int argc, char **argv) {
         else if (!strcmp(a, "--skip-special")) skip_special = 1;
         else if (!strcmp(a, "--batch-hex")) batch = 1;
         else if (!strcmp(a, "--stats")) stats = 1;
-        else if (!strcmp(a, "--")) { first_text = i + 1; break; }
+        else if (!strcmp(a, "--")) dashdash = 1;
+        else if (!strcmp(a, "--model") || !strcmp(a, "--tokenizer") || !strcmp(a, "--decode")) {
+            fprintf(stderr, "dsv4 tokenize: %s needs a value\n", a); /* the last argument: the others took theirs */
+            free(texts);
+            return 2;
+        }
         else if (a[0] == '-' && a[1]) {
-            fprintf(stderr, "dsv4 tokenize: unknown or incomplete option %s\n", a);
+            fprintf(stderr, "dsv4 tokenize: unknown or incomplete option %s (put -- before TEXT that starts with '-')\n",
+                    a);
             usage(stderr);
+            free(texts);
             return 2;
         }
         /* The positional model directory of serve/run/check: the first
          * non-option argument, when it names a directory and no model or
          * tokenizer was named yet; options may follow it. */
-        else if (!model && !file && is_dir(a)) model = a;
-        else { first_text = i; break; }
+        else if (!n_text && !model && !file && is_dir(a)) model = a;
+        else texts[n_text++] = a;
     }
     if (model && file) {
         fprintf(stderr, "dsv4 tokenize: give MODEL_DIR (or --model) or --tokenizer, not both\n");
+        free(texts);
         return 2;
     }
-    if (!decode && !batch && (first_text < 0 || first_text >= argc)) { usage(stderr); return 2; }
-    if (decode && first_text >= 0 && first_text < argc) {
-        fprintf(stderr, "dsv4 tokenize: --decode takes no TEXT\n");
+    if (!decode && !batch && !n_text) { usage(stderr); free(texts); return 2; }
+    if (decode && n_text) {
+        fprintf(stderr, "dsv4 tokenize: --decode takes no TEXT (got '%s')\n", texts[0]);
+        free(texts);
         return 2;
     }
 
+    int status = 0;
+    char *text = NULL;
+    size_t tl = 0;
+    dsv4_tokenizer *tok = NULL;
     char path[4096];
     if (file) snprintf(path, sizeof path, "%s", file);
     else snprintf(path, sizeof path, "%s/tokenizer.json", model ? model : dsv4_default_model_dir());
@@ -230,29 +251,28 @@ int dsv4_cmd_tokenize(int argc, char **argv) {
                     "dsv4 tokenize: the default model has no tokenizer (%s: %s); run scripts/setup.sh or pass "
                     "--tokenizer FILE / MODEL_DIR\n", path, strerror(errno));
         else fprintf(stderr, "dsv4 tokenize: %s: %s\n", path, strerror(errno));
-        return 1;
+        status = 1;
+        goto done;
     }
     fclose(probe);
     dsv4_err err = {0};
-    dsv4_tokenizer *tok;
     if (dsv4_tokenizer_load(path, &tok, &err)) {
         fprintf(stderr, "dsv4 tokenize: %s\n", err.msg);
-        return 1;
+        status = 1;
+        goto done;
     }
 
-    int status = 0;
     if (batch) {
         status = batch_hex(tok, !no_special, stats);
-        dsv4_tokenizer_free(tok);
-        return status;
+        goto done;
     }
     if (decode) {
         char *src = NULL;
         size_t srclen;
         if (!strcmp(decode, "-") && !(src = read_all(stdin, &srclen))) {
             fprintf(stderr, "dsv4 tokenize: cannot read stdin\n");
-            dsv4_tokenizer_free(tok);
-            return 1;
+            status = 1;
+            goto done;
         }
         int32_t *ids;
         size_t n;
@@ -273,15 +293,12 @@ int dsv4_cmd_tokenize(int argc, char **argv) {
             free(ids);
         }
         free(src);
-        dsv4_tokenizer_free(tok);
-        return status;
+        goto done;
     }
 
     /* Gather the text: args joined by one space; "-" is stdin. */
-    char *text = NULL;
-    size_t tl = 0;
-    for (int i = first_text; i < argc; i++) {
-        const char *piece = argv[i];
+    for (int i = 0; i < n_text; i++) {
+        const char *piece = texts[i];
         char *in = NULL;
         size_t pl;
         if (!strcmp(piece, "-")) {
@@ -293,7 +310,7 @@ int dsv4_cmd_tokenize(int argc, char **argv) {
         char *nt = realloc(text, tl + pl + 2);
         if (!nt) { free(in); status = 1; break; }
         text = nt;
-        if (i > first_text) text[tl++] = ' ';
+        if (i > 0) text[tl++] = ' ';
         memcpy(text + tl, piece, pl);
         tl += pl;
         text[tl] = 0;
@@ -322,7 +339,9 @@ int dsv4_cmd_tokenize(int argc, char **argv) {
         }
         dsv4_tokvec_free(&v);
     }
+done:
     free(text);
-    dsv4_tokenizer_free(tok);
+    free(texts);
+    if (tok) dsv4_tokenizer_free(tok);
     return status;
 }

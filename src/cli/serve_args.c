@@ -57,8 +57,12 @@ static int parse_size_list(const char *flag, const char *v, dsv4_serve_args *a, 
         char *end;
         errno = 0;
         long x = strtol(p, &end, 10);
-        if (end == p || errno || x < 1 || x > 65536)
-            return dsv4_err_set(err, DSV4_EINVAL, "%s: '%s' is not a list of positive batch sizes", flag, v);
+        if (end == p || errno || x < 1 || x > 65536) {
+            /* name the item at fault: the word up to the next separator */
+            size_t n = strcspn(p, ", []");
+            return dsv4_err_set(err, DSV4_EINVAL, "%s: '%.*s' is not a batch size in [1, 65536] (sequences per step)",
+                                flag, (int)(n > 40 ? 40 : n), p);
+        }
         if (a->n_graph_sizes >= (int)(sizeof a->graph_sizes / sizeof a->graph_sizes[0]))
             return dsv4_err_set(err, DSV4_EINVAL, "%s: more than %d sizes", flag,
                                 (int)(sizeof a->graph_sizes / sizeof a->graph_sizes[0]));
@@ -112,11 +116,16 @@ static int cc_key(const char *key, const cJSON *v, dsv4_serve_args *a, int *size
         const char *m = cJSON_IsString(v) ? v->valuestring : NULL;
         int ok = 0;
         for (size_t i = 0; m && i < sizeof modes / sizeof modes[0]; i++) ok |= !strcmp(m, modes[i]);
-        if (!ok)
-            return dsv4_err_set(err, DSV4_EINVAL,
-                                "--compilation-config: cudagraph_mode must be one of NONE, PIECEWISE, FULL, "
-                                "FULL_DECODE_ONLY, FULL_AND_PIECEWISE");
+        if (!ok) {
+            char *got = cJSON_PrintUnformatted(v); /* name the value given, whatever its JSON type */
+            int rc = dsv4_err_set(err, DSV4_EINVAL,
+                                  "--compilation-config: cudagraph_mode %.40s is not one of NONE, PIECEWISE, FULL, "
+                                  "FULL_DECODE_ONLY, FULL_AND_PIECEWISE", got ? got : "?");
+            cJSON_free(got);
+            return rc;
+        }
         a->cudagraph_mode_none = !strcmp(m, "NONE");
+        a->cudagraph_mode_graphs = !a->cudagraph_mode_none;
         if (!a->cudagraph_mode_none && strcmp(m, "FULL_DECODE_ONLY"))
             dsv4_log(DSV4_LOG_INFO, "--compilation-config: cudagraph_mode %s: dsv4 captures whole decode / verify "
                                     "steps (FULL_DECODE_ONLY); mixed prefill steps run eagerly", m);
@@ -135,7 +144,8 @@ static int cc_key(const char *key, const cJSON *v, dsv4_serve_args *a, int *size
 /* --compilation-config / -O: a JSON object, an optimisation level (-O3: ignored), or KEY=VALUE after "-O." */
 static int parse_compilation_config(const char *flag, const char *val, const char *dotted_key, dsv4_serve_args *a,
                                     int *sizes_cc, int *max_cc, dsv4_err *err) {
-    cJSON *j = cJSON_Parse(val);
+    /* require_null_terminated: '{...} trailing' is an error, not the first object alone */
+    cJSON *j = cJSON_ParseWithOpts(val, NULL, 1);
     int rc = 0;
     if (dotted_key) { /* -O.max_cudagraph_capture_size=64, -O.cudagraph_capture_sizes=[1,2,4], -O.cudagraph_mode=NONE */
         if (!j) j = cJSON_CreateString(val);
@@ -299,7 +309,8 @@ int dsv4_serve_args_parse(int argc, char **argv, dsv4_serve_args *a, dsv4_err *e
             if (val) {
                 if (parse_size_list(flag, val, a, &sizes_flag, err)) return DSV4_EINVAL;
             } else {
-                while (i + 1 < argc && strncmp(argv[i + 1], "-", 1) != 0)
+                /* values run to the next flag; "-3" is a (bad) value, not a flag */
+                while (i + 1 < argc && (argv[i + 1][0] != '-' || (argv[i + 1][1] >= '0' && argv[i + 1][1] <= '9')))
                     if (parse_size_list(flag, argv[++i], a, &sizes_flag, err)) return DSV4_EINVAL;
                 if (!sizes_flag) return dsv4_err_set(err, DSV4_EINVAL, "--cuda-graph-sizes needs a value");
             }
@@ -422,7 +433,7 @@ int dsv4_serve_args_parse(int argc, char **argv, dsv4_serve_args *a, dsv4_err *e
         else if (!strcmp(flag, "--hf-overrides")) {
             NEED_VALUE();
             /* parsed here only to refuse bad JSON at once (with where it breaks), before any port or load */
-            cJSON *j = cJSON_Parse(val);
+            cJSON *j = cJSON_ParseWithOpts(val, NULL, 1); /* text after the object is an error */
             int obj = cJSON_IsObject(j);
             const char *at = j ? NULL : cJSON_GetErrorPtr();
             cJSON_Delete(j);
@@ -486,6 +497,8 @@ int dsv4_serve_args_parse(int argc, char **argv, dsv4_serve_args *a, dsv4_err *e
     }
     if (a->enforce_eager && (sizes_flag || sizes_cc || max_cc))
         dsv4_log(DSV4_LOG_WARN, "--enforce-eager: the CUDA graph capture sizes given are not used (no graphs)");
+    if (a->enforce_eager && a->cudagraph_mode_graphs) /* vLLM: enforce_eager wins over cudagraph_mode */
+        dsv4_log(DSV4_LOG_WARN, "--enforce-eager: the --compilation-config cudagraph_mode given is not used (no graphs)");
     if (a->node_rank >= a->nnodes)
         return dsv4_err_set(err, DSV4_EINVAL, "--node-rank %d must be less than --nnodes %d", a->node_rank, a->nnodes);
     return 0;

@@ -36,6 +36,7 @@ typedef struct dsv4_serve_args {
     int n_graph_sizes;                /* 0 = vLLM's default pattern */
     int max_graph_size;               /* max_cudagraph_capture_size, 0 = default */
     int cudagraph_mode_none;          /* cudagraph_mode "NONE": eager, as --enforce-eager */
+    int cudagraph_mode_graphs;        /* a cudagraph_mode other than NONE was given (warned about under --enforce-eager) */
     const char *default_chat_template_kwargs; /* JSON object */
     const char *reasoning_effort_profile;     /* auto | preview | 0731 */
     const char *default_thinking;     /* off | low | high | max */

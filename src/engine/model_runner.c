@@ -92,6 +92,14 @@ int dsv4_device_parse(const char *s, dsv4_device *out, dsv4_err *err) {
     return DSV4_OK;
 }
 
+int dsv4_device_is_gpu(dsv4_device d) {
+    if (d == DSV4_DEVICE_CUDA) return 1;
+#ifdef DSV4_HAVE_CUDA
+    if (d == DSV4_DEVICE_AUTO) return dsv4_cuda_device_count(NULL) > 0;
+#endif
+    return 0;
+}
+
 /*
  * The backend for o->device. AUTO tries CUDA first and says in the log which
  * one it took and why, so a server started without --device on a GPU-less

@@ -22,6 +22,13 @@ typedef enum dsv4_device { DSV4_DEVICE_CPU = 0, DSV4_DEVICE_AUTO = 1, DSV4_DEVIC
 /* dsv4_device_parse — "auto" | "cpu" | "cuda" (also "cuda:0") -> *out; DSV4_EINVAL naming the value. */
 int dsv4_device_parse(const char *s, dsv4_device *out, dsv4_err *err);
 
+/* dsv4_device_is_gpu — 1 when `--device d` will run on a GPU: CUDA, or AUTO in a
+ * CUDA build where a GPU answers (cudaGetDeviceCount > 0); else 0. What picks the
+ * KV rows of `--kv-cache-dtype auto` (fp8_ds_mla on the GPU, f32 on the CPU;
+ * kvcodec.h): a CUDA build on a machine without a usable GPU falls back to the
+ * CPU backend and must not get the GPU's default rows. No error cases. */
+int dsv4_device_is_gpu(dsv4_device d);
+
 typedef struct dsv4_model_runner_opts {
     int n_slots;            /* concurrent requests (state is allocated per slot) */
     int max_len;            /* positions per request (prompt + output) */

@@ -137,7 +137,7 @@ int dsv4_config_merge_overrides(const char *json, size_t len, const char *overri
                                 size_t note_cap, dsv4_err *err) {
     *merged = NULL;
     if (note && note_cap) note[0] = '\0';
-    cJSON *ov = cJSON_Parse(overrides ? overrides : "");
+    cJSON *ov = cJSON_ParseWithOpts(overrides ? overrides : "", NULL, 1); /* no text after the object */
     if (!cJSON_IsObject(ov)) {
         cJSON_Delete(ov);
         return dsv4_err_set(err, DSV4_EINVAL, "--hf-overrides must be a JSON object such as '{\"num_hidden_layers\": 8}', "

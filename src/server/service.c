@@ -89,10 +89,7 @@ static int runner_opts(const dsv4_service_opts *o, dsv4_model_runner_opts *mo, d
     int cache_slots = !o->enable_prefix_caching ? 0 : o->max_num_seqs < 8 ? o->max_num_seqs : 8;
     dsv4_kv_dtype kvt;
     /* "auto": fp8_ds_mla on the GPU (vLLM's default for this model), f32 on the CPU (kvcodec.h) */
-    int gpu = o->device == DSV4_DEVICE_CUDA;
-#ifdef DSV4_HAVE_CUDA
-    gpu |= o->device == DSV4_DEVICE_AUTO;
-#endif
+    int gpu = dsv4_device_is_gpu((dsv4_device)o->device);
     int rc = dsv4_kv_dtype_parse_for(o->kv_cache_dtype, gpu, &kvt, err);
     if (rc) return rc;
     *mo = (dsv4_model_runner_opts){.n_slots = o->max_num_seqs + cache_slots,
@@ -159,7 +156,7 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
         (rc = dsv4_effort_parse(o->default_reasoning_effort, 0, &s->enc.thinking.default_reasoning_effort, err)))
         goto fail_flag;
     if (o->default_chat_template_kwargs) {
-        s->default_kwargs = cJSON_Parse(o->default_chat_template_kwargs);
+        s->default_kwargs = cJSON_ParseWithOpts(o->default_chat_template_kwargs, NULL, 1); /* no trailing text */
         if (!cJSON_IsObject(s->default_kwargs)) {
             rc = dsv4_err_set(err, DSV4_EINVAL, "--default-chat-template-kwargs must be a JSON object, got '%s'",
                               o->default_chat_template_kwargs);
@@ -205,8 +202,15 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
     }
     const dsv4_config *cfg = s->tp ? dsv4_tp_runner_config(s->tp) : dsv4_model_runner_config(s->mr);
     if (s->max_model_len > cfg->max_position_embeddings) {
-        rc = dsv4_err_set(err, DSV4_EINVAL, "--max-model-len %lld exceeds the model's max_position_embeddings %lld",
-                          (long long)s->max_model_len, (long long)cfg->max_position_embeddings);
+        if (o->max_model_len > 0)
+            rc = dsv4_err_set(err, DSV4_EINVAL, "--max-model-len %lld exceeds the model's max_position_embeddings %lld",
+                              (long long)s->max_model_len, (long long)cfg->max_position_embeddings);
+        else /* not given: say so, rather than name a flag the user did not pass */
+            rc = dsv4_err_set(err, DSV4_EINVAL,
+                              "the default max_model_len %lld exceeds the model's max_position_embeddings %lld; "
+                              "give --max-model-len %lld or less",
+                              (long long)s->max_model_len, (long long)cfg->max_position_embeddings,
+                              (long long)cfg->max_position_embeddings);
         goto fail;
     }
     s->vocab = cfg->vocab_size;

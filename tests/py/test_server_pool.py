@@ -105,3 +105,17 @@ def test_pool_fp8_ds_mla_storage(server_factory):
     assert blocks[1] > blocks[0] > 0
     assert 'cache_dtype="fp8_ds_mla"' in metrics_text(fp8.base)
     assert "kv dtype fp8_ds_mla" in log_of(fp8)
+
+
+def test_kv_auto_follows_the_backend_taken(server_factory):
+    """`--kv-cache-dtype auto` (the default) is fp8_ds_mla on the GPU and f32 on the CPU
+    (kvcodec.h, --help). With `--device auto` the rows must follow the backend the server
+    actually took: a CUDA build on a machine whose GPU does not answer falls back to the CPU
+    backend, and used to get the GPU's fp8_ds_mla rows anyway (seen on the CI box: nvcc, no driver)."""
+    s = server_factory(DEFAULT_MODEL, "--device", "auto", "--max-model-len", "256", "--max-num-seqs", "2", ready=True)
+    log = log_of(s)
+    model_line = next(ln for ln in log.splitlines() if "tensor parallel" in ln and "kv dtype" in ln)
+    if "cpu backend" in model_line:
+        assert "kv dtype f32" in model_line, model_line
+    else:
+        assert "kv dtype fp8_ds_mla" in model_line, model_line

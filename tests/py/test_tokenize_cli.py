@@ -125,3 +125,28 @@ def test_errors():
         assert p.returncode == 1 and f.name.encode() in p.stderr and b"model.type" in p.stderr
     assert run("--bogus").returncode == 2
     assert run("--help").returncode == 0
+
+
+def test_options_after_text(ref):
+    """Options after TEXT are options (as in `dsv4 tokenize DIR "Hello" --no-add-special-tokens`),
+    not more words of the text; only arguments after -- are text whatever they look like.
+    Before the fix the trailing flag was tokenized as " --no-add-special-tokens"."""
+    full, _ = ref
+    tj = G.tokenizer_json_path()
+    assert ids_of(run("--tokenizer", tj, "Hello, world", "--no-add-special-tokens", "--ids")) == \
+        full.encode("Hello, world").ids
+    with tempfile.TemporaryDirectory() as d:
+        os.symlink(tj, os.path.join(d, "tokenizer.json"))
+        assert ids_of(run(d, "hello", "--ids", "world")) == [BOS] + full.encode("hello world").ids
+        # after --, a flag is text
+        assert ids_of(run(d, "--ids", "--", "hi", "--ids")) == [BOS] + full.encode("hi --ids").ids
+        # an unknown flag after TEXT is an error naming it, not text
+        p = run(d, "hello", "--bogus")
+        assert p.returncode == 2 and b"--bogus" in p.stderr
+        # --decode with TEXT after it names the stray argument
+        p = run(d, "--decode", "33310", "extra")
+        assert p.returncode == 2 and b"extra" in p.stderr
+        # a value-taking option last on the line: says it needs a value
+        for flag in ["--decode", "--tokenizer", "--model"]:
+            p = run(d, "hello", flag)
+            assert p.returncode == 2 and (flag + " needs a value").encode() in p.stderr, p.stderr

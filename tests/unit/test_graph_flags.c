@@ -72,12 +72,30 @@ int main(void) {
     CHECK_EQ_INT(parse(&a, &err, 2, "-O", "{\"cuda_graph_sizez\": [1]}"), DSV4_EINVAL);
     CHECK_CONTAINS(err.msg, "unknown key 'cuda_graph_sizez'");
     CHECK_EQ_INT(parse(&a, &err, 2, "-O", "{\"cudagraph_mode\": \"SOMETIMES\"}"), DSV4_EINVAL);
-    CHECK_CONTAINS(err.msg, "cudagraph_mode must be one of");
+    CHECK_CONTAINS(err.msg, "cudagraph_mode \"SOMETIMES\" is not one of"); /* names the value given */
+    CHECK_EQ_INT(parse(&a, &err, 2, "-O", "{\"cudagraph_mode\": 3}"), DSV4_EINVAL);
+    CHECK_CONTAINS(err.msg, "cudagraph_mode 3 is not one of");
     CHECK_EQ_INT(parse(&a, &err, 2, "-O", "{\"cudagraph_capture_sizes\": [0, 1]}"), DSV4_EINVAL);
     CHECK_EQ_INT(parse(&a, &err, 2, "--cuda-graph-sizes", "0"), DSV4_EINVAL);
     CHECK_EQ_INT(parse(&a, &err, 1, "--cuda-graph-sizes"), DSV4_EINVAL);
     CHECK_CONTAINS(err.msg, "needs a value");
+    /* the message names the bad size and the range: a negative size is not "a missing value",
+     * and a too large one is not "not positive" */
+    CHECK_EQ_INT(parse(&a, &err, 2, "--cuda-graph-sizes", "-3"), DSV4_EINVAL);
+    CHECK_CONTAINS(err.msg, "'-3'");
+    CHECK_CONTAINS(err.msg, "[1, 65536]");
+    CHECK_EQ_INT(parse(&a, &err, 3, "--cuda-graph-sizes", "8", "1000000"), DSV4_EINVAL);
+    CHECK_CONTAINS(err.msg, "'1000000'");
+    CHECK_CONTAINS(err.msg, "[1, 65536]");
+    CHECK_EQ_INT(parse(&a, &err, 2, "--cuda-graph-sizes", "1,2,x"), DSV4_EINVAL);
+    CHECK_CONTAINS(err.msg, "'x'");
     CHECK_EQ_INT(parse(&a, &err, 2, "--compilation-config", "{not json"), DSV4_EINVAL);
     CHECK_CONTAINS(err.msg, "not a JSON object");
+    /* text after the object is refused, not dropped (cJSON_Parse stops after the first value) */
+    CHECK_EQ_INT(parse(&a, &err, 2, "-O", "{\"cudagraph_capture_sizes\": [1, 2]} {\"cudagraph_mode\": \"NONE\"}"),
+                 DSV4_EINVAL);
+    CHECK_CONTAINS(err.msg, "not a JSON object");
+    CHECK_EQ_INT(parse(&a, &err, 2, "--hf-overrides", "{\"num_hidden_layers\": 4} x"), DSV4_EINVAL);
+    CHECK_CONTAINS(err.msg, "--hf-overrides");
     return TEST_REPORT();
 }
