@@ -39,6 +39,25 @@ static double now_sec(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* An attention-state layout of the harness: tiny or Flash shapes, rows, verify-shaped segments, start
+ * position, compress ratio, paged CUDA side. */
+typedef struct layout {
+    const char *title;
+    int flash, rows, seg, pos0, ratio, paged;
+} layout;
+
+/* s = the attention-only shape of layout l (the KV row dtype is the caller's). */
+static void layout_shape(const layout *l, dsv4_conf_shape *s) {
+    if (l->flash) dsv4_conf_shape_flash(s, l->rows);
+    else dsv4_conf_shape_tiny(s);
+    s->rows = l->rows;
+    s->seg_rows = l->seg;
+    s->pos0 = l->pos0;
+    s->ratio = l->ratio;
+    s->paged = l->paged;
+    s->attn_only = 1;
+}
+
 /* One conformance run: fresh backends, so every run starts from nothing. */
 static int run(const char *title, const dsv4_conf_shape *s, dsv4_numerics num, double tol, int timed) {
     dsv4_err e = {0};
@@ -898,7 +917,7 @@ int main(int argc, char **argv) {
     }
     /* the attention-state layouts: paged CUDA side vs unpaged CPU, verify-shaped segments, long chunks
      * (longer than the rings, crossing compressor windows), ratio 128 */
-    static const struct { const char *title; int flash, rows, seg, pos0, ratio, paged; } L[] = {
+    static const layout L[] = {
         {"tiny, verify 4x6, paged", 0, 24, 6, 300, 0, 1},
         {"tiny, long chunks 2x150", 0, 300, 0, 0, 0, 0},
         {"tiny, long chunks 2x150, ratio 128, paged", 0, 300, 0, 0, 128, 1},
@@ -913,14 +932,7 @@ int main(int argc, char **argv) {
         {"flash, prefill chunk 1x512 at 3000", 1, 512, 512, 3000, 0, 0},
     };
     for (size_t i = 0; i < sizeof L / sizeof L[0]; i++) {
-        if (L[i].flash) dsv4_conf_shape_flash(&s, L[i].rows);
-        else dsv4_conf_shape_tiny(&s);
-        s.rows = L[i].rows;
-        s.seg_rows = L[i].seg;
-        s.pos0 = L[i].pos0;
-        s.ratio = L[i].ratio;
-        s.paged = L[i].paged;
-        s.attn_only = 1;
+        layout_shape(&L[i], &s);
         f = run(L[i].title, &s, DSV4_NUMERICS_REFERENCE, tol, 0);
         bad += f > 0, err += f < 0;
     }
@@ -931,14 +943,7 @@ int main(int argc, char **argv) {
     for (int kv = DSV4_KV_BF16; kv <= DSV4_KV_FP8_DS_MLA; kv++)
         for (size_t k = 0; k < sizeof KL / sizeof KL[0]; k++) {
             const int i = KL[k];
-            if (L[i].flash) dsv4_conf_shape_flash(&s, L[i].rows);
-            else dsv4_conf_shape_tiny(&s);
-            s.rows = L[i].rows;
-            s.seg_rows = L[i].seg;
-            s.pos0 = L[i].pos0;
-            s.ratio = L[i].ratio;
-            s.paged = L[i].paged;
-            s.attn_only = 1;
+            layout_shape(&L[i], &s);
             s.kv_dtype = kv;
             char title[160];
             snprintf(title, sizeof title, "%s, kv %s", L[i].title, dsv4_kv_dtype_name((dsv4_kv_dtype)kv));
