@@ -860,8 +860,9 @@ int cu_be_win_store(dsv4_backend *be, dsv4_win_state *ws, const dsv4_buf *kv, co
     int rc = cu_be_check(kv, DSV4_DT_F32, b->n_rows, -1, "win_store kv", err);
     if (!rc && (!ws || ws->cap <= 0))
         rc = cu_err(err, DSV4_EINVAL, "cuda: win_store: no window state");
-    if (!rc && ws->rows.dtype != DSV4_DT_F32) return cu_kv_win_store(be, ws, kv, b, err); /* coded (cuda_kvrow.cu) */
-    if (!rc) rc = cu_be_check(&ws->rows, DSV4_DT_F32, (int64_t)ws->n_slots * ws->cap, kv->cols, "window ring", err);
+    const int coded = !rc && ws->rows.dtype != DSV4_DT_F32; /* records of kvcodec.h (cuda_kvrow.cu) */
+    if (!rc && !coded)
+        rc = cu_be_check(&ws->rows, DSV4_DT_F32, (int64_t)ws->n_slots * ws->cap, kv->cols, "window ring", err);
     if (rc) return rc;
     for (int t = 0; t < b->n_rows; t++)
         if (b->slot[t] < 0 || b->slot[t] >= ws->n_slots || b->pos[t] < 0)
@@ -870,6 +871,7 @@ int cu_be_win_store(dsv4_backend *be, dsv4_win_state *ws, const dsv4_buf *kv, co
     const int32_t *tok, *pos, *slot, *p0, *r0, *r1;
     if ((rc = cu_be_batch(be, b, &tok, &pos, &slot, err)) || (rc = cu_be_batch_seg(be, b, &p0, &r0, &r1, err)))
         return rc;
+    if (coded) return cu_kv_win_store(be, ws, kv, pos, slot, r1, b->n_rows, err);
     if (!b->n_rows) return DSV4_OK;
     const int th = kv->cols >= 512 ? 512 : (int)((kv->cols + 31) / 32 * 32); /* one pass over a 512-wide row */
     CU_TRY(cu_launch(cube(be)->ctx, k_win_store, dim3(b->n_rows), dim3(th), 0, (float *)ws->rows.data,

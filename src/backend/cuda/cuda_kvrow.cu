@@ -53,22 +53,13 @@ __global__ void k_kv_win_store(cu_kvfmt f, uint8_t *rows, const float *kv, int c
     kv_encode_row(f.t, kv + (int64_t)t * f.dim, rows + r * f.bytes, f.dim, f.nope, f.scoff);
 }
 
-int cu_kv_win_store(dsv4_backend *be, dsv4_win_state *ws, const dsv4_buf *kv, const dsv4_batch *b, dsv4_err *err) {
-    int rc = cu_be_check(kv, DSV4_DT_F32, b->n_rows, -1, "win_store kv", err);
-    if (!rc && (!ws || ws->cap <= 0)) rc = cu_err(err, DSV4_EINVAL, "cuda: win_store: no window state");
+int cu_kv_win_store(dsv4_backend *be, dsv4_win_state *ws, const dsv4_buf *kv, const int32_t *pos,
+                    const int32_t *slot, const int32_t *r1, int n_rows, dsv4_err *err) {
     cu_kvfmt f;
-    if (!rc) rc = cu_kv_fmt_of(&ws->rows, (int64_t)ws->n_slots * ws->cap, kv->cols, "window ring", &f, err);
-    if (rc) return rc;
-    for (int t = 0; t < b->n_rows; t++)
-        if (b->slot[t] < 0 || b->slot[t] >= ws->n_slots || b->pos[t] < 0)
-            return cu_err(err, DSV4_EINVAL, "win_store: slot %d / position %d of row %d out of range", b->slot[t],
-                          b->pos[t], t);
-    const int32_t *tok, *pos, *slot, *p0, *r0, *r1;
-    if ((rc = cu_be_batch(be, b, &tok, &pos, &slot, err)) || (rc = cu_be_batch_seg(be, b, &p0, &r0, &r1, err)))
-        return rc;
-    if (!b->n_rows) return DSV4_OK;
-    k_kv_win_store<<<b->n_rows, 256, 0, cube(be)->ctx->stream>>>(f, (uint8_t *)ws->rows.data,
-                                                                  (const float *)kv->data, ws->cap, pos, slot, r1);
+    int rc = cu_kv_fmt_of(&ws->rows, (int64_t)ws->n_slots * ws->cap, kv->cols, "window ring", &f, err);
+    if (rc || !n_rows) return rc;
+    k_kv_win_store<<<n_rows, 256, 0, cube(be)->ctx->stream>>>(f, (uint8_t *)ws->rows.data, (const float *)kv->data,
+                                                               ws->cap, pos, slot, r1);
     CU_LAUNCHED(err, "win_store (coded ring)");
     return DSV4_OK;
 }

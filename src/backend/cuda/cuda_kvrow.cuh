@@ -44,9 +44,11 @@ int cu_kv_fmt_of(const dsv4_buf *b, int64_t rows, int64_t dim, const char *what,
  * batch rows as the store will hold them). */
 int cu_kv_encode_rows(cudaStream_t st, const cu_kvfmt *f, const float *x, int64_t n, uint8_t *out, dsv4_err *err);
 
-/* win_store for coded rings (cuda_be_ops.cu hands non-F32 rings here); same contract as
- * backend.h win_store. */
-int cu_kv_win_store(dsv4_backend *be, dsv4_win_state *ws, const dsv4_buf *kv, const dsv4_batch *b, dsv4_err *err);
+/* The launch of win_store for coded rings: cuda_be_ops.cu's win_store checks the batch (backend.h
+ * contract), takes the device mirror's pos / slot / segment ends and hands non-F32 rings here;
+ * this checks the ring's record format and writes the n_rows rows of kv [n_rows, dim] F32. */
+int cu_kv_win_store(dsv4_backend *be, dsv4_win_state *ws, const dsv4_buf *kv, const int32_t *pos,
+                    const int32_t *slot, const int32_t *r1, int n_rows, dsv4_err *err);
 
 /* ---- device loaders: row = record base (16-byte aligned for F32, 8 for the others) ---- */
 
