@@ -74,8 +74,22 @@ wall = time.time() - t
 same = sum(1 for r in res[:n] if r and r[0] == ref)
 print(f"{2 * n} concurrent requests: {2 * n - fails} finished in {wall:.2f} s; "
       f"{same}/{n} copies of the reference prompt equal to it alone")
+
+
+def first_diff(a, b):
+    return next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 for i, r in enumerate(res[:n]):
     if r and r[0] != ref:
-        k = next((j for j, (a, b) in enumerate(zip(r[0], ref)) if a != b), min(len(r[0]), len(ref)))
-        print(f"  copy {i}: first difference at character {k}")
+        print(f"  copy {i}: first difference at character {first_diff(r[0], ref)}")
+# Separate the causes of a difference: the copies were served with the prompt in the
+# prefix cache (the reference was not), in a batch of 2N (the reference ran alone).
+texts = [r[0] for r in res[:n] if r]
+print(f"distinct texts among the {len(texts)} copies: {len(set(texts))}")
+again, _, _ = ask(P)  # alone again, now with the prompt in the prefix cache
+print(f"the reference prompt alone again (prefix-cache hit): "
+      f"{'equal to' if again == ref else 'differs from'} the first answer"
+      + ("" if again == ref else f" at character {first_diff(again, ref)}")
+      + f"; {sum(1 for t in texts if t == again)}/{len(texts)} copies equal to it")
 sys.exit(1 if fails else 0)

@@ -17,13 +17,25 @@
 
 #define MAXT 64
 
+/* The backend under test: the CPU reference unless DSV4_TEST_DEVICE names another
+ * ("cuda" on a GPU machine: tests/gpu/run_single_h200.sh runs this test there, so the
+ * same "batched == single" assertions check the CUDA kernels and graphs). */
+static dsv4_device tdev = DSV4_DEVICE_CPU;
+
 static int generate(dsv4_engine *e, const int32_t *p, int n, int max_tokens, int32_t *out) {
     return tu_generate_greedy(e, p, n, max_tokens, out, MAXT, NULL);
 }
 
 int main(void) {
+    const char *dv = getenv("DSV4_TEST_DEVICE");
+    dsv4_err derr = {0};
+    if (dv && *dv && dsv4_device_parse(dv, &tdev, &derr)) {
+        fprintf(stderr, "DSV4_TEST_DEVICE: %s\n", derr.msg);
+        return 2;
+    }
     const char *dir = "models/tiny-flash";
-    dsv4_model_runner_opts mo = {.n_slots = 4, .max_len = 512, .max_spec = 0, .numerics = DSV4_NUMERICS_REFERENCE};
+    dsv4_model_runner_opts mo = {.n_slots = 4, .max_len = 512, .max_spec = 0,
+        .numerics = DSV4_NUMERICS_REFERENCE, .device = tdev};
     dsv4_model_runner *mr = NULL;
     dsv4_err err = {0};
     if (dsv4_model_runner_open(dir, &mo, &mr, &err)) {
@@ -81,7 +93,8 @@ int main(void) {
      * plain decoding, single and batched (issue 5 "Tests"); drafts are made
      * and verified every decode step, and the drafter never fails. */
     for (int k = 0; k <= 3; k += 3) {
-        dsv4_model_runner_opts so = {.n_slots = 4, .max_len = 512, .max_spec = k, .numerics = DSV4_NUMERICS_REFERENCE};
+        dsv4_model_runner_opts so = {.n_slots = 4, .max_len = 512, .max_spec = k,
+            .numerics = DSV4_NUMERICS_REFERENCE, .device = tdev};
         CHECK_EQ_INT(dsv4_model_runner_open("models/tiny-dspark", &so, &mr, &err), 0);
         if (!mr) break;
         run = dsv4_model_runner_iface(mr);
@@ -132,7 +145,7 @@ int main(void) {
     for (int mi = 0; mi < 2; mi++) { /* DSpark k = 3, MTP k = 1 */
         int ks = mi ? 1 : 3;
         dsv4_model_runner_opts so = {.n_slots = 4, .max_len = 512, .max_spec = ks,
-                                     .numerics = DSV4_NUMERICS_REFERENCE, .draft_sampled = 1};
+                                     .numerics = DSV4_NUMERICS_REFERENCE, .device = tdev, .draft_sampled = 1};
         CHECK_EQ_INT(dsv4_model_runner_open(mi ? "models/tiny-flash" : "models/tiny-dspark", &so, &mr, &err), 0);
         dsv4_drafter dr;
         if (mr && dsv4_model_runner_drafter(mr, &dr)) {
@@ -176,7 +189,8 @@ int main(void) {
     /* MTP speculation (k = 1) on tiny-flash: equals the plain greedy tokens
      * computed above, single and batched; the drafter never fails. */
     {
-        dsv4_model_runner_opts so = {.n_slots = 4, .max_len = 512, .max_spec = 1, .numerics = DSV4_NUMERICS_REFERENCE};
+        dsv4_model_runner_opts so = {.n_slots = 4, .max_len = 512, .max_spec = 1,
+            .numerics = DSV4_NUMERICS_REFERENCE, .device = tdev};
         CHECK_EQ_INT(dsv4_model_runner_open(dir, &so, &mr, &err), 0);
         run = dsv4_model_runner_iface(mr);
         dsv4_drafter dr;
@@ -247,7 +261,8 @@ int main(void) {
         dsv4_model_runner_free(mr);
 
         /* independent: a fresh model, the whole prompt, then the MTP block over all rows */
-        dsv4_model_runner_opts so2 = {.n_slots = 1, .max_len = 512, .max_spec = 1, .numerics = DSV4_NUMERICS_REFERENCE};
+        dsv4_model_runner_opts so2 = {.n_slots = 1, .max_len = 512, .max_spec = 1,
+            .numerics = DSV4_NUMERICS_REFERENCE, .device = tdev};
         CHECK_EQ_INT(dsv4_model_runner_open(dir, &so2, &mr, &err), 0);
         dsv4_model_runner_free(mr);
         dsv4_config cfg2;
