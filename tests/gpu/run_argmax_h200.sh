@@ -12,8 +12,7 @@
 # Output: $OUT (or /tmp/argmax-out).
 set -uo pipefail
 D=${DIR:-$(pwd)}
-export LD_LIBRARY_PATH="$D/lib:${LD_LIBRARY_PATH:-}"
-export NCCL_NVLS_ENABLE=0
+. "$(dirname "$0")/gpu_env.sh"  # D, lib path, multicast off, DSV4_NCCL_LIB
 O=${OUT:-/tmp/argmax-out}
 mkdir -p "$O"
 { echo "commit: $(cat "$D/.commit" 2>/dev/null)"; date -u

@@ -12,10 +12,7 @@
 set -uo pipefail
 D=${DIR:-$(pwd)}
 G=$(cd "$(dirname "$0")" && pwd)
-export LD_LIBRARY_PATH="$D/lib:${LD_LIBRARY_PATH:-}"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-nd=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)
-[ -n "$nd" ] && export DSV4_NCCL_LIB="${DSV4_NCCL_LIB:-$nd/lib/libnccl.so.2}"
+. "$(dirname "$0")/gpu_env.sh"  # D, lib path, multicast off, DSV4_NCCL_LIB
 OUTD=${OUT:-/tmp/final-out}
 mkdir -p "$OUTD"
 { echo "commit: $(cat "$D/.commit" 2>/dev/null)"; date -u

@@ -12,7 +12,7 @@
 # (dtypes of the real-config perf runs, default f32).
 set -uo pipefail
 D=${DIR:-$(pwd)}
-export LD_LIBRARY_PATH="$D/lib:${LD_LIBRARY_PATH:-}"
+. "$(dirname "$0")/gpu_env.sh"  # D, lib path, multicast off, DSV4_NCCL_LIB
 BIN=${BIN:-$D/bin/dsv4}
 OUTD=${OUT:-/tmp/gpurun-out}
 mkdir -p "$OUTD"

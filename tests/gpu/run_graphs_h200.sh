@@ -7,7 +7,7 @@
 # configs/. Output: $OUT or /tmp/graphs-out. Env: PERF_ARGS, DUMMY_LAYERS.
 set -uo pipefail
 D=${DIR:-$(pwd)}
-export LD_LIBRARY_PATH="$D/lib:${LD_LIBRARY_PATH:-}"
+. "$(dirname "$0")/gpu_env.sh"  # D, lib path, multicast off, DSV4_NCCL_LIB
 BIN=$D/bin/dsv4
 OUTD=${OUT:-/tmp/graphs-out}
 mkdir -p "$OUTD"

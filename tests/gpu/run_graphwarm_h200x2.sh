@@ -12,8 +12,7 @@
 # --enforce-eager).
 set -uo pipefail
 D=${DIR:-$(pwd)}
-export LD_LIBRARY_PATH="$D/lib:${LD_LIBRARY_PATH:-}"
-export NCCL_NVLS_ENABLE=0
+. "$(dirname "$0")/gpu_env.sh"  # D, lib path, multicast off, DSV4_NCCL_LIB
 OUTD=${OUT:-/tmp/graphwarm-out}
 mkdir -p "$OUTD"
 L=${LAYERS:-8}

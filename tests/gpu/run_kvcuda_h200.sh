@@ -12,8 +12,8 @@
 # models/tiny-{flash,dspark}, v4-0731/. Output: $OUT.
 set -uo pipefail
 D=${DIR:-$(pwd)}
-export LD_LIBRARY_PATH="$D/lib:${LD_LIBRARY_PATH:-}"
-export NCCL_NVLS_ENABLE=0 CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+. "$(dirname "$0")/gpu_env.sh"  # D, lib path, multicast off, DSV4_NCCL_LIB
+export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
 OUTD=${OUT:-/tmp/kvcuda-out}
 mkdir -p "$OUTD"
 L=${LAYERS:-8}

@@ -12,7 +12,7 @@
 # Output: $OUT or /tmp/moe-prefill-out. Env: STEPS (which parts, default all).
 set -uo pipefail
 D=$(pwd)
-export LD_LIBRARY_PATH="$D/lib:${LD_LIBRARY_PATH:-}" NCCL_NVLS_ENABLE=0
+. "$(dirname "$0")/gpu_env.sh"  # D, lib path, multicast off, DSV4_NCCL_LIB
 O=${OUT:-/tmp/moe-prefill-out}
 mkdir -p "$O"
 STEPS=${STEPS:-prefill perf equiv conf forced confgemm}

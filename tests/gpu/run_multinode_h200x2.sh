@@ -7,10 +7,7 @@
 # Runs from a folder holding bin/dsv4 (-DDSV4_CUDA=ON), lib/, configs/. Output: $OUT.
 set -uo pipefail
 D=${DIR:-$(pwd)}
-export LD_LIBRARY_PATH="$D/lib:${LD_LIBRARY_PATH:-}"
-export NCCL_NVLS_ENABLE=0
-nd=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)
-[ -n "$nd" ] && export DSV4_NCCL_LIB="${DSV4_NCCL_LIB:-$nd/lib/libnccl.so.2}"
+. "$(dirname "$0")/gpu_env.sh"  # D, lib path, multicast off, DSV4_NCCL_LIB
 BIN=${BIN:-$D/bin/dsv4}
 OUTD=${OUT:-/tmp/multinode-out}
 mkdir -p "$OUTD"

@@ -13,8 +13,7 @@
 set -uo pipefail
 D=${DIR:-$(pwd)}
 G=$(cd "$(dirname "$0")" && pwd)
-export LD_LIBRARY_PATH="$D/lib:${LD_LIBRARY_PATH:-}"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+. "$(dirname "$0")/gpu_env.sh"  # D, lib path, multicast off, DSV4_NCCL_LIB
 OUTD=${OUT:-/tmp/single-out}
 mkdir -p "$OUTD"
 { echo "commit: $(cat "$D/.commit" 2>/dev/null)"; date -u

@@ -22,13 +22,8 @@
 # Env: KV_DTYPE (f32 on both devices: `auto` is fp8 rows on CUDA, f32 on the CPU), MAX_TOKENS (24), MODELS, SKIP_EQUIV=1, EQUIV_MODES, SKIP_CONF=1.
 set -uo pipefail
 D=${DIR:-$(pwd)}
-export LD_LIBRARY_PATH="$D/lib:${LD_LIBRARY_PATH:-}"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+. "$(dirname "$0")/gpu_env.sh"  # D, lib path, multicast off, DSV4_NCCL_LIB
 export DSV4_TP_CHECK_RANKS=1
-if [ -z "${DSV4_NCCL_LIB:-}" ]; then
-  nd=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)
-  [ -n "$nd" ] && export DSV4_NCCL_LIB="$nd/lib/libnccl.so.2"
-fi
 BIN=${BIN:-$D/bin/dsv4}
 OUTD=${OUT:-/tmp/tinytp-out}
 R=/tmp/tinytp-runs

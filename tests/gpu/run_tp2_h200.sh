@@ -11,13 +11,8 @@
 # Output: $OUT (or /tmp/tp2-out). Env: SKIP_TINY, SKIP_PERF, SKIP_SERVE, PERF_ARGS, PORT.
 set -uo pipefail
 D=${DIR:-$(pwd)}
-export LD_LIBRARY_PATH="$D/lib:${LD_LIBRARY_PATH:-}"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+. "$(dirname "$0")/gpu_env.sh"  # D, lib path, multicast off, DSV4_NCCL_LIB
 export DSV4_TP_CHECK_RANKS=1
-if [ -z "${DSV4_NCCL_LIB:-}" ]; then
-  nd=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)
-  [ -n "$nd" ] && export DSV4_NCCL_LIB="$nd/lib/libnccl.so.2"
-fi
 BIN=${BIN:-$D/bin/dsv4}
 OUTD=${OUT:-/tmp/tp2-out}
 mkdir -p "$OUTD"

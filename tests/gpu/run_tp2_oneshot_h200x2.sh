@@ -13,12 +13,7 @@
 # Runs from a folder holding bin/dsv4 (-DDSV4_CUDA=ON), lib/, v4-0731/ and configs/deepseek-v4-flash-0731.
 set -uo pipefail
 D=$(pwd)
-export LD_LIBRARY_PATH="$D/lib:${LD_LIBRARY_PATH:-}"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-if [ -z "${DSV4_NCCL_LIB:-}" ]; then
-  nd=$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)
-  [ -n "$nd" ] && export DSV4_NCCL_LIB="$nd/lib/libnccl.so.2"
-fi
+. "$(dirname "$0")/gpu_env.sh"  # D, lib path, multicast off, DSV4_NCCL_LIB
 OUTD=${OUT:-/tmp/oneshot-out}
 mkdir -p "$OUTD"
 L=${LAYERS:-8}

@@ -7,8 +7,7 @@
 # on LD_LIBRARY_PATH and keeps NVLink multicast off (KINDS.md), and sets
 # GPU_LIB_DIR (this folder, for serve_client.py).
 D=${DIR:-$(pwd)}
-export LD_LIBRARY_PATH="$D/lib:${LD_LIBRARY_PATH:-}"
-export NCCL_NVLS_ENABLE=0
+. "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"  # D, lib path, multicast off, DSV4_NCCL_LIB
 # shellcheck disable=SC2034 # read by the scripts that source this file
 GPU_LIB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
