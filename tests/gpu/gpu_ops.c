@@ -1062,7 +1062,9 @@ static void pick_ids_skewed(int *ids, float *wts, int n, int topk, int E) {
 }
 
 /* Which kernels the library picks (cuda_gemm.cuh thresholds, read per call):
- * 0 the decode-tuned kernels, 1 the tiled GEMMs, 2 the library default;
+ * 0 the decode-tuned kernels, 1 the tiled GEMMs, 2 the library default but
+ * without cuBLASLt for FP8 (cuda_fp8_lt.cu: on by default for eager prefill;
+ * the checks below turn it on explicitly, with its own tolerance);
  * cfg 1..: force that GEMM tile shape (DSV4_CUDA_{MOE,FP8}_GEMM_CFG), 0 default. */
 #define MOE_CFGS 5
 #define FP8_CFGS 4
@@ -1071,6 +1073,7 @@ static void set_paths_cfg(int mode, int cfg) {
     snprintf(b, sizeof b, "%d", cfg);
     setenv("DSV4_CUDA_MOE_GEMM_CFG", b, 1);
     setenv("DSV4_CUDA_FP8_GEMM_CFG", b, 1);
+    setenv("DSV4_CUDA_FP8_LT", "0", 1);
     if (mode == 2) {
         unsetenv("DSV4_CUDA_MOE_GEMM_MIN");
         unsetenv("DSV4_CUDA_FP8_GEMM_MIN");
@@ -1160,7 +1163,7 @@ static void t_linear_prefill(const char *label, int64_t R, int64_t K, int n) {
     snprintf(shape, sizeof shape, "%s %lldx%lld n=%d default vs old", label, (long long)R, (long long)K, n);
     report("fp8_prefill", shape, y2, y1, ny, 1e-5);
     ref_linear(&h, x + (size_t)(n - 2) * K, 2, ref);
-    /* cuBLASLt's block-scaled GEMM (cuda_fp8_lt.cu, opt-in): every row
+    /* cuBLASLt's block-scaled GEMM (cuda_fp8_lt.cu, default for eager prefill): every row
      * against the old kernel. A wrong scale layout is O(1); Hopper's FP8
      * wgmma accumulation inside a 128-column block measured 2.3e-4 on H200
      * (DSV4_CUDA_FP8_LT_LAYOUT=0; the other three layouts 1.1..1.3). */
@@ -1171,7 +1174,7 @@ static void t_linear_prefill(const char *label, int64_t R, int64_t K, int n) {
         DIE_IF(dsv4_cuda_linear(G, &w, dx, n, dy, 0, &err), err);
         DIE_IF(dsv4_cuda_sync(G, &err), err);
         down(y3, dy, ny * 4);
-        unsetenv("DSV4_CUDA_FP8_LT");
+        setenv("DSV4_CUDA_FP8_LT", "0", 1);
         snprintf(shape, sizeof shape, "%s %lldx%lld n=%d cublasLt vs old", label, (long long)R, (long long)K, n);
         report("fp8_prefill", shape, y3, y1, ny, 1e-3);
         snprintf(shape, sizeof shape, "%s n=%d cublasLt last 2 rows vs ref", label, n);
@@ -1252,11 +1255,11 @@ static void perf_linear_prefill(const char *label, int64_t R, int64_t K) {
             print_perf("fp8_pf", shape, a.n, us, (double)h.lin.w.nbytes + (double)a.n * (K * 4 + R * 4),
                        2.0 * a.n * R * K);
         }
-        if (a.n >= 256) { /* cuBLASLt block-scaled FP8 (cuda_fp8_lt.cu, opt-in) */
+        if (a.n >= 256) { /* cuBLASLt block-scaled FP8 (cuda_fp8_lt.cu, default for eager prefill) */
             set_paths(2);
             setenv("DSV4_CUDA_FP8_LT", "1", 1);
             double us = time_graph(op_linear, &a, a.n >= 4096 ? 6 : 20);
-            unsetenv("DSV4_CUDA_FP8_LT");
+            setenv("DSV4_CUDA_FP8_LT", "0", 1);
             char shape[64];
             snprintf(shape, sizeof shape, "%s cublasLt", label);
             print_perf("fp8_pf", shape, a.n, us, (double)h.lin.w.nbytes + (double)a.n * (K * 4 + R * 4),

@@ -572,7 +572,7 @@ static int pick_kw(int chunks) {
 static int pick_nt(int n) { return n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8; }
 
 /* cuda_fp8_lt.cu */
-int cu_fp8_lt_rows(const dsv4_cuda_weight *w, int n);
+int cu_fp8_lt_rows(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, int n);
 int cu_fp8_lt(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const uint8_t *xq, const float *xs, int n, float *y,
               int flags, dsv4_err *err);
 
@@ -584,7 +584,7 @@ static int fp8_linear(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const float *
     const int gi = fp8_gemm_pick(w, n);
     /* prefill sizes: cuBLASLt's block-scaled FP8 GEMM (cuda_fp8_lt.cu) on whole
      * 16-row groups, unless a tile shape is forced (harness comparisons) */
-    const int nl = gi >= 0 && cu_env_int("DSV4_CUDA_FP8_GEMM_CFG", 0) == 0 ? cu_fp8_lt_rows(w, n) : 0;
+    const int nl = gi >= 0 && cu_env_int("DSV4_CUDA_FP8_GEMM_CFG", 0) == 0 ? cu_fp8_lt_rows(c, w, n) : 0;
     if (nl > 0) {
         const int rc = cu_fp8_lt(c, w, xq, xs, nl, y, flags, err);
         if (rc == DSV4_OK) {
