@@ -870,8 +870,10 @@ __global__ void __launch_bounds__(ROUTE_THREADS) k_route_group(const int *__rest
  * k_route_group's exactly: a pure function of the ids).
  */
 #define MOE_MAX_ENT 65536
-/* average rows per expert from which the grouped GEMM runs (measured: bench/results/2026-11-30-cuda-moe-prefill-h200.md) */
-#define MOE_GEMM_MIN_DEFAULT 8
+/* average rows per expert from which the grouped GEMM runs (measured: bench/results/2026-11-30-cuda-moe-prefill-h200.md;
+ * raised from 8 after a 64 x 6-row verify step (9 rows per expert) ran 40.9 ms with the GEMM and 38.2 ms with
+ * k_fp4, 8 layers on an H200 (bench/results/raw/lt-default/moemin.txt); 12 and 16 give the same) */
+#define MOE_GEMM_MIN_DEFAULT 12
 
 __global__ void __launch_bounds__(256) k_group_count(const int *__restrict__ ids, int nent, int *cnt) {
     pdl_trigger();
