@@ -11,8 +11,10 @@
  * (tests/gpu/run_conformance_h200.sh builds it with nvcc + gcc alone).
  *   dsv4-gpu-conformance [--tol X] [--flash-rows N]... [--no-perf] [--attn-perf]
  *                        [--rows-only | --no-rows] [--rows-tol X] [--small-only | --no-small]
+ *                        [--layouts-only] [--att-exact]
  * (--attn-perf: only the attention-state op timings of 1 request at context 4K / 32K,
- * decode, verify and a 4096-row prefill, and 8x6 verify)
+ * decode, verify and a 4096-row prefill, and 8x6 verify; --att-exact: only the bit-exactness of the
+ * staged coded-row attention kernels against the direct ones, attn_exact)
  * First the fp32-activation linears (linear_grouped wo_a, the BF16 gate
  * shape, F32 linears) at T = 1 .. 4096 against the CPU op on sampled rows
  * (tolerance --rows-tol, default 1e-4; --rows-only stops after them,
@@ -420,11 +422,63 @@ static int call_compress(dsv4_backend *be, void *p) {
     return be->compress(be, &a->cm, &a->K, &a->Z, &a->ape, &a->nw, 1e-6f, &a->rope, DSV4_QAT_FP8_NOPE, a->b, a->e);
 }
 
+/* The exactness half of attn_state_run: random coded rows into the n_st state buffers st (nr[i] records
+ * of dim values), the selection from the indexer, then the three attention calls staged and direct;
+ * prints one line per call. Returns the number of calls whose outputs (no floats) differ, -1 on error. */
+static int attn_exact(dsv4_backend *be, struct attn_bench *a, dsv4_buf *const st[3], const int64_t nr[3],
+                      dsv4_kv_dtype kvt, int dim, int64_t rbytes, size_t no) {
+    float *x = malloc((size_t)dim * sizeof(float)), *o[2] = {malloc(no * 4), malloc(no * 4)};
+    int rc = !x || !o[0] || !o[1] ? -1 : 0, fails = 0;
+    for (int i = 0; i < 3 && !rc; i++) {
+        uint8_t *h = malloc((size_t)(nr[i] * rbytes));
+        rc = h ? 0 : -1;
+        for (int64_t r = 0; h && r < nr[i]; r++) {
+            for (int d = 0; d < dim; d++) x[d] = (float)((int)rb() - 128) / 32.0f;
+            dsv4_kvcodec_encode(kvt, dim, 64, x, h + r * rbytes);
+        }
+        if (!rc && be->buf_write(be, st[i], h, a->e)) rc = -1;
+        free(h);
+    }
+    if (!rc && call_sel(be, a)) rc = -1;
+    static const struct { const char *name; int (*f)(dsv4_backend *, void *); } ops[3] = {
+        {"attention, window 128 + 512 selected", call_att_sel},
+        {"attention, window 128 + all ratio-128 rows", call_att_128},
+        {"attention, window 128 only", call_att_win}};
+    for (int i = 0; i < 3 && !rc; i++) {
+        for (int v = 0; v < 2 && !rc; v++) { /* v = 0: direct (the kernels before the staging), 1: staged */
+            if (v == 0) setenv("DSV4_CUDA_ATT_CODED_DIRECT", "1", 1);
+            else unsetenv("DSV4_CUDA_ATT_CODED_DIRECT");
+            if (ops[i].f(be, a) || be->buf_read(be, &a->o, o[v], a->e)) rc = -1;
+        }
+        unsetenv("DSV4_CUDA_ATT_CODED_DIRECT");
+        if (rc) break;
+        size_t nd = 0, nf = 0;
+        double md = 0, ss = 0;
+        for (size_t j = 0; j < no; j++) {
+            if (memcmp(&o[0][j], &o[1][j], sizeof(float))) nd++, md = fmax(md, fabs((double)o[0][j] - o[1][j]));
+            nf += !isfinite(o[1][j]);
+            ss += (double)o[1][j] * o[1][j];
+        }
+        printf("  %-44s %zu of %zu outputs differ in bits (max |diff| %.3e), rms %.4e, %zu not finite: %s\n",
+               ops[i].name, nd, no, md, sqrt(ss / (double)no), nf, nd || nf ? "FAIL" : "ok");
+        fails += nd || nf;
+    }
+    if (rc) fprintf(stderr, "attn_exact: %s\n", a->e->msg);
+    free(x);
+    free(o[0]);
+    free(o[1]);
+    return rc ? -1 : fails;
+}
+
 /* R requests of k rows (k = 1 decode, 6 verify) ending near position ctx-1; random queries, index keys
- * and batch rows, the rest of the state zeros (attention timing does not depend on values). */
-static int perf_attn(int ctx, int R, int k, dsv4_kv_dtype kvt) {
+ * and batch rows, the rest of the state zeros (attention timing does not depend on values).
+ * exact: instead of timing, random window / compressed rows too (through the CPU codec, as the store
+ * holds them), and each attention call twice, with the coded rows staged in shared memory (default)
+ * and decoded from global memory (DSV4_CUDA_ATT_CODED_DIRECT=1, the kernels before the staging): the
+ * outputs must be bit-identical (cuda_attn.cu). Returns 1 when they are not. */
+static int attn_state_run(int ctx, int R, int k, dsv4_kv_dtype kvt, dsv4_numerics num, int exact) {
     dsv4_err e = {0};
-    dsv4_backend *be = dsv4_backend_cuda_create(DSV4_NUMERICS_REFERENCE, 0, &e);
+    dsv4_backend *be = dsv4_backend_cuda_create(num, 0, &e);
     if (!be) {
         fprintf(stderr, "perf_attn: %s\n", e.msg);
         return 2;
@@ -512,6 +566,19 @@ static int perf_attn(int ctx, int R, int k, dsv4_kv_dtype kvt) {
         {"attention, window 128 + all ratio-128 rows", call_att_128, kb_128},
         {"attention, window 128 only", call_att_win, kb_win},
         {"compress (ratio 4, overlap, FP8 QAT)", call_compress, 0}};
+    if (exact) {
+        int fails = attn_exact(be, &a, (dsv4_buf *[3]){&ring, &rows4, &rows128},
+                               (int64_t[3]){(int64_t)R * (W + 8), R * mr4, R * mr128}, kvt, HD, rbytes,
+                               (size_t)T * H * HD);
+        printf("== staged vs direct coded attention, %s numerics: %d requests x %d rows at context %d, %s key rows: "
+               "%s\n\n", num == DSV4_NUMERICS_HF ? "HF" : "reference", R, k, ctx, dsv4_kv_dtype_name(kvt),
+               fails < 0 ? "ERROR" : fails ? "DIFFER" : "bit-identical");
+        free(hq);
+        free(hs);
+        free(arr);
+        be->free(be);
+        return fails < 0 ? 2 : fails != 0;
+    }
     printf("== attention-state ops, CUDA, Flash shapes: %d requests x %d rows at context %d, %s key rows (%lld "
            "bytes) (%d calls each, wall clock / call, one sync at the end)\n", R, k, ctx, dsv4_kv_dtype_name(kvt),
            (long long)rbytes, reps);
@@ -533,6 +600,10 @@ static int perf_attn(int ctx, int R, int k, dsv4_kv_dtype kvt) {
     be->free(be); /* frees every buffer with the context */
     printf("\n");
     return 0;
+}
+
+static int perf_attn(int ctx, int R, int k, dsv4_kv_dtype kvt) {
+    return attn_state_run(ctx, R, k, kvt, DSV4_NUMERICS_REFERENCE, 0);
 }
 
 /* ---- the small ops at real shapes (issue 7): CUDA vs CPU, then CUDA time per call ----
@@ -852,6 +923,7 @@ out:
 int main(int argc, char **argv) {
     double tol = 2e-2;
     int rows[8], nrows = 0, do_perf = 1, attn_perf = 0, rows_only = 0, do_rows = 1, small = 1, layouts_only = 0;
+    int att_exact = 0;
     double rows_tol = 1e-4;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--tol") && i + 1 < argc) tol = atof(argv[++i]);
@@ -864,13 +936,29 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--small-only")) small = 2;
         else if (!strcmp(argv[i], "--layouts-only")) layouts_only = 1; /* only the attention-state layouts */
         else if (!strcmp(argv[i], "--no-small")) small = 0;
+        else if (!strcmp(argv[i], "--att-exact")) att_exact = 1;
         else {
             fprintf(stderr,
                     "usage: %s [--tol X] [--flash-rows N]... [--no-perf] [--attn-perf] [--rows-only | --no-rows] "
-                    "[--rows-tol X] [--small-only | --no-small] [--layouts-only]\n",
+                    "[--rows-tol X] [--small-only | --no-small] [--layouts-only] [--att-exact]\n",
                     argv[0]);
             return 2;
         }
+    }
+    if (att_exact) { /* only the staged vs direct coded attention: a prefill chunk from position 0 (rows with
+                      * few candidates), one at 3072, a batch of 64 decode rows and 8 x 8 verify rows (the
+                      * tensor-core paths), 8 x 6 (the SIMT kernels, shared by both) */
+        int e2 = 0, d2 = 0;
+        static const int C[][3] = {{512, 1, 512}, {4096, 1, 1024}, {4096, 64, 1}, {8192, 8, 8}, {4096, 8, 6}};
+        for (int kv = DSV4_KV_BF16; kv <= DSV4_KV_FP8_DS_MLA; kv++)
+            for (int n = 0; n < 2; n++)
+                for (size_t i = 0; i < sizeof C / sizeof C[0]; i++) {
+                    int f2 = attn_state_run(C[i][0], C[i][1], C[i][2], (dsv4_kv_dtype)kv,
+                                            n ? DSV4_NUMERICS_HF : DSV4_NUMERICS_REFERENCE, 1);
+                    d2 += f2 == 1, e2 += f2 > 1;
+                }
+        printf("att-exact summary: %d runs differ, %d runs with errors\n", d2, e2);
+        return e2 ? 2 : d2 ? 1 : 0;
     }
     if (attn_perf) { /* only the attention-state timings of one request (decode, verify, prefill) */
         int e2 = 0;

@@ -286,13 +286,30 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) k_att_pv(att_args a, const 
  * summation order, so the outputs agree with the reference to ~1e-5.
  * Fragment layouts: PTX ISA, mma.m16n8k16 (.bf16): A rows g / g+8, k pairs
  * 2c, 2c+8; B k pairs 2c, 2c+8 of column g; C rows g / g+8, columns 2c, 2c+1
- * (g = lane/4, c = lane%4). Operands are read straight from global memory
+ * (g = lane/4, c = lane%4). F32 operands are read straight from global memory
  * (L1 serves the 4 warps of a block, which read the same keys).
+ * Coded rows (bf16, fp8_ds_mla) are staged instead: the block's 4 warps all
+ * need the same 64 candidates' rows, so decoding them lane by lane from
+ * global memory (scattered 2-byte loads, every element decoded 4x) made the
+ * coded kernels 2-3x slower than the f32 ones (ncu, 2026-12-01). The block
+ * loads a 64-candidate x 128-dim tile of records once, coalesced, decodes
+ * each element once into its bf16 bits (the same bits kv_raw* give: coded
+ * values are bf16-exact) in shared memory, and the warps take their B
+ * fragments with ldmatrix (.trans for P·V, where candidates are the k
+ * dimension). Same operands, same MMA order: bit-identical to the direct
+ * path, which DSV4_CUDA_ATT_CODED_DIRECT=1 keeps (for measuring and the
+ * exactness check of gpu_conformance --att-exact).
  * ------------------------------------------------------------------------- */
 #define ATT_TC_THREADS 128   /* 4 warps x 16 heads */
 #define ATT_TC_HEADS 64
 #define ATT_TC_CAND 64       /* candidates per score block */
 #define ATT_TC_MIN_ROWS 64   /* row chunks at least this long take the tensor-core kernels */
+#ifndef ATT_TC_STAGE_GROUP
+#define ATT_TC_STAGE_GROUP 4 /* 8-dim units a thread loads before decoding them (loads in flight vs registers) */
+#endif
+#define ATT_TC_KD 128        /* dims of a staged tile of coded rows */
+#define ATT_TC_PITCH (ATT_TC_KD + 8) /* tile row pitch in bf16: 272 bytes = 68 words, so the 8 rows of an
+                                      * ldmatrix phase (16 bytes each) fall on distinct banks */
 
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -330,10 +347,70 @@ __device__ __forceinline__ uint32_t kraw2(const att_args &a, const uint8_t *p, i
     return p ? kv_raw2<FMT>(p, k, a.nope, a.scoff) : 0u;
 }
 
-/* S of ATT_TC_CAND candidates x 64 heads of one row; warp w: heads 16w.., all candidates (8 n-tiles). */
+/* Four 8x8 b16 matrices from shared memory (lane l gives the address of row l%8 of matrix l/8); .trans
+ * hands each lane a column pair instead of a row pair (PTX ISA, ldmatrix). */
+__device__ __forceinline__ void ldsm4(uint32_t (&r)[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((uint32_t)__cvta_generic_to_shared(p))
+                 : "memory");
+}
+__device__ __forceinline__ void ldsm4t(uint32_t (&r)[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((uint32_t)__cvta_generic_to_shared(p))
+                 : "memory");
+}
+
+/* tile[r][0..ATT_TC_KD) = the bf16 bits of dims d0.. of coded row kp[r] (zeros for NULL), for the
+ * ATT_TC_CAND rows; every thread of the block calls it. 8-dim units (an fp8_ds_mla unit is all E4M3
+ * or all rope: nope is a multiple of 8), 16 threads per row so a row's bytes are read together; all
+ * loads first (in flight together), then the decode, which is kv_raw2's operation for operation. */
 template <int FMT>
-__global__ void __launch_bounds__(ATT_TC_THREADS) k_att_scores_tc(att_args a) {
+__device__ __forceinline__ void stage_tile(uint16_t (*tile)[ATT_TC_PITCH], const uint8_t *const *kp, int d0,
+                                           const att_args &a) {
+    constexpr int UPR = ATT_TC_KD / 8, PER = ATT_TC_CAND * UPR / ATT_TC_THREADS;
+#pragma unroll
+    for (int u0 = 0; u0 < PER; u0 += ATT_TC_STAGE_GROUP) {
+    uint4 w[ATT_TC_STAGE_GROUP];
+#pragma unroll
+    for (int u = 0; u < ATT_TC_STAGE_GROUP; u++) {
+        const int idx = (u0 + u) * ATT_TC_THREADS + threadIdx.x, d = d0 + (idx % UPR) * 8;
+        const uint8_t *row = kp[idx / UPR];
+        w[u] = make_uint4(0u, 0u, 0u, 0u);
+        if (!row) continue;
+        if (FMT == DSV4_KV_FP8_DS_MLA && d < a.nope) {
+            const uint2 c8 = *(const uint2 *)(row + d);
+            w[u] = make_uint4(c8.x, c8.y, row[a.scoff + (d >> 6)], 0u);
+        } else {
+            const uint8_t *p = FMT == DSV4_KV_BF16 ? row + 2 * d : row + a.nope + 2 * (d - a.nope);
+            const uint2 lo = *(const uint2 *)p, hi = *(const uint2 *)(p + 8);
+            w[u] = make_uint4(lo.x, lo.y, hi.x, hi.y);
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < ATT_TC_STAGE_GROUP; u++) {
+        const int idx = (u0 + u) * ATT_TC_THREADS + threadIdx.x, dd = (idx % UPR) * 8;
+        uint4 o = w[u];
+        if (FMT == DSV4_KV_FP8_DS_MLA && d0 + dd < a.nope) {
+            const float s = __uint_as_float(w[u].z << 23); /* kv_scale */
+            uint32_t h[8];
+#pragma unroll
+            for (int b = 0; b < 8; b++) h[b] = __float_as_uint(kv_e4m3x((b < 4 ? w[u].x : w[u].y) >> (8 * (b & 3))) * s);
+            o = make_uint4((h[0] >> 16) | (h[1] & 0xffff0000u), (h[2] >> 16) | (h[3] & 0xffff0000u),
+                           (h[4] >> 16) | (h[5] & 0xffff0000u), (h[6] >> 16) | (h[7] & 0xffff0000u));
+        }
+        *(uint4 *)&tile[idx / UPR][dd] = o;
+    }
+    }
+}
+
+/* S of ATT_TC_CAND candidates x 64 heads of one row; warp w: heads 16w.., all candidates (8 n-tiles).
+ * STAGED (coded rows only): keys through the shared tile, ATT_TC_KD dims at a time. */
+template <int FMT, int STAGED>
+__device__ __forceinline__ void att_scores_tc(const att_args &a) {
     __shared__ const uint8_t *kp[ATT_TC_CAND];
+    __shared__ __align__(16) uint16_t kt[STAGED ? ATT_TC_CAND : 1][ATT_TC_PITCH];
     const int tl = blockIdx.z, t = a.t0 + tl, hb = blockIdx.y * ATT_TC_HEADS;
     const int64_t j0 = (int64_t)blockIdx.x * ATT_TC_CAND;
     if (j0 >= a.ld) return;
@@ -352,6 +429,13 @@ __global__ void __launch_bounds__(ATT_TC_THREADS) k_att_scores_tc(att_args a) {
     for (int i = 0; i < 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
     for (int k0 = 0; k0 < a.hd; k0 += 16) {
         const int ka = k0 + 2 * c, kb = ka + 8;
+        if constexpr (STAGED) {
+            if (k0 % ATT_TC_KD == 0) {
+                if (k0) __syncthreads(); /* the previous tile consumed */
+                stage_tile<FMT>(kt, kp, k0, a);
+                __syncthreads();
+            }
+        }
         uint32_t ah[4], al[4];
         float2 x = ld2(q0, ka);
         split2(x.x, x.y, ah[0], al[0]);
@@ -361,7 +445,18 @@ __global__ void __launch_bounds__(ATT_TC_THREADS) k_att_scores_tc(att_args a) {
         split2(x.x, x.y, ah[2], al[2]);
         x = ld2(q1, kb);
         split2(x.x, x.y, ah[3], al[3]);
-        if constexpr (FMT != DSV4_KV_F32) { /* coded keys are bf16 values: their lo part is 0, one product fewer */
+        if constexpr (STAGED) { /* lane l: row l%8 of n-tile i + l/16, dims k0 + 8·(l/8 % 2): b0, b1 of tiles i, i+1 */
+            const int kk = k0 % ATT_TC_KD;
+#pragma unroll
+            for (int i = 0; i < 8; i += 2) {
+                uint32_t r[4];
+                ldsm4(r, &kt[(i + (lane >> 4)) * 8 + (lane & 7)][kk + ((lane >> 3) & 1) * 8]);
+                mma_bf16(acc[i], al, r[0], r[1]);
+                mma_bf16(acc[i], ah, r[0], r[1]);
+                mma_bf16(acc[i + 1], al, r[2], r[3]);
+                mma_bf16(acc[i + 1], ah, r[2], r[3]);
+            }
+        } else if constexpr (FMT != DSV4_KV_F32) { /* coded keys are bf16 values: their lo part is 0, one product fewer */
             uint32_t yb[8][2];
 #pragma unroll
             for (int i = 0; i < 8; i++) {
@@ -404,11 +499,11 @@ __global__ void __launch_bounds__(ATT_TC_THREADS) k_att_scores_tc(att_args a) {
 
 /* Softmax (with the sink) and P·V of 64 heads x one 128-dim slice of one row, all candidates;
  * warp w: heads 16w.., 16 n-tiles of 8 dims. */
-template <int FMT>
-__global__ void __launch_bounds__(ATT_TC_THREADS) k_att_pv_tc(att_args a, const void *sinks, int sinks_bf16,
-                                                               int ref) {
+template <int FMT, int STAGED>
+__device__ __forceinline__ void att_pv_tc(const att_args &a, const void *sinks, int sinks_bf16, int ref) {
     __shared__ float mx_s[ATT_TC_HEADS], den_s[ATT_TC_HEADS];
     __shared__ const uint8_t *kp[ATT_TC_CAND];
+    __shared__ __align__(16) uint16_t vt[STAGED ? ATT_TC_CAND : 1][ATT_TC_PITCH]; /* [candidate][dim of the slice] */
     const int tl = blockIdx.z, t = a.t0 + tl, hb = blockIdx.y * ATT_TC_HEADS, slice = blockIdx.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     const int nh = a.H - hb < ATT_TC_HEADS ? a.H - hb : ATT_TC_HEADS;
@@ -437,6 +532,10 @@ __global__ void __launch_bounds__(ATT_TC_THREADS) k_att_pv_tc(att_args a, const 
         if (threadIdx.x < ATT_TC_CAND)
             kp[threadIdx.x] = cb + threadIdx.x < a.ld ? cand_key(a, t, cb + threadIdx.x) : NULL;
         __syncthreads();
+        if constexpr (STAGED) {
+            stage_tile<FMT>(vt, kp, slice * 128, a);
+            __syncthreads();
+        }
         for (int kk = 0; kk < ATT_TC_CAND; kk += 16) {
             /* A = probabilities: rows r0 / r1, candidates kk+2c(+1), kk+8+2c(+1) */
             float pv[2][4];
@@ -459,9 +558,20 @@ __global__ void __launch_bounds__(ATT_TC_THREADS) k_att_pv_tc(att_args a, const 
             split2(pv[1][0], pv[1][1], ah[1], al[1]);
             split2(pv[0][2], pv[0][3], ah[2], al[2]);
             split2(pv[1][2], pv[1][3], ah[3], al[3]);
-            const uint8_t *v0 = kp[kk + 2 * c], *v1 = kp[kk + 2 * c + 1], *v2 = kp[kk + 8 + 2 * c],
-                          *v3 = kp[kk + 9 + 2 * c];
-            if constexpr (FMT != DSV4_KV_F32) { /* coded values are bf16 values (lo = 0): stored bits straight in */
+            if constexpr (STAGED) { /* lane l: candidates kk + l%8 + 8·(l/8 % 2), dims of n-tile i + l/16, transposed:
+                                      * b0, b1 of tiles i, i+1 */
+#pragma unroll
+                for (int i = 0; i < 16; i += 2) {
+                    uint32_t r[4];
+                    ldsm4t(r, &vt[kk + (lane & 7) + ((lane >> 3) & 1) * 8][(i + (lane >> 4)) * 8]);
+                    if (!ref) mma_bf16(acc[i], al, r[0], r[1]);
+                    mma_bf16(acc[i], ah, r[0], r[1]);
+                    if (!ref) mma_bf16(acc[i + 1], al, r[2], r[3]);
+                    mma_bf16(acc[i + 1], ah, r[2], r[3]);
+                }
+            } else if constexpr (FMT != DSV4_KV_F32) { /* coded values are bf16 values (lo = 0): stored bits in */
+                const uint8_t *v0 = kp[kk + 2 * c], *v1 = kp[kk + 2 * c + 1], *v2 = kp[kk + 8 + 2 * c],
+                              *v3 = kp[kk + 9 + 2 * c];
 #pragma unroll
                 for (int i = 0; i < 16; i++) {
                     const int dim = dim0 + i * 8;
@@ -471,6 +581,8 @@ __global__ void __launch_bounds__(ATT_TC_THREADS) k_att_pv_tc(att_args a, const 
                     mma_bf16(acc[i], ah, bh0, bh1);
                 }
             } else {
+                const uint8_t *v0 = kp[kk + 2 * c], *v1 = kp[kk + 2 * c + 1], *v2 = kp[kk + 8 + 2 * c],
+                              *v3 = kp[kk + 9 + 2 * c];
 #pragma unroll
                 for (int i = 0; i < 16; i++) {
                     const int dim = dim0 + i * 8;
@@ -494,6 +606,29 @@ __global__ void __launch_bounds__(ATT_TC_THREADS) k_att_pv_tc(att_args a, const 
         }
 }
 
+/* The kernels: direct (F32 rows, or coded with DSV4_CUDA_ATT_CODED_DIRECT=1) and staged (coded rows).
+ * The staged ones are bounded to ATT_TC_*_MINB blocks / SM (ptxas -v, sm_90: pv 128 registers, scores
+ * 109, no spills), which lets 4 blocks share an SM, so one block's tile loads overlap the others' MMAs. */
+#define ATT_TC_SC_MINB 4
+#define ATT_TC_PV_MINB 4
+template <int FMT>
+__global__ void __launch_bounds__(ATT_TC_THREADS) k_att_scores_tc(att_args a) {
+    att_scores_tc<FMT, 0>(a);
+}
+template <int FMT>
+__global__ void __launch_bounds__(ATT_TC_THREADS, ATT_TC_SC_MINB) k_att_scores_tcs(att_args a) {
+    att_scores_tc<FMT, 1>(a);
+}
+template <int FMT>
+__global__ void __launch_bounds__(ATT_TC_THREADS) k_att_pv_tc(att_args a, const void *sinks, int sinks_bf16, int ref) {
+    att_pv_tc<FMT, 0>(a, sinks, sinks_bf16, ref);
+}
+template <int FMT>
+__global__ void __launch_bounds__(ATT_TC_THREADS, ATT_TC_PV_MINB) k_att_pv_tcs(att_args a, const void *sinks,
+                                                                             int sinks_bf16, int ref) {
+    att_pv_tc<FMT, 1>(a, sinks, sinks_bf16, ref);
+}
+
 /* o[t0 + i] = Σ_split part[split][i], float4 at a time. */
 __global__ void k_att_reduce(const float4 *part, int nsplit, int64_t n4, float4 *o) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -512,6 +647,7 @@ __global__ void k_att_reduce(const float4 *part, int nsplit, int64_t n4, float4 
 /* Launch sizes of one attention call (cu_be_attention), passed to the per-format launcher. */
 typedef struct att_launch_cfg {
     int T, n_heads, tc, sc_qh, sc_chunk, pv_one_block, nsplit, sbf, ref;
+    int direct; /* coded rows: the tensor-core kernels decode from global memory (no staged tile) */
     int64_t hd, maxc, chunk;
     const void *sinks;
     float *part;
@@ -533,9 +669,18 @@ static int att_launch(att_args a, const att_launch_cfg &L, dsv4_err *err) {
         if (tc) {
             dim3 gs((unsigned)((maxc + ATT_TC_CAND - 1) / ATT_TC_CAND),
                     (unsigned)((n_heads + ATT_TC_HEADS - 1) / ATT_TC_HEADS), n);
+            dim3 gp((unsigned)(hd / 128), (unsigned)((n_heads + ATT_TC_HEADS - 1) / ATT_TC_HEADS), n);
+            if constexpr (FMT != DSV4_KV_F32) {
+                if (!L.direct) {
+                    k_att_scores_tcs<FMT><<<gs, ATT_TC_THREADS, 0, stream>>>(a);
+                    CU_LAUNCHED(err, "attention (scores, tensor cores, staged)");
+                    k_att_pv_tcs<FMT><<<gp, ATT_TC_THREADS, 0, stream>>>(a, sinks, sbf, ref);
+                    CU_LAUNCHED(err, "attention (pv, tensor cores, staged)");
+                    continue;
+                }
+            }
             k_att_scores_tc<FMT><<<gs, ATT_TC_THREADS, 0, stream>>>(a);
             CU_LAUNCHED(err, "attention (scores, tensor cores)");
-            dim3 gp((unsigned)(hd / 128), (unsigned)((n_heads + ATT_TC_HEADS - 1) / ATT_TC_HEADS), n);
             k_att_pv_tc<FMT><<<gp, ATT_TC_THREADS, 0, stream>>>(a, sinks, sbf, ref);
             CU_LAUNCHED(err, "attention (pv, tensor cores)");
             continue;
@@ -684,8 +829,11 @@ int cu_be_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, con
     /* long row chunks (prefill) on tensor cores; DSV4_CUDA_ATT_TC=0 keeps the fp32 kernels (measuring) */
     const char *tce = getenv("DSV4_CUDA_ATT_TC");
     const int tc = chunk >= ATT_TC_MIN_ROWS && !(tce && tce[0] == '0');
-    att_launch_cfg L = {T, n_heads, tc, sc_qh, sc_chunk, pv_one_block, nsplit, sbf, ref, hd, maxc, chunk,
-                        sinks->data, part, ctx->stream};
+    /* DSV4_CUDA_ATT_CODED_DIRECT=1: coded rows decoded lane by lane from global memory in the tensor-core
+     * kernels, as before the staged tiles (bit-identical; for measuring and gpu_conformance --att-exact) */
+    const char *dir = getenv("DSV4_CUDA_ATT_CODED_DIRECT");
+    att_launch_cfg L = {T, n_heads, tc, sc_qh, sc_chunk, pv_one_block, nsplit, sbf, ref, dir && dir[0] == '1',
+                        hd, maxc, chunk, sinks->data, part, ctx->stream};
     switch (wf.t) {
     case DSV4_KV_F32: return att_launch<DSV4_KV_F32>(a, L, err);
     case DSV4_KV_BF16: return att_launch<DSV4_KV_BF16>(a, L, err);
