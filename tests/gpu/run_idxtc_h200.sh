@@ -2,8 +2,9 @@
 # Indexer scores on the tensor cores (k_idx_scores_tc, src/backend/cuda/cuda_indexer.cu), one H200:
 #  1. correctness: dsv4-gpu-conformance --no-perf (indexer_select on random q = the scalar fallback, and on
 #     Hadamard + FP4 q = the tensor cores, incl. the 1x2048 prefill chunk); QUICK=1: --layouts-only;
-#  2. kernel time: ncu over the k_idx* kernels of one 8192-token prefill (4 layers, 1 indexer layer),
-#     tensor cores (default) vs scalar (DSV4_CUDA_IDX_TC=0), same binary;
+#  2. kernel time: ncu over the k_idx* kernels of one 8192-token prefill (4 layers) and decode steps,
+#     tensor cores with 2 rows per block (default), 4 rows per block (DSV4_CUDA_IDX_TC=4) and the scalar
+#     kernel (DSV4_CUDA_IDX_TC=0), same binary;
 #  3. end to end: dsv4 perf, 8 layers, prefill 8192 and 32768, bin/dsv4.before (main) vs bin/dsv4
 #     (skipped with QUICK=1).
 # Runs from a folder holding bin/ (dsv4, dsv4.before, dsv4-gpu-conformance), lib/, v4-0731/. Output: $OUT.
@@ -26,12 +27,12 @@ a=collections.defaultdict(lambda:[0,0.0])
 for x in r:
     if len(x)>v and x[0].isdigit(): n=x[k].split("(")[0]; a[n][0]+=1; a[n][1]+=float(x[v].replace(",",""))
 for n,(c,t) in sorted(a.items(),key=lambda y:-y[1][1]): print(f"  {n[:60]:60s} {c:3d} calls {t/1e3:10.1f} us")'
-for tc in 1 0; do
+for tc in 2 4 0; do
   DSV4_CUDA_IDX_TC=$tc timeout 60 ncu --clock-control none --metrics gpu__time_duration.sum --kernel-name 'regex:k_idx' \
     --csv --print-units base bin/dsv4 perf v4-0731 --load-format dummy --hf-overrides '{"num_hidden_layers": 4}' \
-    --device cuda --enforce-eager --kv-cache-dtype f32 --batch 1 --rows-per-seq 1 --context 4096 --steps 1 \
+    --device cuda --enforce-eager --kv-cache-dtype f32 --batch 1,64 --rows-per-seq 1 --context 4096 --steps 1 \
     --warmup 0 --prefill 8192 > "$O/ncu_tc$tc.csv" 2> "$O/ncu_tc$tc.err"
-  echo "ncu DSV4_CUDA_IDX_TC=$tc rc=$? (k_idx* kernels: 8192-token prefill, then decode steps)"
+  echo "ncu DSV4_CUDA_IDX_TC=$tc rc=$? (k_idx* kernels: 8192-token prefill, decode at batch 1 and 64)"
   python3 -c "$AGG" "$O/ncu_tc$tc.csv"
 done
 gzip -f "$O"/ncu_tc*.csv

@@ -176,26 +176,35 @@ __global__ void __launch_bounds__(IDX_THREADS) k_idx_scores(const float *qi, con
                                                             dsv4_cmp_state cs, int H, int dk, const int32_t *pos,
                                                             const int32_t *slots, int t0, int tpb, float *scores,
                                                             int64_t ld, int n, const int32_t *redo) {
-    for (int tl = blockIdx.y; tl < n; tl += gridDim.y) {
-        if (redo && !redo[tl]) continue;
-        idx_scores_row<KPW>(qi, g, g_scale, cs, H, dk, pos, slots, t0, tpb, scores, ld, tl);
-        __syncthreads(); /* shared memory is the next row's */
+    __shared__ uint32_t s_rows[IDX_THREADS / 32]; /* bit = row to score, of the next IDX_THREADS of this block */
+    for (int64_t j0 = 0; blockIdx.y + j0 * gridDim.y < (uint32_t)n; j0 += IDX_THREADS) {
+        const int64_t tli = blockIdx.y + (j0 + threadIdx.x) * gridDim.y; /* the flags read in parallel */
+        const uint32_t bits = __ballot_sync(0xffffffffu, tli < n && (!redo || redo[tli]));
+        if ((threadIdx.x & 31) == 0) s_rows[threadIdx.x >> 5] = bits;
+        __syncthreads();
+        for (int wi = 0; wi < IDX_THREADS / 32; wi++)
+            for (uint32_t m = s_rows[wi]; m; m &= m - 1) {
+                const int tl = (int)(blockIdx.y + (j0 + 32 * wi + __ffs(m) - 1) * gridDim.y);
+                idx_scores_row<KPW>(qi, g, g_scale, cs, H, dk, pos, slots, t0, tpb, scores, ld, tl);
+                __syncthreads(); /* shared memory is the next row's */
+            }
+        __syncthreads(); /* s_rows is the next round's */
     }
 }
 
 /* ------------------------------------------------------ scores, tensor cores */
 
-#define TC_TOK 4            /* query rows per block: M = 4 rows x 64 heads */
 #define TC_H 64
 #define TC_DK 128
 #define TC_BN 64            /* keys per tile */
 #define TC_ALD (TC_DK + 8)  /* bf16 stride of q and key rows in shared memory: 272 B, ldmatrix conflict-free */
 #define TC_PLD (TC_H + 4)   /* float stride of one (row, key) head vector of ReLU'd dots */
 
-/* Shared bytes of k_idx_scores_tc: q [4·64][136] bf16, keys [64][136] bf16, dots [4·64][68] f32, g [4][64] f32. */
-static size_t idx_tc_smem(void) {
-    return (size_t)TC_TOK * TC_H * TC_ALD * 2 + (size_t)TC_BN * TC_ALD * 2 + (size_t)TC_TOK * TC_BN * TC_PLD * 4 +
-           (size_t)TC_TOK * TC_H * 4;
+/* Shared bytes of k_idx_scores_tc<TOK>: q [TOK·64][136] bf16, keys [64][136] bf16, dots [TOK·64][68] f32,
+ * g [TOK][64] f32. */
+static size_t idx_tc_smem(int tok) {
+    return (size_t)tok * TC_H * TC_ALD * 2 + (size_t)TC_BN * TC_ALD * 2 + (size_t)tok * TC_BN * TC_PLD * 4 +
+           (size_t)tok * TC_H * 4;
 }
 
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void *p) {
@@ -227,26 +236,29 @@ __device__ __forceinline__ uint2 f4_bf16(float4 v, uint32_t *inexact) {
 }
 
 /*
- * Scores of chunk rows [4·b, 4·b + 4) (b counted from the last group: the rows with the most keys start
- * first) against their visible keys in tiles blockIdx.y, + gridDim.y, .. (few rows, e.g. a batch of
- * decode or verify requests: the keys are split over blockIdx.y too). Sets redo[row] = 1 (zeroed before)
- * where the scores are not the reference's (q or a key not exact in bf16): k_idx_scores then recomputes
- * that row. Rows of one block that belong to different slots (request boundaries) take one pass over the
- * keys per slot.
+ * Scores of chunk rows [TOK·b, TOK·b + TOK) (b counted from the last group: the rows with the most keys
+ * start first) against their visible keys in tiles blockIdx.y, + gridDim.y, .. (few rows, e.g. a batch
+ * of decode or verify requests: the keys are split over blockIdx.y too). 8 warps = 4 (rows·heads, TOK·16
+ * each) x 2 (32 keys each). Sets redo[row] = 1 (zeroed before) where the scores are not the reference's
+ * (q or a key not exact in bf16): k_idx_scores then recomputes that row. Rows of one block that belong to
+ * different slots (request boundaries) take one pass over the keys per slot.
  */
-__global__ void __launch_bounds__(IDX_THREADS, 1)
+template <int TOK>
+__global__ void __launch_bounds__(IDX_THREADS, TOK == 2 ? 2 : 1)
     k_idx_scores_tc(const float *qi, const float *g, float g_scale, dsv4_cmp_state cs, const int32_t *pos,
                     const int32_t *slots, int t0, int n, float *scores, int64_t ld, int32_t *redo) {
+    constexpr int MT = TOK; /* m16 tiles per warp: TOK·64 rows over 4 warps */
     extern __shared__ __align__(16) unsigned char smraw[];
-    uint16_t *As = (uint16_t *)smraw;                      /* [TC_TOK·64][TC_ALD] q, row = tok·64 + head */
-    uint16_t *Bs = As + TC_TOK * TC_H * TC_ALD;            /* [TC_BN][TC_ALD] keys of the tile */
-    float *P = (float *)(Bs + TC_BN * TC_ALD);             /* [TC_TOK·TC_BN][TC_PLD] ReLU'd dots */
-    float *gw = P + TC_TOK * TC_BN * TC_PLD;               /* [TC_TOK][64] g_scale·g */
-    __shared__ int s_slot[TC_TOK], s_bad[TC_TOK], s_kbad;
-    __shared__ int64_t s_nvis[TC_TOK];
+    uint16_t *As = (uint16_t *)smraw;           /* [TOK·64][TC_ALD] q, row = tok·64 + head */
+    uint16_t *Bs = As + TOK * TC_H * TC_ALD;    /* [TC_BN][TC_ALD] keys of the tile */
+    float *P = (float *)(Bs + TC_BN * TC_ALD);  /* [TOK·TC_BN][TC_PLD] ReLU'd dots, (row, key) major */
+    float *gw = P + TOK * TC_BN * TC_PLD;       /* [TOK][64] g_scale·g */
+    __shared__ int s_slot[TOK], s_bad[TOK], s_kbad;
+    __shared__ int64_t s_nvis[TOK];
+    __shared__ uint8_t s_kmiss[TC_BN];          /* key of the tile on an unmapped page */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int tb = (int)(gridDim.x - 1 - blockIdx.x) * TC_TOK;
-    if (tid < TC_TOK) {
+    const int tb = (int)(gridDim.x - 1 - blockIdx.x) * TOK;
+    if (tid < TOK) {
         const int tl = tb + tid;
         int64_t nv = 0;
         int sl = -1;
@@ -262,10 +274,12 @@ __global__ void __launch_bounds__(IDX_THREADS, 1)
         s_bad[tid] = 0;
     }
     if (tid == 0) s_kbad = 0;
-    /* q of the 4 rows -> bf16 (thread: float4 column `lane` of heads warp + 8m), exactness per row */
-    for (int tok = 0; tok < TC_TOK; tok++) {
+    /* q of the rows -> bf16 (thread: float4 column `lane` of heads warp + 8m), exactness per row */
+#pragma unroll
+    for (int tok = 0; tok < TOK; tok++) {
         const int tl = tb + tok;
         uint32_t bad = 0;
+#pragma unroll
         for (int m = 0; m < TC_H / 8; m++) {
             const int h = warp + 8 * m;
             const float4 v = tl < n ? ((const float4 *)(qi + ((int64_t)(t0 + tl) * TC_H + h) * TC_DK))[lane]
@@ -274,22 +288,22 @@ __global__ void __launch_bounds__(IDX_THREADS, 1)
         }
         if (__any_sync(0xffffffffu, bad != 0) && lane == 0) atomicOr(&s_bad[tok], 1);
     }
-    for (int i = tid; i < TC_TOK * TC_H; i += blockDim.x) {
+    for (int i = tid; i < TOK * TC_H; i += blockDim.x) {
         const int tl = tb + i / TC_H;
         gw[i] = tl < n ? __fmul_rn(g_scale, g[(int64_t)(t0 + tl) * TC_H + i % TC_H]) : 0.f;
     }
     __syncthreads();
     const float *keys = (const float *)cs.rows.data;
-    const int tw = warp & 3, wn = warp >> 2; /* warp tile: row tw (64 heads) x keys wn·32 .. +32 */
+    const int wm = warp & 3, wn = warp >> 2; /* warp tile: rows·heads wm·16·MT .. +16·MT x keys wn·32 .. +32 */
     const int gq = lane >> 2, tq = lane & 3;
     int done = 0;
-    for (int tok = 0; tok < TC_TOK; tok++)
+    for (int tok = 0; tok < TOK; tok++)
         if (s_slot[tok] < 0) done |= 1 << tok;
-    while (done != (1 << TC_TOK) - 1) {
+    while (done != (1 << TOK) - 1) {
         const int slot = s_slot[__ffs(~done) - 1];
         int act = 0, need = 0;
         int64_t nv = 0;
-        for (int tok = 0; tok < TC_TOK; tok++)
+        for (int tok = 0; tok < TOK; tok++)
             if (!(done >> tok & 1) && s_slot[tok] == slot) {
                 act |= 1 << tok;
                 need |= !s_bad[tok];
@@ -298,12 +312,16 @@ __global__ void __launch_bounds__(IDX_THREADS, 1)
         done |= act;
         if (!need) continue; /* every row of the pass is recomputed anyway */
         float4 kr[TC_BN / 8];
-        /* key tile w0 into registers (thread: float4 column `lane` of keys warp + 8m); missing keys as zeros */
+        uint32_t miss = 0;
+        /* key tile w0 into registers (thread: float4 column `lane` of keys warp + 8m); missing keys as zeros,
+         * bit m of miss = key warp + 8m on an unmapped page */
         auto load = [&](int64_t w0) {
+            miss = 0;
 #pragma unroll
             for (int m = 0; m < TC_BN / 8; m++) {
                 const int64_t w = w0 + warp + 8 * m;
                 const int64_t r = w < nv ? cu_cmp_index(cs, slot, w) : -1;
+                if (w < nv && r < 0) miss |= 1u << m;
                 kr[m] = r >= 0 ? ((const float4 *)(keys + r * TC_DK))[lane] : make_float4(0.f, 0.f, 0.f, 0.f);
             }
         };
@@ -313,23 +331,25 @@ __global__ void __launch_bounds__(IDX_THREADS, 1)
             uint32_t kbad = 0;
 #pragma unroll
             for (int m = 0; m < TC_BN / 8; m++) *(uint2 *)(Bs + (warp + 8 * m) * TC_ALD + 4 * lane) = f4_bf16(kr[m], &kbad);
+            if (lane < TC_BN / 8) s_kmiss[warp + 8 * lane] = (uint8_t)(miss >> lane & 1);
             if (__any_sync(0xffffffffu, kbad != 0) && lane == 0) s_kbad = 1;
             __syncthreads(); /* Bs complete; P of the previous tile consumed */
             if (s_kbad) break;
+            const int kmiss = s_kmiss[tid % TC_BN]; /* read before the next tile's write (after the sync below) */
             if (w0 + wstep < nv) load(w0 + wstep); /* in flight during the mma */
-            float acc[4][4][4];
+            float acc[MT][4][4];
 #pragma unroll
-            for (int i = 0; i < 4; i++)
+            for (int i = 0; i < MT; i++)
 #pragma unroll
                 for (int j = 0; j < 4; j++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) acc[i][j][e] = 0.f;
 #pragma unroll
             for (int ks = 0; ks < TC_DK / 16; ks++) {
-                uint32_t a[4][4], b[4][2];
+                uint32_t a[MT][4], b[4][2];
 #pragma unroll
-                for (int i = 0; i < 4; i++)
-                    ldsm_x4(a[i], As + (tw * TC_H + 16 * i + (lane & 15)) * TC_ALD + ks * 16 + (lane >> 4) * 8);
+                for (int i = 0; i < MT; i++)
+                    ldsm_x4(a[i], As + (wm * 16 * MT + 16 * i + (lane & 15)) * TC_ALD + ks * 16 + (lane >> 4) * 8);
 #pragma unroll
                 for (int jj = 0; jj < 2; jj++) {
                     uint32_t r[4];
@@ -338,25 +358,27 @@ __global__ void __launch_bounds__(IDX_THREADS, 1)
                     b[2 * jj][0] = r[0], b[2 * jj][1] = r[1], b[2 * jj + 1][0] = r[2], b[2 * jj + 1][1] = r[3];
                 }
 #pragma unroll
-                for (int i = 0; i < 4; i++)
+                for (int i = 0; i < MT; i++)
 #pragma unroll
                     for (int j = 0; j < 4; j++) mma_bf16_16816(acc[i][j], a[i], b[j][0], b[j][1]);
             }
-            /* ReLU'd dots to P[row tw][key][head] (as the reference: dot > 0 ? dot : 0) */
+            /* ReLU'd dots to P[row][key][head] (as the reference: dot > 0 ? dot : 0) */
 #pragma unroll
-            for (int i = 0; i < 4; i++)
+            for (int i = 0; i < MT; i++) {
+                const int rr = wm * 16 * MT + 16 * i + gq; /* row·64 + head of c[0], c[1] */
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
-                    float *p = P + (tw * TC_BN + wn * 32 + 8 * j + 2 * tq) * TC_PLD + 16 * i + gq;
+                    float *p = P + ((rr / TC_H) * TC_BN + wn * 32 + 8 * j + 2 * tq) * TC_PLD + rr % TC_H;
                     const float(&c)[4] = acc[i][j];
                     p[0] = c[0] > 0.f ? c[0] : 0.f;
                     p[TC_PLD] = c[1] > 0.f ? c[1] : 0.f;
                     p[8] = c[2] > 0.f ? c[2] : 0.f;
                     p[TC_PLD + 8] = c[3] > 0.f ? c[3] : 0.f;
                 }
+            }
             __syncthreads(); /* P complete; Bs consumed */
             /* heads summed in order, one thread per (row, key) of the tile */
-            {
+            if (tid < TOK * TC_BN) {
                 const int tok = tid / TC_BN, kk = tid % TC_BN;
                 const int64_t w = w0 + kk;
                 if ((act >> tok & 1) && w < s_nvis[tok]) {
@@ -370,18 +392,18 @@ __global__ void __launch_bounds__(IDX_THREADS, 1)
                         total = __fadd_rn(total, __fmul_rn(gv[h + 2], d.z));
                         total = __fadd_rn(total, __fmul_rn(gv[h + 3], d.w));
                     }
-                    if (cu_cmp_index(cs, slot, w) < 0) total = -INFINITY; /* unreachable row: never preferred */
+                    if (kmiss) total = -INFINITY; /* unreachable row: never preferred */
                     scores[(int64_t)(tb + tok) * ld + w] = total;
                 }
             }
         }
         __syncthreads(); /* s_kbad final for the pass */
-        if (s_kbad && tid < TC_TOK && (act >> tid & 1)) s_bad[tid] = 1;
+        if (s_kbad && tid < TOK && (act >> tid & 1)) s_bad[tid] = 1;
         __syncthreads();
         if (tid == 0) s_kbad = 0;
         __syncthreads();
     }
-    if (tid < TC_TOK && tb + tid < n && s_bad[tid]) redo[tb + tid] = 1;
+    if (tid < TOK && tb + tid < n && s_bad[tid]) redo[tb + tid] = 1;
 }
 
 /* ------------------------------------------------------------------- top-k */
@@ -532,8 +554,11 @@ int cu_be_indexer_select(dsv4_backend *be, const dsv4_buf *qi, const dsv4_buf *g
     }
     /* prefill-sized calls at the Flash shape score on the tensor cores (DSV4_CUDA_IDX_TC=0: scalar only) */
     static int tc_env = -1;
-    if (tc_env < 0) tc_env = !(getenv("DSV4_CUDA_IDX_TC") && !strcmp(getenv("DSV4_CUDA_IDX_TC"), "0"));
-    const int use_tc = tc_env && kpw == 4 && H == TC_H && dk == TC_DK && maxn > topk;
+    if (tc_env < 0) { /* DSV4_CUDA_IDX_TC: 0 = scalar, 4 = 4 rows per block, else 2 (2 blocks per SM) */
+        const char *e = getenv("DSV4_CUDA_IDX_TC");
+        tc_env = e && !strcmp(e, "0") ? 0 : e && !strcmp(e, "4") ? 4 : 2;
+    }
+    const int tc_tok = tc_env, use_tc = tc_env && kpw == 4 && H == TC_H && dk == TC_DK && maxn > topk;
     float *scores = NULL;
     int32_t *redo = NULL;
     int64_t ld = maxn > topk ? maxn : 1, chunk = T;
@@ -548,9 +573,12 @@ int cu_be_indexer_select(dsv4_backend *be, const dsv4_buf *qi, const dsv4_buf *g
         scores = (float *)p;
         if (use_tc) redo = (int32_t *)((char *)p + sbytes);
     }
-    if (use_tc)
-        CU_TRY(cudaFuncSetAttribute(k_idx_scores_tc, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)idx_tc_smem()),
-               err, "indexer_select (shared memory)");
+    if (use_tc && tc_tok == 4)
+        CU_TRY(cudaFuncSetAttribute(k_idx_scores_tc<4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)idx_tc_smem(4)), err, "indexer_select (shared memory)");
+    if (use_tc && tc_tok == 2)
+        CU_TRY(cudaFuncSetAttribute(k_idx_scores_tc<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)idx_tc_smem(2)), err, "indexer_select (shared memory)");
     const size_t smem = idx_smem(H, dk, kpw);
     if (kpw == 4)
         CU_TRY(cudaFuncSetAttribute(k_idx_scores<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), err,
@@ -564,14 +592,20 @@ int cu_be_indexer_select(dsv4_backend *be, const dsv4_buf *qi, const dsv4_buf *g
         if (scores) {
             if (use_tc) {
                 /* key tiles split over grid.y when the rows alone give fewer than ~2 blocks per SM */
-                const int64_t groups = (n + TC_TOK - 1) / TC_TOK, ktiles = (maxn + TC_BN - 1) / TC_BN;
+                const int64_t groups = (n + tc_tok - 1) / tc_tok, ktiles = (maxn + TC_BN - 1) / TC_BN;
                 int64_t ky = (IDX_TARGET_BLOCKS + groups - 1) / groups;
                 ky = ky < 1 ? 1 : ky > ktiles ? ktiles : ky > 65535 ? 65535 : ky;
                 CU_TRY(cudaMemsetAsync(redo, 0, (size_t)n * sizeof(int32_t), ctx->stream), err,
                        "indexer_select (row flags)");
-                k_idx_scores_tc<<<dim3((unsigned)groups, (unsigned)ky), IDX_THREADS, idx_tc_smem(), ctx->stream>>>(
-                    (const float *)qi->data, (const float *)g->data, g_scale, *idx, pos, slot, (int)t0, n, scores, ld,
-                    redo);
+                const dim3 grid((unsigned)groups, (unsigned)ky);
+                if (tc_tok == 4)
+                    k_idx_scores_tc<4><<<grid, IDX_THREADS, idx_tc_smem(4), ctx->stream>>>(
+                        (const float *)qi->data, (const float *)g->data, g_scale, *idx, pos, slot, (int)t0, n, scores,
+                        ld, redo);
+                else
+                    k_idx_scores_tc<2><<<grid, IDX_THREADS, idx_tc_smem(2), ctx->stream>>>(
+                        (const float *)qi->data, (const float *)g->data, g_scale, *idx, pos, slot, (int)t0, n, scores,
+                        ld, redo);
                 CU_LAUNCHED(err, "indexer_select (tensor-core scores)");
             }
             /* with use_tc: only the rows k_idx_scores_tc flagged (q or keys not exact in bf16) */
