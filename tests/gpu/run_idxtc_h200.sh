@@ -21,12 +21,11 @@ timeout 150 bin/dsv4-gpu-conformance $CF > "$O/conformance.txt" 2>&1
 echo "conformance $CF rc=$?" | tee -a "$O/conformance.txt"
 grep -E "^== |indexer_select|FAIL|ERROR|summary" "$O/conformance.txt" | grep -B1 -E "indexer_select|FAIL|ERROR|summary" |
   grep -vE "^--" | cut -c1-150
-AGG='import csv,sys,collections
-r=list(csv.reader(open(sys.argv[1]))); h=next(x for x in r if x and x[0]=="ID"); k,v=h.index("Kernel Name"),h.index("Metric Value")
-a=collections.defaultdict(lambda:[0,0.0])
+AGG='import csv,sys
+r=list(csv.reader(open(sys.argv[1]))); h=next(x for x in r if x and x[0]=="ID")
+k,v,g=h.index("Kernel Name"),h.index("Metric Value"),h.index("Grid Size")
 for x in r:
-    if len(x)>v and x[0].isdigit(): n=x[k].split("(")[0]; a[n][0]+=1; a[n][1]+=float(x[v].replace(",",""))
-for n,(c,t) in sorted(a.items(),key=lambda y:-y[1][1]): print(f"  {n[:60]:60s} {c:3d} calls {t/1e3:10.1f} us")'
+    if len(x)>v and x[0].isdigit(): print(f"  {x[k].split(chr(40))[0][:28]:28s} grid {x[g]:16s} {float(x[v].replace(chr(44),chr(32)).replace(chr(32),str()))/1e3:9.1f} us")'
 for tc in 2 4 0; do
   DSV4_CUDA_IDX_TC=$tc timeout 60 ncu --clock-control none --metrics gpu__time_duration.sum --kernel-name 'regex:k_idx' \
     --csv --print-units base bin/dsv4 perf v4-0731 --load-format dummy --hf-overrides '{"num_hidden_layers": 4}' \
