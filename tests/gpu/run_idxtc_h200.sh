@@ -34,7 +34,7 @@ for tc in 2 4 0; do
   echo "ncu DSV4_CUDA_IDX_TC=$tc rc=$? (k_idx* kernels: 8192-token prefill, decode at batch 1 and 64)"
   python3 -c "$AGG" "$O/ncu_tc$tc.csv"
 done
-(cd "$O" && tar czf ncu.tgz ncu_tc*.csv ncu_tc*.err && rm -f ncu_tc*.csv ncu_tc*.err)
+gzip -f "$O"/ncu_tc*.csv
 if [ -z "${QUICK:-}" ]; then
   for b in dsv4.before dsv4; do
     timeout 100 bin/$b perf v4-0731 --load-format dummy --hf-overrides '{"num_hidden_layers": 8}' --device cuda \
@@ -42,5 +42,4 @@ if [ -z "${QUICK:-}" ]; then
       2>&1 | grep -v "CUDA graph for\|captured a graph\|INFO" > "$O/perf_$b.txt"
     echo "== perf bin/$b rc=${PIPESTATUS[0]}"; grep -E "^ *1 |prefill|rror" "$O/perf_$b.txt"
   done
-  (cd "$O" && tar czf perf.tgz perf_*.txt && rm -f perf_*.txt)
 fi

@@ -70,12 +70,12 @@ static size_t idx_smem(int H, int dk, int kpw) {
             (size_t)IDX_BLOCK_KEYS * (H + 1) + H) * sizeof(float);
 }
 
-/* Scores of keys [bx·tpb·8·KPW, +tpb·8·KPW) of chunk row tl (the whole block; returns early
+/* Scores of keys [blockIdx.x·tpb·8·KPW, +tpb·8·KPW) of chunk row tl (the whole block; returns early
  * when the range is past the row's visible keys). */
 template <int KPW>
 __device__ __forceinline__ void idx_scores_row(const float *qi, const float *g, float g_scale, const dsv4_cmp_state &cs,
                                                int H, int dk, const int32_t *pos, const int32_t *slots, int t0,
-                                               int tpb, float *scores, int64_t ld, int tl, int64_t bx) {
+                                               int tpb, float *scores, int64_t ld, int tl) {
     constexpr int TILE = 8 * KPW;
     extern __shared__ float sm[];
     __shared__ int64_t krow[TILE];
@@ -89,7 +89,7 @@ __device__ __forceinline__ void idx_scores_row(const float *qi, const float *g, 
     int64_t nvis = (p + 1) / cs.ratio;
     if (nvis > cs.max_rows) nvis = cs.max_rows;
     if (cs.block_table && nvis > (int64_t)cs.max_pages * cs.page_rows) nvis = (int64_t)cs.max_pages * cs.page_rows;
-    const int64_t wbase = bx * TILE * tpb;
+    const int64_t wbase = (int64_t)blockIdx.x * TILE * tpb;
     if (wbase >= nvis) return;
     const int slot = slots[t];
     for (int i = threadIdx.x; i < H * dk; i += blockDim.x) qs[(i / dk) * qld + i % dk] = qi[(int64_t)t * H * dk + i];
@@ -169,14 +169,13 @@ __device__ __forceinline__ void idx_scores_row(const float *qi, const float *g, 
     }
 }
 
-/* Key ranges blockIdx.x, + gridDim.x, .. < nbx of chunk rows blockIdx.y, + gridDim.y, .. < n; with redo,
- * only the rows flagged there (the rest were scored by k_idx_scores_tc; a short grid then keeps the
- * launch cheap when nothing is flagged). */
+/* Chunk rows blockIdx.y, + gridDim.y, .. < n; with redo, only the rows flagged there (the rest were scored
+ * by k_idx_scores_tc; a short grid then keeps the launch cheap when nothing is flagged). */
 template <int KPW>
 __global__ void __launch_bounds__(IDX_THREADS) k_idx_scores(const float *qi, const float *g, float g_scale,
                                                             dsv4_cmp_state cs, int H, int dk, const int32_t *pos,
                                                             const int32_t *slots, int t0, int tpb, float *scores,
-                                                            int64_t ld, int n, int64_t nbx, const int32_t *redo) {
+                                                            int64_t ld, int n, const int32_t *redo) {
     __shared__ uint32_t s_rows[IDX_THREADS / 32]; /* bit = row to score, of the next IDX_THREADS of this block */
     for (int64_t j0 = 0; blockIdx.y + j0 * gridDim.y < (uint32_t)n; j0 += IDX_THREADS) {
         const int64_t tli = blockIdx.y + (j0 + threadIdx.x) * gridDim.y; /* the flags read in parallel */
@@ -186,10 +185,8 @@ __global__ void __launch_bounds__(IDX_THREADS) k_idx_scores(const float *qi, con
         for (int wi = 0; wi < IDX_THREADS / 32; wi++)
             for (uint32_t m = s_rows[wi]; m; m &= m - 1) {
                 const int tl = (int)(blockIdx.y + (j0 + 32 * wi + __ffs(m) - 1) * gridDim.y);
-                for (int64_t bx = blockIdx.x; bx < nbx; bx += gridDim.x) {
-                    idx_scores_row<KPW>(qi, g, g_scale, cs, H, dk, pos, slots, t0, tpb, scores, ld, tl, bx);
-                    __syncthreads(); /* shared memory is the next range's */
-                }
+                idx_scores_row<KPW>(qi, g, g_scale, cs, H, dk, pos, slots, t0, tpb, scores, ld, tl);
+                __syncthreads(); /* shared memory is the next row's */
             }
         __syncthreads(); /* s_rows is the next round's */
     }
@@ -317,15 +314,14 @@ __global__ void __launch_bounds__(IDX_THREADS, TOK == 2 ? 2 : 1)
         float4 kr[TC_BN / 8];
         uint32_t miss = 0;
         /* key tile w0 into registers (thread: float4 column `lane` of keys warp + 8m); missing keys as zeros,
-         * bit m of miss = key warp + 8m on an unmapped page. Lane m < 8 looks key warp + 8m up (the page
-         * table's 64-bit divisions once per key, not once per lane) and the row index is broadcast. */
+         * bit m of miss = key warp + 8m on an unmapped page */
         auto load = [&](int64_t w0) {
-            const int64_t wl = w0 + warp + 8 * (lane & 7);
-            const int64_t rl = wl < nv ? cu_cmp_index(cs, slot, wl) : -1;
-            miss = __ballot_sync(0xffffffffu, lane < 8 && wl < nv && rl < 0);
+            miss = 0;
 #pragma unroll
             for (int m = 0; m < TC_BN / 8; m++) {
-                const int64_t r = __shfl_sync(0xffffffffu, rl, m);
+                const int64_t w = w0 + warp + 8 * m;
+                const int64_t r = w < nv ? cu_cmp_index(cs, slot, w) : -1;
+                if (w < nv && r < 0) miss |= 1u << m;
                 kr[m] = r >= 0 ? ((const float4 *)(keys + r * TC_DK))[lane] : make_float4(0.f, 0.f, 0.f, 0.f);
             }
         };
@@ -390,11 +386,11 @@ __global__ void __launch_bounds__(IDX_THREADS, TOK == 2 ? 2 : 1)
                     float total = 0.f;
 #pragma unroll
                     for (int h = 0; h < TC_H; h += 4) {
-                        const float4 d = *(const float4 *)(pv + h), gg = *(const float4 *)(gv + h);
-                        total = __fadd_rn(total, __fmul_rn(gg.x, d.x));
-                        total = __fadd_rn(total, __fmul_rn(gg.y, d.y));
-                        total = __fadd_rn(total, __fmul_rn(gg.z, d.z));
-                        total = __fadd_rn(total, __fmul_rn(gg.w, d.w));
+                        const float4 d = *(const float4 *)(pv + h);
+                        total = __fadd_rn(total, __fmul_rn(gv[h], d.x));
+                        total = __fadd_rn(total, __fmul_rn(gv[h + 1], d.y));
+                        total = __fadd_rn(total, __fmul_rn(gv[h + 2], d.z));
+                        total = __fadd_rn(total, __fmul_rn(gv[h + 3], d.w));
                     }
                     if (kmiss) total = -INFINITY; /* unreachable row: never preferred */
                     scores[(int64_t)(tb + tok) * ld + w] = total;
@@ -613,19 +609,15 @@ int cu_be_indexer_select(dsv4_backend *be, const dsv4_buf *qi, const dsv4_buf *g
                 CU_LAUNCHED(err, "indexer_select (tensor-core scores)");
             }
             /* with use_tc: only the rows k_idx_scores_tc flagged (q or keys not exact in bf16) */
-            /* after k_idx_scores_tc a short grid that loops over rows and key ranges: few rows are flagged,
-             * or none, and then (static shapes: maxn = every row the state can hold) a full grid of blocks
-             * finding nothing to do would cost more than the scores */
-            const int64_t nbx = (maxn + per_block - 1) / per_block;
-            dim3 grid((unsigned)(use_tc && nbx > 16 ? 16 : nbx), (unsigned)(use_tc && n > 128 ? 128 : n));
+            dim3 grid((unsigned)((maxn + per_block - 1) / per_block), (unsigned)(use_tc && n > 128 ? 128 : n));
             if (kpw == 4)
                 k_idx_scores<4><<<grid, IDX_THREADS, smem, ctx->stream>>>(
                     (const float *)qi->data, (const float *)g->data, g_scale, *idx, H, dk, pos, slot, (int)t0, tpb,
-                    scores, ld, n, nbx, redo);
+                    scores, ld, n, redo);
             else
                 k_idx_scores<1><<<grid, IDX_THREADS, smem, ctx->stream>>>(
                     (const float *)qi->data, (const float *)g->data, g_scale, *idx, H, dk, pos, slot, (int)t0, tpb,
-                    scores, ld, n, nbx, NULL);
+                    scores, ld, n, NULL);
             CU_LAUNCHED(err, "indexer_select (scores)");
         }
         k_idx_topk<<<n, IDX_SEL_THREADS, 0, ctx->stream>>>(scores, ld, idx->ratio, max_vis, pos, (int)t0, topk,
