@@ -5,6 +5,7 @@
  * is reproducible from its seed on any machine.
  */
 #include "backend/conformance.h"
+#include "backend/cpu/cpu_num.h"
 #include "model/kvcodec.h"
 
 #include <math.h>
@@ -149,7 +150,9 @@ static int check_i32_rows(conf *c, const char *op, dsv4_buf **b, int as_sets) {
         double f = (double)diff / (double)(R ? R : 1);
         int bad = as_sets ? !(f <= c->tol) : diff > 0;
         c->fails += bad;
-        if (c->rep && as_sets) fprintf(c->rep, "%-22s rows differing %.3f %s\n", op, f, bad ? "FAIL" : "ok");
+        if (c->rep && as_sets)
+            fprintf(c->rep, "%-22s rows differing %.3f (%lld of %lld) %s\n", op, f, (long long)diff, (long long)R,
+                    bad ? "FAIL" : "ok");
         else if (c->rep)
             fprintf(c->rep, "%-22s rows differing %lld of %lld (exact) %s\n", op, (long long)diff, (long long)R,
                     bad ? "FAIL" : "ok");
@@ -632,12 +635,16 @@ static void page_rows(const cmp_pair *cp, int64_t rb, const void *unpaged, void 
 }
 
 static int make_cmp(conf *c, int ratio, int overlap, int D, int slots, const int64_t *nvis_max, int paged,
-                    dsv4_kv_dtype kt, int rope, cmp_pair *cp) {
+                    dsv4_kv_dtype kt, int rope, int hfp4, cmp_pair *cp) {
     int64_t maxr = 1;
     for (int sl = 0; sl < slots; sl++) maxr = nvis_max[sl] + 1 > maxr ? nvis_max[sl] + 1 : maxr;
     int cap = ratio * (1 + overlap) + 4, cw = D * (1 + overlap), rc;
     float *rows = hrand(c, (size_t)(slots * maxr * D), 1);
     if (!rows) return dsv4_err_set(c->err, DSV4_ENOMEM, "conformance: out of memory");
+    for (int64_t i = 0; hfp4 && i < slots * maxr; i++) { /* index keys as the reference stores them (§3.4.6) */
+        dsv4_cpu_hadamard(rows + i * D, D);
+        for (int k = 0; k < D; k += 32) dsv4_cpu_fp4_roundtrip(rows + i * D + k, 32);
+    }
     memset(cp, 0, sizeof *cp);
     cp->max_rows = maxr;
     cp->kt = kt;
@@ -741,12 +748,13 @@ static int conf_attention(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b
     cmp_pair cm, ci;
     dsv4_win_state ws[2];
     dsv4_buf *ring[2];
-    /* window rows and main compressed rows in the shape's --kv-cache-dtype record; index keys F32 */
+    /* window rows and main compressed rows in the shape's --kv-cache-dtype record; index keys F32, Hadamard + FP4
+     * values as compress stores them */
     const dsv4_kv_dtype kt = (dsv4_kv_dtype)s->kv_dtype;
     const int krope = kt == DSV4_KV_FP8_DS_MLA ? s->rope_dim : 0;
     if ((rc = kv_pair(c, kt, (int64_t)slots * cap, hd, krope, hrand(c, (size_t)slots * cap * hd, 1), ring)) ||
-        (rc = make_cmp(c, ratio, ov, hd, slots, nv_main, s->paged, kt, krope, &cm)) ||
-        (ov && (rc = make_cmp(c, 4, 1, idim, slots, nv_idx, s->paged, DSV4_KV_F32, 0, &ci))))
+        (rc = make_cmp(c, ratio, ov, hd, slots, nv_main, s->paged, kt, krope, 0, &cm)) ||
+        (ov && (rc = make_cmp(c, 4, 1, idim, slots, nv_idx, s->paged, DSV4_KV_F32, 0, 1, &ci))))
         return rc;
     for (int k = 0; k < 2; k++) ws[k] = (dsv4_win_state){.window = s->window, .cap = cap, .n_slots = slots, .rows = *ring[k]};
     dsv4_rope r;
@@ -785,6 +793,14 @@ static int conf_attention(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b
             return rc;
         float gs = 1.0f / sqrtf((float)qiw);
         op = "indexer_select";
+        RUN(c->be[0]->indexer_select(c->be[0], qi[0], g[0], gs, &ci.st[0], s->index_topk, b, sel[0], c->err),
+            c->be[1]->indexer_select(c->be[1], qi[1], g[1], gs, &ci.st[1], s->index_topk, b, sel[1], c->err));
+        if ((rc = check_sets(c, op, sel))) return rc;
+        /* again with the model's reference-numerics q (block.c: Hadamard + FP4 round trip, exact in bf16,
+         * so a CUDA prefill chunk scores it on the tensor cores); the reference side's q fed to both */
+        op = "indexer_select QAT q";
+        if ((rc = c->be[1]->qat_hadamard_fp4(c->be[1], qi[1], idim, c->err)) || (rc = copy_ref_to_test(c, qi)))
+            return dsv4_err_prefix(c->err, "%s: ", op);
         RUN(c->be[0]->indexer_select(c->be[0], qi[0], g[0], gs, &ci.st[0], s->index_topk, b, sel[0], c->err),
             c->be[1]->indexer_select(c->be[1], qi[1], g[1], gs, &ci.st[1], s->index_topk, b, sel[1], c->err));
         if ((rc = check_sets(c, op, sel)) || (rc = copy_ref_to_test(c, sel))) return rc;

@@ -1018,6 +1018,8 @@ int main(int argc, char **argv) {
         {"flash, decode 2x1 at 4095, paged", 1, 2, 1, 4095, 0, 1}, /* the harness takes >= 2 rows */
         {"flash, verify 1x6 at 4090", 1, 6, 6, 4090, 0, 0},
         {"flash, prefill chunk 1x512 at 3000", 1, 512, 512, 3000, 0, 0},
+        /* a prefill-sized indexer chunk (2048 rows seeing 1500..2011 keys: the tensor-core scores) */
+        {"flash, prefill chunk 1x2048 at 6000", 1, 2048, 2048, 6000, 0, 0},
     };
     for (size_t i = 0; i < sizeof L / sizeof L[0]; i++) {
         layout_shape(&L[i], &s);
