@@ -14,8 +14,9 @@
  *   dsv4-gpu-ops --perf          correctness, then timings
  *   dsv4-gpu-ops --perf-only     timings only
  *   dsv4-gpu-ops --prefill       prefill sizes (n = 64..8192): GEMM vs decode kernels
- *   dsv4-gpu-ops --moe [--perf]  routed experts only: checks (k_fp4s == k_fp4 bit for bit),
- *                                then both kernels' timings at 1..340 rows
+ *   dsv4-gpu-ops --moe [--perf]  routed experts only: checks (every expert kernel == k_fp4 bit
+ *                                for bit), then each kernel's timings at 1..340 rows
+ *                                (MOE_VARIANTS="4 0": which DSV4_CUDA_MOE_KERNEL values)
  * Exit status 1 when any correctness case fails.
  *
  * The CPU reference lives here until the CPU backend (branch cpufwd)
@@ -553,15 +554,16 @@ static void t_moe(moe_set *m, const char *label, int n, int topk, int with_share
 }
 
 /*
- * The staged expert kernels (k_fp4s) must equal k_fp4 (DSV4_CUDA_MOE_OLD=1)
- * bit for bit: same per-32-column mma, scale and summation order. n rows,
- * top-k ids with `hot` of them forced onto expert 0 (rows per expert > 8:
- * several 8-row passes over the staged tile).
+ * The decode / verify expert kernels (DSV4_CUDA_MOE_KERNEL = 1: k_fp4s,
+ * 2..4: k_fp4r with that many ring stages) must equal k_fp4 (= 0) bit for
+ * bit: same per-32-column mma, scale and summation order. n rows, top-k ids
+ * with `hot` of them forced onto expert 0 (rows per expert > 8: several
+ * 8-row passes).
  */
 static void t_moe_kernel(moe_set *m, const char *label, int n, int topk, int hot) {
     dsv4_err err = {0};
     size_t nx = (size_t)n * m->dm;
-    float *x = malloc(nx * 4), *y1 = malloc(nx * 4), *y2 = malloc(nx * 4);
+    float *x = malloc(nx * 4), *y0 = malloc(nx * 4), *y1 = malloc(nx * 4);
     int *ids = malloc((size_t)n * topk * 4);
     float *wts = malloc((size_t)n * topk * 4);
     fill_act(x, nx, (int)m->dm);
@@ -573,24 +575,27 @@ static void t_moe_kernel(moe_set *m, const char *label, int n, int topk, int hot
     }
     float *dx = dup_up(x, nx * 4), *dy = dalloc(nx * 4), *dw = dup_up(wts, (size_t)n * topk * 4);
     int *dids = dup_up(ids, (size_t)n * topk * 4);
-    for (int v = 0; v < 2; v++) {
-        if (v == 0) setenv("DSV4_CUDA_MOE_OLD", "1", 1);
-        else unsetenv("DSV4_CUDA_MOE_OLD");
+    for (int v = 0; v <= 4; v++) {
+        char b[8];
+        snprintf(b, sizeof b, "%d", v);
+        setenv("DSV4_CUDA_MOE_KERNEL", b, 1);
         poison(dy, nx * 4);
         DIE_IF(dsv4_cuda_moe(G, &m->dev, dx, n, dids, dw, topk, NULL, dy, DSV4_CUDA_MOE_BF16, &err), err);
         DIE_IF(dsv4_cuda_sync(G, &err), err);
-        down(v == 0 ? y1 : y2, dy, nx * 4);
+        down(v == 0 ? y0 : y1, dy, nx * 4);
+        if (v == 0) continue;
+        size_t bad = 0;
+        for (size_t i = 0; i < nx; i++) bad += memcmp(&y0[i], &y1[i], 4) != 0;
+        char shape[96];
+        snprintf(shape, sizeof shape, "%s E=%d top%d n=%d hot=%d k%d", label, m->E, topk, n, hot, v);
+        int ok = bad == 0;
+        ok ? n_pass++ : n_fail++;
+        printf("%-5s %-14s %-34s %zu of %zu outputs differ from k_fp4 (bit-exact required)\n", ok ? "ok" : "FAIL",
+               "moe_kernel", shape, bad, nx);
     }
-    size_t bad = 0;
-    for (size_t i = 0; i < nx; i++) bad += memcmp(&y1[i], &y2[i], 4) != 0;
-    char shape[96];
-    snprintf(shape, sizeof shape, "%s E=%d top%d n=%d hot=%d", label, m->E, topk, n, hot);
-    int ok = bad == 0;
-    ok ? n_pass++ : n_fail++;
-    printf("%-5s %-14s %-34s %zu of %zu outputs differ from k_fp4 (bit-exact required)\n", ok ? "ok" : "FAIL",
-           "moe_kernel", shape, bad, nx);
+    unsetenv("DSV4_CUDA_MOE_KERNEL");
     dsv4_cuda_free(G, dx); dsv4_cuda_free(G, dy); dsv4_cuda_free(G, dw); dsv4_cuda_free(G, dids);
-    free(x); free(y1); free(y2); free(ids); free(wts);
+    free(x); free(y0); free(y1); free(ids); free(wts);
 }
 
 /* linear_q / moe_q from one act_quant must equal linear / moe bit for bit. */
@@ -1365,12 +1370,17 @@ int main(int argc, char **argv) {
         t_shared_quant(DSV4_DT_F8_E4M3, 0, 0, 6, &flash);
         printf("\ncorrectness: %d passed, %d failed\n", n_pass, n_fail);
         if (perf) {
-            printf("\n== perf: routed experts, CUDA-graph replay, 16 routing sets; staged (k_fp4s) then k_fp4\n");
-            unsetenv("DSV4_CUDA_MOE_OLD");
-            perf_moe(&flash, "moe_new");
-            setenv("DSV4_CUDA_MOE_OLD", "1", 1);
-            perf_moe(&flash, "moe_old");
-            unsetenv("DSV4_CUDA_MOE_OLD");
+            printf("\n== perf: routed experts, CUDA-graph replay, 16 routing sets; moe_kV = DSV4_CUDA_MOE_KERNEL=V\n");
+            /* DSV4_CUDA_MOE_KERNEL values to time, e.g. "4 0" (default: all) */
+            const char *vs = getenv("MOE_VARIANTS") ? getenv("MOE_VARIANTS") : "4 3 2 1 0";
+            for (const char *q = vs; *q; q++) {
+                if (*q < '0' || *q > '9') continue;
+                char b[2] = {*q, 0}, label[16];
+                setenv("DSV4_CUDA_MOE_KERNEL", b, 1);
+                snprintf(label, sizeof label, "moe_k%c", *q);
+                perf_moe(&flash, label);
+            }
+            unsetenv("DSV4_CUDA_MOE_KERNEL");
         }
         goto out;
     }
@@ -1381,19 +1391,28 @@ int main(int argc, char **argv) {
         dsv4_cuda_weight w1, w2;
         DIE_IF(dsv4_cuda_weight_upload(G, &h1.lin, &w1, &err), err);
         DIE_IF(dsv4_cuda_weight_upload(G, &h2.lin, &w2, &err), err);
-        float *hx = malloc((size_t)8 * 8192 * 4);
-        fill_act(hx, (size_t)8 * 8192, 8192);
-        float *dx = dup_up(hx, (size_t)8 * 8192 * 4), *dy = dalloc((size_t)8 * 32768 * 4);
+        float *hx = malloc((size_t)48 * 8192 * 4);
+        fill_act(hx, (size_t)48 * 8192, 8192);
+        float *dx = dup_up(hx, (size_t)48 * 8192 * 4), *dy = dalloc((size_t)48 * 32768 * 4);
         DIE_IF(dsv4_cuda_linear(G, &w1, dx, 1, dy, 0, &err), err);
         DIE_IF(dsv4_cuda_linear(G, &w2, dx, 1, dy, 0, &err), err);
         moe_make(&flash, 256, 4096, 2048);
-        int ids[36];
-        float wts[36];
-        pick_ids(ids, wts, 6, 6, 256);
+        int ids[48 * 6];
+        float wts[48 * 6];
+        pick_ids(ids, wts, 48, 6, 256);
         int *di = dup_up(ids, sizeof ids);
         float *dw = dup_up(wts, sizeof wts);
-        DIE_IF(dsv4_cuda_moe(G, &flash.dev, dx, 1, di, dw, 6, NULL, dy, 0, &err), err);
-        DIE_IF(dsv4_cuda_moe(G, &flash.dev, dx, 6, di, dw, 6, NULL, dy, 0, &err), err);
+        /* every expert kernel (DSV4_CUDA_MOE_KERNEL, env MOE_VARIANTS) at 1, 6 and 48 rows */
+        const char *vs = getenv("MOE_VARIANTS") ? getenv("MOE_VARIANTS") : "0";
+        for (const char *q = vs; *q; q++) {
+            if (*q < '0' || *q > '9') continue;
+            char b[2] = {*q, 0};
+            setenv("DSV4_CUDA_MOE_KERNEL", b, 1);
+            DIE_IF(dsv4_cuda_moe(G, &flash.dev, dx, 1, di, dw, 6, NULL, dy, 0, &err), err);
+            DIE_IF(dsv4_cuda_moe(G, &flash.dev, dx, 6, di, dw, 6, NULL, dy, 0, &err), err);
+            DIE_IF(dsv4_cuda_moe(G, &flash.dev, dx, 48, di, dw, 6, NULL, dy, 0, &err), err);
+        }
+        unsetenv("DSV4_CUDA_MOE_KERNEL");
         DIE_IF(dsv4_cuda_sync(G, &err), err);
         printf("profile launches done\n");
         return 0;
