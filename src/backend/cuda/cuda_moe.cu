@@ -22,6 +22,17 @@
 #include <cub/block/block_scan.cuh>
 #include <climits>
 
+/* cp.async.wait_group with a count known only after unrolling; a compiler
+ * memory barrier too (shared reads must not move above it). */
+__device__ __forceinline__ void cp_wait_dyn(int n) {
+    switch (n) {
+    case 0: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
+    case 1: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
+    case 2: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
+    default: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
+    }
+}
+
 enum { FP4_PLAIN = 0, FP4_GATEUP = 1, FP4_DOWN = 2 };
 
 struct Fp4Args {
@@ -249,6 +260,220 @@ __global__ void __launch_bounds__(256, MINB) k_fp4(Fp4Args a) {
             }
         }
     }
+}
+
+/* k_fp4r's shared memory: per (warp, stage, matrix) 1088 bytes: lane l's 32
+ * weight bytes as two 16-byte halves at l*16 and 512 + l*16 (conflict-free
+ * 16-byte reads), then the chunk's 64 scale bytes; after all stages, the
+ * cross-warp reduction slots [NM][FP4S_RS][32] float4 (warp 0 adds warps
+ * 1..KW-1 in order, FP4S_RS per round). */
+#define FP4S_STAGE 1088
+#define FP4S_RS 4
+
+/*
+ * Ring expert kernel (opt-in: DSV4_CUDA_MOE_KERNEL = D = 2..4). Why it
+ * exists: to test whether k_fp4 is short of bytes in flight (one chunk
+ * ahead per warp in registers, ~21% of the warps resident). Measured on
+ * H200 (bench/results/2026-12-01-moe-decode-kernels-h200.md): it is not —
+ * this kernel keeps 2-4 chunks per warp in flight at 3 blocks / SM and is
+ * 20-40% SLOWER than k_fp4 (deeper = slower); k_fp4 is issue-bound (sm_90
+ * lowers the FP8 mma.sync to 2 FP16 HMMA + 10 F2FP conversions + 4 FADD,
+ * ~500 SASS instructions per warp per 2 KB of w1+w3). Kept as the
+ * streaming skeleton for when the per-byte instruction count is cut.
+ * A grid of one wave (blocks per SM from the occupancy API) walks the work
+ * items (slot, 16-row tile; tile-major inside an expert) and, per item, its
+ * passes of 8 rows; every warp walks its chunks w, w + KW, ... of each
+ * (item, pass) in order and keeps a ring of D shared-memory stages: step q
+ * waits for its own copy group, reads its stage, and refills the stage with
+ * the copies of step q + D (one commit group per step, empty past the end),
+ * so each warp has D - 1..D chunks in flight at all times, across item
+ * boundaries. Numerics identical to k_fp4: warp w owns chunks w, w + KW, ...
+ * (C == KW * CPW), per 32 columns an mma from zero × the weight scale
+ * (× 2^6), summed over the 4 steps, × the row's block scale, added in chunk
+ * order; warp 0 adds warps 1..KW-1 in order; same epilogue. Checked bit for
+ * bit by dsv4-gpu-ops --moe (moe_kernel).
+ */
+template <int MODE, int D>
+__global__ void __launch_bounds__(256, 3) k_fp4r(Fp4Args a) {
+    pdl_trigger();
+    pdl_wait(); /* the expert list and x come from the previous kernels */
+    extern __shared__ __align__(16) uint8_t fsm[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, KW = blockDim.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int C = a.K >> 7, T = a.R >> 4, CPW = C / KW, G = gridDim.x;
+    constexpr int NM = MODE == FP4_GATEUP ? 2 : 1;
+    const int total = *a.act_n * T;
+    uint8_t *wst = fsm + (size_t)warp * D * NM * FP4S_STAGE;
+    float4 *rp = (float4 *)(fsm + (size_t)KW * D * NM * FP4S_STAGE);
+
+    /* producer: the (item, pass, chunk) step D ahead of the consumer */
+    int pwi = blockIdx.x, ppass = 0, pk = 0, pcnt = 0, pe = 0, ptile = 0;
+    auto pitem = [&]() {
+        if (pwi < total) {
+            const int slot = pwi / T;
+            ptile = pwi - slot * T;
+            pe = a.act_exp[slot];
+            pcnt = a.act_off[slot + 1] - a.act_off[slot];
+        }
+    };
+    auto produce = [&](int stage) {
+        if (pwi < total) {
+            const int c = warp + pk * KW;
+            const size_t wo = (size_t)pe * a.wstride + ((size_t)ptile * C + c) * 1024 + lane * 32;
+            const size_t so = (size_t)pe * a.sstride + ((size_t)ptile * C + c) * 64 + (lane & 3) * 16;
+#pragma unroll
+            for (int m = 0; m < NM; m++) {
+                const uint8_t *W = m == 0 ? a.w1 : a.w3, *S = m == 0 ? a.s1 : a.s3;
+                uint8_t *st = wst + (stage * NM + m) * FP4S_STAGE;
+                cp_async16(st + lane * 16, W + wo, true);
+                cp_async16(st + 512 + lane * 16, W + wo + 16, true);
+                if (lane < 4) cp_async16(st + 1024 + lane * 16, S + so, true);
+            }
+            if (++pk == CPW) {
+                pk = 0;
+                if ((ppass + 1) * 8 < pcnt) {
+                    ppass++;
+                } else {
+                    ppass = 0;
+                    pwi += G;
+                    pitem();
+                }
+            }
+        }
+        cp_commit();
+    };
+    pitem();
+#pragma unroll
+    for (int i = 0; i < D; i++) produce(i);
+
+    /* consumer */
+    int wi = blockIdx.x, pass = 0, k = 0, cnt = 0, off = 0, tile = 0, stage = 0;
+    auto citem = [&]() {
+        if (wi < total) {
+            const int slot = wi / T;
+            tile = wi - slot * T;
+            off = a.act_off[slot];
+            cnt = a.act_off[slot + 1] - off;
+        }
+    };
+    citem();
+    int rin = -1, rs0 = -1, rs1 = -1;
+    float acc[NM][4];
+    while (wi < total) {
+        if (k == 0) { /* a new pass: its rows, accumulators from zero */
+            auto src = [&](int jj) {
+                if (jj >= cnt) return -1;
+                return MODE == FP4_GATEUP ? a.list[off + jj] / a.topk : off + jj;
+            };
+            const int j0 = pass * 8;
+            rin = src(j0 + g);
+            rs0 = src(j0 + 2 * t);
+            rs1 = src(j0 + 2 * t + 1);
+#pragma unroll
+            for (int m = 0; m < NM; m++) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
+        }
+        const int c = warp + k * KW;
+        /* activations: column g's 4 steps, 8 bytes each (columns 32s+8t..+7) */
+        uint32_t b0[4], b1[4];
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            uint2 xv = make_uint2(0, 0);
+            if (rin >= 0)
+                xv = __ldg((const uint2 *)(a.xq + (size_t)rin * a.K + (size_t)c * 128 + 32 * s + 8 * t));
+            b0[s] = __byte_perm(xv.x, xv.y, 0x6420); /* even columns */
+            b1[s] = __byte_perm(xv.x, xv.y, 0x7531); /* odd columns  */
+        }
+        const float x0 = rs0 >= 0 ? __ldg(a.xs + (size_t)rs0 * C + c) : 0.f;
+        const float x1 = rs1 >= 0 ? __ldg(a.xs + (size_t)rs1 * C + c) : 0.f;
+        cp_wait_dyn(D - 1); /* this step's group has landed */
+        __syncwarp();       /* lanes 0..3 copied the scales */
+        uint4 p[NM][2];
+        uint2 sc[NM];
+#pragma unroll
+        for (int m = 0; m < NM; m++) {
+            const uint8_t *st = wst + (stage * NM + m) * FP4S_STAGE;
+            p[m][0] = *(const uint4 *)(st + lane * 16);
+            p[m][1] = *(const uint4 *)(st + 512 + lane * 16);
+            sc[m] = *(const uint2 *)(st + 1024 + g * 8);
+        }
+        __syncwarp(); /* every lane has read the stage: refill it */
+        produce(stage);
+        stage = stage + 1 == D ? 0 : stage + 1;
+#pragma unroll
+        for (int m = 0; m < NM; m++) {
+            const uint32_t wv[8] = {p[m][0].x, p[m][0].y, p[m][0].z, p[m][0].w,
+                                    p[m][1].x, p[m][1].y, p[m][1].z, p[m][1].w};
+            float part[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int s = 0; s < 4; s++) {
+                uint32_t lo0, hi0, lo1, hi1;
+                fp4x8_to_e4m3(wv[2 * s], lo0, hi0);     /* row g   */
+                fp4x8_to_e4m3(wv[2 * s + 1], lo1, hi1); /* row g+8 */
+                float d[4] = {0.f, 0.f, 0.f, 0.f};
+                mma_e4m3(d, lo0, lo1, hi0, hi1, b0[s], b1[s]);
+                /* 2^6 undoes the E2M1 -> E4M3 bit move */
+                const float ws0 = e8m0_to_f32((sc[m].x >> (8 * s)) & 0xffu) * 64.f;
+                const float ws1 = e8m0_to_f32((sc[m].y >> (8 * s)) & 0xffu) * 64.f;
+                part[0] += d[0] * ws0;
+                part[1] += d[1] * ws0;
+                part[2] += d[2] * ws1;
+                part[3] += d[3] * ws1;
+            }
+            acc[m][0] += part[0] * x0;
+            acc[m][1] += part[1] * x1;
+            acc[m][2] += part[2] * x0;
+            acc[m][3] += part[3] * x1;
+        }
+        if (++k < CPW) continue;
+        /* pass complete in every warp: warp 0 adds warps 1..KW-1 in order */
+        k = 0;
+        float v[NM][4];
+#pragma unroll
+        for (int m = 0; m < NM; m++)
+            for (int i = 0; i < 4; i++) v[m][i] = acc[m][i];
+        for (int w0 = 1; w0 < KW; w0 += FP4S_RS) {
+            const int w1 = min(KW, w0 + FP4S_RS);
+            if (warp >= w0 && warp < w1)
+#pragma unroll
+                for (int m = 0; m < NM; m++)
+                    rp[(m * FP4S_RS + warp - w0) * 32 + lane] = make_float4(v[m][0], v[m][1], v[m][2], v[m][3]);
+            __syncthreads();
+            if (warp == 0) {
+#pragma unroll
+                for (int m = 0; m < NM; m++)
+                    for (int w = w0; w < w1; w++) {
+                        const float4 o = rp[(m * FP4S_RS + w - w0) * 32 + lane];
+                        v[m][0] += o.x; v[m][1] += o.y; v[m][2] += o.z; v[m][3] += o.w;
+                    }
+            }
+            __syncthreads();
+        }
+        if (warp == 0) {
+            const int r0 = tile * 16 + g;
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int j = pass * 8 + 2 * t + (i & 1);
+                const int r = r0 + (i >> 1) * 8;
+                if (j >= cnt) continue;
+                float out;
+                if (MODE == FP4_GATEUP) {
+                    out = moe_h(v[0][i], v[NM - 1][i], a.wts[a.list[off + j]], a.flags);
+                } else {
+                    out = v[0][i];
+                    if (a.flags & DSV4_CUDA_MOE_BF16) out = round_bf16(out);
+                }
+                a.y[(size_t)(off + j) * a.R + r] = out;
+            }
+        }
+        if ((pass + 1) * 8 < cnt) {
+            pass++;
+        } else {
+            pass = 0;
+            wi += G;
+            citem();
+        }
+    }
+    cp_wait_dyn(0); /* (only empty groups can be left) */
 }
 
 /*
@@ -727,6 +952,31 @@ static int launch_fp4(dsv4_cuda_ctx *c, const Fp4Args &a, int nt, unsigned gy, d
     size_t smem = (size_t)2 * kw * 32 * 4 * sizeof(float);
     cudaError_t e;
     if constexpr (MODE != FP4_PLAIN) { /* experts: one 8-row n-tile per pass */
+        /* DSV4_CUDA_MOE_KERNEL (read per call, so a harness can compare):
+         * 0 / unset: k_fp4 (the fastest measured); 2..4: k_fp4r with a ring of
+         * that many stages (needs the chunks to split evenly over the warps).
+         * Bit-identical outputs. */
+        const int cpw = chunks % kw == 0 ? chunks / kw : 0;
+        const int kern = cu_env_int("DSV4_CUDA_MOE_KERNEL", 0);
+        if (nt != 0 && !c->moe_minb3 && cpw >= 1 && kern >= 2 && kern <= 4) {
+            constexpr int NM = MODE == FP4_GATEUP ? 2 : 1;
+            void (*k)(Fp4Args) = kern == 2 ? k_fp4r<MODE, 2> : kern == 3 ? k_fp4r<MODE, 3> : k_fp4r<MODE, 4>;
+            const size_t ss = (size_t)kw * kern * NM * FP4S_STAGE + (size_t)NM * FP4S_RS * 32 * 16;
+            CU_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)ss), err,
+                   "fp4 experts (shared memory)");
+            /* all of it as shared memory: 3 blocks of 72 KB (w1/w3) per SM */
+            CU_TRY(cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, 100), err,
+                   "fp4 experts (carveout)");
+            /* one wave over the (slot, tile) items */
+            int per_sm = 0;
+            CU_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kw * 32, ss), err,
+                   "fp4 experts (occupancy)");
+            if (per_sm < 1) per_sm = 1;
+            long long items = (long long)gy * grid.x, gx = (long long)per_sm * c->prop.multiProcessorCount;
+            const dim3 g2((unsigned)(gx < items ? gx : items));
+            CU_TRY(cu_launch(c, k, g2, block, ss, a), err, MODE == FP4_GATEUP ? "fp4 experts w1/w3" : "fp4 experts w2");
+            return DSV4_OK;
+        }
         /* MINB 3 caps registers (more warps resident, maybe spills): measured */
         e = nt == 0 ? cu_launch(c, k_fp4<1, MODE, true>, grid, block, smem, a)
             : c->moe_minb3 ? cu_launch(c, k_fp4<1, MODE, false, 3>, grid, block, smem, a)
