@@ -32,6 +32,20 @@
  * Decode: score blocks shrink to 8 heads x 32 candidates (160 blocks at 640
  * candidates instead of 40) and a warp reduces its 8x4 or 16x4 dots in one
  * transposing butterfly (N shuffles for N sums, not 5N).
+ * Small rows (k_att_pv<.., DEC = 1>, the default below ATT_TC_MIN_ROWS rows):
+ * at decode both kernels are latency chains, not throughput: ncu (batch 1,
+ * H200) timed k_att_scores at 12-13 us with 32 blocks and with 160, and
+ * k_att_pv at 13 us (32 blocks) to 16 us (160); more, smaller blocks would
+ * not shorten them. What does: pv is launched with PDL while the scores run
+ * (k_att_scores triggers at entry); before griddepcontrol.wait a pv block
+ * finds its key pointers (row metadata -> selection -> page table -> row,
+ * dependent loads) and loads its warps' first 8 value slices, none of which
+ * depend on S; after the wait only the statistics, probabilities, FMAs and
+ * the block sum remain. The split-K sum moves into the pv kernel (the last
+ * split block of a group adds the parts, in k_att_reduce's order), so a
+ * layer's attention is two launches, not three. Same loads, same FMA
+ * order, same sums: bit-identical to DSV4_CUDA_ATT_DEC=0 (the kernels
+ * before; gpu_conformance --att-exact checks it).
  * Prefill (row chunks >= ATT_TC_MIN_ROWS): both products on tensor cores,
  * see k_att_scores_tc below.
  * Each key is read from HBM once per row and from L2 by the other head
@@ -129,6 +143,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) k_att_scores(att_args a, int c
     constexpr int C = 4; /* keys per warp in flight */
     __shared__ float4 qs[QH][NV * 32];
     __shared__ const uint8_t *kp[ATT_CHUNK];
+    pdl_trigger(); /* lets a PDL-launched k_att_pv start its loads that do not depend on S (att_launch) */
     const int tl = blockIdx.z, t = a.t0 + tl, hg0 = blockIdx.y * QH;
     const int nh = a.H - hg0 < QH ? a.H - hg0 : QH;
     const int64_t j0 = (int64_t)blockIdx.x * chunk;
@@ -175,6 +190,12 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) k_att_scores(att_args a, int c
     }
 }
 
+/* Arrival counters of k_att_pv<DEC> split blocks, one per (row, head group, slice) of a launch; each
+ * is back at 0 when its launch ends. One attention call runs at a time per device (calls are
+ * stream-ordered), so launches never share them. */
+#define ATT_CNT_MAX 4096
+__device__ unsigned g_att_cnt[ATT_CNT_MAX];
+
 /*
  * Softmax (with the sink) and p·v for ATT_PHEADS heads x one 128-dim slice
  * of one row, over candidates [c0, c1) (split-K: the probabilities are
@@ -183,7 +204,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) k_att_scores(att_args a, int c
  * each warp streams its candidates' slices, 4 loads in flight.
  * out: o itself (one split) or the split's partial buffer.
  */
-template <int MINB, int FMT>
+template <int MINB, int FMT, int DEC>
 __global__ void __launch_bounds__(ATT_THREADS, MINB) k_att_pv(att_args a, const void *sinks, int sinks_bf16, int ref,
                                                         int nsplit, float *part) {
     __shared__ float mx_s[ATT_PHEADS], den_s[ATT_PHEADS];
@@ -193,9 +214,30 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) k_att_pv(att_args a, const 
     const int tl = blockIdx.z, t = a.t0 + tl, hg0 = blockIdx.y * ATT_PHEADS;
     const int slice = blockIdx.x % (a.hd / 128), split = blockIdx.x / (a.hd / 128);
     const int nh = a.H - hg0 < ATT_PHEADS ? a.H - hg0 : ATT_PHEADS;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    constexpr int nwarps = ATT_THREADS / 32; /* launched with ATT_THREADS threads */
     const float *S = a.S + ((int64_t)tl * a.H + hg0) * a.ld;
     const int64_t per = a.per, c0 = split * per, c1 = c0 + per < a.ld ? c0 + per : a.ld;
+    /* DEC (small-row launch, PDL after k_att_scores, see att_launch): before waiting for the scores, which
+     * only S depends on, find the first chunk's key pointers and load this warp's first two rounds of
+     * value slices (the same loads, in the same order, as the loop below would issue). */
+    float4 vpre[2][4];
+    if (DEC) {
+        pdl_trigger();
+        const int n0 = (int)(c1 - c0 < ATT_PCHUNK ? c1 - c0 : ATT_PCHUNK);
+        for (int i = threadIdx.x; i < ATT_PCHUNK; i += blockDim.x) kp[i] = i < n0 ? cand_key(a, t, c0 + i) : NULL;
+        __syncthreads();
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int j = warp * 4 + r * nwarps * 4 + u;
+                const uint8_t *key = j < n0 ? kp[j] : NULL;
+                vpre[r][u] = key ? kv_ld4<FMT>(key, slice * 32 + lane, a.nope, a.scoff) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+        }
+        pdl_wait(); /* S is complete and visible from here */
+    }
     /* statistics over every candidate of the row */
     for (int h = warp; h < nh; h += nwarps) {
         const float sink = cu_ldf(sinks, sinks_bf16, hg0 + h);
@@ -215,8 +257,10 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) k_att_pv(att_args a, const 
     for (int h = 0; h < ATT_PHEADS; h++) acc[h] = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int64_t cb = c0; cb < c1; cb += ATT_PCHUNK) {
         const int n = (int)(c1 - cb < ATT_PCHUNK ? c1 - cb : ATT_PCHUNK);
+        const bool pre = DEC && cb == c0; /* pointers and the first two rounds already loaded */
         __syncthreads(); /* statistics ready; previous chunk consumed */
-        for (int i = threadIdx.x; i < ATT_PCHUNK; i += blockDim.x) kp[i] = i < n ? cand_key(a, t, cb + i) : NULL;
+        if (!pre)
+            for (int i = threadIdx.x; i < ATT_PCHUNK; i += blockDim.x) kp[i] = i < n ? cand_key(a, t, cb + i) : NULL;
         for (int i = threadIdx.x; i < ATT_PHEADS * ATT_PCHUNK; i += blockDim.x) {
             const int h = i / ATT_PCHUNK, j = i % ATT_PCHUNK;
             float p = 0.f;
@@ -227,14 +271,8 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) k_att_pv(att_args a, const 
             ps[h][j] = p;
         }
         __syncthreads();
-        for (int j = warp * 4; j < n; j += nwarps * 4) {
-            float4 v[4];
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const uint8_t *key = j + u < n ? kp[j + u] : NULL;
-                v[u] = key ? kv_ld4<FMT>(key, slice * 32 + lane, a.nope, a.scoff) : make_float4(0.f, 0.f, 0.f, 0.f);
-            }
-            /* candidates past n have p = 0 and v = 0: no tail test, one broadcast float4 of p per head */
+        /* candidates past n have p = 0 and v = 0: no tail test, one broadcast float4 of p per head */
+        auto pv4 = [&](const float4 (&v)[4], int j) {
 #pragma unroll
             for (int h = 0; h < ATT_PHEADS; h++) {
                 const float4 p4 = *(const float4 *)&ps[h][j];
@@ -247,6 +285,22 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) k_att_pv(att_args a, const 
                     acc[h].w += pu[u] * v[u].w;
                 }
             }
+        };
+        int j = warp * 4;
+        if (pre) {
+            if (j < n) pv4(vpre[0], j);
+            j += nwarps * 4;
+            if (j < n) pv4(vpre[1], j);
+            j += nwarps * 4;
+        }
+        for (; j < n; j += nwarps * 4) {
+            float4 v[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const uint8_t *key = j + u < n ? kp[j + u] : NULL;
+                v[u] = key ? kv_ld4<FMT>(key, slice * 32 + lane, a.nope, a.scoff) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+            pv4(v, j);
         }
     }
     float *out = nsplit > 1 ? part + (int64_t)split * gridDim.z * a.H * a.hd : a.o + (int64_t)a.t0 * a.H * a.hd;
@@ -267,6 +321,35 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) k_att_pv(att_args a, const 
                 s.w += r.w;
             }
             ((float4 *)(out + ((int64_t)tl * a.H + hg0 + hh) * a.hd + slice * 128))[l] = s;
+        }
+    }
+    /* DEC with splits: the last of a (row, head group, slice)'s split blocks to finish sums the parts, in
+     * split order from part 0, as k_att_reduce does (same floats, same order: bit-identical), so the
+     * third launch goes. The counter is left at 0 for the next call (atomicInc wraps). */
+    if (DEC && nsplit > 1) {
+        __shared__ int last_s;
+        __threadfence(); /* this block's part is visible before its arrival is counted */
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            const unsigned id = ((unsigned)tl * gridDim.y + blockIdx.y) * (unsigned)(a.hd / 128) + slice;
+            last_s = atomicInc(g_att_cnt + id, (unsigned)nsplit - 1) == (unsigned)nsplit - 1;
+        }
+        __syncthreads();
+        if (!last_s) return;
+        __threadfence();
+        const int64_t pstride = (int64_t)gridDim.z * a.H * a.hd;
+        float *o = a.o + (int64_t)a.t0 * a.H * a.hd;
+        for (int i = threadIdx.x; i < nh * 32; i += blockDim.x) {
+            const int64_t off = ((int64_t)tl * a.H + hg0 + i / 32) * a.hd + slice * 128 + (i % 32) * 4;
+            float4 s = __ldcg((const float4 *)(part + off));
+            for (int k = 1; k < nsplit; k++) {
+                const float4 r = __ldcg((const float4 *)(part + k * pstride + off));
+                s.x += r.x;
+                s.y += r.y;
+                s.z += r.z;
+                s.w += r.w;
+            }
+            *(float4 *)(o + off) = s;
         }
     }
 }
@@ -648,6 +731,8 @@ __global__ void k_att_reduce(const float4 *part, int nsplit, int64_t n4, float4 
 typedef struct att_launch_cfg {
     int T, n_heads, tc, sc_qh, sc_chunk, pv_one_block, nsplit, sbf, ref;
     int direct; /* coded rows: the tensor-core kernels decode from global memory (no staged tile) */
+    int dec;    /* small rows: k_att_pv<..., 1> (PDL, early loads, last-block split sum); 0: as before */
+    dsv4_cuda_ctx *ctx;
     int64_t hd, maxc, chunk;
     const void *sinks;
     float *part;
@@ -697,8 +782,16 @@ static int att_launch(att_args a, const att_launch_cfg &L, dsv4_err *err) {
         }
         CU_LAUNCHED(err, "attention (scores)");
         dim3 g2((unsigned)(hd / 128 * nsplit), (unsigned)((n_heads + ATT_PHEADS - 1) / ATT_PHEADS), n);
-        if (pv_one_block) k_att_pv<1, FMT><<<g2, ATT_THREADS, 0, stream>>>(a, sinks, sbf, ref, nsplit, part);
-        else k_att_pv<2, FMT><<<g2, ATT_THREADS, 0, stream>>>(a, sinks, sbf, ref, nsplit, part);
+        const bool dec = L.dec && (int64_t)n * g2.y * (hd / 128) <= ATT_CNT_MAX;
+        if (dec) {
+            const cudaError_t ce =
+                cu_launch(L.ctx, k_att_pv<2, FMT, 1>, g2, dim3(ATT_THREADS), 0, a, sinks, sbf, ref, nsplit, part);
+            if (ce != cudaSuccess) return cu_err(err, DSV4_EBACKEND, "cuda: attention (pv, small rows): %s",
+                                                 cudaGetErrorString(ce));
+            continue; /* the split sum is done by each group's last block */
+        }
+        if (pv_one_block) k_att_pv<1, FMT, 0><<<g2, ATT_THREADS, 0, stream>>>(a, sinks, sbf, ref, nsplit, part);
+        else k_att_pv<2, FMT, 0><<<g2, ATT_THREADS, 0, stream>>>(a, sinks, sbf, ref, nsplit, part);
         CU_LAUNCHED(err, "attention (pv)");
         if (nsplit > 1) {
             const int64_t n4 = (int64_t)n * n_heads * hd / 4;
@@ -832,8 +925,12 @@ int cu_be_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, con
     /* DSV4_CUDA_ATT_CODED_DIRECT=1: coded rows decoded lane by lane from global memory in the tensor-core
      * kernels, as before the staged tiles (bit-identical; for measuring and gpu_conformance --att-exact) */
     const char *dir = getenv("DSV4_CUDA_ATT_CODED_DIRECT");
+    /* DSV4_CUDA_ATT_DEC=0: small-row pv launched plain with a separate split sum, as before (measuring; the
+     * outputs are bit-identical either way) */
+    const char *dec = getenv("DSV4_CUDA_ATT_DEC");
     att_launch_cfg L = {T, n_heads, tc, sc_qh, sc_chunk, pv_one_block, nsplit, sbf, ref, dir && dir[0] == '1',
-                        hd, maxc, chunk, sinks->data, part, ctx->stream};
+                        !pv_one_block && !(dec && dec[0] == '0'), ctx, hd, maxc, chunk, sinks->data, part,
+                        ctx->stream};
     switch (wf.t) {
     case DSV4_KV_F32: return att_launch<DSV4_KV_F32>(a, L, err);
     case DSV4_KV_BF16: return att_launch<DSV4_KV_BF16>(a, L, err);
