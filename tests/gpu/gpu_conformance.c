@@ -14,7 +14,8 @@
  *                        [--layouts-only] [--att-exact]
  * (--attn-perf: only the attention-state op timings of 1 request at context 4K / 32K,
  * decode, verify and a 4096-row prefill, and 8x6 verify; --att-exact: only the bit-exactness of the
- * staged coded-row attention kernels against the direct ones, attn_exact)
+ * staged coded-row attention kernels against the direct ones, and of the small-row pv (PDL, last-block
+ * split sum) against the plain launch + k_att_reduce, attn_exact)
  * First the fp32-activation linears (linear_grouped wo_a, the BF16 gate
  * shape, F32 linears) at T = 1 .. 4096 against the CPU op on sampled rows
  * (tolerance --rows-tol, default 1e-4; --rows-only stops after them,
@@ -423,13 +424,14 @@ static int call_compress(dsv4_backend *be, void *p) {
 }
 
 /* The exactness half of attn_state_run: random coded rows into the n_st state buffers st (nr[i] records
- * of dim values), the selection from the indexer, then the three attention calls once with env=1 (the
+ * of dim values), the selection from the indexer, then the three attention calls once with env=val (the
  * kernels before: env DSV4_CUDA_ATT_CODED_DIRECT, direct coded rows, or DSV4_CUDA_ATT_DEC=0, the
- * small-row pv without PDL / last-block split sum) and twice without (the second call checks that
+ * small-row pv without PDL / last-block split sum) and twice with env=val_new (the second call checks that
  * nothing left by the first, e.g. the split counters, changes a result); prints one line per call.
  * Returns the number of calls whose outputs (no floats) differ, -1 on error. */
 static int attn_exact(dsv4_backend *be, struct attn_bench *a, dsv4_buf *const st[3], const int64_t nr[3],
-                      dsv4_kv_dtype kvt, int dim, int64_t rbytes, size_t no, const char *env, const char *val) {
+                      dsv4_kv_dtype kvt, int dim, int64_t rbytes, size_t no, const char *env, const char *val,
+                      const char *val_new) {
     float *x = malloc((size_t)dim * sizeof(float)), *o[3] = {malloc(no * 4), malloc(no * 4), malloc(no * 4)};
     int rc = !x || !o[0] || !o[1] || !o[2] ? -1 : 0, fails = 0;
     for (int i = 0; i < 3 && !rc; i++) {
@@ -449,8 +451,7 @@ static int attn_exact(dsv4_backend *be, struct attn_bench *a, dsv4_buf *const st
         {"attention, window 128 only", call_att_win}};
     for (int i = 0; i < 3 && !rc; i++) {
         for (int v = 0; v < 3 && !rc; v++) { /* v = 0: the kernels before (env=val), 1, 2: the new ones */
-            if (v == 0) setenv(env, val, 1);
-            else unsetenv(env);
+            setenv(env, v == 0 ? val : val_new, 1);
             if (ops[i].f(be, a) || be->buf_read(be, &a->o, o[v], a->e)) rc = -1;
         }
         unsetenv(env);
@@ -575,7 +576,7 @@ static int attn_state_run(int ctx, int R, int k, dsv4_kv_dtype kvt, dsv4_numeric
         int fails = attn_exact(be, &a, (dsv4_buf *[3]){&ring, &rows4, &rows128},
                                (int64_t[3]){(int64_t)R * (W + 8), R * mr4, R * mr128}, kvt, HD, rbytes,
                                (size_t)T * H * HD, exact == 2 ? "DSV4_CUDA_ATT_DEC" : "DSV4_CUDA_ATT_CODED_DIRECT",
-                               exact == 2 ? "0" : "1");
+                               exact == 2 ? "0" : "1", exact == 2 ? "1" : "0");
         printf("== %s, %s numerics: %d requests x %d rows at context %d, %s key rows: "
                "%s\n\n",
                exact == 2 ? "small-row pv: PDL + last-block sum vs plain + reduce" : "staged vs direct coded attention",

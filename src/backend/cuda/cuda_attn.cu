@@ -84,6 +84,8 @@ typedef struct att_args {
     float *S;            /* [rows of the chunk][H][ld] */
     int64_t ld;
     int64_t per; /* candidates per split-K part (k_att_pv) */
+    unsigned *cnt; /* k_att_pv<.., 1> split arrival counters (workspace), zeroed by k_att_scores; or NULL */
+    int ncnt;
 } att_args;
 
 /* Key row of candidate j of row t, or NULL when there is none. */
@@ -144,6 +146,8 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) k_att_scores(att_args a, int c
     __shared__ float4 qs[QH][NV * 32];
     __shared__ const uint8_t *kp[ATT_CHUNK];
     pdl_trigger(); /* lets a PDL-launched k_att_pv start its loads that do not depend on S (att_launch) */
+    if (a.cnt && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) /* for the pv blocks' split sums */
+        for (int i = threadIdx.x; i < a.ncnt; i += blockDim.x) a.cnt[i] = 0;
     const int tl = blockIdx.z, t = a.t0 + tl, hg0 = blockIdx.y * QH;
     const int nh = a.H - hg0 < QH ? a.H - hg0 : QH;
     const int64_t j0 = (int64_t)blockIdx.x * chunk;
@@ -189,12 +193,6 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) k_att_scores(att_args a, int c
         }
     }
 }
-
-/* Arrival counters of k_att_pv<DEC> split blocks, one per (row, head group, slice) of a launch; each
- * is back at 0 when its launch ends. One attention call runs at a time per device (calls are
- * stream-ordered), so launches never share them. */
-#define ATT_CNT_MAX 4096
-__device__ unsigned g_att_cnt[ATT_CNT_MAX];
 
 /*
  * Softmax (with the sink) and p·v for ATT_PHEADS heads x one 128-dim slice
@@ -325,14 +323,15 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) k_att_pv(att_args a, const 
     }
     /* DEC with splits: the last of a (row, head group, slice)'s split blocks to finish sums the parts, in
      * split order from part 0, as k_att_reduce does (same floats, same order: bit-identical), so the
-     * third launch goes. The counter is left at 0 for the next call (atomicInc wraps). */
+     * third launch goes. The counters (one per group, in this call's workspace, so no other stream or
+     * context shares them) were zeroed by k_att_scores, which completed before pdl_wait returned. */
     if (DEC && nsplit > 1) {
         __shared__ int last_s;
         __threadfence(); /* this block's part is visible before its arrival is counted */
         __syncthreads();
         if (threadIdx.x == 0) {
             const unsigned id = ((unsigned)tl * gridDim.y + blockIdx.y) * (unsigned)(a.hd / 128) + slice;
-            last_s = atomicInc(g_att_cnt + id, (unsigned)nsplit - 1) == (unsigned)nsplit - 1;
+            last_s = atomicAdd(a.cnt + id, 1u) == (unsigned)nsplit - 1;
         }
         __syncthreads();
         if (!last_s) return;
@@ -733,6 +732,7 @@ typedef struct att_launch_cfg {
     int direct; /* coded rows: the tensor-core kernels decode from global memory (no staged tile) */
     int dec;    /* small rows: k_att_pv<..., 1> (PDL, early loads, last-block split sum); 0: as before */
     dsv4_cuda_ctx *ctx;
+    unsigned *cnt; /* dec with splits: counters for (rows of a chunk) x head groups x slices */
     int64_t hd, maxc, chunk;
     const void *sinks;
     float *part;
@@ -771,6 +771,9 @@ static int att_launch(att_args a, const att_launch_cfg &L, dsv4_err *err) {
             continue;
         }
         dim3 g1((unsigned)((maxc + sc_chunk - 1) / sc_chunk), (unsigned)((n_heads + sc_qh - 1) / sc_qh), n);
+        const unsigned pv_groups = (unsigned)((n_heads + ATT_PHEADS - 1) / ATT_PHEADS);
+        a.cnt = L.dec && nsplit > 1 ? L.cnt : NULL;
+        a.ncnt = a.cnt ? (int)(n * pv_groups * (hd / 128)) : 0;
         if (sc_qh == ATT_QHEADS) {
             if (hd == 128) k_att_scores<1, ATT_QHEADS, FMT><<<g1, ATT_THREADS, 0, stream>>>(a, sc_chunk);
             else if (hd == 256) k_att_scores<2, ATT_QHEADS, FMT><<<g1, ATT_THREADS, 0, stream>>>(a, sc_chunk);
@@ -782,8 +785,7 @@ static int att_launch(att_args a, const att_launch_cfg &L, dsv4_err *err) {
         }
         CU_LAUNCHED(err, "attention (scores)");
         dim3 g2((unsigned)(hd / 128 * nsplit), (unsigned)((n_heads + ATT_PHEADS - 1) / ATT_PHEADS), n);
-        const bool dec = L.dec && (int64_t)n * g2.y * (hd / 128) <= ATT_CNT_MAX;
-        if (dec) {
+        if (L.dec) {
             const cudaError_t ce =
                 cu_launch(L.ctx, k_att_pv<2, FMT, 1>, g2, dim3(ATT_THREADS), 0, a, sinks, sbf, ref, nsplit, part);
             if (ce != cudaSuccess) return cu_err(err, DSV4_EBACKEND, "cuda: attention (pv, small rows): %s",
@@ -893,13 +895,23 @@ int cu_be_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, con
     if (a.per < 1) a.per = 1;
     nsplit = (int)((maxc + a.per - 1) / a.per);
     if (nsplit < 1) nsplit = 1;
+    /* pv compiled for 2 blocks / SM (128 registers, a few spills) or 1 (172 registers, no spills);
+     * DSV4_CUDA_ATT_PV_MINB=1 picks the latter (for measuring, bench/results) */
+    const char *minb = getenv("DSV4_CUDA_ATT_PV_MINB");
+    const int pv_one_block = minb && minb[0] == '1';
     const size_t s_bytes = cu_align((size_t)chunk * n_heads * maxc * sizeof(float));
     const size_t p_bytes = nsplit > 1 ? (size_t)nsplit * chunk * n_heads * hd * sizeof(float) : 0;
     void *ws_p = NULL;
     /* coded stores: the batch's own rows as the store will hold them (the CPU reference encodes and
      * decodes them too), so a result never depends on where chunks fall */
     const size_t k_bytes = wf.t != DSV4_KV_F32 ? cu_align((size_t)T * (size_t)wf.bytes) : 0;
-    if ((rc = cu_workspace(ctx, s_bytes + p_bytes + k_bytes, &ws_p, err))) return rc;
+    /* small-row pv split sums (k_att_pv<.., 1>): one arrival counter per (row, head group, slice) */
+    const char *dec = getenv("DSV4_CUDA_ATT_DEC");
+    const int use_dec = !pv_one_block && !(dec && dec[0] == '0');
+    const size_t c_bytes = use_dec && nsplit > 1
+                               ? cu_align((size_t)chunk * ((n_heads + ATT_PHEADS - 1) / ATT_PHEADS) * (hd / 128) * 4)
+                               : 0;
+    if ((rc = cu_workspace(ctx, s_bytes + p_bytes + k_bytes + c_bytes, &ws_p, err))) return rc;
     if (k_bytes) {
         uint8_t *kb = (uint8_t *)ws_p + s_bytes + p_bytes;
         if ((rc = cu_kv_encode_rows(ctx->stream, &wf, (const float *)kv->data, T, kb, err))) return rc;
@@ -908,10 +920,6 @@ int cu_be_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, con
     a.S = (float *)ws_p;
     float *part = nsplit > 1 ? (float *)((char *)ws_p + s_bytes) : NULL;
     const int ref = be->numerics == DSV4_NUMERICS_REFERENCE, sbf = sinks->dtype == DSV4_DT_BF16;
-    /* pv compiled for 2 blocks / SM (128 registers, a few spills) or 1 (172 registers, no spills);
-     * DSV4_CUDA_ATT_PV_MINB=1 picks the latter (for measuring, bench/results) */
-    const char *minb = getenv("DSV4_CUDA_ATT_PV_MINB");
-    const int pv_one_block = minb && minb[0] == '1';
     /* score blocks: 16 heads x 64 candidates when the rows fill the GPU, else 8 heads x 32 candidates
      * (decode: 160 blocks instead of 40 at 640 candidates) */
     int sc_qh = ATT_QHEADS, sc_chunk = ATT_CHUNK;
@@ -925,12 +933,11 @@ int cu_be_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, con
     /* DSV4_CUDA_ATT_CODED_DIRECT=1: coded rows decoded lane by lane from global memory in the tensor-core
      * kernels, as before the staged tiles (bit-identical; for measuring and gpu_conformance --att-exact) */
     const char *dir = getenv("DSV4_CUDA_ATT_CODED_DIRECT");
-    /* DSV4_CUDA_ATT_DEC=0: small-row pv launched plain with a separate split sum, as before (measuring; the
-     * outputs are bit-identical either way) */
-    const char *dec = getenv("DSV4_CUDA_ATT_DEC");
+    /* use_dec (above): DSV4_CUDA_ATT_DEC=0 launches the small-row pv plain with a separate split sum, as
+     * before (measuring; the outputs are bit-identical either way) */
     att_launch_cfg L = {T, n_heads, tc, sc_qh, sc_chunk, pv_one_block, nsplit, sbf, ref, dir && dir[0] == '1',
-                        !pv_one_block && !(dec && dec[0] == '0'), ctx, hd, maxc, chunk, sinks->data, part,
-                        ctx->stream};
+                        use_dec, ctx, c_bytes ? (unsigned *)((char *)ws_p + s_bytes + p_bytes + k_bytes) : NULL,
+                        hd, maxc, chunk, sinks->data, part, ctx->stream};
     switch (wf.t) {
     case DSV4_KV_F32: return att_launch<DSV4_KV_F32>(a, L, err);
     case DSV4_KV_BF16: return att_launch<DSV4_KV_BF16>(a, L, err);
