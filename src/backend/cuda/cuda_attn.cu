@@ -43,9 +43,12 @@
  * depend on S; after the wait only the statistics, probabilities, FMAs and
  * the block sum remain. The split-K sum moves into the pv kernel (the last
  * split block of a group adds the parts, in k_att_reduce's order), so a
- * layer's attention is two launches, not three. Same loads, same FMA
- * order, same sums: bit-identical to DSV4_CUDA_ATT_DEC=0 (the kernels
- * before; gpu_conformance --att-exact checks it).
+ * layer's attention is two launches, not three. And both kernels issue a
+ * warp's key / value loads before decoding any (kv_ld4_raw / kv_dec4):
+ * with coded rows the decode under `key ? kv_ld4 : 0` had serialised them.
+ * Same values, same FMA order, same sums: bit-identical to
+ * DSV4_CUDA_ATT_DEC=0 (the kernels before; gpu_conformance --att-exact
+ * checks it).
  * Prefill (row chunks >= ATT_TC_MIN_ROWS): both products on tensor cores,
  * see k_att_scores_tc below.
  * Each key is read from HBM once per row and from L2 by the other head
@@ -135,19 +138,67 @@ __device__ __forceinline__ void warp_sum_transpose(float (&v)[N], int lane) {
     warp_sum_step<N / 32, 1>(v, lane);
 }
 
+/* kv_ld4 in two halves, for the small-row kernels (RAW / DEC = 1): kv_ld4_raw only loads (a NULL row
+ * gives zero words), kv_dec4 decodes with kv_ld4's operations. Why: behind `key ? kv_ld4(..) : 0` the
+ * coded formats' decode sits in a branch per key, and the warp waited there for each key's loads in
+ * turn (ptxas output for k_att_scores<4, 8, fp8>: 16 load / decode regions one after the other), so
+ * decode at fp8_ds_mla took twice as long as with f32 rows (ncu, batch 1: 13.2 vs 6.5 us), whose
+ * plain float4 loads are all in flight at once. With the loads first, all are in flight again. Zero
+ * words decode to +0.0f in every format (E4M3 code 0 times a zero scale, bf16 0), which is what a
+ * missing key contributed before: the products, and so the outputs, are unchanged bit for bit. */
+template <int FMT>
+__device__ __forceinline__ uint4 kv_ld4_raw(const uint8_t *row, int i4, int nope, int scoff) {
+    uint4 r = make_uint4(0u, 0u, 0u, 0u);
+    if (FMT == DSV4_KV_F32) {
+        if (row) r = ((const uint4 *)row)[i4];
+        return r;
+    }
+    if (FMT == DSV4_KV_BF16) {
+        if (row) {
+            const uint2 w = ((const uint2 *)row)[i4];
+            r.x = w.x;
+            r.y = w.y;
+        }
+        return r;
+    }
+    const int d = 4 * i4;
+    if (!row) return r;
+    if (d < nope) {
+        r.x = *(const uint32_t *)(row + d);
+        r.y = row[scoff + (d >> 6)];
+    } else {
+        const uint2 w = *(const uint2 *)(row + nope + 2 * (d - nope));
+        r.x = w.x;
+        r.y = w.y;
+    }
+    return r;
+}
+template <int FMT>
+__device__ __forceinline__ float4 kv_dec4(uint4 r, int i4, int nope) {
+    if (FMT == DSV4_KV_F32)
+        return make_float4(__uint_as_float(r.x), __uint_as_float(r.y), __uint_as_float(r.z), __uint_as_float(r.w));
+    if (FMT == DSV4_KV_FP8_DS_MLA && 4 * i4 < nope) {
+        const float s = __uint_as_float(r.y << 23); /* kv_scale */
+        return make_float4(kv_e4m3x(r.x) * s, kv_e4m3x(r.x >> 8) * s, kv_e4m3x(r.x >> 16) * s, kv_e4m3x(r.x >> 24) * s);
+    }
+    return make_float4(kv_bf(r.x & 0xffffu), kv_bf(r.x >> 16), kv_bf(r.y & 0xffffu), kv_bf(r.y >> 16));
+}
+
 /* Scores of `chunk` candidates x QH heads of one row. NV = hd/128.
  * The candidates' key pointers are found first (one thread each), then every
  * warp loads its 4 keys at once (loads in flight together), accumulates the
  * QH x 4 dots of its lanes' dims and reduces them over the warp in one
  * transposing butterfly. */
-template <int NV, int QH, int FMT>
+template <int NV, int QH, int FMT, int RAW>
 __global__ void __launch_bounds__(ATT_THREADS, 2) k_att_scores(att_args a, int chunk) {
     constexpr int C = 4; /* keys per warp in flight */
     __shared__ float4 qs[QH][NV * 32];
     __shared__ const uint8_t *kp[ATT_CHUNK];
-    pdl_trigger(); /* lets a PDL-launched k_att_pv start its loads that do not depend on S (att_launch) */
-    if (a.cnt && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) /* for the pv blocks' split sums */
-        for (int i = threadIdx.x; i < a.ncnt; i += blockDim.x) a.cnt[i] = 0;
+    if (RAW) { /* the small-row launch (att_launch: L.dec) */
+        pdl_trigger(); /* lets the PDL-launched k_att_pv start its loads that do not depend on S */
+        if (a.cnt && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) /* for the pv blocks' split sums */
+            for (int i = threadIdx.x; i < a.ncnt; i += blockDim.x) a.cnt[i] = 0;
+    }
     const int tl = blockIdx.z, t = a.t0 + tl, hg0 = blockIdx.y * QH;
     const int nh = a.H - hg0 < QH ? a.H - hg0 : QH;
     const int64_t j0 = (int64_t)blockIdx.x * chunk;
@@ -163,12 +214,26 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) k_att_scores(att_args a, int c
     float *S = a.S + ((int64_t)tl * a.H + hg0) * a.ld;
     for (int jb = warp * C; jb < chunk; jb += 8 * C) {
         float4 k[C][NV];
+        if (RAW) { /* every load issued before the first decode (kv_ld4_raw) */
+            uint4 kr[C][NV];
 #pragma unroll
-        for (int c = 0; c < C; c++) {
-            const uint8_t *key = kp[jb + c];
+            for (int c = 0; c < C; c++) {
+                const uint8_t *key = kp[jb + c];
 #pragma unroll
-            for (int v = 0; v < NV; v++)
-                k[c][v] = key ? kv_ld4<FMT>(key, v * 32 + lane, a.nope, a.scoff) : make_float4(0.f, 0.f, 0.f, 0.f);
+                for (int v = 0; v < NV; v++) kr[c][v] = kv_ld4_raw<FMT>(key, v * 32 + lane, a.nope, a.scoff);
+            }
+#pragma unroll
+            for (int c = 0; c < C; c++)
+#pragma unroll
+                for (int v = 0; v < NV; v++) k[c][v] = kv_dec4<FMT>(kr[c][v], v * 32 + lane, a.nope);
+        } else {
+#pragma unroll
+            for (int c = 0; c < C; c++) {
+                const uint8_t *key = kp[jb + c];
+#pragma unroll
+                for (int v = 0; v < NV; v++)
+                    k[c][v] = key ? kv_ld4<FMT>(key, v * 32 + lane, a.nope, a.scoff) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
         }
         float s[QH * C]; /* [head][key] partial dots of this lane's dims */
 #pragma unroll
@@ -225,15 +290,19 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) k_att_pv(att_args a, const 
         const int n0 = (int)(c1 - c0 < ATT_PCHUNK ? c1 - c0 : ATT_PCHUNK);
         for (int i = threadIdx.x; i < ATT_PCHUNK; i += blockDim.x) kp[i] = i < n0 ? cand_key(a, t, c0 + i) : NULL;
         __syncthreads();
+        uint4 vr[2][4];
 #pragma unroll
         for (int r = 0; r < 2; r++) {
 #pragma unroll
             for (int u = 0; u < 4; u++) {
                 const int j = warp * 4 + r * nwarps * 4 + u;
-                const uint8_t *key = j < n0 ? kp[j] : NULL;
-                vpre[r][u] = key ? kv_ld4<FMT>(key, slice * 32 + lane, a.nope, a.scoff) : make_float4(0.f, 0.f, 0.f, 0.f);
+                vr[r][u] = kv_ld4_raw<FMT>(j < n0 ? kp[j] : NULL, slice * 32 + lane, a.nope, a.scoff);
             }
         }
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+#pragma unroll
+            for (int u = 0; u < 4; u++) vpre[r][u] = kv_dec4<FMT>(vr[r][u], slice * 32 + lane, a.nope);
         pdl_wait(); /* S is complete and visible from here */
     }
     /* statistics over every candidate of the row */
@@ -293,10 +362,19 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) k_att_pv(att_args a, const 
         }
         for (; j < n; j += nwarps * 4) {
             float4 v[4];
+            if (DEC) { /* the 4 loads in flight before the first decode (kv_ld4_raw) */
+                uint4 vr[4];
 #pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const uint8_t *key = j + u < n ? kp[j + u] : NULL;
-                v[u] = key ? kv_ld4<FMT>(key, slice * 32 + lane, a.nope, a.scoff) : make_float4(0.f, 0.f, 0.f, 0.f);
+                for (int u = 0; u < 4; u++)
+                    vr[u] = kv_ld4_raw<FMT>(j + u < n ? kp[j + u] : NULL, slice * 32 + lane, a.nope, a.scoff);
+#pragma unroll
+                for (int u = 0; u < 4; u++) v[u] = kv_dec4<FMT>(vr[u], slice * 32 + lane, a.nope);
+            } else {
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    const uint8_t *key = j + u < n ? kp[j + u] : NULL;
+                    v[u] = key ? kv_ld4<FMT>(key, slice * 32 + lane, a.nope, a.scoff) : make_float4(0.f, 0.f, 0.f, 0.f);
+                }
             }
             pv4(v, j);
         }
@@ -739,6 +817,20 @@ typedef struct att_launch_cfg {
     cudaStream_t stream;
 } att_launch_cfg;
 
+/* k_att_scores for head_dim hd (128, 256, 512) and sc_qh heads a block. */
+template <int FMT, int RAW>
+static void att_scores_launch(const att_args &a, dim3 g1, int sc_qh, int sc_chunk, int64_t hd, cudaStream_t stream) {
+    if (sc_qh == ATT_QHEADS) {
+        if (hd == 128) k_att_scores<1, ATT_QHEADS, FMT, RAW><<<g1, ATT_THREADS, 0, stream>>>(a, sc_chunk);
+        else if (hd == 256) k_att_scores<2, ATT_QHEADS, FMT, RAW><<<g1, ATT_THREADS, 0, stream>>>(a, sc_chunk);
+        else k_att_scores<4, ATT_QHEADS, FMT, RAW><<<g1, ATT_THREADS, 0, stream>>>(a, sc_chunk);
+    } else {
+        if (hd == 128) k_att_scores<1, ATT_QHEADS / 2, FMT, RAW><<<g1, ATT_THREADS, 0, stream>>>(a, sc_chunk);
+        else if (hd == 256) k_att_scores<2, ATT_QHEADS / 2, FMT, RAW><<<g1, ATT_THREADS, 0, stream>>>(a, sc_chunk);
+        else k_att_scores<4, ATT_QHEADS / 2, FMT, RAW><<<g1, ATT_THREADS, 0, stream>>>(a, sc_chunk);
+    }
+}
+
 /* The kernels of one call for key rows in record format FMT (cuda_kvrow.cuh). */
 template <int FMT>
 static int att_launch(att_args a, const att_launch_cfg &L, dsv4_err *err) {
@@ -774,15 +866,8 @@ static int att_launch(att_args a, const att_launch_cfg &L, dsv4_err *err) {
         const unsigned pv_groups = (unsigned)((n_heads + ATT_PHEADS - 1) / ATT_PHEADS);
         a.cnt = L.dec && nsplit > 1 ? L.cnt : NULL;
         a.ncnt = a.cnt ? (int)(n * pv_groups * (hd / 128)) : 0;
-        if (sc_qh == ATT_QHEADS) {
-            if (hd == 128) k_att_scores<1, ATT_QHEADS, FMT><<<g1, ATT_THREADS, 0, stream>>>(a, sc_chunk);
-            else if (hd == 256) k_att_scores<2, ATT_QHEADS, FMT><<<g1, ATT_THREADS, 0, stream>>>(a, sc_chunk);
-            else k_att_scores<4, ATT_QHEADS, FMT><<<g1, ATT_THREADS, 0, stream>>>(a, sc_chunk);
-        } else {
-            if (hd == 128) k_att_scores<1, ATT_QHEADS / 2, FMT><<<g1, ATT_THREADS, 0, stream>>>(a, sc_chunk);
-            else if (hd == 256) k_att_scores<2, ATT_QHEADS / 2, FMT><<<g1, ATT_THREADS, 0, stream>>>(a, sc_chunk);
-            else k_att_scores<4, ATT_QHEADS / 2, FMT><<<g1, ATT_THREADS, 0, stream>>>(a, sc_chunk);
-        }
+        if (L.dec) att_scores_launch<FMT, 1>(a, g1, sc_qh, sc_chunk, hd, stream);
+        else att_scores_launch<FMT, 0>(a, g1, sc_qh, sc_chunk, hd, stream);
         CU_LAUNCHED(err, "attention (scores)");
         dim3 g2((unsigned)(hd / 128 * nsplit), (unsigned)((n_heads + ATT_PHEADS - 1) / ATT_PHEADS), n);
         if (L.dec) {
