@@ -14,7 +14,8 @@
  *                        [--layouts-only] [--att-exact]
  * (--attn-perf: only the attention-state op timings of 1 request at context 4K / 32K,
  * decode, verify and a 4096-row prefill, and 8x6 verify; --att-exact: only the bit-exactness of the
- * staged coded-row attention kernels against the direct ones, attn_exact)
+ * staged coded-row attention kernels against the direct ones, and of the small-row pv (PDL, last-block
+ * split sum) against the plain launch + k_att_reduce, attn_exact)
  * First the fp32-activation linears (linear_grouped wo_a, the BF16 gate
  * shape, F32 linears) at T = 1 .. 4096 against the CPU op on sampled rows
  * (tolerance --rows-tol, default 1e-4; --rows-only stops after them,
@@ -423,12 +424,16 @@ static int call_compress(dsv4_backend *be, void *p) {
 }
 
 /* The exactness half of attn_state_run: random coded rows into the n_st state buffers st (nr[i] records
- * of dim values), the selection from the indexer, then the three attention calls staged and direct;
- * prints one line per call. Returns the number of calls whose outputs (no floats) differ, -1 on error. */
+ * of dim values), the selection from the indexer, then the three attention calls once with env=val (the
+ * kernels before: env DSV4_CUDA_ATT_CODED_DIRECT, direct coded rows, or DSV4_CUDA_ATT_DEC=0, the
+ * small-row pv without PDL / last-block split sum) and twice with env=val_new (the second call checks that
+ * nothing left by the first, e.g. the split counters, changes a result); prints one line per call.
+ * Returns the number of calls whose outputs (no floats) differ, -1 on error. */
 static int attn_exact(dsv4_backend *be, struct attn_bench *a, dsv4_buf *const st[3], const int64_t nr[3],
-                      dsv4_kv_dtype kvt, int dim, int64_t rbytes, size_t no) {
-    float *x = malloc((size_t)dim * sizeof(float)), *o[2] = {malloc(no * 4), malloc(no * 4)};
-    int rc = !x || !o[0] || !o[1] ? -1 : 0, fails = 0;
+                      dsv4_kv_dtype kvt, int dim, int64_t rbytes, size_t no, const char *env, const char *val,
+                      const char *val_new) {
+    float *x = malloc((size_t)dim * sizeof(float)), *o[3] = {malloc(no * 4), malloc(no * 4), malloc(no * 4)};
+    int rc = !x || !o[0] || !o[1] || !o[2] ? -1 : 0, fails = 0;
     for (int i = 0; i < 3 && !rc; i++) {
         uint8_t *h = malloc((size_t)(nr[i] * rbytes));
         rc = h ? 0 : -1;
@@ -445,17 +450,17 @@ static int attn_exact(dsv4_backend *be, struct attn_bench *a, dsv4_buf *const st
         {"attention, window 128 + all ratio-128 rows", call_att_128},
         {"attention, window 128 only", call_att_win}};
     for (int i = 0; i < 3 && !rc; i++) {
-        for (int v = 0; v < 2 && !rc; v++) { /* v = 0: direct (the kernels before the staging), 1: staged */
-            if (v == 0) setenv("DSV4_CUDA_ATT_CODED_DIRECT", "1", 1);
-            else unsetenv("DSV4_CUDA_ATT_CODED_DIRECT");
+        for (int v = 0; v < 3 && !rc; v++) { /* v = 0: the kernels before (env=val), 1, 2: the new ones */
+            setenv(env, v == 0 ? val : val_new, 1);
             if (ops[i].f(be, a) || be->buf_read(be, &a->o, o[v], a->e)) rc = -1;
         }
-        unsetenv("DSV4_CUDA_ATT_CODED_DIRECT");
+        unsetenv(env);
         if (rc) break;
         size_t nd = 0, nf = 0;
         double md = 0, ss = 0;
         for (size_t j = 0; j < no; j++) {
-            if (memcmp(&o[0][j], &o[1][j], sizeof(float))) nd++, md = fmax(md, fabs((double)o[0][j] - o[1][j]));
+            for (int v = 1; v < 3; v++)
+                if (memcmp(&o[0][j], &o[v][j], sizeof(float))) nd++, md = fmax(md, fabs((double)o[0][j] - o[v][j]));
             nf += !isfinite(o[1][j]);
             ss += (double)o[1][j] * o[1][j];
         }
@@ -467,6 +472,7 @@ static int attn_exact(dsv4_backend *be, struct attn_bench *a, dsv4_buf *const st
     free(x);
     free(o[0]);
     free(o[1]);
+    free(o[2]);
     return rc ? -1 : fails;
 }
 
@@ -569,9 +575,12 @@ static int attn_state_run(int ctx, int R, int k, dsv4_kv_dtype kvt, dsv4_numeric
     if (exact) {
         int fails = attn_exact(be, &a, (dsv4_buf *[3]){&ring, &rows4, &rows128},
                                (int64_t[3]){(int64_t)R * (W + 8), R * mr4, R * mr128}, kvt, HD, rbytes,
-                               (size_t)T * H * HD);
-        printf("== staged vs direct coded attention, %s numerics: %d requests x %d rows at context %d, %s key rows: "
-               "%s\n\n", num == DSV4_NUMERICS_HF ? "HF" : "reference", R, k, ctx, dsv4_kv_dtype_name(kvt),
+                               (size_t)T * H * HD, exact == 2 ? "DSV4_CUDA_ATT_DEC" : "DSV4_CUDA_ATT_CODED_DIRECT",
+                               exact == 2 ? "0" : "1", exact == 2 ? "1" : "0");
+        printf("== %s, %s numerics: %d requests x %d rows at context %d, %s key rows: "
+               "%s\n\n",
+               exact == 2 ? "small-row pv: PDL + last-block sum vs plain + reduce" : "staged vs direct coded attention",
+               num == DSV4_NUMERICS_HF ? "HF" : "reference", R, k, ctx, dsv4_kv_dtype_name(kvt),
                fails < 0 ? "ERROR" : fails ? "DIFFER" : "bit-identical");
         free(hq);
         free(hs);
@@ -955,6 +964,16 @@ int main(int argc, char **argv) {
                 for (size_t i = 0; i < sizeof C / sizeof C[0]; i++) {
                     int f2 = attn_state_run(C[i][0], C[i][1], C[i][2], (dsv4_kv_dtype)kv,
                                             n ? DSV4_NUMERICS_HF : DSV4_NUMERICS_REFERENCE, 1);
+                    d2 += f2 == 1, e2 += f2 > 1;
+                }
+        /* the small-row pv (PDL, early loads, last-block split sum) against the plain launch + k_att_reduce:
+         * decode batch 1 / 2 / 8, verify 1 x 6 and 8 x 6 (no split: 48 rows fill the GPU), every key format */
+        static const int D[][3] = {{4096, 1, 1}, {100, 1, 1}, {4096, 2, 1}, {4096, 8, 1}, {4096, 1, 6}, {4096, 8, 6}};
+        for (int kv = 0; kv < DSV4_KV_COUNT; kv++)
+            for (int n = 0; n < 2; n++)
+                for (size_t i = 0; i < sizeof D / sizeof D[0]; i++) {
+                    int f2 = attn_state_run(D[i][0], D[i][1], D[i][2], (dsv4_kv_dtype)kv,
+                                            n ? DSV4_NUMERICS_HF : DSV4_NUMERICS_REFERENCE, 2);
                     d2 += f2 == 1, e2 += f2 > 1;
                 }
         printf("att-exact summary: %d runs differ, %d runs with errors\n", d2, e2);

@@ -32,6 +32,23 @@
  * Decode: score blocks shrink to 8 heads x 32 candidates (160 blocks at 640
  * candidates instead of 40) and a warp reduces its 8x4 or 16x4 dots in one
  * transposing butterfly (N shuffles for N sums, not 5N).
+ * Small rows (k_att_pv<.., DEC = 1>, the default below ATT_TC_MIN_ROWS rows):
+ * at decode both kernels are latency chains, not throughput: ncu (batch 1,
+ * H200) timed k_att_scores at 12-13 us with 32 blocks and with 160, and
+ * k_att_pv at 13 us (32 blocks) to 16 us (160); more, smaller blocks would
+ * not shorten them. What does: pv is launched with PDL while the scores run
+ * (k_att_scores triggers at entry); before griddepcontrol.wait a pv block
+ * finds its key pointers (row metadata -> selection -> page table -> row,
+ * dependent loads) and loads its warps' first 8 value slices, none of which
+ * depend on S; after the wait only the statistics, probabilities, FMAs and
+ * the block sum remain. The split-K sum moves into the pv kernel (the last
+ * split block of a group adds the parts, in k_att_reduce's order), so a
+ * layer's attention is two launches, not three. And both kernels issue a
+ * warp's key / value loads before decoding any (kv_ld4_raw / kv_dec4):
+ * with coded rows the decode under `key ? kv_ld4 : 0` had serialised them.
+ * Same values, same FMA order, same sums: bit-identical to
+ * DSV4_CUDA_ATT_DEC=0 (the kernels before; gpu_conformance --att-exact
+ * checks it).
  * Prefill (row chunks >= ATT_TC_MIN_ROWS): both products on tensor cores,
  * see k_att_scores_tc below.
  * Each key is read from HBM once per row and from L2 by the other head
@@ -70,6 +87,8 @@ typedef struct att_args {
     float *S;            /* [rows of the chunk][H][ld] */
     int64_t ld;
     int64_t per; /* candidates per split-K part (k_att_pv) */
+    unsigned *cnt; /* k_att_pv<.., 1> split arrival counters (workspace), zeroed by k_att_scores; or NULL */
+    int ncnt;
 } att_args;
 
 /* Key row of candidate j of row t, or NULL when there is none. */
@@ -119,16 +138,67 @@ __device__ __forceinline__ void warp_sum_transpose(float (&v)[N], int lane) {
     warp_sum_step<N / 32, 1>(v, lane);
 }
 
+/* kv_ld4 in two halves, for the small-row kernels (RAW / DEC = 1): kv_ld4_raw only loads (a NULL row
+ * gives zero words), kv_dec4 decodes with kv_ld4's operations. Why: behind `key ? kv_ld4(..) : 0` the
+ * coded formats' decode sits in a branch per key, and the warp waited there for each key's loads in
+ * turn (ptxas output for k_att_scores<4, 8, fp8>: 16 load / decode regions one after the other), so
+ * decode at fp8_ds_mla took twice as long as with f32 rows (ncu, batch 1: 13.2 vs 6.5 us), whose
+ * plain float4 loads are all in flight at once. With the loads first, all are in flight again. Zero
+ * words decode to +0.0f in every format (E4M3 code 0 times a zero scale, bf16 0), which is what a
+ * missing key contributed before: the products, and so the outputs, are unchanged bit for bit. */
+template <int FMT>
+__device__ __forceinline__ uint4 kv_ld4_raw(const uint8_t *row, int i4, int nope, int scoff) {
+    uint4 r = make_uint4(0u, 0u, 0u, 0u);
+    if (FMT == DSV4_KV_F32) {
+        if (row) r = ((const uint4 *)row)[i4];
+        return r;
+    }
+    if (FMT == DSV4_KV_BF16) {
+        if (row) {
+            const uint2 w = ((const uint2 *)row)[i4];
+            r.x = w.x;
+            r.y = w.y;
+        }
+        return r;
+    }
+    const int d = 4 * i4;
+    if (!row) return r;
+    if (d < nope) {
+        r.x = *(const uint32_t *)(row + d);
+        r.y = row[scoff + (d >> 6)];
+    } else {
+        const uint2 w = *(const uint2 *)(row + nope + 2 * (d - nope));
+        r.x = w.x;
+        r.y = w.y;
+    }
+    return r;
+}
+template <int FMT>
+__device__ __forceinline__ float4 kv_dec4(uint4 r, int i4, int nope) {
+    if (FMT == DSV4_KV_F32)
+        return make_float4(__uint_as_float(r.x), __uint_as_float(r.y), __uint_as_float(r.z), __uint_as_float(r.w));
+    if (FMT == DSV4_KV_FP8_DS_MLA && 4 * i4 < nope) {
+        const float s = __uint_as_float(r.y << 23); /* kv_scale */
+        return make_float4(kv_e4m3x(r.x) * s, kv_e4m3x(r.x >> 8) * s, kv_e4m3x(r.x >> 16) * s, kv_e4m3x(r.x >> 24) * s);
+    }
+    return make_float4(kv_bf(r.x & 0xffffu), kv_bf(r.x >> 16), kv_bf(r.y & 0xffffu), kv_bf(r.y >> 16));
+}
+
 /* Scores of `chunk` candidates x QH heads of one row. NV = hd/128.
  * The candidates' key pointers are found first (one thread each), then every
  * warp loads its 4 keys at once (loads in flight together), accumulates the
  * QH x 4 dots of its lanes' dims and reduces them over the warp in one
  * transposing butterfly. */
-template <int NV, int QH, int FMT>
+template <int NV, int QH, int FMT, int RAW>
 __global__ void __launch_bounds__(ATT_THREADS, 2) k_att_scores(att_args a, int chunk) {
     constexpr int C = 4; /* keys per warp in flight */
     __shared__ float4 qs[QH][NV * 32];
     __shared__ const uint8_t *kp[ATT_CHUNK];
+    if (RAW) { /* the small-row launch (att_launch: L.dec) */
+        pdl_trigger(); /* lets the PDL-launched k_att_pv start its loads that do not depend on S */
+        if (a.cnt && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) /* for the pv blocks' split sums */
+            for (int i = threadIdx.x; i < a.ncnt; i += blockDim.x) a.cnt[i] = 0;
+    }
     const int tl = blockIdx.z, t = a.t0 + tl, hg0 = blockIdx.y * QH;
     const int nh = a.H - hg0 < QH ? a.H - hg0 : QH;
     const int64_t j0 = (int64_t)blockIdx.x * chunk;
@@ -144,12 +214,26 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) k_att_scores(att_args a, int c
     float *S = a.S + ((int64_t)tl * a.H + hg0) * a.ld;
     for (int jb = warp * C; jb < chunk; jb += 8 * C) {
         float4 k[C][NV];
+        if (RAW) { /* every load issued before the first decode (kv_ld4_raw) */
+            uint4 kr[C][NV];
 #pragma unroll
-        for (int c = 0; c < C; c++) {
-            const uint8_t *key = kp[jb + c];
+            for (int c = 0; c < C; c++) {
+                const uint8_t *key = kp[jb + c];
 #pragma unroll
-            for (int v = 0; v < NV; v++)
-                k[c][v] = key ? kv_ld4<FMT>(key, v * 32 + lane, a.nope, a.scoff) : make_float4(0.f, 0.f, 0.f, 0.f);
+                for (int v = 0; v < NV; v++) kr[c][v] = kv_ld4_raw<FMT>(key, v * 32 + lane, a.nope, a.scoff);
+            }
+#pragma unroll
+            for (int c = 0; c < C; c++)
+#pragma unroll
+                for (int v = 0; v < NV; v++) k[c][v] = kv_dec4<FMT>(kr[c][v], v * 32 + lane, a.nope);
+        } else {
+#pragma unroll
+            for (int c = 0; c < C; c++) {
+                const uint8_t *key = kp[jb + c];
+#pragma unroll
+                for (int v = 0; v < NV; v++)
+                    k[c][v] = key ? kv_ld4<FMT>(key, v * 32 + lane, a.nope, a.scoff) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
         }
         float s[QH * C]; /* [head][key] partial dots of this lane's dims */
 #pragma unroll
@@ -183,7 +267,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) k_att_scores(att_args a, int c
  * each warp streams its candidates' slices, 4 loads in flight.
  * out: o itself (one split) or the split's partial buffer.
  */
-template <int MINB, int FMT>
+template <int MINB, int FMT, int DEC>
 __global__ void __launch_bounds__(ATT_THREADS, MINB) k_att_pv(att_args a, const void *sinks, int sinks_bf16, int ref,
                                                         int nsplit, float *part) {
     __shared__ float mx_s[ATT_PHEADS], den_s[ATT_PHEADS];
@@ -193,9 +277,34 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) k_att_pv(att_args a, const 
     const int tl = blockIdx.z, t = a.t0 + tl, hg0 = blockIdx.y * ATT_PHEADS;
     const int slice = blockIdx.x % (a.hd / 128), split = blockIdx.x / (a.hd / 128);
     const int nh = a.H - hg0 < ATT_PHEADS ? a.H - hg0 : ATT_PHEADS;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    constexpr int nwarps = ATT_THREADS / 32; /* launched with ATT_THREADS threads */
     const float *S = a.S + ((int64_t)tl * a.H + hg0) * a.ld;
     const int64_t per = a.per, c0 = split * per, c1 = c0 + per < a.ld ? c0 + per : a.ld;
+    /* DEC (small-row launch, PDL after k_att_scores, see att_launch): before waiting for the scores, which
+     * only S depends on, find the first chunk's key pointers and load this warp's first two rounds of
+     * value slices (the same loads, in the same order, as the loop below would issue). */
+    float4 vpre[2][4];
+    if (DEC) {
+        pdl_trigger();
+        const int n0 = (int)(c1 - c0 < ATT_PCHUNK ? c1 - c0 : ATT_PCHUNK);
+        for (int i = threadIdx.x; i < ATT_PCHUNK; i += blockDim.x) kp[i] = i < n0 ? cand_key(a, t, c0 + i) : NULL;
+        __syncthreads();
+        uint4 vr[2][4];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int j = warp * 4 + r * nwarps * 4 + u;
+                vr[r][u] = kv_ld4_raw<FMT>(j < n0 ? kp[j] : NULL, slice * 32 + lane, a.nope, a.scoff);
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+#pragma unroll
+            for (int u = 0; u < 4; u++) vpre[r][u] = kv_dec4<FMT>(vr[r][u], slice * 32 + lane, a.nope);
+        pdl_wait(); /* S is complete and visible from here */
+    }
     /* statistics over every candidate of the row */
     for (int h = warp; h < nh; h += nwarps) {
         const float sink = cu_ldf(sinks, sinks_bf16, hg0 + h);
@@ -215,8 +324,10 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) k_att_pv(att_args a, const 
     for (int h = 0; h < ATT_PHEADS; h++) acc[h] = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int64_t cb = c0; cb < c1; cb += ATT_PCHUNK) {
         const int n = (int)(c1 - cb < ATT_PCHUNK ? c1 - cb : ATT_PCHUNK);
+        const bool pre = DEC && cb == c0; /* pointers and the first two rounds already loaded */
         __syncthreads(); /* statistics ready; previous chunk consumed */
-        for (int i = threadIdx.x; i < ATT_PCHUNK; i += blockDim.x) kp[i] = i < n ? cand_key(a, t, cb + i) : NULL;
+        if (!pre)
+            for (int i = threadIdx.x; i < ATT_PCHUNK; i += blockDim.x) kp[i] = i < n ? cand_key(a, t, cb + i) : NULL;
         for (int i = threadIdx.x; i < ATT_PHEADS * ATT_PCHUNK; i += blockDim.x) {
             const int h = i / ATT_PCHUNK, j = i % ATT_PCHUNK;
             float p = 0.f;
@@ -227,14 +338,8 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) k_att_pv(att_args a, const 
             ps[h][j] = p;
         }
         __syncthreads();
-        for (int j = warp * 4; j < n; j += nwarps * 4) {
-            float4 v[4];
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                const uint8_t *key = j + u < n ? kp[j + u] : NULL;
-                v[u] = key ? kv_ld4<FMT>(key, slice * 32 + lane, a.nope, a.scoff) : make_float4(0.f, 0.f, 0.f, 0.f);
-            }
-            /* candidates past n have p = 0 and v = 0: no tail test, one broadcast float4 of p per head */
+        /* candidates past n have p = 0 and v = 0: no tail test, one broadcast float4 of p per head */
+        auto pv4 = [&](const float4 (&v)[4], int j) {
 #pragma unroll
             for (int h = 0; h < ATT_PHEADS; h++) {
                 const float4 p4 = *(const float4 *)&ps[h][j];
@@ -247,6 +352,31 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) k_att_pv(att_args a, const 
                     acc[h].w += pu[u] * v[u].w;
                 }
             }
+        };
+        int j = warp * 4;
+        if (pre) {
+            if (j < n) pv4(vpre[0], j);
+            j += nwarps * 4;
+            if (j < n) pv4(vpre[1], j);
+            j += nwarps * 4;
+        }
+        for (; j < n; j += nwarps * 4) {
+            float4 v[4];
+            if (DEC) { /* the 4 loads in flight before the first decode (kv_ld4_raw) */
+                uint4 vr[4];
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    vr[u] = kv_ld4_raw<FMT>(j + u < n ? kp[j + u] : NULL, slice * 32 + lane, a.nope, a.scoff);
+#pragma unroll
+                for (int u = 0; u < 4; u++) v[u] = kv_dec4<FMT>(vr[u], slice * 32 + lane, a.nope);
+            } else {
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    const uint8_t *key = j + u < n ? kp[j + u] : NULL;
+                    v[u] = key ? kv_ld4<FMT>(key, slice * 32 + lane, a.nope, a.scoff) : make_float4(0.f, 0.f, 0.f, 0.f);
+                }
+            }
+            pv4(v, j);
         }
     }
     float *out = nsplit > 1 ? part + (int64_t)split * gridDim.z * a.H * a.hd : a.o + (int64_t)a.t0 * a.H * a.hd;
@@ -267,6 +397,36 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) k_att_pv(att_args a, const 
                 s.w += r.w;
             }
             ((float4 *)(out + ((int64_t)tl * a.H + hg0 + hh) * a.hd + slice * 128))[l] = s;
+        }
+    }
+    /* DEC with splits: the last of a (row, head group, slice)'s split blocks to finish sums the parts, in
+     * split order from part 0, as k_att_reduce does (same floats, same order: bit-identical), so the
+     * third launch goes. The counters (one per group, in this call's workspace, so no other stream or
+     * context shares them) were zeroed by k_att_scores, which completed before pdl_wait returned. */
+    if (DEC && nsplit > 1) {
+        __shared__ int last_s;
+        __threadfence(); /* this block's part is visible before its arrival is counted */
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            const unsigned id = ((unsigned)tl * gridDim.y + blockIdx.y) * (unsigned)(a.hd / 128) + slice;
+            last_s = atomicAdd(a.cnt + id, 1u) == (unsigned)nsplit - 1;
+        }
+        __syncthreads();
+        if (!last_s) return;
+        __threadfence();
+        const int64_t pstride = (int64_t)gridDim.z * a.H * a.hd;
+        float *o = a.o + (int64_t)a.t0 * a.H * a.hd;
+        for (int i = threadIdx.x; i < nh * 32; i += blockDim.x) {
+            const int64_t off = ((int64_t)tl * a.H + hg0 + i / 32) * a.hd + slice * 128 + (i % 32) * 4;
+            float4 s = __ldcg((const float4 *)(part + off));
+            for (int k = 1; k < nsplit; k++) {
+                const float4 r = __ldcg((const float4 *)(part + k * pstride + off));
+                s.x += r.x;
+                s.y += r.y;
+                s.z += r.z;
+                s.w += r.w;
+            }
+            *(float4 *)(o + off) = s;
         }
     }
 }
@@ -648,11 +808,28 @@ __global__ void k_att_reduce(const float4 *part, int nsplit, int64_t n4, float4 
 typedef struct att_launch_cfg {
     int T, n_heads, tc, sc_qh, sc_chunk, pv_one_block, nsplit, sbf, ref;
     int direct; /* coded rows: the tensor-core kernels decode from global memory (no staged tile) */
+    int dec;    /* small rows: k_att_pv<..., 1> (PDL, early loads, last-block split sum); 0: as before */
+    dsv4_cuda_ctx *ctx;
+    unsigned *cnt; /* dec with splits: counters for (rows of a chunk) x head groups x slices */
     int64_t hd, maxc, chunk;
     const void *sinks;
     float *part;
     cudaStream_t stream;
 } att_launch_cfg;
+
+/* k_att_scores for head_dim hd (128, 256, 512) and sc_qh heads a block. */
+template <int FMT, int RAW>
+static void att_scores_launch(const att_args &a, dim3 g1, int sc_qh, int sc_chunk, int64_t hd, cudaStream_t stream) {
+    if (sc_qh == ATT_QHEADS) {
+        if (hd == 128) k_att_scores<1, ATT_QHEADS, FMT, RAW><<<g1, ATT_THREADS, 0, stream>>>(a, sc_chunk);
+        else if (hd == 256) k_att_scores<2, ATT_QHEADS, FMT, RAW><<<g1, ATT_THREADS, 0, stream>>>(a, sc_chunk);
+        else k_att_scores<4, ATT_QHEADS, FMT, RAW><<<g1, ATT_THREADS, 0, stream>>>(a, sc_chunk);
+    } else {
+        if (hd == 128) k_att_scores<1, ATT_QHEADS / 2, FMT, RAW><<<g1, ATT_THREADS, 0, stream>>>(a, sc_chunk);
+        else if (hd == 256) k_att_scores<2, ATT_QHEADS / 2, FMT, RAW><<<g1, ATT_THREADS, 0, stream>>>(a, sc_chunk);
+        else k_att_scores<4, ATT_QHEADS / 2, FMT, RAW><<<g1, ATT_THREADS, 0, stream>>>(a, sc_chunk);
+    }
+}
 
 /* The kernels of one call for key rows in record format FMT (cuda_kvrow.cuh). */
 template <int FMT>
@@ -686,19 +863,22 @@ static int att_launch(att_args a, const att_launch_cfg &L, dsv4_err *err) {
             continue;
         }
         dim3 g1((unsigned)((maxc + sc_chunk - 1) / sc_chunk), (unsigned)((n_heads + sc_qh - 1) / sc_qh), n);
-        if (sc_qh == ATT_QHEADS) {
-            if (hd == 128) k_att_scores<1, ATT_QHEADS, FMT><<<g1, ATT_THREADS, 0, stream>>>(a, sc_chunk);
-            else if (hd == 256) k_att_scores<2, ATT_QHEADS, FMT><<<g1, ATT_THREADS, 0, stream>>>(a, sc_chunk);
-            else k_att_scores<4, ATT_QHEADS, FMT><<<g1, ATT_THREADS, 0, stream>>>(a, sc_chunk);
-        } else {
-            if (hd == 128) k_att_scores<1, ATT_QHEADS / 2, FMT><<<g1, ATT_THREADS, 0, stream>>>(a, sc_chunk);
-            else if (hd == 256) k_att_scores<2, ATT_QHEADS / 2, FMT><<<g1, ATT_THREADS, 0, stream>>>(a, sc_chunk);
-            else k_att_scores<4, ATT_QHEADS / 2, FMT><<<g1, ATT_THREADS, 0, stream>>>(a, sc_chunk);
-        }
+        const unsigned pv_groups = (unsigned)((n_heads + ATT_PHEADS - 1) / ATT_PHEADS);
+        a.cnt = L.dec && nsplit > 1 ? L.cnt : NULL;
+        a.ncnt = a.cnt ? (int)(n * pv_groups * (hd / 128)) : 0;
+        if (L.dec) att_scores_launch<FMT, 1>(a, g1, sc_qh, sc_chunk, hd, stream);
+        else att_scores_launch<FMT, 0>(a, g1, sc_qh, sc_chunk, hd, stream);
         CU_LAUNCHED(err, "attention (scores)");
         dim3 g2((unsigned)(hd / 128 * nsplit), (unsigned)((n_heads + ATT_PHEADS - 1) / ATT_PHEADS), n);
-        if (pv_one_block) k_att_pv<1, FMT><<<g2, ATT_THREADS, 0, stream>>>(a, sinks, sbf, ref, nsplit, part);
-        else k_att_pv<2, FMT><<<g2, ATT_THREADS, 0, stream>>>(a, sinks, sbf, ref, nsplit, part);
+        if (L.dec) {
+            const cudaError_t ce =
+                cu_launch(L.ctx, k_att_pv<2, FMT, 1>, g2, dim3(ATT_THREADS), 0, a, sinks, sbf, ref, nsplit, part);
+            if (ce != cudaSuccess) return cu_err(err, DSV4_EBACKEND, "cuda: attention (pv, small rows): %s",
+                                                 cudaGetErrorString(ce));
+            continue; /* the split sum is done by each group's last block */
+        }
+        if (pv_one_block) k_att_pv<1, FMT, 0><<<g2, ATT_THREADS, 0, stream>>>(a, sinks, sbf, ref, nsplit, part);
+        else k_att_pv<2, FMT, 0><<<g2, ATT_THREADS, 0, stream>>>(a, sinks, sbf, ref, nsplit, part);
         CU_LAUNCHED(err, "attention (pv)");
         if (nsplit > 1) {
             const int64_t n4 = (int64_t)n * n_heads * hd / 4;
@@ -800,13 +980,23 @@ int cu_be_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, con
     if (a.per < 1) a.per = 1;
     nsplit = (int)((maxc + a.per - 1) / a.per);
     if (nsplit < 1) nsplit = 1;
+    /* pv compiled for 2 blocks / SM (128 registers, a few spills) or 1 (172 registers, no spills);
+     * DSV4_CUDA_ATT_PV_MINB=1 picks the latter (for measuring, bench/results) */
+    const char *minb = getenv("DSV4_CUDA_ATT_PV_MINB");
+    const int pv_one_block = minb && minb[0] == '1';
     const size_t s_bytes = cu_align((size_t)chunk * n_heads * maxc * sizeof(float));
     const size_t p_bytes = nsplit > 1 ? (size_t)nsplit * chunk * n_heads * hd * sizeof(float) : 0;
     void *ws_p = NULL;
     /* coded stores: the batch's own rows as the store will hold them (the CPU reference encodes and
      * decodes them too), so a result never depends on where chunks fall */
     const size_t k_bytes = wf.t != DSV4_KV_F32 ? cu_align((size_t)T * (size_t)wf.bytes) : 0;
-    if ((rc = cu_workspace(ctx, s_bytes + p_bytes + k_bytes, &ws_p, err))) return rc;
+    /* small-row pv split sums (k_att_pv<.., 1>): one arrival counter per (row, head group, slice) */
+    const char *dec = getenv("DSV4_CUDA_ATT_DEC");
+    const int use_dec = !pv_one_block && !(dec && dec[0] == '0');
+    const size_t c_bytes = use_dec && nsplit > 1
+                               ? cu_align((size_t)chunk * ((n_heads + ATT_PHEADS - 1) / ATT_PHEADS) * (hd / 128) * 4)
+                               : 0;
+    if ((rc = cu_workspace(ctx, s_bytes + p_bytes + k_bytes + c_bytes, &ws_p, err))) return rc;
     if (k_bytes) {
         uint8_t *kb = (uint8_t *)ws_p + s_bytes + p_bytes;
         if ((rc = cu_kv_encode_rows(ctx->stream, &wf, (const float *)kv->data, T, kb, err))) return rc;
@@ -815,10 +1005,6 @@ int cu_be_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, con
     a.S = (float *)ws_p;
     float *part = nsplit > 1 ? (float *)((char *)ws_p + s_bytes) : NULL;
     const int ref = be->numerics == DSV4_NUMERICS_REFERENCE, sbf = sinks->dtype == DSV4_DT_BF16;
-    /* pv compiled for 2 blocks / SM (128 registers, a few spills) or 1 (172 registers, no spills);
-     * DSV4_CUDA_ATT_PV_MINB=1 picks the latter (for measuring, bench/results) */
-    const char *minb = getenv("DSV4_CUDA_ATT_PV_MINB");
-    const int pv_one_block = minb && minb[0] == '1';
     /* score blocks: 16 heads x 64 candidates when the rows fill the GPU, else 8 heads x 32 candidates
      * (decode: 160 blocks instead of 40 at 640 candidates) */
     int sc_qh = ATT_QHEADS, sc_chunk = ATT_CHUNK;
@@ -832,7 +1018,10 @@ int cu_be_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, con
     /* DSV4_CUDA_ATT_CODED_DIRECT=1: coded rows decoded lane by lane from global memory in the tensor-core
      * kernels, as before the staged tiles (bit-identical; for measuring and gpu_conformance --att-exact) */
     const char *dir = getenv("DSV4_CUDA_ATT_CODED_DIRECT");
+    /* use_dec (above): DSV4_CUDA_ATT_DEC=0 launches the small-row pv plain with a separate split sum, as
+     * before (measuring; the outputs are bit-identical either way) */
     att_launch_cfg L = {T, n_heads, tc, sc_qh, sc_chunk, pv_one_block, nsplit, sbf, ref, dir && dir[0] == '1',
+                        use_dec, ctx, c_bytes ? (unsigned *)((char *)ws_p + s_bytes + p_bytes + k_bytes) : NULL,
                         hd, maxc, chunk, sinks->data, part, ctx->stream};
     switch (wf.t) {
     case DSV4_KV_F32: return att_launch<DSV4_KV_F32>(a, L, err);
