@@ -111,11 +111,12 @@ def test_cli_errors_before_any_load(tmp_path):
     r = subprocess.run([DSV4, "serve", str(tmp_path), "--load-format", "dummy", "--hf-overrides", "[4]"],
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "not a JSON object" in r.stderr
-    # node 0 of two nodes with -tp != --nnodes: refused before waiting for the other node
+    # node 0 of two nodes with -tp not a multiple of --nnodes (-tp is the total, -tp / --nnodes ranks per
+    # node, as in vLLM): refused before waiting for the other node
     r = subprocess.run([DSV4, "serve", DEFAULT_MODEL, "--nnodes", "2", "--node-rank", "0", "--master-addr",
-                        "127.0.0.1", "--master-port", str(free_port()), "-tp", "4", "--port", str(free_port())],
+                        "127.0.0.1", "--master-port", str(free_port()), "-tp", "3", "--port", str(free_port())],
                        capture_output=True, text=True, timeout=30)
-    assert r.returncode == 2 and "give -tp 2" in r.stderr
+    assert r.returncode == 2 and "give a multiple of 2 (e.g. -tp 2)" in r.stderr
 
 
 def test_ctrl_c_while_loading_exits_at_once(tmp_path):
