@@ -151,3 +151,44 @@ def test_nodes_with_different_flags_fail_at_start_naming_the_field():
     assert r0.returncode != 0 and rc1 != 0
     assert "--max-model-len" in r0.stderr and "node 1 has" in r0.stderr, r0.stderr
     assert "--max-model-len" in err1, err1
+
+
+def test_follower_killed_mid_run_fails_node0_naming_its_rank_and_node():
+    # node 1 (ranks 2, 3) dies during a generation: node 0's step fails naming rank 2 on node 1 (the
+    # star's first read from it), and node 0 shuts down with status 1 instead of hanging
+    import http.client
+    import signal
+    common = (CFG, *DUMMY, "--max-model-len", "512", "--max-num-seqs", "2")
+    mport = free_triple()
+    mn = ("--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(mport), "-tp", "4")
+    f = subprocess.Popen([DSV4, "serve", *common, *mn, "--node-rank", "1", "--port", str(free_port())],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env())
+    s = None
+    try:
+        s = Server(*common, *mn, "--node-rank", "0", env=env(), ready=True)
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
+        conn.request("POST", "/v1/completions", json.dumps(
+            {"prompt": [5, 17, 42], "temperature": 0, "max_tokens": 480, "ignore_eos": True, "stream": True}),
+            {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.status == 200
+        assert resp.readline().startswith(b"data: ")  # under way
+        f.send_signal(signal.SIGKILL)
+        rest = b""
+        try:
+            rest = resp.read()
+        except (OSError, http.client.HTTPException):
+            pass
+        rc0 = s.proc.wait(timeout=30)
+    finally:
+        if s and s.proc.poll() is None:
+            s.proc.kill()
+        if f.poll() is None:
+            f.kill()
+            f.wait(timeout=10)
+    assert rest.count(b"data: ") < 480
+    assert rc0 == 1
+    s.log.seek(0)
+    log0 = s.log.read().decode(errors="replace")
+    assert "(node 1 at 127.0.0.1:" in log0 and "closed the connection: it exited, crashed or aborted" in log0
+    assert "; shutting down" in log0
