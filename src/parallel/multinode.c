@@ -276,6 +276,11 @@ const dsv4_config *dsv4_multinode_config(dsv4_multinode *m) {
     return m->tp ? dsv4_tp_runner_config(m->tp) : m->mr ? dsv4_model_runner_config(m->mr) : NULL;
 }
 
+dsv4_backend *dsv4_multinode_backend(dsv4_multinode *m) {
+    if (!m) return NULL;
+    return m->tp ? dsv4_tp_runner_backend(m->tp, 0) : m->mr ? dsv4_model_runner_backend(m->mr) : NULL;
+}
+
 int dsv4_multinode_drafter(dsv4_multinode *m, dsv4_drafter *out) {
     return m->tp ? dsv4_tp_runner_drafter(m->tp, out) : m->mr ? dsv4_model_runner_drafter(m->mr, out) : 0;
 }

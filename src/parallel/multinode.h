@@ -94,6 +94,8 @@ void dsv4_multinode_stop(dsv4_multinode *m);
  * (returns 0 when there is none; as dsv4_model_runner_drafter). */
 const dsv4_config *dsv4_multinode_config(dsv4_multinode *m);
 int dsv4_multinode_drafter(dsv4_multinode *m, dsv4_drafter *out);
+/* Node 0 between open_leader and stop: global rank 0's backend (for logs), else NULL. */
+dsv4_backend *dsv4_multinode_backend(dsv4_multinode *m);
 
 /*
  * dsv4_multinode_check — node 0, without blocking: 0 while every node is

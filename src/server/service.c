@@ -278,8 +278,9 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
              "prefix caching %s",
              o->model_dir, dsv4_config_kind_name(cfg), cfg->num_hidden_layers, cfg->vocab_size,
              dsv4_profile_name(profile),
-             s->mr ? dsv4_model_runner_backend(s->mr)->name
-                   : (dsv4_tp_runner_backend(s->tp, 0) ? dsv4_tp_runner_backend(s->tp, 0)->name : "cpu"),
+             s->mr   ? dsv4_model_runner_backend(s->mr)->name
+             : s->tp ? (dsv4_tp_runner_backend(s->tp, 0) ? dsv4_tp_runner_backend(s->tp, 0)->name : "cpu")
+                     : (dsv4_multinode_backend(s->mn) ? dsv4_multinode_backend(s->mn)->name : "cpu"),
              o->tensor_parallel_size > 1 ? o->tensor_parallel_size : 1,
              (long long)s->max_model_len, o->max_num_seqs, o->max_num_seqs + cache_slots,
              run.n_pages, run.page_tokens, dsv4_kv_dtype_name(kvt), o->spec_k ? "dspark" : "off", o->spec_k,

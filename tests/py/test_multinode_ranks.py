@@ -128,7 +128,7 @@ def test_serve_two_nodes_of_two_ranks_gives_one_process_text():
     assert f.returncode == 0, out1
     s.log.seek(0)
     log0 = s.log.read().decode(errors="replace")
-    assert "tensor parallel 4" in log0 and "speculation dspark k=3" in log0
+    assert "cpu backend, tensor parallel 4" in log0 and "speculation dspark k=3" in log0
     assert "(ranks 2..3 here)" in out1
 
 
