@@ -13,6 +13,8 @@
  *     o_groups 2, so TP = 4 is refused there): greedy tokens equal one process
  *     with -tp 4 (local communicator) and TP = 1, speculation off and DSpark
  *     k = 3 (drafter on global rank 0, reached through dsv4_multinode_drafter);
+ *   - dsv4_comm_nccl_create_ranks up to its checks (no GPU here): bad range, NCCL
+ *     not loadable; the NCCL path itself is compiled, not run;
  *   - refusals: -tp 3 over 2 nodes (not a multiple) on both nodes, -tp 4 on
  *     node 0 and 2 on node 1 (the rendezvous names the field), and a follower
  *     whose KV pool differs (node 0 names it at the pool check).
@@ -269,7 +271,25 @@ static void test_refusals(void) {
     CHECK_CONTAINS(j[1].msg, "node 1 has 96 --max-model-len, node 0 has 128");
 }
 
+/* The NCCL side can only be reached up to its checks here (no GPU in CI): a bad range, and a library
+ * that does not load, are errors with every handle left NULL. */
+static void test_nccl_ranks_checks(void) {
+    uint8_t id[DSV4_NCCL_ID_BYTES] = {0};
+    dsv4_comm *c[2] = {(dsv4_comm *)1, (dsv4_comm *)1};
+    dsv4_err err = {0};
+    CHECK_EQ_INT(dsv4_comm_nccl_create_ranks(3, 2, 4, id, c, &err), DSV4_EINVAL);
+    CHECK_CONTAINS(err.msg, "ranks 3..4 of 4");
+    CHECK(c[0] == NULL && c[1] == NULL);
+    setenv("DSV4_NCCL_LIB", "/nonexistent/libnccl.so.2", 1);
+    c[0] = c[1] = (dsv4_comm *)1;
+    CHECK_EQ_INT(dsv4_comm_nccl_create_ranks(2, 2, 4, id, c, &err), DSV4_EUNSUPPORTED);
+    CHECK_CONTAINS(err.msg, "DSV4_NCCL_LIB");
+    CHECK(c[0] == NULL && c[1] == NULL);
+    unsetenv("DSV4_NCCL_LIB");
+}
+
 int main(void) {
+    test_nccl_ranks_checks();
     test_tcp_ranks();
     test_refusals();
     test_tokens(0);
