@@ -318,6 +318,12 @@ int dsv4_multinode_follow(dsv4_multinode *m, const char *dir, const dsv4_model_r
                      m->o.master_addr, m->o.master_port, m->o.node_rank * m->per_node,
                      m->o.node_rank * m->per_node + m->per_node - 1);
             rc = dsv4_plan_follow(m->c, &it, err);
+            /* dsv4_plan_follow names its communicator's rank, here the node ("rank 1: "), before the failing
+             * rank's own prefix (the global rank, from the TP runner): drop it, the caller names the node */
+            char pre[32];
+            int np = snprintf(pre, sizeof pre, "rank %d: ", m->o.node_rank);
+            if (rc && err && !strncmp(err->msg, pre, (size_t)np))
+                memmove(err->msg, err->msg + np, strlen(err->msg + np) + 1);
         } else {
             m->c->abort(m->c);
         }
