@@ -56,7 +56,8 @@ static void usage(FILE *f) {
             "                       --device cuda (NCCL), CPU threads with --device cpu\n"
             "                       (DSV4_TP_CHECK_RANKS=1: every step checks the ranks' logits agree)\n"
             "  --nnodes N --node-rank R --master-addr A --master-port P\n"
-            "                       one rank per node (-tp N): start every node with the same arguments\n"
+            "                       -tp is the total: -tp/N ranks per node (GPUs 0.. with --device cuda,\n"
+            "                       else CPU threads); start every node with the same arguments\n"
             "                       but --node-rank; node 0 prints the generation, the others follow it\n",
             dsv4_default_model_dir());
 }
@@ -182,6 +183,12 @@ static int parse_args(int argc, char **argv, run_opts *o) {
         fprintf(stderr, "dsv4 run: --node-rank %d must be less than --nnodes %d\n", o->node_rank, o->nnodes);
         return 2;
     }
+    if (o->nnodes > 1 && o->node_rank == 0 && o->tp % o->nnodes) { /* node 0: before waiting for the others */
+        fprintf(stderr, "dsv4 run: --tensor-parallel-size %d with --nnodes %d: -tp is the total over the nodes, "
+                        "-tp / --nnodes ranks on each, so give a multiple of %d (e.g. -tp %d)\n",
+                o->tp, o->nnodes, o->nnodes, o->nnodes);
+        return 2;
+    }
     if (!o->dir) o->dir = dsv4_default_model_dir();
     dsv4_cli_text_dirs(o->dir, o->dummy, &o->tok_dir, &o->enc_dir);
     return 0;
@@ -286,7 +293,7 @@ int dsv4_cmd_run(int argc, char **argv) {
         dsv4_model_runner_opts mo = {.n_slots = 1, .max_len = max_len, .max_spec = o.spec_k, .numerics = o.numerics,
                                      .device = o.device, .cuda_graphs = o.cuda_graphs, .kv_dtype = (int)kvt};
         dsv4_load_opts lo = {.dummy = o.dummy, .hf_overrides = o.hf_overrides};
-        if (o.nnodes > 1) { /* one rank per node (src/parallel/multinode.h) */
+        if (o.nnodes > 1) { /* -tp / --nnodes ranks per node (src/parallel/multinode.h) */
             dsv4_multinode_opts mno = {.master_addr = o.master_addr, .master_port = o.master_port,
                                        .nnodes = o.nnodes, .node_rank = o.node_rank, .tp_size = o.tp,
                                        .model_dir = o.dir, .hf_overrides = o.hf_overrides,
@@ -310,11 +317,12 @@ int dsv4_cmd_run(int argc, char **argv) {
     dsv4_drafter dr;
     int has_drafter = 0;
     if (!rc && o.spec_k > 0 &&
-        !(has_drafter = tp ? dsv4_tp_runner_drafter(tp, &dr) : dsv4_model_runner_drafter(mr, &dr)))
+        !(has_drafter = tp ? dsv4_tp_runner_drafter(tp, &dr)
+                           : mr ? dsv4_model_runner_drafter(mr, &dr) : dsv4_multinode_drafter(mn, &dr)))
         rc = dsv4_err_set(&err, DSV4_EINVAL, "--spec: %s has neither DSpark draft stages nor an MTP block", o.dir);
     if (!rc) {
         dsv4_runner run = mn ? mn_run : tp ? dsv4_tp_runner_iface(tp) : dsv4_model_runner_iface(mr);
-        const dsv4_config *cfg = tp ? dsv4_tp_runner_config(tp) : dsv4_model_runner_config(mr);
+        const dsv4_config *cfg = tp ? dsv4_tp_runner_config(tp) : mr ? dsv4_model_runner_config(mr) : dsv4_multinode_config(mn);
         dsv4_engine_opts eo = {1, max_len, max_len, o.spec_k, cfg->eos_token_id, {{0}}, 0, 0}; /* one prompt per run: nothing to cache */
         rc = dsv4_engine_create(&eo, &run, has_drafter ? &dr : NULL, &e, &err);
     }

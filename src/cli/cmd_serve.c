@@ -174,7 +174,7 @@ int dsv4_cmd_serve(int argc, char **argv) {
     /* Tensor parallelism in one process: ranks are threads, each with its own
      * backend — CPU ranks joined by the local communicator, or rank r on GPU r
      * joined by NCCL (--device cuda / auto; src/parallel/tp_runner.h).
-     * Several nodes (--nnodes): one rank per node over TCP (CPU) or NCCL (cuda),
+     * Several nodes (--nnodes): -tp / --nnodes ranks per node over TCP (CPU) or NCCL (cuda),
      * node 0 serves and the others follow its step plans (src/parallel/multinode.h). */
     const char *dir = a.model_dir ? a.model_dir : dsv4_default_model_dir();
     struct stat st;
@@ -188,9 +188,10 @@ int dsv4_cmd_serve(int argc, char **argv) {
                         "shapes of its config.json give --load-format dummy\n", dir);
         return 1;
     }
-    if (a.nnodes > 1 && a.node_rank == 0 && a.tensor_parallel_size != a.nnodes) {
-        fprintf(stderr, "dsv4 serve: --tensor-parallel-size %d with --nnodes %d: this build runs one rank per node, "
-                        "so give -tp %d\n", a.tensor_parallel_size, a.nnodes, a.nnodes);
+    if (a.nnodes > 1 && a.node_rank == 0 && a.tensor_parallel_size % a.nnodes) {
+        fprintf(stderr, "dsv4 serve: --tensor-parallel-size %d with --nnodes %d: -tp is the total over the nodes, "
+                        "-tp / --nnodes ranks on each, so give a multiple of %d (e.g. -tp %d)\n",
+                a.tensor_parallel_size, a.nnodes, a.nnodes, a.nnodes);
         return 2;
     }
     dsv4_effort_profile prof;

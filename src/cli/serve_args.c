@@ -235,8 +235,9 @@ static void usage(void) {
            "  --default-thinking M          off | low | high | max (default off)\n"
            "  --default-reasoning-effort E  effort when thinking is on (default high)\n"
            "  --stop-in-reasoning M         dormant | active (default dormant)\n"
-           "  --nnodes N --node-rank R --master-addr A --master-port P   one rank per node (-tp N); node 0\n"
-           "                                serves HTTP, the others follow it; node 0 listens on P and P+1\n"
+           "  --nnodes N --node-rank R --master-addr A --master-port P   -tp is the total, -tp/N ranks per\n"
+           "                                node; node 0 serves HTTP, the others follow it; node 0 listens on\n"
+           "                                P and P+1 (P+2 too with several CPU ranks per node)\n"
            "Accepted and ignored (dsv4 always behaves this way): --tokenizer-mode, --reasoning-parser,\n"
            "  --tool-call-parser, --enable-auto-tool-choice, --enable-chunked-prefill, --async-scheduling, ...\n");
 }

@@ -108,6 +108,20 @@ void dsv4_comm_local_recover(dsv4_comm *c);
 int dsv4_comm_tcp_create(const char *addr, int port, int rank, int size, double timeout_s, dsv4_comm **out,
                          dsv4_err *err);
 int dsv4_comm_tcp_check(dsv4_comm *c, dsv4_err *err);
+/*
+ * dsv4_comm_tcp_create_ranks — ranks first .. first+n-1 of a TCP group of
+ * `size` in this process (one node of several, each holding n ranks:
+ * parallel/multinode.h): out[i] is rank first+i's handle, each with its own
+ * connection to rank 0 (and rank 0, when first == 0, listening), made
+ * concurrently (one thread each) since setup returns only when the whole
+ * group is in. Each handle is then used by one thread. Sums keep the rank
+ * order of the star (bit-identical to the local communicator of `size`
+ * threads). Messages name rank R's node as R / n (every node holds n ranks).
+ * Errors: DSV4_EINVAL bad range; the first failing rank's
+ * dsv4_comm_tcp_create error (every handle made is freed); DSV4_ENOMEM.
+ */
+int dsv4_comm_tcp_create_ranks(const char *addr, int port, int first, int n, int size, double timeout_s,
+                               dsv4_comm **out, dsv4_err *err);
 
 /*
  * NCCL (src/parallel/comm_nccl.c). libnccl.so.2 is loaded with dlopen at run
@@ -159,6 +173,20 @@ int dsv4_cuda_visible_devices(dsv4_err *err);
 int dsv4_nccl_unique_id(uint8_t id[DSV4_NCCL_ID_BYTES], dsv4_err *err);
 int dsv4_comm_nccl_create(int rank, int size, const uint8_t id[DSV4_NCCL_ID_BYTES], dsv4_comm **out,
                           dsv4_err *err);
+/*
+ * dsv4_comm_nccl_create_ranks — ranks first .. first+n-1 of an NCCL group of
+ * `size` (the rendezvous id) in this process, rank first+i on GPU i of this
+ * host: one thread calls ncclCommInitRank for each inside ncclGroupStart /
+ * ncclGroupEnd (NCCL's rule when one thread initialises several ranks), then
+ * out[i] is used from the thread that drives GPU i (tp_runner.h
+ * comms_on_gpus). No one-shot path (peer memory does not span hosts). Free
+ * every handle from its rank's thread. Errors: DSV4_EINVAL bad range or fewer
+ * visible GPUs than n (both numbers given); DSV4_EUNSUPPORTED as
+ * dsv4_comm_nccl_create; DSV4_EBACKEND NCCL's error string (every handle made
+ * is aborted). Compiled, not yet run on several GPUs of several hosts.
+ */
+int dsv4_comm_nccl_create_ranks(int first, int n, int size, const uint8_t id[DSV4_NCCL_ID_BYTES], dsv4_comm **out,
+                                dsv4_err *err);
 
 #ifdef __cplusplus
 }

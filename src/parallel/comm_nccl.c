@@ -54,6 +54,8 @@ static struct {
     nccl_res (*get_unique_id)(nccl_id *);
     nccl_res (*comm_init_rank)(nccl_comm_t *, int, nccl_id, int);
     nccl_res (*comm_init_all)(nccl_comm_t *, int, const int *);
+    nccl_res (*group_start)(void);
+    nccl_res (*group_end)(void);
     nccl_res (*all_reduce)(const void *, void *, size_t, int, int, nccl_comm_t, void *);
     nccl_res (*all_gather)(const void *, void *, size_t, int, nccl_comm_t, void *);
     nccl_res (*bcast)(const void *, void *, size_t, int, int, nccl_comm_t, void *);
@@ -67,6 +69,8 @@ static struct {
     int (*memcpy2d)(void *, size_t, const void *, size_t, size_t, size_t, int);
     int (*memcpy2d_async)(void *, size_t, const void *, size_t, size_t, size_t, int, void *);
     int (*get_device_count)(int *);
+    int (*set_device)(int);
+    int (*get_device)(int *);
 } N;
 
 static void *cuda_sym(const char *name) {
@@ -115,6 +119,8 @@ static int load_locked(dsv4_err *err) {
     SYM(get_unique_id, "ncclGetUniqueId");
     SYM(comm_init_rank, "ncclCommInitRank");
     SYM(comm_init_all, "ncclCommInitAll");
+    SYM(group_start, "ncclGroupStart"); /* checked where used (dsv4_comm_nccl_create_ranks) */
+    SYM(group_end, "ncclGroupEnd");
     SYM(all_reduce, "ncclAllReduce");
     SYM(all_gather, "ncclAllGather");
     SYM(bcast, "ncclBroadcast");
@@ -129,6 +135,8 @@ static int load_locked(dsv4_err *err) {
     *(void **)&N.memcpy2d = cuda_sym("cudaMemcpy2D");
     *(void **)&N.memcpy2d_async = cuda_sym("cudaMemcpy2DAsync");
     *(void **)&N.get_device_count = cuda_sym("cudaGetDeviceCount");
+    *(void **)&N.set_device = cuda_sym("cudaSetDevice");
+    *(void **)&N.get_device = cuda_sym("cudaGetDevice");
     if (!N.get_unique_id || !N.comm_init_rank || !N.comm_init_all || !N.all_reduce || !N.all_gather || !N.bcast || !N.destroy ||
         !N.abort || !N.errstr)
         return dsv4_err_set(err, DSV4_EUNSUPPORTED, "NCCL library lacks the 2.x API (ncclCommInitRank, ...)");
@@ -401,4 +409,70 @@ int dsv4_comm_nccl_set_oneshot(dsv4_comm *c, int on) {
     nccl_rank *r = (nccl_rank *)c;
     r->os_on = on && r->os;
     return r->os_on;
+}
+
+/*
+ * Several ranks of a multi-node group in this process (comm.h
+ * dsv4_comm_nccl_create_ranks). NCCL's rule: one thread that initialises
+ * several ranks must do it inside ncclGroupStart / ncclGroupEnd (each
+ * ncclCommInitRank would otherwise block waiting for the ranks it has not
+ * reached yet); each init runs on its GPU's context, so the device is set
+ * before each call and restored after. The one-shot NVLink path is not set up
+ * here: its peer memory spans one host, and a sum over the hosts' ranks goes
+ * through NCCL.
+ */
+int dsv4_comm_nccl_create_ranks(int first, int n, int size, const uint8_t id[DSV4_NCCL_ID_BYTES], dsv4_comm **out,
+                                dsv4_err *err) {
+    for (int i = 0; i < n && i < 64; i++) out[i] = NULL;
+    if (n < 1 || n > 64 || first < 0 || first + n > size)
+        return dsv4_err_set(err, DSV4_EINVAL, "NCCL: ranks %d..%d of %d", first, first + n - 1, size);
+    int have = dsv4_cuda_visible_devices(err);
+    if (have < 0) return err ? (err->code ? err->code : DSV4_EBACKEND) : DSV4_EBACKEND;
+    if (have < n)
+        return dsv4_err_set(err, DSV4_EINVAL,
+                            "%d ranks per node need %d GPUs on this host, but %d %s visible "
+                            "(CUDA_VISIBLE_DEVICES / the GPUs present)",
+                            n, n, have, have == 1 ? "is" : "are");
+    if (!N.group_start || !N.group_end || !N.set_device || !N.get_device)
+        return dsv4_err_set(err, DSV4_EUNSUPPORTED,
+                            "NCCL: ncclGroupStart/End or cudaSetDevice missing (several ranks per node need them)");
+    nccl_rank *rk[64] = {0};
+    for (int i = 0; i < n; i++)
+        if (!(rk[i] = calloc(1, sizeof *rk[i]))) {
+            for (int j = 0; j < i; j++) free(rk[j]);
+            return dsv4_err_set(err, DSV4_ENOMEM, "NCCL: out of memory");
+        }
+    int dev0 = 0;
+    N.get_device(&dev0);
+    nccl_id u;
+    memcpy(u.internal, id, DSV4_NCCL_ID_BYTES);
+    nccl_res res = N.group_start(), res_init = 0;
+    int cuda_bad = -1;
+    for (int i = 0; i < n && !res; i++) {
+        if (N.set_device(i)) {
+            cuda_bad = i;
+            break;
+        }
+        nccl_res r1 = N.comm_init_rank(&rk[i]->comm, size, u, first + i);
+        if (r1 && !res_init) res_init = r1;
+    }
+    nccl_res res_end = res ? 0 : N.group_end(); /* close the group we opened, whatever happened inside */
+    N.set_device(dev0);
+    int rc = 0;
+    if (res) rc = dsv4_err_set(err, DSV4_EBACKEND, "NCCL: ncclGroupStart: %s", N.errstr(res));
+    else if (cuda_bad >= 0) rc = dsv4_err_set(err, DSV4_EBACKEND, "NCCL: cudaSetDevice(%d) failed", cuda_bad);
+    else if (res_init || res_end)
+        rc = dsv4_err_set(err, DSV4_EBACKEND, "NCCL: ncclCommInitRank of ranks %d..%d of %d: %s", first,
+                          first + n - 1, size, N.errstr(res_init ? res_init : res_end));
+    for (int i = 0; i < n; i++) {
+        if (rc) {
+            if (rk[i]->comm) N.abort(rk[i]->comm);
+            free(rk[i]);
+            continue;
+        }
+        rk[i]->c = (dsv4_comm){"nccl", first + i, size, rk[i], n_all_reduce, n_all_gather, n_broadcast, n_barrier,
+                               n_abort, n_free, 1};
+        out[i] = &rk[i]->c;
+    }
+    return rc;
 }

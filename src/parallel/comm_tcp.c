@@ -60,6 +60,7 @@ typedef struct tcp_rank {
     float *res, *tmp; /* fp32 staging */
     size_t res_cap, tmp_cap; /* bytes */
     dsv4_comm_stage st;      /* BF16 host bytes */
+    int per_node;            /* ranks per node, for messages: rank k is on node k / per_node */
 } tcp_rank;
 
 
@@ -108,8 +109,8 @@ static int xfer(tcp_rank *r, int k, void *buf, size_t n, int writing, dsv4_err *
             pthread_mutex_unlock(&r->mu);
             if (was_dead) return check_dead(r, err);
             return fail(r, DSV4_EBACKEND, err,
-                        "rank %d (node %d at %s) closed the connection: it exited, crashed or aborted%s%s%s", k, k,
-                        r->peer[k], got ? " (" : "", got ? strerror(errno) : "", got ? ")" : "");
+                        "rank %d (node %d at %s) closed the connection: it exited, crashed or aborted%s%s%s", k,
+                        k / r->per_node, r->peer[k], got ? " (" : "", got ? strerror(errno) : "", got ? ")" : "");
         }
         p += got;
         n -= (size_t)got;
@@ -273,8 +274,8 @@ int dsv4_comm_tcp_check(dsv4_comm *c, dsv4_err *err) {
         struct pollfd pf = {r->fd[k], POLLRDHUP, 0};
         if (poll(&pf, 1, 0) == 1 && (pf.revents & (POLLRDHUP | POLLHUP | POLLERR)))
             return fail(r, DSV4_EBACKEND, err,
-                        "rank %d (node %d at %s) closed the connection: it exited, crashed or aborted", k, k,
-                        r->peer[k]);
+                        "rank %d (node %d at %s) closed the connection: it exited, crashed or aborted", k,
+                        k / r->per_node, r->peer[k]);
     }
     return 0;
 }
@@ -387,6 +388,7 @@ int dsv4_comm_tcp_create(const char *addr, int port, int rank, int size, double 
     r->peer = calloc((size_t)size, sizeof *r->peer);
     pthread_mutex_init(&r->mu, NULL);
     r->st.who = "tcp comm";
+    r->per_node = 1;
     r->c = (dsv4_comm){.name = "tcp", .rank = rank, .size = size, .ctx = r, .all_reduce_sum = tall_reduce,
                        .all_gather = tall_gather, .broadcast = tbroadcast, .barrier = tbarrier, .abort = tabort,
                        .free = tfree};
@@ -406,4 +408,70 @@ int dsv4_comm_tcp_create(const char *addr, int port, int rank, int size, double 
     }
     *out = &r->c;
     return 0;
+}
+
+/* ---- several ranks of one group in this process (comm.h dsv4_comm_tcp_create_ranks) ---- */
+
+typedef struct tcp_job {
+    const char *addr;
+    int port, rank, size, rc;
+    double timeout_s;
+    dsv4_comm *out;
+    dsv4_err err;
+} tcp_job;
+
+static void *tcp_job_run(void *arg) {
+    tcp_job *j = arg;
+    j->rc = dsv4_comm_tcp_create(j->addr, j->port, j->rank, j->size, j->timeout_s, &j->out, &j->err);
+    return NULL;
+}
+
+/*
+ * Why one thread per rank: dsv4_comm_tcp_create returns only once the whole
+ * group is connected (rank 0 sends "go" after the last peer), so the ranks of
+ * this process must join at the same time; the first runs on the caller's
+ * thread (on node 0 that is rank 0, the listener).
+ */
+int dsv4_comm_tcp_create_ranks(const char *addr, int port, int first, int n, int size, double timeout_s,
+                               dsv4_comm **out, dsv4_err *err) {
+    for (int i = 0; i < n && i < 64; i++) out[i] = NULL;
+    if (n < 1 || n > 64 || first < 0 || first + n > size)
+        return dsv4_err_set(err, DSV4_EINVAL, "tcp comm: ranks %d..%d of %d", first, first + n - 1, size);
+    tcp_job *jobs = calloc((size_t)n, sizeof *jobs);
+    pthread_t *th = calloc((size_t)n, sizeof *th);
+    int *started = calloc((size_t)n, sizeof *started);
+    if (!jobs || !th || !started) {
+        free(jobs);
+        free(th);
+        free(started);
+        return dsv4_err_set(err, DSV4_ENOMEM, "tcp comm: out of memory");
+    }
+    int rc = 0;
+    for (int i = 0; i < n; i++) jobs[i] = (tcp_job){addr, port, first + i, size, 0, timeout_s, NULL, {0}};
+    for (int i = 1; i < n; i++) {
+        if (pthread_create(&th[i], NULL, tcp_job_run, &jobs[i])) {
+            jobs[i].rc = dsv4_err_set(&jobs[i].err, DSV4_ENOMEM, "tcp comm: cannot start a thread for rank %d",
+                                      first + i);
+            continue;
+        }
+        started[i] = 1;
+    }
+    /* a rank whose thread did not start never connects: the others time out naming it */
+    tcp_job_run(&jobs[0]);
+    for (int i = 1; i < n; i++)
+        if (started[i]) pthread_join(th[i], NULL);
+    for (int i = 0; i < n; i++)
+        if (jobs[i].rc && !rc) {
+            rc = jobs[i].rc;
+            dsv4_err_set(err, rc, "%s", jobs[i].err.msg);
+        }
+    for (int i = 0; i < n; i++) {
+        if (rc && jobs[i].out) jobs[i].out->free(jobs[i].out);
+        out[i] = rc ? NULL : jobs[i].out;
+        if (out[i]) ((tcp_rank *)out[i])->per_node = n; /* every node holds n ranks: messages name rank / n */
+    }
+    free(jobs);
+    free(th);
+    free(started);
+    return rc;
 }

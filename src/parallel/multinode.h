@@ -18,9 +18,17 @@
  *   4. node 0 wraps its runner in the step-plan leader (tp_plan.h) and serves;
  *      every other node follows node 0's plans until node 0 quits.
  *
- * One rank per node: --tensor-parallel-size must equal --nnodes (several
- * ranks per node, i.e. threads joined by a local group inside a TCP/NCCL
- * group, is refused with that message).
+ * Ranks per node: --tensor-parallel-size T is the total over the nodes (vLLM's
+ * meaning: `--tensor-parallel-size 4 --nnodes 2` is 2 nodes of 2 GPUs), so T
+ * must be a multiple of --nnodes N and each node runs k = T / N ranks: global
+ * rank node_rank·k + i, local rank i on GPU i (--device cuda) or a CPU thread.
+ *   - k == 1: one communicator per node, as above (rank = node).
+ *   - k > 1: the node's ranks are threads of one TP runner (tp_runner.h; its
+ *     job board runs each plan on every local rank), their model group is
+ *     NCCL (each rank on its GPU, initialised in one ncclGroupStart/End) or
+ *     TCP (each rank its own connection, --master-port + 2), and the step
+ *     plans and the pool check travel over a separate TCP group of one rank
+ *     per node (--master-port + 1). multinode.c says why.
  *
  * Failure policy (what vLLM does when a worker process dies: its executor's
  * monitor fails the engine and the API server exits): a node that goes away
@@ -43,9 +51,9 @@ typedef struct dsv4_multinode dsv4_multinode;
 
 typedef struct dsv4_multinode_opts {
     const char *master_addr; /* --master-addr (node 0's address, reachable from every node) */
-    int master_port;         /* --master-port (rendezvous); the TCP communicator uses master_port + 1 */
+    int master_port;         /* --master-port (rendezvous); the TCP communicator(s) use master_port + 1 (and + 2) */
     int nnodes, node_rank;
-    int tp_size;             /* --tensor-parallel-size: must equal nnodes (one rank per node) */
+    int tp_size;             /* --tensor-parallel-size over all nodes: a multiple of nnodes (tp_size / nnodes per node) */
     const char *model_dir;   /* config.json there is hashed into the rendezvous */
     const char *hf_overrides; /* hashed with it (NULL = none) */
     int use_nccl;            /* 1: --device cuda (NCCL over the rendezvous id); 0: TCP */
@@ -54,22 +62,24 @@ typedef struct dsv4_multinode_opts {
 
 /*
  * dsv4_multinode_join — steps 1 and 2 above. Blocks until every node has
- * joined (or timeout). Errors: DSV4_EINVAL tp_size != nnodes (the message says
- * one rank per node is what this build runs), a rendezvous mismatch naming
- * the field and the node; DSV4_EIO timeouts and ports in use (rendezvous.h,
+ * joined (or timeout). Errors: DSV4_EINVAL tp_size not a multiple of nnodes
+ * (after the rendezvous, so that a -tp mismatch between nodes is named
+ * first), a rendezvous mismatch naming the field and the node; DSV4_EINVAL
+ * (k > 1, --device cuda) fewer visible GPUs than k; DSV4_EIO timeouts and ports in use (rendezvous.h,
  * comm.h); DSV4_EUNSUPPORTED NCCL not loadable; DSV4_ENOMEM.
  */
 int dsv4_multinode_join(const dsv4_multinode_opts *o, dsv4_multinode **out, dsv4_err *err);
 
-/* This node's communicator (rank = node rank). */
+/* This node's communicator of the step plans (rank = node rank; with one rank per node also the model's). */
 dsv4_comm *dsv4_multinode_comm(dsv4_multinode *m);
 
 /*
  * dsv4_multinode_open_leader — node 0: open rank 0's slice of dir with o / lo
  * (the same options on every node: the pool must match), check the followers'
  * pools, and wrap the runner in the step-plan leader. *mr: the rank-0 model
- * runner (its drafter and config are the whole model's; free it after
- * dsv4_multinode_stop); *run: what the engine drives. A call that fails marks
+ * runner with one rank per node (its drafter and config are the whole model's;
+ * free it after dsv4_multinode_stop), NULL with several (the node's TP runner
+ * is m's: dsv4_multinode_config / _drafter); *run: what the engine drives. A call that fails marks
  * the group failed (dsv4_multinode_check). Errors: the runner's; DSV4_EINVAL a
  * follower's pool differs ("node R: KV pool ... node 0 ..."); the
  * communicator's (a follower that failed to load: "rank R ... closed the
@@ -77,8 +87,15 @@ dsv4_comm *dsv4_multinode_comm(dsv4_multinode *m);
  */
 int dsv4_multinode_open_leader(dsv4_multinode *m, const char *dir, const dsv4_model_runner_opts *o,
                                const dsv4_load_opts *lo, dsv4_model_runner **mr, dsv4_runner *run, dsv4_err *err);
-/* Node 0: tell the followers to quit (they exit 0); the engine must be stopped. NULL-safe, idempotent. */
+/* Node 0: tell the followers to quit (they exit 0) and free this node's ranks (several per node); the
+ * engine must be stopped. NULL-safe, idempotent. */
 void dsv4_multinode_stop(dsv4_multinode *m);
+/* Node 0 after open_leader, before stop: the whole model's config (NULL before), and rank 0's drafter
+ * (returns 0 when there is none; as dsv4_model_runner_drafter). */
+const dsv4_config *dsv4_multinode_config(dsv4_multinode *m);
+int dsv4_multinode_drafter(dsv4_multinode *m, dsv4_drafter *out);
+/* Node 0 between open_leader and stop: global rank 0's backend (for logs), else NULL. */
+dsv4_backend *dsv4_multinode_backend(dsv4_multinode *m);
 
 /*
  * dsv4_multinode_check — node 0, without blocking: 0 while every node is
@@ -88,7 +105,7 @@ void dsv4_multinode_stop(dsv4_multinode *m);
 int dsv4_multinode_check(dsv4_multinode *m, dsv4_err *err);
 
 /*
- * dsv4_multinode_follow — nodes 1..N-1: open this rank's slice (same o / lo as
+ * dsv4_multinode_follow — nodes 1..N-1: open this node's slice(s) (same o / lo as
  * node 0), send the pool for node 0's check, then run node 0's step plans
  * until it quits (returns 0). Errors: the runner's (the communicator is
  * aborted first, so node 0 fails instead of waiting); node 0 gone

@@ -107,6 +107,7 @@ typedef struct tp_rank {
 
 struct dsv4_tp_runner {
     int n, check, local;
+    int rank0, world; /* this process holds global ranks rank0 .. rank0+n-1 of world (one node of several) */
     int gpu; /* rank r runs on GPU r (CUDA backends, NCCL communicators) */
     dsv4_comm **comms;
     tp_rank *ranks;
@@ -159,7 +160,7 @@ static void note_fail(dsv4_tp_runner *t, tp_rank *r) {
     int first = t->first_fail < 0;
     if (first) t->first_fail = r->rank;
     pthread_mutex_unlock(&t->mu);
-    if (first) dsv4_log(DSV4_LOG_ERROR, "tensor parallel: rank %d failed: %s", r->rank, r->err.msg);
+    if (first) dsv4_log(DSV4_LOG_ERROR, "tensor parallel: rank %d failed: %s", t->rank0 + r->rank, r->err.msg);
     for (int i = 0; t->comms && i < t->n; i++)
         if (t->comms[i]) t->comms[i]->abort(t->comms[i]);
 }
@@ -212,8 +213,8 @@ static void run_job_body(dsv4_tp_runner *t, tp_rank *r, float *logits0) {
             mo.device = DSV4_DEVICE_CUDA;
             mo.device_index = r->rank;
         }
-        r->rc = dsv4_model_runner_open_tp(t->dir, &mo, t->has_lo ? &t->lo : NULL, r->rank, t->n, &r->cc->c, &r->mr,
-                                          &r->err);
+        r->rc = dsv4_model_runner_open_tp(t->dir, &mo, t->has_lo ? &t->lo : NULL, t->rank0 + r->rank, t->world,
+                                          &r->cc->c, &r->mr, &r->err);
         if (!r->rc) r->it = dsv4_model_runner_iface(r->mr);
         break;
     }
@@ -402,7 +403,7 @@ static int dispatch(dsv4_tp_runner *t, float *logits0, dsv4_err *err) {
     if (t->local && t->comms) dsv4_comm_local_recover(t->comms[0]);
     tp_rank *r = &t->ranks[ff];
     dsv4_err_set(err, r->rc, "%s", r->err.msg);
-    if (t->n > 1) dsv4_err_prefix(err, "rank %d: ", ff);
+    if (t->world > 1) dsv4_err_prefix(err, "rank %d: ", t->rank0 + ff);
     return r->rc;
 }
 
@@ -417,7 +418,7 @@ static int check_logits(dsv4_tp_runner *t, int n_logits, const float *logits, ds
                 return dsv4_err_set(err, DSV4_EINTERNAL,
                                     "tensor parallel: rank %d logits differ from rank 0 at logit row %zu token %zu "
                                     "(%.9g vs %.9g)",
-                                    k, i / V, i % V, (double)o[i], (double)logits[i]);
+                                    t->rank0 + k, i / V, i % V, (double)o[i], (double)logits[i]);
     }
     return 0;
 }
@@ -679,12 +680,23 @@ int dsv4_tp_runner_open(const char *dir, const dsv4_model_runner_opts *o, const 
                         const dsv4_tp_runner_opts *tp, dsv4_tp_runner **out, dsv4_err *err) {
     *out = NULL;
     int n = tp->tp_size, rc = 0;
+    int world = tp->world_size > 0 ? tp->world_size : n, rank0 = tp->world_size > 0 ? tp->first_rank : 0;
     dsv4_config cfg;
     dsv4_tp_runner *t = NULL;
     if (n < 1 || n > 64) rc = dsv4_err_set(err, DSV4_EINVAL, "--tensor-parallel-size %d outside [1,64]", n);
-    if (!rc && !(rc = dsv4_config_load_ex(dir, lo ? lo->hf_overrides : NULL, &cfg, err))) rc = dsv4_tp_check(&cfg, n, err);
-    if (rc && n >= 1 && n <= 64) dsv4_err_prefix(err, "%s: ", dir);
-    int gpu = 0;
+    else if (rank0 < 0 || rank0 + n > world || (world > n && !tp->comms))
+        rc = dsv4_err_set(err, DSV4_EINVAL, "tensor parallel: ranks %d..%d of %d%s", rank0, rank0 + n - 1, world,
+                          world > n && !tp->comms ? " need the caller's communicators" : "");
+    for (int i = 0; !rc && tp->comms && i < n; i++)
+        if (!tp->comms[i] || tp->comms[i]->rank != rank0 + i || tp->comms[i]->size != world)
+            rc = dsv4_err_set(err, DSV4_EINVAL, "tensor parallel: communicator %d is rank %d of %d, not %d of %d", i,
+                              tp->comms[i] ? tp->comms[i]->rank : -1, tp->comms[i] ? tp->comms[i]->size : -1,
+                              rank0 + i, world);
+    int bad_args = rc != 0;
+    if (!rc && !(rc = dsv4_config_load_ex(dir, lo ? lo->hf_overrides : NULL, &cfg, err)))
+        rc = dsv4_tp_check(&cfg, world, err);
+    if (rc && !bad_args) dsv4_err_prefix(err, "%s: ", dir);
+    int gpu = tp->comms && tp->comms_on_gpus;
     if (!rc && !tp->comms) rc = pick_gpu(o, n, &gpu, err);
     if (!rc && !(t = calloc(1, sizeof *t))) rc = dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
     if (rc) { /* the caller's communicators are ours whatever happens */
@@ -697,6 +709,8 @@ int dsv4_tp_runner_open(const char *dir, const dsv4_model_runner_opts *o, const 
     pthread_cond_init(&t->cv_done, NULL);
     pthread_cond_init(&t->cv_wd, NULL);
     t->n = n;
+    t->rank0 = rank0;
+    t->world = world;
     t->gpu = gpu;
     t->check = tp->check_ranks;
     if (!t->check && getenv("DSV4_TP_CHECK_RANKS") && strcmp(getenv("DSV4_TP_CHECK_RANKS"), "0")) t->check = 1;
@@ -740,7 +754,7 @@ int dsv4_tp_runner_open(const char *dir, const dsv4_model_runner_opts *o, const 
             dsv4_tp_runner_free(t);
             return dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
         }
-        k->c = (dsv4_comm){"counted",  i,          n,       k,        ct_reduce, ct_gather,
+        k->c = (dsv4_comm){"counted",  t->comms[i]->rank, t->comms[i]->size, k, ct_reduce, ct_gather,
                            ct_bcast,   ct_barrier, ct_abort, ct_free, t->comms[i]->capturable};
         k->in = t->comms[i];
         t->ranks[i].cc = k;

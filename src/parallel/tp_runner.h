@@ -36,6 +36,14 @@ typedef struct dsv4_tp_runner_opts {
      * token) unless every rank's logits are bit-identical to rank 0's. Also
      * on when the environment has DSV4_TP_CHECK_RANKS=1 (the CLIs). */
     int check_ranks;
+    /* Several ranks per node (parallel/multinode.h): this process holds the tensor-parallel ranks
+     * first_rank .. first_rank + tp_size - 1 of world_size, joined to the other nodes' ranks by the
+     * caller's comms (needed then; comms[i]->rank must be first_rank + i). Rank i of this process opens
+     * slice first_rank + i of world_size. 0 / 0: this process holds every rank (world_size = tp_size). */
+    int first_rank, world_size;
+    /* With comms: 1 = local rank i runs on GPU i (CUDA backends; NCCL comms made by the caller with
+     * dsv4_comm_nccl_create_ranks); 0 = every rank on o->device (as without this field). */
+    int comms_on_gpus;
 } dsv4_tp_runner_opts;
 
 /*
@@ -50,8 +58,12 @@ typedef struct dsv4_tp_runner_opts {
  * this process (comm.h dsv4_comm_nccl_create_all); AUTO takes the GPUs when
  * the host has tp_size of them, else CPU ranks. Every rank sizes the same KV
  * pool from o (the pool lives on each rank's device).
+ * With tp->first_rank / world_size (several nodes): the ranks are first_rank +
+ * i of world_size, dsv4_tp_check runs for world_size, and messages name the
+ * global rank; the first local rank still runs on the calling thread.
  * Errors: the first failing rank's error prefixed "rank R: "; DSV4_EINVAL
- * bad tp_size, or --device cuda with fewer visible GPUs than tp_size (the
+ * bad tp_size / first_rank / world_size (or no comms with world_size >
+ * tp_size), or --device cuda with fewer visible GPUs than tp_size (the
  * message gives both); DSV4_EUNSUPPORTED --device cuda in a build without
  * CUDA, or NCCL not loadable (the message says which variable to set);
  * DSV4_ENOMEM / thread creation failures.

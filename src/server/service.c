@@ -200,7 +200,9 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
     } else if ((rc = dsv4_model_runner_open_ex(o->model_dir, &mo, &lo, &s->mr, err))) {
         goto fail;
     }
-    const dsv4_config *cfg = s->tp ? dsv4_tp_runner_config(s->tp) : dsv4_model_runner_config(s->mr);
+    const dsv4_config *cfg = s->tp   ? dsv4_tp_runner_config(s->tp)
+                             : s->mr ? dsv4_model_runner_config(s->mr)
+                                     : dsv4_multinode_config(s->mn); /* several ranks per node */
     if (s->max_model_len > cfg->max_position_embeddings) {
         if (o->max_model_len > 0)
             rc = dsv4_err_set(err, DSV4_EINVAL, "--max-model-len %lld exceeds the model's max_position_embeddings %lld",
@@ -242,7 +244,9 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
     }
     dsv4_drafter dr;
     int has_drafter =
-        o->spec_k > 0 && (s->tp ? dsv4_tp_runner_drafter(s->tp, &dr) : dsv4_model_runner_drafter(s->mr, &dr));
+        o->spec_k > 0 && (s->tp   ? dsv4_tp_runner_drafter(s->tp, &dr)
+                          : s->mr ? dsv4_model_runner_drafter(s->mr, &dr)
+                                  : dsv4_multinode_drafter(s->mn, &dr));
     dsv4_draft_kind want = want_mtp ? DSV4_DRAFT_MTP : DSV4_DRAFT_DSPARK;
     if (o->spec_k > 0 && (!has_drafter || cfg->draft_kind != want)) {
         rc = dsv4_err_set(err, DSV4_EINVAL,
@@ -274,8 +278,9 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
              "prefix caching %s",
              o->model_dir, dsv4_config_kind_name(cfg), cfg->num_hidden_layers, cfg->vocab_size,
              dsv4_profile_name(profile),
-             s->mr ? dsv4_model_runner_backend(s->mr)->name
-                   : (dsv4_tp_runner_backend(s->tp, 0) ? dsv4_tp_runner_backend(s->tp, 0)->name : "cpu"),
+             s->mr   ? dsv4_model_runner_backend(s->mr)->name
+             : s->tp ? (dsv4_tp_runner_backend(s->tp, 0) ? dsv4_tp_runner_backend(s->tp, 0)->name : "cpu")
+                     : (dsv4_multinode_backend(s->mn) ? dsv4_multinode_backend(s->mn)->name : "cpu"),
              o->tensor_parallel_size > 1 ? o->tensor_parallel_size : 1,
              (long long)s->max_model_len, o->max_num_seqs, o->max_num_seqs + cache_slots,
              run.n_pages, run.page_tokens, dsv4_kv_dtype_name(kvt), o->spec_k ? "dspark" : "off", o->spec_k,
