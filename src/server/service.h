@@ -25,7 +25,9 @@ typedef struct dsv4_service_opts {
     const char *model_name;      /* canonical served name, used in responses */
     int max_num_seqs;
     int max_num_batched_tokens;
-    int64_t max_model_len;       /* <= 0: the default for this backend */
+    int64_t max_model_len;       /* tokens; 0: the model's max_position_embeddings (vLLM's default; refused
+                                  * when the memory-capped KV pool cannot hold one such request); -1
+                                  * (--max-model-len auto): that, lowered to what the pool holds */
     /* --speculative-config (vLLM keys): method "dspark" (k = num_speculative_tokens,
      * 0 = speculation off) and num_speculative_tokens_per_batch_size entries. */
     const char *spec_method;
