@@ -85,13 +85,16 @@ static int runner_opts(const dsv4_service_opts *o, dsv4_model_runner_opts *mo, d
                        dsv4_kv_dtype *kvt_out, graph_plan *gp, dsv4_err *err) {
     /* max_model_len as vLLM: given; else (0) the model's max_position_embeddings, refused at
      * open when the memory-capped pool cannot hold one such request; auto (-1): the same
-     * length, but a smaller pool is kept and max_model_len becomes what it holds (fit_len) */
+     * length, but a smaller pool is kept and max_model_len becomes what it holds (fit_len).
+     * Several nodes (--nnodes) size their pools per slot, not by memory (every node must hold
+     * the same pages), so a length that grew the pool unbounded is not their default: 8192. */
     int64_t max_model_len = o->max_model_len;
     if (max_model_len <= 0) {
         dsv4_config cfg;
         int rc = dsv4_config_load_ex(o->model_dir, o->hf_overrides, &cfg, err);
         if (rc) return rc;
         max_model_len = cfg.max_position_embeddings;
+        if (o->multinode && max_model_len > 8192) max_model_len = 8192;
         if (max_model_len > (1 << 30)) max_model_len = 1 << 30; /* positions are int32 */
     }
     /* prefix caching: a few slots beyond max_num_seqs keep the state of recent
@@ -114,7 +117,7 @@ static int runner_opts(const dsv4_service_opts *o, dsv4_model_runner_opts *mo, d
                                    .kv_cache_bytes = o->kv_cache_memory_bytes,
                                    /* several nodes compare their pools at the handshake: sized per slot */
                                    .gpu_mem_util = o->multinode ? 0 : o->gpu_memory_utilization,
-                                   .fit_len = o->max_model_len < 0,
+                                   .fit_len = o->max_model_len < 0 && !o->multinode,
                                    .kv_dtype = (int)kvt};
     *lo = (dsv4_load_opts){.dummy = o->load_dummy, .hf_overrides = o->hf_overrides};
     *cache_slots_out = cache_slots;

@@ -27,7 +27,8 @@ typedef struct dsv4_service_opts {
     int max_num_batched_tokens;
     int64_t max_model_len;       /* tokens; 0: the model's max_position_embeddings (vLLM's default; refused
                                   * when the memory-capped KV pool cannot hold one such request); -1
-                                  * (--max-model-len auto): that, lowered to what the pool holds */
+                                  * (--max-model-len auto): that, lowered to what the pool holds; with
+                                  * multinode (pools sized per slot) both mean min(8192, that) */
     /* --speculative-config (vLLM keys): method "dspark" (k = num_speculative_tokens,
      * 0 = speculation off) and num_speculative_tokens_per_batch_size entries. */
     const char *spec_method;
