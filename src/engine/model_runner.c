@@ -295,11 +295,12 @@ static int size_pool(dsv4_model_runner *mr, const dsv4_model_runner_opts *o, con
             int64_t pending = mr->ckpt ? (int64_t)dsv4_ckpt_total_bytes(mr->ckpt) : 0;
             int64_t budget = dsv4_hostmem_kv_budget(avail, pending, o->gpu_mem_util, tp_size);
             fit = budget < fixed ? 0 : (budget - fixed) / pb - mr->pad;
-            int n = snprintf(held, sizeof held, "the CPU bound (%.2f of %.2f GiB available host memory",
-                             o->gpu_mem_util, GIB(avail));
-            if (pending) n += snprintf(held + n, sizeof held - (size_t)n, " less %.2f GiB of mapped weights", GIB(pending));
-            if (tp_size > 1) n += snprintf(held + n, sizeof held - (size_t)n, ", shared by %d ranks", tp_size);
-            snprintf(held + n, sizeof held - (size_t)n, ", less %.2f GiB of the slots' rings)", GIB(fixed));
+            char wts[64] = "", rks[32] = "";
+            if (pending) snprintf(wts, sizeof wts, " less %.2f GiB of mapped weights", GIB(pending));
+            if (tp_size > 1) snprintf(rks, sizeof rks, ", shared by %d ranks", tp_size);
+            snprintf(held, sizeof held,
+                     "the CPU bound (%.2f of %.2f GiB available host memory%s%s, less %.2f GiB of the slots' rings)",
+                     o->gpu_mem_util, GIB(avail), wts, rks, GIB(fixed));
             todo = "Lower --max-model-len (or give --max-model-len auto), set VLLM_CPU_KVCACHE_SPACE (GiB) or "
                    "--kv-cache-memory-bytes, raise --gpu-memory-utilization (the fraction of host memory on the CPU), "
                    "or free host memory.";

@@ -119,8 +119,9 @@ typedef struct dsv4_load_opts {
  * why) when the build has no CUDA or no GPU answers; DSV4_DEVICE_CUDA fails
  * instead (DSV4_EUNSUPPORTED without CUDA in the build, DSV4_EBACKEND when
  * no device). Other errors are the loader's (file/tensor named: missing
- * shard, unknown tensor, wrong dtype, ...) or allocation failures, prefixed
- * with dir.
+ * shard, unknown tensor, wrong dtype, ...), the KV pool's sizing refusals
+ * (opts: a bad VLLM_CPU_KVCACHE_SPACE, DSV4_EINVAL; a memory bound that holds
+ * no max_len request, DSV4_ENOMEM) or allocation failures, prefixed with dir.
  */
 int dsv4_model_runner_open(const char *dir, const dsv4_model_runner_opts *o, dsv4_model_runner **out,
                            dsv4_err *err);

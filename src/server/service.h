@@ -87,7 +87,8 @@ void dsv4_service_free(dsv4_service *s);
  */
 int dsv4_service_follow(const dsv4_service_opts *o, dsv4_err *err);
 
-/* The effective max_model_len (after backend defaults), for /v1/models. */
+/* The effective max_model_len in tokens (the given one; else the model's maximum, or with
+ * --max-model-len auto what the KV pool holds), for /v1/models. */
 int64_t dsv4_service_max_model_len(const dsv4_service *s);
 
 /* The reasoning-effort profile in use ("preview" or "0731", SERVING.md §1.10), for /version. */

@@ -56,6 +56,14 @@ int dsv4_hostmem_info(int64_t *avail_bytes, int64_t *total_bytes, dsv4_err *err)
     int64_t t, a;
     int rc = dsv4_hostmem_parse_meminfo(text, &t, &a, err);
     if (rc) return rc;
+    /* strict overcommit (vm.overcommit_memory = 2): an allocation beyond the commit limit fails
+     * even while untouched, so what may still be committed bounds the pool too */
+    int64_t mode = read_count("/proc/sys/vm/overcommit_memory");
+    int64_t cl = meminfo_field(text, "CommitLimit"), cas = meminfo_field(text, "Committed_AS");
+    if (mode == 2 && cl >= 0 && cas >= 0) {
+        int64_t left = cl > cas ? cl - cas : 0;
+        if (left < a) a = left;
+    }
     /* a container's limit: the kernel reports the host's memory in /proc/meminfo */
     int64_t lim = read_count("/sys/fs/cgroup/memory.max"), use = read_count("/sys/fs/cgroup/memory.current");
     if (lim < 0) {

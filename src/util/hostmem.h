@@ -29,7 +29,9 @@ int dsv4_hostmem_parse_meminfo(const char *text, int64_t *total_bytes, int64_t *
  * MemAvailable (/proc/meminfo: free memory plus what the kernel can reclaim
  * without swapping), both lowered to the memory cgroup's limit when one is set
  * (cgroup v2 memory.max less memory.current, or v1 memory.limit_in_bytes less
- * memory.usage_in_bytes, read at /sys/fs/cgroup). Errors: DSV4_EIO when
+ * memory.usage_in_bytes, read at /sys/fs/cgroup); under strict overcommit
+ * (vm.overcommit_memory = 2) avail is also at most CommitLimit - Committed_AS,
+ * since an allocation beyond it fails even untouched. Errors: DSV4_EIO when
  * /proc/meminfo cannot be read, DSV4_EFORMAT as above.
  */
 int dsv4_hostmem_info(int64_t *avail_bytes, int64_t *total_bytes, dsv4_err *err);
