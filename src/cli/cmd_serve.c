@@ -135,7 +135,7 @@ static void service_opts_from_args(dsv4_serve_args *a, const char *dir, dsv4_eff
     so->model_name = a->http.served_names[0];
     so->max_num_seqs = a->max_num_seqs > 64 ? 64 : a->max_num_seqs; /* CPU backend: state per slot */
     so->max_num_batched_tokens = a->max_num_batched_tokens;
-    so->max_model_len = a->max_model_len_given ? a->http.max_model_len : 0;
+    so->max_model_len = a->max_model_len_auto ? -1 : a->max_model_len_given ? a->http.max_model_len : 0;
     so->profile_override = prof;
     so->default_thinking = a->default_thinking;
     so->default_reasoning_effort = a->default_reasoning_effort;

@@ -205,18 +205,25 @@ static void usage(void) {
            "  --port N                      port (default 8888)\n"
            "  --api-key KEY [KEY...]        require Bearer keys (also --api-key-file, $DSV4_API_KEYS)\n"
            "  --served-model-name NAME...   model names (default deepseek-v4-flash-dspark)\n"
-           "  --max-model-len N             context length in tokens (default 8192 on every device, where vLLM\n"
-           "                                takes the model's maximum: max_position_embeddings, 1048576 for\n"
-           "                                V4-Flash)\n"
+           "  --max-model-len N|auto        context length in tokens (default: the model's maximum, as vLLM:\n"
+           "                                max_position_embeddings, 1048576 for V4-Flash; refused at start with\n"
+           "                                the length that would fit when the KV pool cannot hold one such\n"
+           "                                request; auto or -1: that maximum lowered to what the pool holds;\n"
+           "                                with --nnodes, whose pools are sized per slot: 8192)\n"
            "  --max-num-seqs N              concurrent sequences (default 256; the CPU backend caps it at 64)\n"
            "  --max-num-batched-tokens N    tokens per engine step (default 8192)\n"
-           "  --gpu-memory-utilization F    fraction of GPU memory to use (default 0.9): caps the GPU KV pool\n"
+           "  --gpu-memory-utilization F    fraction of memory to use (default 0.9): caps the KV pool at F of\n"
+           "                                the GPU after the weights; on the CPU (as vLLM) at F of the host\n"
+           "                                memory available after the weights (MemAvailable, cgroup limit)\n"
            "  --kv-cache-dtype T            auto (fp8_ds_mla on the GPU, f32 on the CPU) | f32 | bf16 |\n"
            "                                fp8_ds_mla (= fp8, fp8_e4m3: the 584-byte record)\n"
            "  --block-size N                tokens per KV state page (default 256; a multiple of 128)\n"
            "  --num-gpu-blocks-override N   pages in the KV state pool (overrides the sizing below)\n"
-           "  --kv-cache-memory-bytes B     KV state pool budget in bytes (suffix K/M/G = 2^10/2^20/2^30);\n"
-           "                                CPU backend default: every sequence at max_model_len\n"
+           "  --kv-cache-memory-bytes B     KV state pool budget in bytes (suffix K/M/G = 2^10/2^20/2^30)\n"
+           "                                The KV pool holds every sequence at max_model_len, capped by memory:\n"
+           "                                these two flags set it outright; else on the CPU the environment's\n"
+           "                                VLLM_CPU_KVCACHE_SPACE (whole GiB, vLLM's CPU KV cache size); else\n"
+           "                                the --gpu-memory-utilization bound above\n"
            "  --tensor-parallel-size N      GPUs per model (-tp)\n"
            "  --speculative-config JSON     e.g. '{\"method\":\"dspark\",\"num_speculative_tokens\":5}'\n"
            "  --load-format F               auto | safetensors | dummy (dummy: random weights, real shapes;\n"
@@ -368,10 +375,13 @@ int dsv4_serve_args_parse(int argc, char **argv, dsv4_serve_args *a, dsv4_err *e
         else if (!strcmp(flag, "--api-key-file")) { NEED_VALUE(); if (keys_from_file(a, val, err)) return DSV4_EINVAL; }
         else if (!strcmp(flag, "--max-model-len")) {
             NEED_VALUE();
-            int v;
-            if (parse_int(flag, val, 1, 1048576, &v, err)) return DSV4_EINVAL;
-            a->http.max_model_len = v;
             a->max_model_len_given = 1;
+            a->max_model_len_auto = !strcmp(val, "auto") || !strcmp(val, "-1"); /* vLLM: -1 / auto = fit */
+            int v;
+            if (!a->max_model_len_auto) {
+                if (parse_int(flag, val, 1, 1048576, &v, err)) return DSV4_EINVAL;
+                a->http.max_model_len = v;
+            }
         }
         else if (!strcmp(flag, "--max-num-seqs")) { NEED_VALUE(); if (parse_int(flag, val, 1, 65536, &a->max_num_seqs, err)) return DSV4_EINVAL; }
         else if (!strcmp(flag, "--max-num-batched-tokens")) { NEED_VALUE(); if (parse_int(flag, val, 1, 1 << 24, &a->max_num_batched_tokens, err)) return DSV4_EINVAL; }

@@ -45,6 +45,7 @@ typedef struct dsv4_serve_args {
     int nnodes, node_rank, master_port;
     const char *master_addr;
     int max_model_len_given;          /* --max-model-len was on the command line */
+    int max_model_len_auto;           /* --max-model-len auto (or -1): fit to the KV pool (http.max_model_len unset) */
     int help_shown;                   /* --help was printed: exit 0 without serving */
     int n_ignored;                    /* vLLM flags accepted without effect */
     const char *ignored[32];

@@ -1,5 +1,6 @@
 /* Checkpoint -> engine runner (src/engine/model_runner.h). */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include <string.h>
@@ -15,6 +16,7 @@
 #include "model/weights.h"
 #include "parallel/comm.h"
 #include "parallel/tp_shard.h"
+#include "util/hostmem.h"
 #ifdef DSV4_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif
@@ -199,6 +201,128 @@ static int setup_capture_sizes(dsv4_model_runner *mr, const dsv4_model_runner_op
     return DSV4_OK;
 }
 
+#define GIB(x) ((double)(x) / 1073741824.0)
+
+/* "to serve one request ..." (vLLM's check_enough_kv_cache_memory): the part every refusal below shares. */
+static int one_request_refusal(dsv4_err *err, const dsv4_model_runner_opts *o, int bs, int64_t pb, int64_t per_slot,
+                               int64_t fit, const char *held_by, const char *what_to_do) {
+    return dsv4_err_set(err, DSV4_ENOMEM,
+                        "KV cache: to serve at least one request of max_model_len %d, the KV pool needs %lld pages of "
+                        "%d tokens (%.2f GiB), but %s holds %lld (%.2f GiB). Based on the available memory, the "
+                        "estimated maximum model length is %lld. %s",
+                        o->max_len, (long long)per_slot, bs, GIB(per_slot * pb), held_by, (long long)(fit > 0 ? fit : 0),
+                        GIB((fit > 0 ? fit : 0) * pb), (long long)(fit > 0 ? fit : 0) * bs, what_to_do);
+}
+
+/*
+ * Pages in the KV pool (model_runner.h opts: block_size .. gpu_mem_util). Host memory
+ * (a backend without mem_info: the CPU) follows vLLM's CPU backend: VLLM_CPU_KVCACHE_SPACE
+ * GiB when set (after --num-gpu-blocks-override / --kv-cache-memory-bytes), else, with
+ * gpu_mem_util > 0, gpu_mem_util of the host memory available after the weights. Why a
+ * bound: the CPU touches its pool lazily, so a pool larger than RAM starts and is only
+ * found out by the OOM killer once requests fill it.
+ */
+static int size_pool(dsv4_model_runner *mr, const dsv4_model_runner_opts *o, const int *ratios, int L, int bs,
+                     int64_t pb, int tp_size, int64_t *np_out, dsv4_err *err) {
+    int64_t per_slot = (o->max_len + bs - 1) / bs, np, kv_bytes = o->kv_cache_bytes;
+    int host = !mr->be->mem_info, rc;
+    const char *src = "--kv-cache-memory-bytes", *env = getenv("VLLM_CPU_KVCACHE_SPACE");
+    if (o->n_pages == 0 && kv_bytes <= 0 && host) {
+        int64_t eb = 0;
+        if ((rc = dsv4_hostmem_kvcache_space(env, &eb, err))) return rc;
+        if (eb > 0) {
+            kv_bytes = eb;
+            src = "VLLM_CPU_KVCACHE_SPACE";
+        }
+    }
+    np = o->n_pages > 0 ? o->n_pages
+         : kv_bytes > 0 ? (pb > 0 ? kv_bytes / pb : per_slot * o->n_slots)
+                        : per_slot * o->n_slots;
+    if (np < 1)
+        return dsv4_err_set(err, DSV4_EINVAL, "KV cache memory %lld bytes (%s) holds no page of %d tokens (%lld bytes each)",
+                            (long long)kv_bytes, src, bs, (long long)pb);
+    if (host && o->n_pages == 0 && kv_bytes > 0) { /* vLLM refuses a CPU KV size above the memory available */
+        int64_t avail = 0, total = 0;
+        if ((rc = dsv4_hostmem_info(&avail, &total, err))) return rc;
+        if (kv_bytes > avail)
+            return dsv4_err_set(err, DSV4_ENOMEM,
+                                "KV cache: %s asks for %.2f GiB of host memory for the CPU KV pool, but %.2f of %.2f GiB "
+                                "are available now; lower %s (or --max-model-len / --max-num-seqs with it), or free "
+                                "host memory",
+                                src, GIB(kv_bytes), GIB(avail), GIB(total), src);
+        if (kv_bytes != o->kv_cache_bytes) {
+            dsv4_log(DSV4_LOG_INFO, "KV cache: VLLM_CPU_KVCACHE_SPACE=%s GiB on the CPU: %lld pages of %d tokens",
+                     env, (long long)np, bs);
+            if (np < per_slot && !o->fit_len) {
+                char held[96];
+                snprintf(held, sizeof held, "VLLM_CPU_KVCACHE_SPACE=%s", env);
+                return one_request_refusal(err, o, bs, pb, per_slot, np, held,
+                                           "Raise VLLM_CPU_KVCACHE_SPACE (GiB) or lower --max-model-len (or give "
+                                           "--max-model-len auto).");
+            }
+        }
+    }
+    if (np > INT32_MAX / 2) np = INT32_MAX / 2;
+    if (o->n_pages == 0 && kv_bytes <= 0 && o->gpu_mem_util > 0 && pb > 0) {
+        /* The state's per-slot rings (window, compressor / indexer kv + score, block table) are
+         * allocated with the pool but are not in pb: counted here, or they come out of the
+         * activation reserve (~4 GiB of 43-layer Flash rings at 256 slots + the padding slot
+         * is the whole default reserve; review 2026-12-01 item 6). */
+        int64_t fixed = dsv4_state_fixed_bytes(&mr->cfg, ratios, L, o->n_slots + mr->pad, o->max_len, o->max_spec,
+                                               bs, (dsv4_kv_dtype)o->kv_dtype);
+        if (fixed < 0) fixed = 0;
+        int64_t fit;
+        char held[320];
+        const char *todo;
+        if (!host) { /* the device's budget (vLLM --gpu-memory-utilization): never more pages than fit */
+            int64_t fb = 0, tb = 0;
+            const char *rs = getenv("DSV4_ACT_RESERVE_MB");
+            int64_t reserve = (rs && atoll(rs) >= 0 ? atoll(rs) : 4096) << 20;
+            if ((rc = mr->be->mem_info(mr->be, &fb, &tb, err))) return rc;
+            reserve += fixed;
+            fit = dsv4_pool_pages_for_memory(fb, tb, o->gpu_mem_util, reserve, pb) - mr->pad;
+            snprintf(held, sizeof held,
+                     "--gpu-memory-utilization %.2f of %.1f GiB on %s (%.1f GiB in use after the weights, %.1f GiB "
+                     "kept for activations (DSV4_ACT_RESERVE_MB) and the slots' rings)",
+                     o->gpu_mem_util, GIB(tb), mr->be->name, GIB(tb - fb), GIB(reserve));
+            todo = "Lower --max-model-len (or give --max-model-len auto), raise --gpu-memory-utilization, use more "
+                   "GPUs (-tp), or give --kv-cache-memory-bytes.";
+        } else { /* host memory: gpu_mem_util of what is available after the weights (vLLM's CPU backend) */
+            int64_t avail = 0, total = 0;
+            if ((rc = dsv4_hostmem_info(&avail, &total, err))) return rc;
+            /* checkpoint weights are mapped files: MemAvailable counts their pages as reclaimable,
+             * yet every step reads them (dummy weights are filled already, so counted as used) */
+            int64_t pending = mr->ckpt ? (int64_t)dsv4_ckpt_total_bytes(mr->ckpt) : 0;
+            int64_t budget = dsv4_hostmem_kv_budget(avail, pending, o->gpu_mem_util, tp_size);
+            fit = budget < fixed ? 0 : (budget - fixed) / pb - mr->pad;
+            char wts[64] = "", rks[32] = "";
+            if (pending) snprintf(wts, sizeof wts, " less %.2f GiB of mapped weights", GIB(pending));
+            if (tp_size > 1) snprintf(rks, sizeof rks, ", shared by %d ranks", tp_size);
+            snprintf(held, sizeof held,
+                     "the CPU bound (%.2f of %.2f GiB available host memory%s%s, less %.2f GiB of the slots' rings)",
+                     o->gpu_mem_util, GIB(avail), wts, rks, GIB(fixed));
+            todo = "Lower --max-model-len (or give --max-model-len auto), set VLLM_CPU_KVCACHE_SPACE (GiB) or "
+                   "--kv-cache-memory-bytes, raise --gpu-memory-utilization (the fraction of host memory on the CPU), "
+                   "or free host memory.";
+            dsv4_log(DSV4_LOG_INFO,
+                     "KV cache: VLLM_CPU_KVCACHE_SPACE unset: the CPU pool may use %.2f GiB = %.2f "
+                     "(--gpu-memory-utilization) x (%.2f GiB available host memory - %.2f GiB mapped weights) / %d "
+                     "rank(s), less %.2f GiB of per-slot rings: %lld pages of %d tokens",
+                     GIB(budget), o->gpu_mem_util, GIB(avail), GIB(pending), tp_size, GIB(fixed),
+                     (long long)(fit > 0 ? fit : 0), bs);
+        }
+        if (fit < 1 || (fit < per_slot && !o->fit_len)) return one_request_refusal(err, o, bs, pb, per_slot, fit, held, todo);
+        if (fit < np) {
+            dsv4_log(DSV4_LOG_INFO,
+                     "KV cache: %lld pages of %d tokens fit in %s; %lld would hold every slot at max_model_len",
+                     (long long)fit, bs, held, (long long)np);
+            np = fit;
+        }
+    }
+    *np_out = np;
+    return DSV4_OK;
+}
+
 int dsv4_model_runner_open_tp(const char *dir, const dsv4_model_runner_opts *o, const dsv4_load_opts *lo,
                               int tp_rank, int tp_size, struct dsv4_comm *comm, dsv4_model_runner **out,
                               dsv4_err *err) {
@@ -265,58 +389,9 @@ int dsv4_model_runner_open_tp(const char *dir, const dsv4_model_runner_opts *o, 
     int64_t pb = dsv4_state_page_bytes(&mr->cfg, ratios, L, bs, (dsv4_kv_dtype)o->kv_dtype), np = 0;
     /* TP: every rank sizes the pool from the same whole-model config and options, so all hold the
      * same page ids and the engine's one set_pages (forwarded by the TP runner) maps them all */
-    if (o->n_pages >= 0) {
-        int64_t per_slot = (o->max_len + bs - 1) / bs;
-        np = o->n_pages > 0 ? o->n_pages
-             : o->kv_cache_bytes > 0 ? (pb > 0 ? o->kv_cache_bytes / pb : per_slot * o->n_slots)
-                                     : per_slot * o->n_slots;
-        if (np < 1) {
-            free(ratios);
-            rc = dsv4_err_set(err, DSV4_EINVAL,
-                              "KV cache memory %lld bytes holds no page of %d tokens (%lld bytes each)",
-                              (long long)o->kv_cache_bytes, bs, (long long)pb);
-            goto fail;
-        }
-        if (np > INT32_MAX / 2) np = INT32_MAX / 2;
-        if (o->n_pages == 0 && o->kv_cache_bytes <= 0 && o->gpu_mem_util > 0 && mr->be->mem_info && pb > 0) {
-            /* the device's budget (vLLM --gpu-memory-utilization): never more pages than fit */
-            int64_t fb = 0, tb = 0;
-            const char *rs = getenv("DSV4_ACT_RESERVE_MB");
-            int64_t reserve = (rs && atoll(rs) >= 0 ? atoll(rs) : 4096) << 20;
-            if ((rc = mr->be->mem_info(mr->be, &fb, &tb, err))) {
-                free(ratios);
-                goto fail;
-            }
-            /* The state's per-slot rings (window, compressor / indexer kv + score, block table) are
-             * allocated with the pool but are not in pb: counted here, or they come out of the
-             * activation reserve (~4 GiB of 43-layer Flash rings at 256 slots + the padding slot
-             * is the whole default reserve; review 2026-12-01 item 6). */
-            int64_t fixed = dsv4_state_fixed_bytes(&mr->cfg, ratios, L, o->n_slots + mr->pad, o->max_len, o->max_spec,
-                                                   bs, (dsv4_kv_dtype)o->kv_dtype);
-            if (fixed > 0) reserve += fixed;
-            int64_t fit = dsv4_pool_pages_for_memory(fb, tb, o->gpu_mem_util, reserve, pb) - mr->pad;
-            if (fit < 1) {
-                free(ratios);
-                rc = dsv4_err_set(err, DSV4_ENOMEM,
-                                  "KV cache: --gpu-memory-utilization %.2f of %.1f GiB on %s leaves no page of %d "
-                                  "tokens (%.1f MiB) for the KV pool: %.1f GiB are in use after the weights and %.1f "
-                                  "GiB are kept for activations (DSV4_ACT_RESERVE_MB) and the slots' rings; raise "
-                                  "--gpu-memory-utilization, use more GPUs (-tp), or give --kv-cache-memory-bytes",
-                                  o->gpu_mem_util, (double)tb / 1073741824.0, mr->be->name, bs, (double)pb / 1048576.0,
-                                  (double)(tb - fb) / 1073741824.0, (double)reserve / 1073741824.0);
-                goto fail;
-            }
-            if (fit < np) {
-                dsv4_log(DSV4_LOG_INFO,
-                         "KV cache: %lld pages of %d tokens fit in --gpu-memory-utilization %.2f on %s (%.1f GiB in "
-                         "use, %.1f GiB total, %.1f GiB kept for activations and the slots' rings); %lld would "
-                         "hold every slot at "
-                         "max_model_len",
-                         (long long)fit, bs, o->gpu_mem_util, mr->be->name, (double)(tb - fb) / 1073741824.0,
-                         (double)tb / 1073741824.0, (double)reserve / 1073741824.0, (long long)np);
-                np = fit;
-            }
-        }
+    if (o->n_pages >= 0 && (rc = size_pool(mr, o, ratios, L, bs, pb, tp_size, &np, err))) {
+        free(ratios);
+        goto fail;
     }
     mr->page_bytes = pb;
     rc = dsv4_state_create_paged(mr->be, &mr->cfg, ratios, L, o->n_slots + mr->pad, o->max_len, o->max_spec, bs,

@@ -44,19 +44,35 @@ typedef struct dsv4_model_runner_opts {
     /* State pool (issue 5): pages of block_size positions (0 = 256, vLLM's
      * block size here; a multiple of every compress ratio). Pool size, first
      * that applies: n_pages > 0 (--num-gpu-blocks-override); kv_cache_bytes > 0
-     * (--kv-cache-memory-bytes: floor(bytes / page bytes) pages); else every
-     * slot at max_len (n_slots * ceil(max_len / block_size)). n_pages < 0:
+     * (--kv-cache-memory-bytes: floor(bytes / page bytes) pages); on host memory
+     * (the CPU backend) the environment's VLLM_CPU_KVCACHE_SPACE, whole GiB, read
+     * as kv_cache_bytes (src/util/hostmem.h; vLLM's CPU KV cache size; a bad value
+     * is DSV4_EINVAL naming it); else every slot at max_len
+     * (n_slots * ceil(max_len / block_size)), capped by gpu_mem_util below.
+     * On the CPU, an explicit size above the host memory available, or an
+     * environment size that holds no max_len request (unless fit_len), is
+     * DSV4_ENOMEM with a message naming the setting to change. n_pages < 0:
      * no pool, per-slot state as before (for tests comparing the two). */
     int block_size;
     int n_pages;
     int64_t kv_cache_bytes;
-    /* gpu_mem_util in (0, 1] (--gpu-memory-utilization; 0 = off): on a backend with
-     * mem_info and neither n_pages nor kv_cache_bytes given, the pool is also capped at
-     * what fits in gpu_mem_util of the device after the weights, less an activation
-     * reserve (dsv4_pool_pages_for_memory; DSV4_ACT_RESERVE_MB, default 4096) and the
+    /* gpu_mem_util in (0, 1] (--gpu-memory-utilization; 0 = off): with neither n_pages
+     * nor kv_cache_bytes (nor, on the CPU, VLLM_CPU_KVCACHE_SPACE) given, the pool is also
+     * capped at what fits in memory: on a backend with mem_info (a GPU) gpu_mem_util of the
+     * device after the weights, less an activation reserve (dsv4_pool_pages_for_memory;
+     * DSV4_ACT_RESERVE_MB, default 4096); on host memory (the CPU) gpu_mem_util of the host
+     * memory available after the weights, less the checkpoint's mapped bytes, divided among
+     * the tensor-parallel ranks of the process (dsv4_hostmem_kv_budget); both less the
      * state's per-slot rings (dsv4_state_fixed_bytes, allocated with the pool): a long
-     * max_len no longer asks for n_slots full-length requests' worth of pages. */
+     * max_len no longer asks for n_slots full-length requests' worth of pages. When that
+     * cap holds fewer pages than one max_len request (ceil(max_len / block_size)), open
+     * fails with DSV4_ENOMEM (vLLM's "to serve at least one request ...", with the
+     * estimated maximum model length) unless fit_len. */
     double gpu_mem_util;
+    /* fit_len (--max-model-len auto): a memory-capped pool smaller than one max_len
+     * request is kept (at least one page) instead of refused; the caller then serves
+     * requests of at most the pool's tokens (vLLM's auto-fit of max_model_len). */
+    int fit_len;
     int kv_dtype;           /* dsv4_kv_dtype (src/model/kvcodec.h): storage of window and
                              * compressed rows; 0 = F32. The CLIs resolve --kv-cache-dtype auto
                              * by device (dsv4_kv_dtype_parse_for: fp8_ds_mla on the GPU, F32 on
@@ -103,8 +119,9 @@ typedef struct dsv4_load_opts {
  * why) when the build has no CUDA or no GPU answers; DSV4_DEVICE_CUDA fails
  * instead (DSV4_EUNSUPPORTED without CUDA in the build, DSV4_EBACKEND when
  * no device). Other errors are the loader's (file/tensor named: missing
- * shard, unknown tensor, wrong dtype, ...) or allocation failures, prefixed
- * with dir.
+ * shard, unknown tensor, wrong dtype, ...), the KV pool's sizing refusals
+ * (opts: a bad VLLM_CPU_KVCACHE_SPACE, DSV4_EINVAL; a memory bound that holds
+ * no max_len request, DSV4_ENOMEM) or allocation failures, prefixed with dir.
  */
 int dsv4_model_runner_open(const char *dir, const dsv4_model_runner_opts *o, dsv4_model_runner **out,
                            dsv4_err *err);

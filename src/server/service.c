@@ -83,7 +83,20 @@ static int graphs_at_start(dsv4_runner *run, const graph_plan *gp, dsv4_err *err
  */
 static int runner_opts(const dsv4_service_opts *o, dsv4_model_runner_opts *mo, dsv4_load_opts *lo, int *cache_slots_out,
                        dsv4_kv_dtype *kvt_out, graph_plan *gp, dsv4_err *err) {
-    int64_t max_model_len = o->max_model_len > 0 ? o->max_model_len : 8192;
+    /* max_model_len as vLLM: given; else (0) the model's max_position_embeddings, refused at
+     * open when the memory-capped pool cannot hold one such request; auto (-1): the same
+     * length, but a smaller pool is kept and max_model_len becomes what it holds (fit_len).
+     * Several nodes (--nnodes) size their pools per slot, not by memory (every node must hold
+     * the same pages), so a length that grew the pool unbounded is not their default: 8192. */
+    int64_t max_model_len = o->max_model_len;
+    if (max_model_len <= 0) {
+        dsv4_config cfg;
+        int rc = dsv4_config_load_ex(o->model_dir, o->hf_overrides, &cfg, err);
+        if (rc) return rc;
+        max_model_len = cfg.max_position_embeddings;
+        if (o->multinode && max_model_len > 8192) max_model_len = 8192;
+        if (max_model_len > (1 << 30)) max_model_len = 1 << 30; /* positions are int32 */
+    }
     /* prefix caching: a few slots beyond max_num_seqs keep the state of recent
      * prompts while their requests decode on (SERVING.md §8.7) */
     int cache_slots = !o->enable_prefix_caching ? 0 : o->max_num_seqs < 8 ? o->max_num_seqs : 8;
@@ -104,6 +117,7 @@ static int runner_opts(const dsv4_service_opts *o, dsv4_model_runner_opts *mo, d
                                    .kv_cache_bytes = o->kv_cache_memory_bytes,
                                    /* several nodes compare their pools at the handshake: sized per slot */
                                    .gpu_mem_util = o->multinode ? 0 : o->gpu_memory_utilization,
+                                   .fit_len = o->max_model_len < 0 && !o->multinode,
                                    .kv_dtype = (int)kvt};
     *lo = (dsv4_load_opts){.dummy = o->load_dummy, .hf_overrides = o->hf_overrides};
     *cache_slots_out = cache_slots;
@@ -181,15 +195,14 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
                           o->spec_method ? o->spec_method : "");
         goto fail;
     }
-    /* CPU backend: per-slot state is sized for max_model_len, so default to a
-     * length that fits comfortably in memory; the user may raise it. */
-    s->max_model_len = o->max_model_len > 0 ? o->max_model_len : 8192;
     int cache_slots;
     dsv4_kv_dtype kvt;
     dsv4_model_runner_opts mo;
     dsv4_load_opts lo;
     graph_plan gp;
     if ((rc = runner_opts(o, &mo, &lo, &cache_slots, &kvt, &gp, err))) goto fail_flag;
+    /* not given: the model's maximum (vLLM); the KV pool is bounded by memory on every device */
+    s->max_model_len = mo.max_len;
     dsv4_runner mn_run = {0};
     if (o->multinode) { /* node 0 of several: rank 0's slice here, the other nodes follow its step plans */
         if ((rc = dsv4_multinode_open_leader(o->multinode, o->model_dir, &mo, &lo, &s->mr, &mn_run, err))) goto fail;
@@ -207,7 +220,7 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
         if (o->max_model_len > 0)
             rc = dsv4_err_set(err, DSV4_EINVAL, "--max-model-len %lld exceeds the model's max_position_embeddings %lld",
                               (long long)s->max_model_len, (long long)cfg->max_position_embeddings);
-        else /* not given: say so, rather than name a flag the user did not pass */
+        else /* not given (the 8192 default of --nnodes): say so, rather than name a flag the user did not pass */
             rc = dsv4_err_set(err, DSV4_EINVAL,
                               "the default max_model_len %lld exceeds the model's max_position_embeddings %lld; "
                               "give --max-model-len %lld or less",
@@ -228,12 +241,22 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
     int32_t dsml = dsv4_tokenizer_special_id(s->tok, DSV4_TOK_DSML);
     if ((rc = dsv4_gvocab_create(s->tok, s->vocab, s->eos_id, &dsml, dsml >= 0, &s->gvocab, err))) goto fail;
     dsv4_runner run = s->mn ? mn_run : s->tp ? dsv4_tp_runner_iface(s->tp) : dsv4_model_runner_iface(s->mr);
+    if (o->max_model_len < 0 && run.page_tokens > 0 && (int64_t)run.n_pages * run.page_tokens < s->max_model_len) {
+        /* --max-model-len auto: the longest request the memory-capped pool holds (vLLM's auto-fit) */
+        dsv4_log(DSV4_LOG_INFO,
+                 "--max-model-len auto: the KV pool holds %lld tokens, less than the model's maximum %lld: "
+                 "max_model_len %lld",
+                 (long long)run.n_pages * run.page_tokens, (long long)s->max_model_len,
+                 (long long)run.n_pages * run.page_tokens);
+        s->max_model_len = (int64_t)run.n_pages * run.page_tokens;
+    }
     if (run.page_tokens > 0 && (int64_t)run.n_pages * run.page_tokens < s->max_model_len) {
         /* vLLM refuses to start when one max_model_len request cannot fit the KV cache */
         rc = dsv4_err_set(err, DSV4_EINVAL,
                           "to serve at least one request with max_model_len %lld, the KV cache pool needs %lld pages "
                           "of %d tokens (%.1f MiB), but it holds %d (%lld tokens). Raise --kv-cache-memory-bytes / "
-                          "--num-gpu-blocks-override or lower --max-model-len to at most %lld.",
+                          "--num-gpu-blocks-override (or the memory that bounds the pool) or lower --max-model-len "
+                          "to at most %lld.",
                           (long long)s->max_model_len,
                           (long long)((s->max_model_len + run.page_tokens - 1) / run.page_tokens), run.page_tokens,
                           (double)run.page_bytes * (double)((s->max_model_len + run.page_tokens - 1) / run.page_tokens) /

@@ -25,7 +25,10 @@ typedef struct dsv4_service_opts {
     const char *model_name;      /* canonical served name, used in responses */
     int max_num_seqs;
     int max_num_batched_tokens;
-    int64_t max_model_len;       /* <= 0: the default for this backend */
+    int64_t max_model_len;       /* tokens; 0: the model's max_position_embeddings (vLLM's default; refused
+                                  * when the memory-capped KV pool cannot hold one such request); -1
+                                  * (--max-model-len auto): that, lowered to what the pool holds; with
+                                  * multinode (pools sized per slot) both mean min(8192, that) */
     /* --speculative-config (vLLM keys): method "dspark" (k = num_speculative_tokens,
      * 0 = speculation off) and num_speculative_tokens_per_batch_size entries. */
     const char *spec_method;
@@ -84,7 +87,8 @@ void dsv4_service_free(dsv4_service *s);
  */
 int dsv4_service_follow(const dsv4_service_opts *o, dsv4_err *err);
 
-/* The effective max_model_len (after backend defaults), for /v1/models. */
+/* The effective max_model_len in tokens (the given one; else the model's maximum, or with
+ * --max-model-len auto what the KV pool holds), for /v1/models. */
 int64_t dsv4_service_max_model_len(const dsv4_service *s);
 
 /* The reasoning-effort profile in use ("preview" or "0731", SERVING.md §1.10), for /version. */

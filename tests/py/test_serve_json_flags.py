@@ -49,22 +49,24 @@ SMALL = {"num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 4, "
          "dspark_markov_rank": 32, "compress_ratios": [0, 0, 4, 128, 0, 0, 0], "dspark_target_layer_ids": [1, 2, 3]}
 
 
-def test_default_max_model_len_above_the_model_names_no_flag(tmp_path):
-    """A model whose max_position_embeddings is below the default max_model_len (8192), started
-    without --max-model-len: the refusal must not claim '--max-model-len 8192' was given, and
-    must say what to pass."""
+def test_default_max_model_len_is_the_models_maximum(tmp_path, server_factory):
+    """Without --max-model-len the server takes the model's max_position_embeddings, as vLLM does
+    (it used to take 8192 on every device, and refuse a model whose maximum was below that);
+    a --max-model-len above the maximum is refused naming the flag."""
     import json
     import os
     import shutil
+    import urllib.request
     from conftest import ROOT
     shutil.copy(os.path.join(ROOT, "configs", "deepseek-v4-flash-0731", "config.json"), tmp_path / "config.json")
     ov = json.dumps(dict(SMALL, max_position_embeddings=4096))
-    p = subprocess.run([DSV4, "serve", str(tmp_path), "--device", "cpu", "--load-format", "dummy",
-                        "--hf-overrides", ov, "--port", str(free_port())], capture_output=True, timeout=180)
-    err = p.stderr.decode(errors="replace")
-    assert p.returncode != 0, err
-    assert "--max-model-len 8192" not in err, err
-    assert "--max-model-len 4096 or less" in err, err
+    s = server_factory(str(tmp_path), "--device", "cpu", "--load-format", "dummy", "--hf-overrides", ov,
+                       "--max-num-seqs", "2", ready=True)
+    with urllib.request.urlopen(s.base + "/v1/models", timeout=30) as r:
+        assert json.loads(r.read())["data"][0]["max_model_len"] == 4096
+    s.log.seek(0)
+    log = s.log.read().decode(errors="replace")
+    assert "maximum concurrency for 4096-token requests" in log, log
     # given explicitly, the flag is named
     p = subprocess.run([DSV4, "serve", str(tmp_path), "--device", "cpu", "--load-format", "dummy",
                         "--hf-overrides", ov, "--max-model-len", "8192", "--port", str(free_port())], capture_output=True,

@@ -180,6 +180,18 @@ int main(void) {
     char *argv9[] = {"serve", "--device", "cuda"};
     CHECK_EQ_INT(dsv4_serve_args_parse(3, argv9, &a, &err), 0);
     CHECK_STR(a.device, "cuda");
+    /* --max-model-len: not given = the model's maximum (max_model_len_given 0); auto / -1 = fit (vLLM) */
+    CHECK_EQ_INT(a.max_model_len_given, 0);
+    CHECK_EQ_INT(a.max_model_len_auto, 0);
+    char *argv11[] = {"serve", "--max-model-len", "auto"};
+    CHECK_EQ_INT(dsv4_serve_args_parse(3, argv11, &a, &err), 0);
+    CHECK_EQ_INT(a.max_model_len_auto, 1);
+    char *argv12[] = {"serve", "--max-model-len=-1"};
+    CHECK_EQ_INT(dsv4_serve_args_parse(2, argv12, &a, &err), 0);
+    CHECK_EQ_INT(a.max_model_len_auto, 1);
+    char *argv13[] = {"serve", "--max-model-len", "-2"};
+    CHECK_EQ_INT(dsv4_serve_args_parse(3, argv13, &a, &err), DSV4_EINVAL);
+    CHECK_CONTAINS(err.msg, "--max-model-len");
     char *argv10[] = {"serve", "--device=tpu"};
     CHECK_EQ_INT(dsv4_serve_args_parse(2, argv10, &a, &err), DSV4_EINVAL);
     CHECK_CONTAINS(err.msg, "--device");
