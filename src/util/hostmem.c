@@ -53,7 +53,7 @@ int dsv4_hostmem_info(int64_t *avail_bytes, int64_t *total_bytes, dsv4_err *err)
     size_t n = fread(text, 1, sizeof text - 1, f);
     fclose(f);
     text[n] = 0;
-    int64_t t, a;
+    int64_t t = 0, a = 0; /* set by the parser on success (initialised for -O2 -Wmaybe-uninitialized) */
     int rc = dsv4_hostmem_parse_meminfo(text, &t, &a, err);
     if (rc) return rc;
     /* strict overcommit (vm.overcommit_memory = 2): an allocation beyond the commit limit fails
