@@ -17,22 +17,14 @@
 
 #define MAXT 64
 
-/* The backend under test: the CPU reference unless DSV4_TEST_DEVICE names another
- * ("cuda" on a GPU machine: tests/gpu/run_single_h200.sh runs this test there, so the
- * same "batched == single" assertions check the CUDA kernels and graphs). */
-static dsv4_device tdev = DSV4_DEVICE_CPU;
+static dsv4_device tdev = DSV4_DEVICE_CPU; /* tu_test_device(): DSV4_TEST_DEVICE */
 
 static int generate(dsv4_engine *e, const int32_t *p, int n, int max_tokens, int32_t *out) {
     return tu_generate_greedy(e, p, n, max_tokens, out, MAXT, NULL);
 }
 
 int main(void) {
-    const char *dv = getenv("DSV4_TEST_DEVICE");
-    dsv4_err derr = {0};
-    if (dv && *dv && dsv4_device_parse(dv, &tdev, &derr)) {
-        fprintf(stderr, "DSV4_TEST_DEVICE: %s\n", derr.msg);
-        return 2;
-    }
+    tdev = tu_test_device();
     const char *dir = "models/tiny-flash";
     dsv4_model_runner_opts mo = {.n_slots = 4, .max_len = 512, .max_spec = 0,
         .numerics = DSV4_NUMERICS_REFERENCE, .device = tdev};

@@ -8,8 +8,27 @@
 #define DSV4_TEST_ENGINE_UTIL_H
 
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "engine/engine.h"
+#include "engine/model_runner.h"
+
+/*
+ * The backend these tests run on: the CPU reference unless DSV4_TEST_DEVICE
+ * names another ("cuda" on a GPU machine; tests/gpu/run_single_h200.sh runs the
+ * engine tests there so the same exact-equality assertions check the CUDA
+ * kernels and graphs). A bad value exits 2 with the parser's message.
+ */
+static inline dsv4_device tu_test_device(void) {
+    const char *dv = getenv("DSV4_TEST_DEVICE");
+    dsv4_device d = DSV4_DEVICE_CPU;
+    dsv4_err err = {0};
+    if (dv && *dv && dsv4_device_parse(dv, &d, &err)) {
+        fprintf(stderr, "DSV4_TEST_DEVICE: %s\n", err.msg);
+        exit(2);
+    }
+    return d;
+}
 
 /*
  * Submit prompt p [n] at temperature 0 with ignore_eos, step the engine until

@@ -33,7 +33,8 @@ enum { NP = 4, LMAX = 130 };
  * same checkpoint's outputs without speculation: greedy speculation gives
  * the same tokens, tests/unit/test_engine_model.c). */
 static void check_model(const char *dir, int k, int LA, int32_t cold[NP][MAXT], int have_cold) {
-    dsv4_model_runner_opts mo = {.n_slots = 3, .max_len = 512, .max_spec = k, .numerics = DSV4_NUMERICS_REFERENCE};
+    dsv4_model_runner_opts mo = {.n_slots = 3, .max_len = 512, .max_spec = k, .numerics = DSV4_NUMERICS_REFERENCE,
+                                 .device = tu_test_device()};
     dsv4_model_runner *mr = NULL;
     dsv4_err err = {0};
     if (dsv4_model_runner_open(dir, &mo, &mr, &err)) {
