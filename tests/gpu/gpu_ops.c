@@ -14,9 +14,6 @@
  *   dsv4-gpu-ops --perf          correctness, then timings
  *   dsv4-gpu-ops --perf-only     timings only
  *   dsv4-gpu-ops --prefill       prefill sizes (n = 64..8192): GEMM vs decode kernels
- *   dsv4-gpu-ops --moe [--perf]  routed experts only: checks (every expert kernel == k_fp4 bit
- *                                for bit), then each kernel's timings at 1..340 rows
- *                                (MOE_VARIANTS="0 2": which DSV4_CUDA_MOE_KERNEL values)
  * Exit status 1 when any correctness case fails.
  *
  * The CPU reference lives here until the CPU backend (branch cpufwd)
@@ -553,52 +550,6 @@ static void t_moe(moe_set *m, const char *label, int n, int topk, int with_share
     free(x); free(y); free(yg); free(sh); free(ids); free(wts);
 }
 
-/*
- * The opt-in decode / verify expert kernels (DSV4_CUDA_MOE_KERNEL = 2..4:
- * k_fp4r with that many ring stages) must equal k_fp4 (= 0, the default)
- * bit for bit: same per-32-column mma, scale and summation order. n rows, top-k ids
- * with `hot` of them forced onto expert 0 (rows per expert > 8: several
- * 8-row passes).
- */
-static void t_moe_kernel(moe_set *m, const char *label, int n, int topk, int hot) {
-    dsv4_err err = {0};
-    size_t nx = (size_t)n * m->dm;
-    float *x = malloc(nx * 4), *y0 = malloc(nx * 4), *y1 = malloc(nx * 4);
-    int *ids = malloc((size_t)n * topk * 4);
-    float *wts = malloc((size_t)n * topk * 4);
-    fill_act(x, nx, (int)m->dm);
-    pick_ids(ids, wts, n, topk, m->E);
-    for (int t = 0; t < hot && t < n; t++) { /* expert 0 in slot 0 of the first `hot` rows */
-        int has = 0;
-        for (int k = 0; k < topk; k++) has |= ids[t * topk + k] == 0;
-        if (!has) ids[t * topk] = 0;
-    }
-    float *dx = dup_up(x, nx * 4), *dy = dalloc(nx * 4), *dw = dup_up(wts, (size_t)n * topk * 4);
-    int *dids = dup_up(ids, (size_t)n * topk * 4);
-    for (int v = 0; v <= 4; v++) {
-        if (v == 1) continue; /* (1: was k_fp4s, removed; see bench/results) */
-        char b[8];
-        snprintf(b, sizeof b, "%d", v);
-        setenv("DSV4_CUDA_MOE_KERNEL", b, 1);
-        poison(dy, nx * 4);
-        DIE_IF(dsv4_cuda_moe(G, &m->dev, dx, n, dids, dw, topk, NULL, dy, DSV4_CUDA_MOE_BF16, &err), err);
-        DIE_IF(dsv4_cuda_sync(G, &err), err);
-        down(v == 0 ? y0 : y1, dy, nx * 4);
-        if (v == 0) continue;
-        size_t bad = 0;
-        for (size_t i = 0; i < nx; i++) bad += memcmp(&y0[i], &y1[i], 4) != 0;
-        char shape[96];
-        snprintf(shape, sizeof shape, "%s E=%d top%d n=%d hot=%d k%d", label, m->E, topk, n, hot, v);
-        int ok = bad == 0;
-        ok ? n_pass++ : n_fail++;
-        printf("%-5s %-14s %-34s %zu of %zu outputs differ from k_fp4 (bit-exact required)\n", ok ? "ok" : "FAIL",
-               "moe_kernel", shape, bad, nx);
-    }
-    unsetenv("DSV4_CUDA_MOE_KERNEL");
-    dsv4_cuda_free(G, dx); dsv4_cuda_free(G, dy); dsv4_cuda_free(G, dw); dsv4_cuda_free(G, dids);
-    free(x); free(y0); free(y1); free(ids); free(wts);
-}
-
 /* linear_q / moe_q from one act_quant must equal linear / moe bit for bit. */
 static void t_shared_quant(dsv4_dtype dt, int64_t R, int64_t K, int n, moe_set *m) {
     dsv4_err err = {0};
@@ -823,20 +774,19 @@ static int op_moe(int rep, void *a_, dsv4_err *err) {
                          a->w + (size_t)s * a->n * a->topk, a->topk, NULL, a->y, DSV4_CUDA_OUT_BF16, err);
 }
 
-static void perf_moe(moe_set *m, const char *label) {
-    /* up to 340 rows (2040 choices: below the grouped GEMM's 8 per expert) */
-    const int ns[] = {1, 2, 4, 6, 8, 16, 32, 48, 64, 128, 256, 340};
-    const int topk = 6, nsets = 16, NMAX = 340;
+static void perf_moe(moe_set *m) {
+    const int ns[] = {1, 2, 4, 6, 8, 16, 32, 64};
+    const int topk = 6, nsets = 16;
     moe_arg a;
     a.m = m;
     a.topk = topk;
     a.nsets = nsets;
-    float *x = malloc((size_t)NMAX * m->dm * 4);
-    fill_act(x, (size_t)NMAX * m->dm, (int)m->dm);
-    a.x = dup_up(x, (size_t)NMAX * m->dm * 4);
-    a.y = dalloc((size_t)NMAX * m->dm * 4);
-    int *ids = malloc((size_t)nsets * NMAX * topk * 4);
-    float *wts = malloc((size_t)nsets * NMAX * topk * 4);
+    float *x = malloc((size_t)64 * m->dm * 4);
+    fill_act(x, (size_t)64 * m->dm, (int)m->dm);
+    a.x = dup_up(x, (size_t)64 * m->dm * 4);
+    a.y = dalloc((size_t)64 * m->dm * 4);
+    int *ids = malloc((size_t)nsets * 64 * topk * 4);
+    float *wts = malloc((size_t)nsets * 64 * topk * 4);
     double per_expert = 3.0 * (m->dm * m->dff / 2 + m->dm * m->dff / 32);
     for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
         a.n = ns[i];
@@ -855,7 +805,7 @@ static void perf_moe(moe_set *m, const char *label) {
         double us = time_graph(op_moe, &a, 32);
         char shape[64];
         snprintf(shape, sizeof shape, "E=%d top%d (%.1f experts)", m->E, topk, distinct);
-        print_perf(label, shape, a.n, us, distinct * per_expert,
+        print_perf("moe_fp4", shape, a.n, us, distinct * per_expert,
                    2.0 * 3 * a.n * topk * (double)m->dm * m->dff);
         dsv4_cuda_free(G, a.ids);
         dsv4_cuda_free(G, a.w);
@@ -1328,7 +1278,7 @@ static void perf_linear_prefill(const char *label, int64_t R, int64_t K) {
 /* -------------------------------------------------------------------- main */
 
 int main(int argc, char **argv) {
-    int perf = 0, correct = 1, tiny_only = 0, profile = 0, prefill = 0, moe_only = 0;
+    int perf = 0, correct = 1, tiny_only = 0, profile = 0, prefill = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--perf")) perf = 1;
         else if (!strcmp(argv[i], "--perf-only")) perf = 1, correct = 0;
@@ -1337,9 +1287,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--prefill")) prefill = 1, correct = 0; /* prefill sizes only */
         else if (!strcmp(argv[i], "--prefill-check")) prefill = 2, correct = 0; /* the same, no timings */
         else if (!strcmp(argv[i], "--prefill-linear")) prefill = 3, correct = 0; /* FP8 linear timings only */
-        else if (!strcmp(argv[i], "--moe")) moe_only = 1; /* routed experts only: checks, then k_fp4s vs k_fp4 */
         else {
-            fprintf(stderr, "usage: %s [--tiny] [--perf | --perf-only | --prefill | --moe]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--tiny] [--perf | --perf-only | --prefill]\n", argv[0]);
             return 2;
         }
     }
@@ -1352,42 +1301,6 @@ int main(int argc, char **argv) {
            g_read_gbs, g_copy_gbs);
     moe_set flash = {0};
     int have_flash = 0;
-    if (moe_only) { /* the routed experts: correctness, bit-exactness, then both kernels' timings */
-        moe_set tiny;
-        moe_make(&tiny, 8, 256, 128);
-        t_moe(&tiny, "tiny", 1, 3, 0, 5e-3);
-        t_moe(&tiny, "tiny", 5, 3, 1, 5e-3);
-        t_moe(&tiny, "tiny", 17, 3, 0, 5e-3);
-        t_moe_kernel(&tiny, "tiny", 1, 3, 0);
-        t_moe_kernel(&tiny, "tiny", 17, 3, 0);
-        t_moe_kernel(&tiny, "tiny", 40, 3, 30);
-        moe_free(&tiny);
-        moe_make(&flash, 256, 4096, 2048);
-        have_flash = 1;
-        t_moe(&flash, "flash", 1, 6, 0, 5e-3);
-        t_moe(&flash, "flash", 6, 6, 1, 5e-3);
-        t_moe(&flash, "flash", 40, 6, 0, 5e-3);
-        t_moe_kernel(&flash, "flash", 1, 6, 0);
-        t_moe_kernel(&flash, "flash", 6, 6, 0);
-        t_moe_kernel(&flash, "flash", 64, 6, 20);
-        t_moe_kernel(&flash, "flash", 300, 6, 40);
-        t_shared_quant(DSV4_DT_F8_E4M3, 0, 0, 6, &flash);
-        printf("\ncorrectness: %d passed, %d failed\n", n_pass, n_fail);
-        if (perf) {
-            printf("\n== perf: routed experts, CUDA-graph replay, 16 routing sets; moe_kV = DSV4_CUDA_MOE_KERNEL=V\n");
-            /* DSV4_CUDA_MOE_KERNEL values to time, e.g. "2 0" (default: all) */
-            const char *vs = getenv("MOE_VARIANTS") ? getenv("MOE_VARIANTS") : "0 2 3 4";
-            for (const char *q = vs; *q; q++) {
-                if (*q < '0' || *q > '9') continue;
-                char b[2] = {*q, 0}, label[16];
-                setenv("DSV4_CUDA_MOE_KERNEL", b, 1);
-                snprintf(label, sizeof label, "moe_k%c", *q);
-                perf_moe(&flash, label);
-            }
-            unsetenv("DSV4_CUDA_MOE_KERNEL");
-        }
-        goto out;
-    }
     if (profile) { /* one call each at decode shapes: run under ncu */
         host_lin h1, h2;
         make_lin(&h1, DSV4_DT_F8_E4M3, 32768, 1024);
@@ -1395,28 +1308,19 @@ int main(int argc, char **argv) {
         dsv4_cuda_weight w1, w2;
         DIE_IF(dsv4_cuda_weight_upload(G, &h1.lin, &w1, &err), err);
         DIE_IF(dsv4_cuda_weight_upload(G, &h2.lin, &w2, &err), err);
-        float *hx = malloc((size_t)48 * 8192 * 4);
-        fill_act(hx, (size_t)48 * 8192, 8192);
-        float *dx = dup_up(hx, (size_t)48 * 8192 * 4), *dy = dalloc((size_t)48 * 32768 * 4);
+        float *hx = malloc((size_t)8 * 8192 * 4);
+        fill_act(hx, (size_t)8 * 8192, 8192);
+        float *dx = dup_up(hx, (size_t)8 * 8192 * 4), *dy = dalloc((size_t)8 * 32768 * 4);
         DIE_IF(dsv4_cuda_linear(G, &w1, dx, 1, dy, 0, &err), err);
         DIE_IF(dsv4_cuda_linear(G, &w2, dx, 1, dy, 0, &err), err);
         moe_make(&flash, 256, 4096, 2048);
-        int ids[48 * 6];
-        float wts[48 * 6];
-        pick_ids(ids, wts, 48, 6, 256);
+        int ids[36];
+        float wts[36];
+        pick_ids(ids, wts, 6, 6, 256);
         int *di = dup_up(ids, sizeof ids);
         float *dw = dup_up(wts, sizeof wts);
-        /* every expert kernel (DSV4_CUDA_MOE_KERNEL, env MOE_VARIANTS) at 1, 6 and 48 rows */
-        const char *vs = getenv("MOE_VARIANTS") ? getenv("MOE_VARIANTS") : "0";
-        for (const char *q = vs; *q; q++) {
-            if (*q < '0' || *q > '9') continue;
-            char b[2] = {*q, 0};
-            setenv("DSV4_CUDA_MOE_KERNEL", b, 1);
-            DIE_IF(dsv4_cuda_moe(G, &flash.dev, dx, 1, di, dw, 6, NULL, dy, 0, &err), err);
-            DIE_IF(dsv4_cuda_moe(G, &flash.dev, dx, 6, di, dw, 6, NULL, dy, 0, &err), err);
-            DIE_IF(dsv4_cuda_moe(G, &flash.dev, dx, 48, di, dw, 6, NULL, dy, 0, &err), err);
-        }
-        unsetenv("DSV4_CUDA_MOE_KERNEL");
+        DIE_IF(dsv4_cuda_moe(G, &flash.dev, dx, 1, di, dw, 6, NULL, dy, 0, &err), err);
+        DIE_IF(dsv4_cuda_moe(G, &flash.dev, dx, 6, di, dw, 6, NULL, dy, 0, &err), err);
         DIE_IF(dsv4_cuda_sync(G, &err), err);
         printf("profile launches done\n");
         return 0;
@@ -1446,7 +1350,6 @@ int main(int argc, char **argv) {
         t_moe(&tiny, "tiny", 1, 3, 0, 5e-3);
         t_moe(&tiny, "tiny", 5, 3, 1, 5e-3);
         t_moe(&tiny, "tiny", 17, 3, 0, 5e-3);
-        t_moe_kernel(&tiny, "tiny", 40, 3, 30);
         t_shared_quant(DSV4_DT_F8_E4M3, 256, 512, 3, NULL);
         t_shared_quant(DSV4_DT_F8_E4M3, 256, 512, 12, NULL);
         t_shared_quant(DSV4_DT_I8, 64, 256, 5, NULL);
@@ -1474,8 +1377,6 @@ int main(int argc, char **argv) {
         have_flash = 1;
         t_moe(&flash, "flash", 1, 6, 0, 5e-3);
         t_moe(&flash, "flash", 6, 6, 1, 5e-3);
-        t_moe_kernel(&flash, "flash", 1, 6, 0);
-        t_moe_kernel(&flash, "flash", 64, 6, 20);
         t_shared_quant(DSV4_DT_F8_E4M3, 1024, 4096, 1, NULL);
         { const int64_t R2[2] = {1024, 512}; t_group(2, R2, 4096, 1); t_group(2, R2, 4096, 6); }
         t_shared_quant(DSV4_DT_F8_E4M3, 0, 0, 6, &flash);
@@ -1521,7 +1422,7 @@ done:
             moe_make(&flash, 256, 4096, 2048);
             have_flash = 1;
         }
-        perf_moe(&flash, "moe_fp4");
+        perf_moe(&flash);
         printf("\n== perf: one decode layer's weight-streaming chain (11 ops, graph replay)\n");
         perf_chain(&flash);
     }
