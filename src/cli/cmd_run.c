@@ -183,7 +183,7 @@ static int parse_args(int argc, char **argv, run_opts *o) {
         fprintf(stderr, "dsv4 run: --node-rank %d must be less than --nnodes %d\n", o->node_rank, o->nnodes);
         return 2;
     }
-    if (o->nnodes > 1 && o->node_rank == 0 && o->tp % o->nnodes) { /* node 0: before waiting for the others */
+    if (o->nnodes > 1 && o->tp % o->nnodes) { /* every node, before the rendezvous: a follower would wait */
         fprintf(stderr, "dsv4 run: --tensor-parallel-size %d with --nnodes %d: -tp is the total over the nodes, "
                         "-tp / --nnodes ranks on each, so give a multiple of %d (e.g. -tp %d)\n",
                 o->tp, o->nnodes, o->nnodes, o->nnodes);

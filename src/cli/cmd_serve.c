@@ -188,7 +188,7 @@ int dsv4_cmd_serve(int argc, char **argv) {
                         "shapes of its config.json give --load-format dummy\n", dir);
         return 1;
     }
-    if (a.nnodes > 1 && a.node_rank == 0 && a.tensor_parallel_size % a.nnodes) {
+    if (a.nnodes > 1 && a.tensor_parallel_size % a.nnodes) { /* every node, before the rendezvous */
         fprintf(stderr, "dsv4 serve: --tensor-parallel-size %d with --nnodes %d: -tp is the total over the nodes, "
                         "-tp / --nnodes ranks on each, so give a multiple of %d (e.g. -tp %d)\n",
                 a.tensor_parallel_size, a.nnodes, a.nnodes, a.nnodes);

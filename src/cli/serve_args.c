@@ -46,6 +46,45 @@ static int parse_int(const char *flag, const char *v, long lo, long hi, int *out
     return 0;
 }
 
+/*
+ * --max-model-len as vLLM's human_readable_int: a whole number, or a number with a suffix
+ * k/m/g (x 1000^n, decimals allowed: 25.6k = 25600) or K/M/G (x 1024^n, whole numbers only:
+ * 128K = 131072), so a launcher's `--max-model-len 128k` works. auto / -1 are handled by the
+ * caller. At least 2 tokens (one prompt token and one generated), at most 1048576.
+ */
+static int parse_model_len(const char *flag, const char *v, int *out, dsv4_err *err) {
+    const char *p = v, *q;
+    while (*p == ' ') p++;
+    for (q = p; *q >= '0' && *q <= '9'; q++) {}
+    const char *int_end = q; /* digits of the whole part */
+    int frac = *q == '.';
+    if (frac)
+        for (q++; *q >= '0' && *q <= '9'; q++) {}
+    const char *num_end = q;
+    char suf = *q && strchr("kmgKMG", *q) ? *q++ : 0;
+    while (*q == ' ') q++;
+    double mult = suf == 'k' ? 1e3 : suf == 'm' ? 1e6 : suf == 'g' ? 1e9
+                : suf == 'K' ? 1024.0 : suf == 'M' ? 1048576.0 : suf == 'G' ? 1073741824.0 : 1;
+    int ok = int_end > p && !*q && (!frac || num_end > int_end + 1);
+    if (ok && frac && (!suf || (suf >= 'A' && suf <= 'Z'))) {
+        if (suf) /* vLLM: "Decimals are not allowed with binary suffixes" */
+            return dsv4_err_set(err, DSV4_EINVAL,
+                                "%s: '%s': decimals are not allowed with the binary suffix %c (as vLLM); did you "
+                                "mean %.*s%c?",
+                                flag, v, suf, (int)(num_end - p), p, suf + ('a' - 'A'));
+        ok = 0; /* a plain number is whole (Python's int()) */
+    }
+    double x = ok ? strtod(p, NULL) * mult : 0;
+    x = (double)(long long)(x < 4e9 ? x : 4e9); /* vLLM: int(float(number) * mult) */
+    if (!ok || x < 2 || x > 1048576)
+        return dsv4_err_set(err, DSV4_EINVAL,
+                            "%s: '%s' is not a length in [2, 1048576] tokens (e.g. 8192, 32k, 128K), nor auto / -1 "
+                            "(the model's maximum, lowered to what the KV pool holds)",
+                            flag, v);
+    *out = (int)x;
+    return 0;
+}
+
 /* A list of sizes: "1,2,4", "[1, 2, 4]" or "1 2 4" (separators: comma, space, brackets). */
 static int parse_size_list(const char *flag, const char *v, dsv4_serve_args *a, int *given, dsv4_err *err) {
     const char *p = v;
@@ -377,9 +416,9 @@ int dsv4_serve_args_parse(int argc, char **argv, dsv4_serve_args *a, dsv4_err *e
             NEED_VALUE();
             a->max_model_len_given = 1;
             a->max_model_len_auto = !strcmp(val, "auto") || !strcmp(val, "-1"); /* vLLM: -1 / auto = fit */
-            int v;
+            int v = 0;
             if (!a->max_model_len_auto) {
-                if (parse_int(flag, val, 1, 1048576, &v, err)) return DSV4_EINVAL;
+                if (parse_model_len(flag, val, &v, err)) return DSV4_EINVAL;
                 a->http.max_model_len = v;
             }
         }

@@ -158,12 +158,15 @@ int dsv4_engine_create(const dsv4_engine_opts *opts, const dsv4_runner *runner, 
         }
         for (int i = runner->n_pages - 1; i >= 0; i--) e->page_free[e->n_page_free++] = i;
         int64_t tokens = (int64_t)runner->n_pages * runner->page_tokens;
+        /* vLLM's get_max_concurrency_for_kv_cache_config: whole pages per request (a 100-token
+         * request holds a 256-token page), not tokens / max_model_len */
+        double conc = (double)runner->n_pages / (double)e->slot_max_pages;
         dsv4_log(DSV4_LOG_INFO,
                  "KV cache pool: %lld tokens (%d pages of %d, %.1f MiB), maximum concurrency for %lld-token "
                  "requests: %.2fx",
                  (long long)tokens, runner->n_pages, runner->page_tokens,
                  (double)runner->page_bytes * runner->n_pages / (1024.0 * 1024.0), (long long)opts->max_model_len,
-                 (double)tokens / (double)opts->max_model_len);
+                 conc);
         if (tokens < opts->max_model_len)
             dsv4_log(DSV4_LOG_WARN,
                      "the KV cache pool (%lld tokens) is smaller than max_model_len %lld: requests whose prompt + "

@@ -251,11 +251,12 @@ static int size_pool(dsv4_model_runner *mr, const dsv4_model_runner_opts *o, con
                                 "host memory",
                                 src, GIB(kv_bytes), GIB(avail), GIB(total), src);
         if (kv_bytes != o->kv_cache_bytes) {
-            dsv4_log(DSV4_LOG_INFO, "KV cache: VLLM_CPU_KVCACHE_SPACE=%s GiB on the CPU: %lld pages of %d tokens",
-                     env, (long long)np, bs);
+            /* the parsed value: " 2" (Python's int() allows blanks) is logged as 2 */
+            dsv4_log(DSV4_LOG_INFO, "KV cache: VLLM_CPU_KVCACHE_SPACE=%lld GiB on the CPU: %lld pages of %d tokens",
+                     (long long)(kv_bytes >> 30), (long long)np, bs);
             if (np < per_slot && !o->fit_len) {
                 char held[96];
-                snprintf(held, sizeof held, "VLLM_CPU_KVCACHE_SPACE=%s", env);
+                snprintf(held, sizeof held, "VLLM_CPU_KVCACHE_SPACE=%lld", (long long)(kv_bytes >> 30));
                 return one_request_refusal(err, o, bs, pb, per_slot, np, held,
                                            "Raise VLLM_CPU_KVCACHE_SPACE (GiB) or lower --max-model-len (or give "
                                            "--max-model-len auto).");
@@ -304,11 +305,12 @@ static int size_pool(dsv4_model_runner *mr, const dsv4_model_runner_opts *o, con
             todo = "Lower --max-model-len (or give --max-model-len auto), set VLLM_CPU_KVCACHE_SPACE (GiB) or "
                    "--kv-cache-memory-bytes, raise --gpu-memory-utilization (the fraction of host memory on the CPU), "
                    "or free host memory.";
+            /* vLLM reads VLLM_CPU_KVCACHE_SPACE=0 as unset (envs.py: int(...) or None): say so, not "unset" */
             dsv4_log(DSV4_LOG_INFO,
-                     "KV cache: VLLM_CPU_KVCACHE_SPACE unset: the CPU pool may use %.2f GiB = %.2f "
+                     "KV cache: VLLM_CPU_KVCACHE_SPACE%s: the CPU pool may use %.2f GiB = %.2f "
                      "(--gpu-memory-utilization) x (%.2f GiB available host memory - %.2f GiB mapped weights) / %d "
                      "rank(s), less %.2f GiB of per-slot rings: %lld pages of %d tokens",
-                     GIB(budget), o->gpu_mem_util, GIB(avail), GIB(pending), tp_size, GIB(fixed),
+                     env && *env ? "=0 (as unset, vLLM)" : " unset", GIB(budget), o->gpu_mem_util, GIB(avail), GIB(pending), tp_size, GIB(fixed),
                      (long long)(fit > 0 ? fit : 0), bs);
         }
         if (fit < 1 || (fit < per_slot && !o->fit_len)) return one_request_refusal(err, o, bs, pb, per_slot, fit, held, todo);

@@ -129,8 +129,13 @@ static int master(const dsv4_rdv_opts *o, const uint8_t *id, double timeout, dsv
                          dsv4_net_ms_left(deadline) / 1000.0);
                 continue;
             }
-            rc = dsv4_err_set(err, DSV4_EIO, "rendezvous on %s:%d: waited %.3g s for node%s %s of %d (%d joined)",
-                              o->master_addr, o->master_port, timeout, n - have > 1 ? "s" : "", miss, n, have - 1);
+            /* say what to do: start the missing nodes (pointed at this address), or wait longer */
+            rc = dsv4_err_set(err, DSV4_EIO,
+                              "rendezvous on %s:%d: waited %.3g s for node%s %s of %d (%d joined); start %s with "
+                              "--nnodes %d --node-rank R --master-addr %s --master-port %d and the same checkpoint "
+                              "and -tp, or give them longer with DSV4_RDV_TIMEOUT_S (seconds)",
+                              o->master_addr, o->master_port, timeout, n - have > 1 ? "s" : "", miss, n, have - 1,
+                              n - have > 1 ? "each" : "it", n, o->master_addr, o->master_port);
             break;
         }
         int fd = accept4(ls, NULL, NULL, SOCK_CLOEXEC);

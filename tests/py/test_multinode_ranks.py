@@ -192,3 +192,15 @@ def test_follower_killed_mid_run_fails_node0_naming_its_rank_and_node():
     log0 = s.log.read().decode(errors="replace")
     assert "(node 1 at 127.0.0.1:" in log0 and "closed the connection: it exited, crashed or aborted" in log0
     assert "; shutting down" in log0
+
+
+def test_follower_refuses_tp_not_a_multiple_of_nnodes_without_waiting():
+    """-tp 3 --nnodes 2 is refused on node 1 too, at once (before: node 1 waited DSV4_RDV_TIMEOUT_S for
+    a node 0 that had refused the same flags, then blamed the connection)."""
+    mn = ("--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port", str(free_triple()),
+          "-tp", "3")
+    for cmd in ([*RUN, *mn], [DSV4, "serve", CFG, *DUMMY, *mn, "--port", str(free_port())]):
+        r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=60, env=env())
+        assert r.returncode == 2, r.stderr
+        assert "--tensor-parallel-size 3 with --nnodes 2" in r.stderr and "give a multiple of 2" in r.stderr, r.stderr
+        assert "rendezvous" not in r.stderr, r.stderr

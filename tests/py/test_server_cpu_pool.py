@@ -109,3 +109,15 @@ def test_one_request_that_does_not_fit_is_refused_then_auto_fits(server_factory)
     assert 0 < got < 1048576 and got % 256 == 0, got
     assert "--max-model-len auto: the KV pool holds" in log_of(s)
     assert f"maximum concurrency for {got}-token requests: 1.00x" in log_of(s)
+
+
+def test_concurrency_counts_whole_pages_and_zero_space_is_named(server_factory):
+    """The start line's maximum concurrency is vLLM's (get_max_concurrency_for_kv_cache_config):
+    pool pages / pages one max_model_len request holds. 3 pages of 256 at max_model_len 100 serve
+    3 requests (before: 768 / 100 = 7.68x). VLLM_CPU_KVCACHE_SPACE=0 is vLLM's "unset" and the log
+    says it was 0 (before: "unset")."""
+    s = server_factory(DEFAULT_MODEL, "--device", "cpu", "--max-model-len", "100", "--max-num-seqs", "2",
+                       "--num-gpu-blocks-override", "3", ready=True)
+    assert "maximum concurrency for 100-token requests: 3.00x" in log_of(s), log_of(s)
+    z = server_factory(DEFAULT_MODEL, *COMMON, env={"VLLM_CPU_KVCACHE_SPACE": "0"}, ready=True)
+    assert "KV cache: VLLM_CPU_KVCACHE_SPACE=0 (as unset, vLLM): the CPU pool may use" in log_of(z), log_of(z)

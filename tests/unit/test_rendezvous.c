@@ -99,6 +99,9 @@ int main(void) {
         pair(&a, &b, &r0, &r1);
         CHECK_EQ_INT(r0.rc, DSV4_EIO);
         CHECK_CONTAINS(r0.msg, "for node 2 of 3 (1 joined)");
+        /* and says what to do (before: only the wait; fresh3 review 2026-12-01) */
+        CHECK_CONTAINS(r0.msg, "start it with --nnodes 3 --node-rank R --master-addr 127.0.0.1");
+        CHECK_CONTAINS(r0.msg, "DSV4_RDV_TIMEOUT_S");
         CHECK(r1.rc != 0);
         CHECK_CONTAINS(r1.msg, "waited");
     }
