@@ -32,7 +32,7 @@ struct dsv4_multinode {
 /* What must agree across nodes, as one rank built it. */
 /* causes before consequences: a different --max-model-len also changes the page count */
 enum { P_MAX_LEN, P_SLOTS, P_MAX_SPEC, P_VOCAB, P_PAGE_TOKENS, P_PAGES, P_N };
-static const char *const P_NAME[P_N] = {"--max-model-len", "request slots (--max-num-seqs + prefix-cache slots)",
+static const char *const P_NAME[P_N] = {"--max-model-len (dsv4 run: prompt tokens + --max-tokens + --spec)", "request slots (--max-num-seqs + prefix-cache slots)",
                                         "speculative tokens (--speculative-config)", "vocabulary",
                                         "tokens per KV page (--block-size)",
                                         "KV pages (--kv-cache-memory-bytes / --num-gpu-blocks-override)"};

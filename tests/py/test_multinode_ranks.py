@@ -151,6 +151,7 @@ def test_nodes_with_different_flags_fail_at_start_naming_the_field():
     assert r0.returncode != 0 and rc1 != 0
     assert "--max-model-len" in r0.stderr and "node 1 has" in r0.stderr, r0.stderr
     assert "--max-model-len" in err1, err1
+    assert "--max-tokens" in r0.stderr, r0.stderr  # the flag dsv4 run's user gave (before: only --max-model-len)
 
 
 def test_follower_killed_mid_run_fails_node0_naming_its_rank_and_node():
