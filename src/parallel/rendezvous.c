@@ -133,9 +133,9 @@ static int master(const dsv4_rdv_opts *o, const uint8_t *id, double timeout, dsv
             rc = dsv4_err_set(err, DSV4_EIO,
                               "rendezvous on %s:%d: waited %.3g s for node%s %s of %d (%d joined); start %s with "
                               "--nnodes %d --node-rank R --master-addr %s --master-port %d and the same checkpoint "
-                              "and -tp, or give them longer with DSV4_RDV_TIMEOUT_S (seconds)",
+                              "and -tp, or wait longer: DSV4_RDV_TIMEOUT_S=%.3g (seconds) now",
                               o->master_addr, o->master_port, timeout, n - have > 1 ? "s" : "", miss, n, have - 1,
-                              n - have > 1 ? "each" : "it", n, o->master_addr, o->master_port);
+                              n - have > 1 ? "each" : "it", n, o->master_addr, o->master_port, timeout);
             break;
         }
         int fd = accept4(ls, NULL, NULL, SOCK_CLOEXEC);
