@@ -274,7 +274,7 @@ static int size_pool(dsv4_model_runner *mr, const dsv4_model_runner_opts *o, con
         if (fixed < 0) fixed = 0;
         int64_t fit;
         char held[320];
-        const char *todo;
+        const char *todo, *todo0;
         if (!host) { /* the device's budget (vLLM --gpu-memory-utilization): never more pages than fit */
             int64_t fb = 0, tb = 0;
             const char *rs = getenv("DSV4_ACT_RESERVE_MB");
@@ -288,6 +288,8 @@ static int size_pool(dsv4_model_runner *mr, const dsv4_model_runner_opts *o, con
                      o->gpu_mem_util, GIB(tb), mr->be->name, GIB(tb - fb), GIB(reserve));
             todo = "Lower --max-model-len (or give --max-model-len auto), raise --gpu-memory-utilization, use more "
                    "GPUs (-tp), or give --kv-cache-memory-bytes.";
+            todo0 = "Raise --gpu-memory-utilization, lower DSV4_ACT_RESERVE_MB, use more GPUs (-tp), or give "
+                    "--kv-cache-memory-bytes.";
         } else { /* host memory: gpu_mem_util of what is available after the weights (vLLM's CPU backend) */
             int64_t avail = 0, total = 0;
             if ((rc = dsv4_hostmem_info(&avail, &total, err))) return rc;
@@ -300,20 +302,27 @@ static int size_pool(dsv4_model_runner *mr, const dsv4_model_runner_opts *o, con
             if (pending) snprintf(wts, sizeof wts, " less %.2f GiB of mapped weights", GIB(pending));
             if (tp_size > 1) snprintf(rks, sizeof rks, ", shared by %d ranks", tp_size);
             snprintf(held, sizeof held,
-                     "the CPU bound (%.2f of %.2f GiB available host memory%s%s, less %.2f GiB of the slots' rings)",
+                     "the CPU bound (%.3g of %.2f GiB available host memory%s%s, less %.2f GiB of the slots' rings)",
                      o->gpu_mem_util, GIB(avail), wts, rks, GIB(fixed));
             todo = "Lower --max-model-len (or give --max-model-len auto), set VLLM_CPU_KVCACHE_SPACE (GiB) or "
                    "--kv-cache-memory-bytes, raise --gpu-memory-utilization (the fraction of host memory on the CPU), "
                    "or free host memory.";
+            todo0 = "Set VLLM_CPU_KVCACHE_SPACE (GiB) or --kv-cache-memory-bytes, raise --gpu-memory-utilization "
+                    "(the fraction of host memory on the CPU), or free host memory.";
             /* vLLM reads VLLM_CPU_KVCACHE_SPACE=0 as unset (envs.py: int(...) or None): say so, not "unset" */
             dsv4_log(DSV4_LOG_INFO,
-                     "KV cache: VLLM_CPU_KVCACHE_SPACE%s: the CPU pool may use %.2f GiB = %.2f "
+                     "KV cache: VLLM_CPU_KVCACHE_SPACE%s: the CPU pool may use %.2f GiB = %.3g "
                      "(--gpu-memory-utilization) x (%.2f GiB available host memory - %.2f GiB mapped weights) / %d "
                      "rank(s), less %.2f GiB of per-slot rings: %lld pages of %d tokens",
                      env && *env ? "=0 (as unset, vLLM)" : " unset", GIB(budget), o->gpu_mem_util, GIB(avail), GIB(pending), tp_size, GIB(fixed),
                      (long long)(fit > 0 ? fit : 0), bs);
         }
-        if (fit < 1 || (fit < per_slot && !o->fit_len)) return one_request_refusal(err, o, bs, pb, per_slot, fit, held, todo);
+        if (fit < 1) /* vLLM: "No available memory for the cache blocks"; a shorter max_model_len cannot help */
+            return dsv4_err_set(err, DSV4_ENOMEM,
+                                "KV cache: no available memory for the cache blocks: %s holds no page of %d tokens "
+                                "(%.2f MiB), whatever --max-model-len. %s",
+                                held, bs, pb / 1048576.0, todo0);
+        if (fit < per_slot && !o->fit_len) return one_request_refusal(err, o, bs, pb, per_slot, fit, held, todo);
         if (fit < np) {
             dsv4_log(DSV4_LOG_INFO,
                      "KV cache: %lld pages of %d tokens fit in %s; %lld would hold every slot at max_model_len",

@@ -253,16 +253,17 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
     if (run.page_tokens > 0 && (int64_t)run.n_pages * run.page_tokens < s->max_model_len) {
         /* vLLM refuses to start when one max_model_len request cannot fit the KV cache */
         rc = dsv4_err_set(err, DSV4_EINVAL,
-                          "to serve at least one request with max_model_len %lld, the KV cache pool needs %lld pages "
-                          "of %d tokens (%.1f MiB), but it holds %d (%lld tokens). Raise --kv-cache-memory-bytes / "
-                          "--num-gpu-blocks-override (or the memory that bounds the pool) or lower --max-model-len "
-                          "to at most %lld.",
+                          "KV cache: to serve at least one request of max_model_len %lld, the KV cache pool needs "
+                          "%lld pages of %d tokens (%.1f MiB), but it holds %d (%lld tokens). Based on the available "
+                          "memory, the estimated maximum model length is %lld. Raise --kv-cache-memory-bytes / "
+                          "--num-gpu-blocks-override (or the memory that bounds the pool), lower --max-model-len to "
+                          "at most %lld, or give --max-model-len auto.",
                           (long long)s->max_model_len,
                           (long long)((s->max_model_len + run.page_tokens - 1) / run.page_tokens), run.page_tokens,
                           (double)run.page_bytes * (double)((s->max_model_len + run.page_tokens - 1) / run.page_tokens) /
                               1048576.0,
                           run.n_pages, (long long)run.n_pages * run.page_tokens,
-                          (long long)run.n_pages * run.page_tokens);
+                          (long long)run.n_pages * run.page_tokens, (long long)run.n_pages * run.page_tokens);
         goto fail;
     }
     dsv4_drafter dr;

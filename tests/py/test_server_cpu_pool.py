@@ -121,3 +121,24 @@ def test_concurrency_counts_whole_pages_and_zero_space_is_named(server_factory):
     assert "maximum concurrency for 100-token requests: 3.00x" in log_of(s), log_of(s)
     z = server_factory(DEFAULT_MODEL, *COMMON, env={"VLLM_CPU_KVCACHE_SPACE": "0"}, ready=True)
     assert "KV cache: VLLM_CPU_KVCACHE_SPACE=0 (as unset, vLLM): the CPU pool may use" in log_of(z), log_of(z)
+
+
+def refusal(*args):
+    p = subprocess.run([DSV4, "serve", DEFAULT_MODEL, "--device", "cpu", *args, "--port", str(free_port())],
+                       capture_output=True, timeout=120, env=dict(os.environ, VLLM_CPU_KVCACHE_SPACE=""))
+    err = p.stderr.decode(errors="replace")
+    assert p.returncode != 0, err
+    return err
+
+
+def test_refusals_say_what_fits_and_what_to_do():
+    """A pool that holds no page at all is vLLM's "No available memory for the cache blocks", and does
+    not send the user to --max-model-len auto, which had just been given (before: "the estimated maximum
+    model length is 0 ... give --max-model-len auto"). A pool set outright that is too small for one
+    request states the estimated maximum model length, as the memory-bounded refusal does, and names auto."""
+    err = refusal("--gpu-memory-utilization", "0.0001", "--max-model-len", "auto")
+    assert "no available memory for the cache blocks" in err and "0.0001 of" in err, err
+    assert "--max-model-len auto" not in err and "estimated maximum model length is 0" not in err, err
+    err = refusal("--num-gpu-blocks-override", "2")
+    assert "the estimated maximum model length is 512." in err, err
+    assert "give --max-model-len auto" in err, err
