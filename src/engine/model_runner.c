@@ -241,14 +241,24 @@ static int size_pool(dsv4_model_runner *mr, const dsv4_model_runner_opts *o, con
     if (np < 1)
         return dsv4_err_set(err, DSV4_EINVAL, "KV cache memory %lld bytes (%s) holds no page of %d tokens (%lld bytes each)",
                             (long long)kv_bytes, src, bs, (long long)pb);
+    if (host && o->n_pages > 0 && pb > 0) { /* the override too: else malloc fails ("buf_alloc") or, lazily, the OOM killer */
+        int64_t avail = 0, total = 0;
+        if ((rc = dsv4_hostmem_info(&avail, &total, err))) return rc;
+        if (o->n_pages > avail / pb)
+            return dsv4_err_set(err, DSV4_ENOMEM,
+                                "KV cache: --num-gpu-blocks-override %lld pages of %d tokens need %.2f GiB of host "
+                                "memory for the CPU KV pool, but %.2f of %.2f GiB are available now; give at most %lld "
+                                "pages, or leave the flag out (the pool is then sized from memory)",
+                                (long long)o->n_pages, bs, GIB((double)o->n_pages * pb), GIB(avail), GIB(total),
+                                (long long)(avail / pb));
+    }
     if (host && o->n_pages == 0 && kv_bytes > 0) { /* vLLM refuses a CPU KV size above the memory available */
         int64_t avail = 0, total = 0;
         if ((rc = dsv4_hostmem_info(&avail, &total, err))) return rc;
         if (kv_bytes > avail)
             return dsv4_err_set(err, DSV4_ENOMEM,
                                 "KV cache: %s asks for %.2f GiB of host memory for the CPU KV pool, but %.2f of %.2f GiB "
-                                "are available now; lower %s (or --max-model-len / --max-num-seqs with it), or free "
-                                "host memory",
+                                "are available now; lower %s, or free host memory",
                                 src, GIB(kv_bytes), GIB(avail), GIB(total), src);
         if (kv_bytes != o->kv_cache_bytes) {
             /* the parsed value: " 2" (Python's int() allows blanks) is logged as 2 */

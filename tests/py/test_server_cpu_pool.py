@@ -142,3 +142,7 @@ def test_refusals_say_what_fits_and_what_to_do():
     err = refusal("--num-gpu-blocks-override", "2")
     assert "the estimated maximum model length is 512." in err, err
     assert "give --max-model-len auto" in err, err
+    # an override larger than host memory (13 TB here) is refused naming the flag (before: "state layer 1: cpu:
+    # buf_alloc: ... bytes", or, below the allocator's limit, a pool that the OOM killer finds out)
+    err = refusal("--num-gpu-blocks-override", "100000000")
+    assert "--num-gpu-blocks-override 100000000 pages of 256 tokens need" in err and "give at most" in err, err
