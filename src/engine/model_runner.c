@@ -241,16 +241,17 @@ static int size_pool(dsv4_model_runner *mr, const dsv4_model_runner_opts *o, con
     if (np < 1)
         return dsv4_err_set(err, DSV4_EINVAL, "KV cache memory %lld bytes (%s) holds no page of %d tokens (%lld bytes each)",
                             (long long)kv_bytes, src, bs, (long long)pb);
+    int hr = o->host_ranks > 0 ? o->host_ranks : tp_size > 0 ? tp_size : 1; /* ranks sharing this host's memory */
     if (host && o->n_pages > 0 && pb > 0) { /* the override too: else malloc fails ("buf_alloc") or, lazily, the OOM killer */
         int64_t avail = 0, total = 0;
         if ((rc = dsv4_hostmem_info(&avail, &total, err))) return rc;
-        if (o->n_pages > avail / pb)
+        if (o->n_pages > avail / pb / hr)
             return dsv4_err_set(err, DSV4_ENOMEM,
                                 "KV cache: --num-gpu-blocks-override %lld pages of %d tokens need %.2f GiB of host "
                                 "memory for the CPU KV pool, but %.2f of %.2f GiB are available now; give at most %lld "
                                 "pages, or leave the flag out (the pool is then sized from memory)",
-                                (long long)o->n_pages, bs, GIB((double)o->n_pages * pb), GIB(avail), GIB(total),
-                                (long long)(avail / pb));
+                                (long long)o->n_pages, bs, GIB((double)o->n_pages * pb * hr), GIB(avail), GIB(total),
+                                (long long)(avail / pb / hr));
     }
     if (host && o->n_pages == 0 && kv_bytes > 0) { /* vLLM refuses a CPU KV size above the memory available */
         int64_t avail = 0, total = 0;
@@ -274,6 +275,20 @@ static int size_pool(dsv4_model_runner *mr, const dsv4_model_runner_opts *o, con
         }
     }
     if (np > INT32_MAX / 2) np = INT32_MAX / 2;
+    if (host && o->n_pages == 0 && kv_bytes <= 0 && !(o->gpu_mem_util > 0) && pb > 0) {
+        /* sized per slot with no memory bound (several nodes must hold the same pages, so
+         * none caps its pool by its own memory): refuse what this host cannot hold */
+        int64_t avail = 0, total = 0;
+        if ((rc = dsv4_hostmem_info(&avail, &total, err))) return rc;
+        if (np > avail / pb / hr)
+            return dsv4_err_set(err, DSV4_ENOMEM,
+                                "KV cache: every slot at max_model_len %d takes %lld pages of %d tokens, %.2f GiB of "
+                                "host memory for %d rank(s) here, but %.2f of %.2f GiB are available now (this pool "
+                                "is sized per slot, not by memory, as with --nnodes). Set VLLM_CPU_KVCACHE_SPACE "
+                                "(GiB) or --kv-cache-memory-bytes, or lower --max-model-len / --max-num-seqs (the "
+                                "same on every node)",
+                                o->max_len, (long long)np, bs, GIB((double)np * pb * hr), hr, GIB(avail), GIB(total));
+    }
     if (o->n_pages == 0 && kv_bytes <= 0 && o->gpu_mem_util > 0 && pb > 0) {
         /* The state's per-slot rings (window, compressor / indexer kv + score, block table) are
          * allocated with the pool but are not in pb: counted here, or they come out of the

@@ -69,6 +69,12 @@ typedef struct dsv4_model_runner_opts {
      * fails with DSV4_ENOMEM (vLLM's "to serve at least one request ...", with the
      * estimated maximum model length) unless fit_len. */
     double gpu_mem_util;
+    /* host_ranks: the ranks of this process that share its host memory (0 = the tp_size
+     * given to open). Without gpu_mem_util (several nodes, dsv4 run / perf) the CPU pool is
+     * sized per slot, unbounded; one larger than the host memory available for host_ranks
+     * such pools is DSV4_ENOMEM naming VLLM_CPU_KVCACHE_SPACE (before: it started, touched
+     * lazily, and the OOM killer found it out under load). */
+    int host_ranks;
     /* fit_len (--max-model-len auto): a memory-capped pool smaller than one max_len
      * request is kept (at least one page) instead of refused; the caller then serves
      * requests of at most the pool's tokens (vLLM's auto-fit of max_model_len). */

@@ -32,7 +32,7 @@ struct dsv4_multinode {
 /* What must agree across nodes, as one rank built it. */
 /* causes before consequences: a different --max-model-len also changes the page count */
 enum { P_MAX_LEN, P_SLOTS, P_MAX_SPEC, P_VOCAB, P_PAGE_TOKENS, P_PAGES, P_N };
-static const char *const P_NAME[P_N] = {"--max-model-len (dsv4 run: prompt tokens + --max-tokens + --spec)", "request slots (--max-num-seqs + prefix-cache slots)",
+static const char *const P_NAME[P_N] = {"--max-model-len", "request slots (--max-num-seqs + prefix-cache slots)",
                                         "speculative tokens (--speculative-config)", "vocabulary",
                                         "tokens per KV page (--block-size)",
                                         "KV pages (--kv-cache-memory-bytes / --num-gpu-blocks-override)"};
@@ -62,8 +62,11 @@ static int check_pools(dsv4_comm *c, const int64_t *mine, dsv4_err *err) {
         for (int f = 0; f < P_N; f++)
             if (p[f] != mine[f]) {
                 snprintf(verdict, sizeof verdict,
-                         "node %d has %lld %s, node 0 has %lld: start every node with the same serving flags", r,
-                         (long long)p[f], P_NAME[f], (long long)mine[f]);
+                         "node %d has %lld %s, node 0 has %lld: start every node with the same serving flags%s", r,
+                         (long long)p[f], P_NAME[f], (long long)mine[f],
+                         /* dsv4 run has no --max-model-len: its prompt and flags size it */
+                         f == P_MAX_LEN ? " (dsv4 run: the same --prompt, --max-tokens and --spec, which size it)"
+                                        : "");
                 break;
             }
     }
@@ -250,7 +253,9 @@ int dsv4_multinode_open_leader(dsv4_multinode *m, const char *dir, const dsv4_mo
                  m->o.master_addr, m->o.master_port, m->per_node);
         return 0;
     }
-    int rc = dsv4_model_runner_open_tp(dir, o, lo, 0, m->c->size, m->c, mr, err);
+    dsv4_model_runner_opts o1 = *o;
+    o1.host_ranks = 1; /* one rank per node: the host's memory is its own */
+    int rc = dsv4_model_runner_open_tp(dir, &o1, lo, 0, m->c->size, m->c, mr, err);
     if (rc) {
         m->c->abort(m->c); /* the followers are waiting for our pool: let them go */
         return rc;
@@ -333,7 +338,9 @@ int dsv4_multinode_follow(dsv4_multinode *m, const char *dir, const dsv4_model_r
         return rc;
     }
     dsv4_model_runner *mr = NULL;
-    int rc = dsv4_model_runner_open_tp(dir, o, lo, m->c->rank, m->c->size, m->c, &mr, err);
+    dsv4_model_runner_opts o1 = *o;
+    o1.host_ranks = 1; /* one rank per node: the host's memory is its own */
+    int rc = dsv4_model_runner_open_tp(dir, &o1, lo, m->c->rank, m->c->size, m->c, &mr, err);
     if (rc) {
         m->c->abort(m->c); /* node 0 fails at its pool check, naming this node */
         dsv4_err_prefix(err, "node %d: ", m->o.node_rank);

@@ -209,6 +209,7 @@ static void run_job_body(dsv4_tp_runner *t, tp_rank *r, float *logits0) {
     switch (t->job.op) {
     case JOB_OPEN: {
         dsv4_model_runner_opts mo = t->mo;
+        mo.host_ranks = t->n; /* this process's ranks share its host memory (-tp, or -tp / --nnodes) */
         if (t->gpu) {
             mo.device = DSV4_DEVICE_CUDA;
             mo.device_index = r->rank;

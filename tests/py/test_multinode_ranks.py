@@ -205,3 +205,37 @@ def test_follower_refuses_tp_not_a_multiple_of_nnodes_without_waiting():
         assert r.returncode == 2, r.stderr
         assert "--tensor-parallel-size 3 with --nnodes 2" in r.stderr and "give a multiple of 2" in r.stderr, r.stderr
         assert "rendezvous" not in r.stderr, r.stderr
+
+
+def mem_available():
+    with open("/proc/meminfo") as f:
+        for ln in f:
+            if ln.startswith("MemAvailable:"):
+                return int(ln.split()[1]) * 1024
+    return 0
+
+
+def test_per_slot_pool_larger_than_host_memory_is_refused():
+    """Several nodes size their pools per slot (not by memory): 72 slots x 1048576 tokens of this config are
+    36.6 GiB for the 2 ranks of a node. Where that exceeds the host memory available, both nodes refuse at start
+    naming VLLM_CPU_KVCACHE_SPACE (before: they started with a lazily touched pool the OOM killer would find)."""
+    if mem_available() > 36 * (1 << 30):
+        import pytest
+        pytest.skip("this host holds the pool")
+    args = (DSV4, "serve", CFG, *DUMMY, "--max-model-len", "1048576", "-tp", "4")
+    mport = free_triple()
+    common = ("--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(mport), "--node-rank")
+    f = subprocess.Popen([*args, *common, "1", "--port", str(free_port())], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, errors="replace", env=env())
+    try:
+        r0 = subprocess.run([*args, *common, "0", "--port", str(free_port())], capture_output=True, text=True,
+                            errors="replace", timeout=60, env=env())
+        _, err1 = f.communicate(timeout=40)
+    finally:
+        if f.poll() is None:
+            f.kill()
+            f.wait(timeout=10)
+    for rc, err in ((r0.returncode, r0.stderr), (f.returncode, err1)):
+        assert rc != 0, err
+        assert "KV cache: every slot at max_model_len 1048576 takes 294912 pages" in err, err
+        assert "for 2 rank(s) here" in err and "VLLM_CPU_KVCACHE_SPACE" in err, err
