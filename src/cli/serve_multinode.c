@@ -23,18 +23,25 @@ int dsv4_serve_join(const dsv4_serve_args *a, const char *dir, dsv4_multinode **
     return dsv4_multinode_join(&mo, out, err);
 }
 
+/* "dsv4 serve: node R: MSG", unless MSG names the node already (dsv4_multinode_follow's prefix) */
+static void say_failed(int node, const char *msg) {
+    char pre[32];
+    int n = snprintf(pre, sizeof pre, "node %d: ", node);
+    fprintf(stderr, "dsv4 serve: %s%s\n", strncmp(msg, pre, (size_t)n) ? pre : "", msg);
+}
+
 int dsv4_serve_follower(const dsv4_serve_args *a, dsv4_service_opts *so) {
     dsv4_err err = {0};
     dsv4_multinode *mn = NULL;
     if (dsv4_serve_join(a, so->model_dir, &mn, &err)) {
-        fprintf(stderr, "dsv4 serve: node %d: %s\n", a->node_rank, err.msg);
+        say_failed(a->node_rank, err.msg);
         return 1;
     }
     so->multinode = mn;
     int rc = dsv4_service_follow(so, &err);
     dsv4_multinode_free(mn);
     if (rc) {
-        fprintf(stderr, "dsv4 serve: node %d: %s\n", a->node_rank, err.msg);
+        say_failed(a->node_rank, err.msg);
         return 1;
     }
     return 0;

@@ -239,3 +239,4 @@ def test_per_slot_pool_larger_than_host_memory_is_refused():
         assert rc != 0, err
         assert "KV cache: every slot at max_model_len 1048576 takes 294912 pages" in err, err
         assert "for 2 rank(s) here" in err and "VLLM_CPU_KVCACHE_SPACE" in err, err
+    assert "dsv4 serve: node 1: rank " in err1 and "node 1: node 1:" not in err1, err1  # the node named once
