@@ -223,7 +223,7 @@ static int one_request_refusal(dsv4_err *err, const dsv4_model_runner_opts *o, i
  * found out by the OOM killer once requests fill it.
  */
 static int size_pool(dsv4_model_runner *mr, const dsv4_model_runner_opts *o, const int *ratios, int L, int bs,
-                     int64_t pb, int tp_size, int64_t *np_out, dsv4_err *err) {
+                     int64_t pb, int tp_rank, int tp_size, int64_t *np_out, dsv4_err *err) {
     int64_t per_slot = (o->max_len + bs - 1) / bs, np, kv_bytes = o->kv_cache_bytes;
     int host = !mr->be->mem_info, rc;
     const char *src = "--kv-cache-memory-bytes", *env = getenv("VLLM_CPU_KVCACHE_SPACE");
@@ -242,6 +242,7 @@ static int size_pool(dsv4_model_runner *mr, const dsv4_model_runner_opts *o, con
         return dsv4_err_set(err, DSV4_EINVAL, "KV cache memory %lld bytes (%s) holds no page of %d tokens (%lld bytes each)",
                             (long long)kv_bytes, src, bs, (long long)pb);
     int hr = o->host_ranks > 0 ? o->host_ranks : tp_size > 0 ? tp_size : 1; /* ranks sharing this host's memory */
+    int say = tp_rank % hr == 0; /* the sizing lines once per process, not once per rank (all size alike) */
     if (host && o->n_pages > 0 && pb > 0) { /* the override too: else malloc fails ("buf_alloc") or, lazily, the OOM killer */
         int64_t avail = 0, total = 0;
         if ((rc = dsv4_hostmem_info(&avail, &total, err))) return rc;
@@ -263,7 +264,7 @@ static int size_pool(dsv4_model_runner *mr, const dsv4_model_runner_opts *o, con
                                 src, GIB(kv_bytes), GIB(avail), GIB(total), src);
         if (kv_bytes != o->kv_cache_bytes) {
             /* the parsed value: " 2" (Python's int() allows blanks) is logged as 2 */
-            dsv4_log(DSV4_LOG_INFO, "KV cache: VLLM_CPU_KVCACHE_SPACE=%lld GiB on the CPU: %lld pages of %d tokens",
+            if (say) dsv4_log(DSV4_LOG_INFO, "KV cache: VLLM_CPU_KVCACHE_SPACE=%lld GiB on the CPU: %lld pages of %d tokens",
                      (long long)(kv_bytes >> 30), (long long)np, bs);
             if (np < per_slot && !o->fit_len) {
                 char held[96];
@@ -335,7 +336,7 @@ static int size_pool(dsv4_model_runner *mr, const dsv4_model_runner_opts *o, con
             todo0 = "Set VLLM_CPU_KVCACHE_SPACE (GiB) or --kv-cache-memory-bytes, raise --gpu-memory-utilization "
                     "(the fraction of host memory on the CPU), or free host memory.";
             /* vLLM reads VLLM_CPU_KVCACHE_SPACE=0 as unset (envs.py: int(...) or None): say so, not "unset" */
-            dsv4_log(DSV4_LOG_INFO,
+            if (say) dsv4_log(DSV4_LOG_INFO,
                      "KV cache: VLLM_CPU_KVCACHE_SPACE%s: the CPU pool may use %.2f GiB = %.3g "
                      "(--gpu-memory-utilization) x (%.2f GiB available host memory - %.2f GiB mapped weights) / %d "
                      "rank(s), less %.2f GiB of per-slot rings: %lld pages of %d tokens",
@@ -349,7 +350,7 @@ static int size_pool(dsv4_model_runner *mr, const dsv4_model_runner_opts *o, con
                                 held, bs, pb / 1048576.0, todo0);
         if (fit < per_slot && !o->fit_len) return one_request_refusal(err, o, bs, pb, per_slot, fit, held, todo);
         if (fit < np) {
-            dsv4_log(DSV4_LOG_INFO,
+            if (say) dsv4_log(DSV4_LOG_INFO,
                      "KV cache: %lld pages of %d tokens fit in %s; %lld would hold every slot at max_model_len",
                      (long long)fit, bs, held, (long long)np);
             np = fit;
@@ -425,7 +426,7 @@ int dsv4_model_runner_open_tp(const char *dir, const dsv4_model_runner_opts *o, 
     int64_t pb = dsv4_state_page_bytes(&mr->cfg, ratios, L, bs, (dsv4_kv_dtype)o->kv_dtype), np = 0;
     /* TP: every rank sizes the pool from the same whole-model config and options, so all hold the
      * same page ids and the engine's one set_pages (forwarded by the TP runner) maps them all */
-    if (o->n_pages >= 0 && (rc = size_pool(mr, o, ratios, L, bs, pb, tp_size, &np, err))) {
+    if (o->n_pages >= 0 && (rc = size_pool(mr, o, ratios, L, bs, pb, tp_rank, tp_size, &np, err))) {
         free(ratios);
         goto fail;
     }

@@ -146,3 +146,11 @@ def test_refusals_say_what_fits_and_what_to_do():
     # buf_alloc: ... bytes", or, below the allocator's limit, a pool that the OOM killer finds out)
     err = refusal("--num-gpu-blocks-override", "100000000")
     assert "--num-gpu-blocks-override 100000000 pages of 256 tokens need" in err and "give at most" in err, err
+
+
+def test_sizing_lines_once_per_process_with_tp(server_factory):
+    """-tp 2 on the CPU: the ranks size their pools alike; the sizing is logged once (before: once per rank)."""
+    s = server_factory(DEFAULT_MODEL, *COMMON, "-tp", "2", ready=True)
+    log = log_of(s)
+    assert log.count("KV cache: VLLM_CPU_KVCACHE_SPACE unset: the CPU pool may use") == 1, log
+    assert "/ 2 rank(s)" in log, log
