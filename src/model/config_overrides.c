@@ -192,7 +192,9 @@ int dsv4_config_load_ex(const char *dir, const char *overrides, dsv4_config *cfg
     if (rc) return rc;
     rc = dsv4_config_parse(merged, strlen(merged), "config.json with --hf-overrides", cfg, err);
     free(merged);
-    if (!rc)
+    /* once per process: every rank (and the service) loads the config, with the same overrides */
+    static int said;
+    if (!rc && !__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
         dsv4_log(DSV4_LOG_INFO, "--hf-overrides %s applied over %s%s%s", overrides, path, note[0] ? "; " : "", note);
     return rc;
 }

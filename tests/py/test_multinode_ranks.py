@@ -240,3 +240,11 @@ def test_per_slot_pool_larger_than_host_memory_is_refused():
         assert "KV cache: every slot at max_model_len 1048576 takes 294912 pages" in err, err
         assert "for 2 rank(s) here" in err and "VLLM_CPU_KVCACHE_SPACE" in err, err
     assert "dsv4 serve: node 1: rank " in err1 and "node 1: node 1:" not in err1, err1  # the node named once
+
+
+def test_hf_overrides_logged_once_per_process():
+    """Every rank loads the config: the '--hf-overrides ... applied over' line is said once (before: once per
+    rank and once for the service, 4 lines for -tp 4 in one process, each a whole JSON)."""
+    r = subprocess.run([*RUN, "-tp", "4"], capture_output=True, text=True, errors="replace", timeout=120, env=env())
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("--hf-overrides {") == 1, r.stderr
