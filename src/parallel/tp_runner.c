@@ -402,6 +402,14 @@ static int dispatch(dsv4_tp_runner *t, float *logits0, dsv4_err *err) {
     if (ff < 0 && job_is_forward(t->job.op) && t->n > 1) check_paths(t);
     if (ff < 0) return 0;
     if (t->local && t->comms) dsv4_comm_local_recover(t->comms[0]);
+    /* Several nodes: a rank whose failure is only that this process's first rank closed its connection
+     * (it aborted the group on seeing another node die) may reach note_fail before that rank does:
+     * report the first rank's own failure then, which names the node that died. */
+    if (ff != 0 && t->ranks[0].rc && t->world > t->n) {
+        char who[48];
+        snprintf(who, sizeof who, "rank %d (node ", t->rank0);
+        if (strstr(t->ranks[ff].err.msg, who) && strstr(t->ranks[ff].err.msg, "closed the connection")) ff = 0;
+    }
     tp_rank *r = &t->ranks[ff];
     dsv4_err_set(err, r->rc, "%s", r->err.msg);
     if (t->world > 1) dsv4_err_prefix(err, "rank %d: ", t->rank0 + ff);
