@@ -21,6 +21,15 @@ def free_port():
         return s.getsockname()[1]
 
 
+def mem_available():
+    """MemAvailable of /proc/meminfo in bytes (0 when absent): what the CPU KV pool is bounded by."""
+    with open("/proc/meminfo") as f:
+        for ln in f:
+            if ln.startswith("MemAvailable:"):
+                return int(ln.split()[1]) * 1024
+    return 0
+
+
 class Server:
     """A `dsv4 serve` process on a free loopback port; stopped on exit."""
 

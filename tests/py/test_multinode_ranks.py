@@ -14,7 +14,7 @@ import os
 import subprocess
 import urllib.request
 
-from conftest import DSV4, ROOT, Server, free_port
+from conftest import DSV4, ROOT, Server, free_port, mem_available
 
 CFG = os.path.join(ROOT, "configs", "deepseek-v4-flash-0731")
 OV = json.dumps({"num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 4, "head_dim": 128,
@@ -205,14 +205,6 @@ def test_follower_refuses_tp_not_a_multiple_of_nnodes_without_waiting():
         assert r.returncode == 2, r.stderr
         assert "--tensor-parallel-size 3 with --nnodes 2" in r.stderr and "give a multiple of 2" in r.stderr, r.stderr
         assert "rendezvous" not in r.stderr, r.stderr
-
-
-def mem_available():
-    with open("/proc/meminfo") as f:
-        for ln in f:
-            if ln.startswith("MemAvailable:"):
-                return int(ln.split()[1]) * 1024
-    return 0
 
 
 def test_per_slot_pool_larger_than_host_memory_is_refused():

@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from conftest import DEFAULT_MODEL, DSV4, free_port
+from conftest import DEFAULT_MODEL, DSV4, free_port, mem_available
 
 
 def log_of(server):
@@ -31,14 +31,6 @@ def metric(base, name):
 def models_max_len(base):
     with urllib.request.urlopen(base + "/v1/models", timeout=30) as r:
         return json.loads(r.read())["data"][0]["max_model_len"]
-
-
-def mem_available():
-    with open("/proc/meminfo") as f:
-        for ln in f:
-            if ln.startswith("MemAvailable:"):
-                return int(ln.split()[1]) * 1024
-    return 0
 
 
 COMMON = ["--device", "cpu", "--max-model-len", "512", "--max-num-seqs", "2"]
