@@ -309,6 +309,22 @@ int dsv4_nccl_unique_id(uint8_t id[DSV4_NCCL_ID_BYTES], dsv4_err *err) {
     return 0;
 }
 
+/* The communicator handle of one rank (every constructor below fills it the same way). */
+static void rank_handle(nccl_rank *r, int rank, int size) {
+    r->c = (dsv4_comm){"nccl", rank, size, r, n_all_reduce, n_all_gather, n_broadcast, n_barrier, n_abort, n_free, 1};
+}
+
+/* 0 when n GPUs are visible; else the error, starting with `what` (who asks for them, with its verb). */
+static int need_gpus(int n, const char *what, dsv4_err *err) {
+    int have = dsv4_cuda_visible_devices(err);
+    if (have < 0) return err ? (err->code ? err->code : DSV4_EBACKEND) : DSV4_EBACKEND;
+    if (have < n)
+        return dsv4_err_set(err, DSV4_EINVAL,
+                            "%s %d GPUs on this host, but %d %s visible (CUDA_VISIBLE_DEVICES / the GPUs present)",
+                            what, n, have, have == 1 ? "is" : "are");
+    return 0;
+}
+
 int dsv4_comm_nccl_create(int rank, int size, const uint8_t id[DSV4_NCCL_ID_BYTES], dsv4_comm **out,
                           dsv4_err *err) {
     *out = NULL;
@@ -318,7 +334,7 @@ int dsv4_comm_nccl_create(int rank, int size, const uint8_t id[DSV4_NCCL_ID_BYTE
     if (rc) return rc;
     nccl_rank *r = calloc(1, sizeof *r);
     if (!r) return dsv4_err_set(err, DSV4_ENOMEM, "NCCL: out of memory");
-    r->c = (dsv4_comm){"nccl", rank, size, r, n_all_reduce, n_all_gather, n_broadcast, n_barrier, n_abort, n_free, 1};
+    rank_handle(r, rank, size);
     nccl_id u;
     memcpy(u.internal, id, DSV4_NCCL_ID_BYTES);
     if ((rc = nerr(r, N.comm_init_rank(&r->comm, size, u, rank), "ncclCommInitRank", err))) {
@@ -343,13 +359,10 @@ int dsv4_cuda_visible_devices(dsv4_err *err) {
 int dsv4_comm_nccl_create_all(int n, dsv4_comm **ranks, dsv4_err *err) {
     for (int i = 0; i < n && i < 64; i++) ranks[i] = NULL;
     if (n < 1 || n > 64) return dsv4_err_set(err, DSV4_EINVAL, "NCCL: %d ranks outside [1,64]", n);
-    int have = dsv4_cuda_visible_devices(err);
-    if (have < 0) return err ? (err->code ? err->code : DSV4_EBACKEND) : DSV4_EBACKEND;
-    if (have < n)
-        return dsv4_err_set(err, DSV4_EINVAL,
-                            "--tensor-parallel-size %d needs %d GPUs on this host, but %d %s visible "
-                            "(CUDA_VISIBLE_DEVICES / the GPUs present)",
-                            n, n, have, have == 1 ? "is" : "are");
+    char what[64];
+    snprintf(what, sizeof what, "--tensor-parallel-size %d needs", n);
+    int rc = need_gpus(n, what, err);
+    if (rc) return rc;
     nccl_comm_t comms[64];
     int devs[64];
     for (int i = 0; i < n; i++) devs[i] = i;
@@ -365,7 +378,7 @@ int dsv4_comm_nccl_create_all(int n, dsv4_comm **ranks, dsv4_err *err) {
             }
             return dsv4_err_set(err, DSV4_ENOMEM, "NCCL: out of memory");
         }
-        r->c = (dsv4_comm){"nccl", i, n, r, n_all_reduce, n_all_gather, n_broadcast, n_barrier, n_abort, n_free, 1};
+        rank_handle(r, i, n);
         r->comm = comms[i];
         ranks[i] = &r->c;
     }
@@ -426,13 +439,10 @@ int dsv4_comm_nccl_create_ranks(int first, int n, int size, const uint8_t id[DSV
     for (int i = 0; i < n && i < 64; i++) out[i] = NULL;
     if (n < 1 || n > 64 || first < 0 || first + n > size)
         return dsv4_err_set(err, DSV4_EINVAL, "NCCL: ranks %d..%d of %d", first, first + n - 1, size);
-    int have = dsv4_cuda_visible_devices(err);
-    if (have < 0) return err ? (err->code ? err->code : DSV4_EBACKEND) : DSV4_EBACKEND;
-    if (have < n)
-        return dsv4_err_set(err, DSV4_EINVAL,
-                            "%d ranks per node need %d GPUs on this host, but %d %s visible "
-                            "(CUDA_VISIBLE_DEVICES / the GPUs present)",
-                            n, n, have, have == 1 ? "is" : "are");
+    char what[64];
+    snprintf(what, sizeof what, "%d ranks per node need", n);
+    int rc = need_gpus(n, what, err);
+    if (rc) return rc;
     if (!N.group_start || !N.group_end || !N.set_device || !N.get_device)
         return dsv4_err_set(err, DSV4_EUNSUPPORTED,
                             "NCCL: ncclGroupStart/End or cudaSetDevice missing (several ranks per node need them)");
@@ -458,7 +468,7 @@ int dsv4_comm_nccl_create_ranks(int first, int n, int size, const uint8_t id[DSV
     }
     nccl_res res_end = res ? 0 : N.group_end(); /* close the group we opened, whatever happened inside */
     N.set_device(dev0);
-    int rc = 0;
+    rc = 0;
     if (res) rc = dsv4_err_set(err, DSV4_EBACKEND, "NCCL: ncclGroupStart: %s", N.errstr(res));
     else if (cuda_bad >= 0) rc = dsv4_err_set(err, DSV4_EBACKEND, "NCCL: cudaSetDevice(%d) failed", cuda_bad);
     else if (res_init || res_end)
@@ -470,8 +480,7 @@ int dsv4_comm_nccl_create_ranks(int first, int n, int size, const uint8_t id[DSV
             free(rk[i]);
             continue;
         }
-        rk[i]->c = (dsv4_comm){"nccl", first + i, size, rk[i], n_all_reduce, n_all_gather, n_broadcast, n_barrier,
-                               n_abort, n_free, 1};
+        rank_handle(rk[i], first + i, size);
         out[i] = &rk[i]->c;
     }
     return rc;
