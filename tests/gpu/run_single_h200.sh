@@ -10,7 +10,8 @@
 # Runs from a folder holding bin/ (dsv4, dsv4-gpu-conformance, test_device_equiv; -DDSV4_CUDA=ON), lib/,
 # v4-0731/, configs/, models/ or models.tar.xz. Output: $OUT. Env: SKIP_CHECK, SKIP_PERF, SKIP_SERVE,
 # LAYERS (perf layer counts, default "8 24"), LBIG (serve layers, default 24), KVS_PERF (default "fp8_ds_mla f32"),
-# PREFILL (prompt lengths, default 8192). bin/ and models/ may travel as bin.tar.xz / models.tar.xz.
+# PREFILL (prompt lengths, default 8192), SERVE_EXTRA (more `dsv4 serve` flags, e.g. --gpu-memory-utilization 0.98;
+# the GPU memory in use is sampled every 0.5 s while the server runs and its peak printed). bin/ and models/ may travel as bin.tar.xz / models.tar.xz.
 set -uo pipefail
 D=${DIR:-$(pwd)}
 G=$(cd "$(dirname "$0")" && pwd)
@@ -50,11 +51,14 @@ if [ -z "${SKIP_SERVE:-}" ]; then
   PORT=${PORT:-8897}
   bin/dsv4 serve v4-0731 --load-format dummy --hf-overrides "{\"num_hidden_layers\": $LBIG}" --device cuda \
     --port "$PORT" --max-model-len 1048576 --max-num-seqs 32 \
-    --speculative-config '{"method":"dspark","num_speculative_tokens":5}' > "$OUTD/serve_L$LBIG.log" 2>&1 &
+    --speculative-config '{"method":"dspark","num_speculative_tokens":5}' ${SERVE_EXTRA:-} > "$OUTD/serve_L$LBIG.log" 2>&1 &
   SP=$!
+  nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader,nounits -lms 500 > "$OUTD/serve_mem.csv" 2>/dev/null &
+  MP=$!
   timeout 150 python3 "$G/serve_concurrency.py" "$PORT" 8 48 2>&1 | tee "$OUTD/serve_concurrency.txt"
   echo "serve check rc=${PIPESTATUS[0]} (\"start to ready\" counts from the server's launch)"
-  kill "$SP" 2>/dev/null; sleep 3; kill -9 "$SP" 2>/dev/null
+  kill "$SP" 2>/dev/null; sleep 3; kill -9 "$SP" 2>/dev/null; kill "$MP" 2>/dev/null
+  sort -n "$OUTD/serve_mem.csv" | tail -1 | awk -F, '{print "serve: peak GPU memory in use " $1 " of " $2 " MiB"}'
   grep -hE "KV cache pool|ready:|ERROR|WARN|graphs|concurrency" "$OUTD/serve_L$LBIG.log" | head -12
 fi
 # only a few files come back from the device tool: pack the outputs into one archive
