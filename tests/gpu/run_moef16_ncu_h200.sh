@@ -10,7 +10,7 @@ mkdir -p "$O"
 [ -d bin ] || tar -xJf bin.tar.xz
 T0=$(date +%s)
 t() { echo "[$(( $(date +%s) - T0 )) s] $*"; }
-PO='{"num_hidden_layers": 2}'
+PO='{"num_hidden_layers": 3}'
 for v in 1 0; do
   DSV4_CUDA_MOE_F16=$v timeout 100 ncu --clock-control none --kernel-name regex:k_moe_gemm --launch-count 2 \
     --section SpeedOfLight --section ComputeWorkloadAnalysis --section SchedulerStats --section WarpStateStats \
