@@ -7,7 +7,12 @@
  * bytes. E2M1 -> E4M3 is a pure bit move (cuda_internal.cuh
  * fp4x8_to_e4m3, ~1 op per value), after which the FP8 mma does the math;
  * the weights are repacked at upload (cuda_weights.cu) so each mma step sees
- * one scale group per row.
+ * one scale group per row. On sm_90 that FP8 mma.sync is itself 2 FP16
+ * HMMAs + conversions + 4 FADDs, so the expert kernels by default convert
+ * E4M3 -> FP16 themselves and call the FP16 mma (fp4x8_to_f16,
+ * mma_e4m3_f16; same HMMA inputs, same results bit for bit, ~6-18% fewer
+ * instructions; DSV4_CUDA_MOE_F16=0 selects the FP8 form,
+ * bench/results/2026-12-01-moe-f16-h200.md).
  *
  * The MoE of a step: the tokens' top-k choices are grouped by expert on the
  * device (no host round trip, so it can live in a CUDA graph), then one
@@ -463,7 +468,9 @@ static int launch_moe_fp4(dsv4_cuda_ctx *c, const Fp4Args &a, int slots, dsv4_er
  * and BN = 8·NTW·WN activation rows (gathered through the token list) go
  * through shared memory in 128-column chunks, MG_STAGES deep (cp.async).
  * Each warp converts its 4 weight tiles E2M1 -> E4M3 once per chunk and
- * multiplies them against 8·NTW rows with m16n8k32 FP8 mma. Tile work items
+ * multiplies them against 8·NTW rows with m16n8k32 FP8 mma (F16 = true,
+ * the default: E2M1 -> E4M3 -> FP16 and the activations E4M3 -> FP16 once
+ * per chunk step, two m16n8k16 FP16 mma per k32 step). Tile work items
  * (slot | row group << 16) come from k_group_scan; blocks past the count
  * exit at once (the grid is sized by an upper bound, graph-capturable).
  *
