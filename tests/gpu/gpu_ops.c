@@ -14,6 +14,7 @@
  *   dsv4-gpu-ops --perf          correctness, then timings
  *   dsv4-gpu-ops --perf-only     timings only
  *   dsv4-gpu-ops --prefill       prefill sizes (n = 64..8192): GEMM vs decode kernels
+ *   dsv4-gpu-ops --moe [--perf]  MoE only: FP16-mma expert kernels == FP8-mma form bit for bit (+ timings of both)
  * Exit status 1 when any correctness case fails.
  *
  * The CPU reference lives here until the CPU backend (branch cpufwd)
@@ -774,6 +775,9 @@ static int op_moe(int rep, void *a_, dsv4_err *err) {
                          a->w + (size_t)s * a->n * a->topk, a->topk, NULL, a->y, DSV4_CUDA_OUT_BF16, err);
 }
 
+/* --moe: time (and check) both forms of the expert kernels, DSV4_CUDA_MOE_F16 = 0 and 1 */
+static int g_f16_ab = 0;
+
 static void perf_moe(moe_set *m) {
     const int ns[] = {1, 2, 4, 6, 8, 16, 32, 64};
     const int topk = 6, nsets = 16;
@@ -802,11 +806,16 @@ static void perf_moe(moe_set *m) {
         distinct /= nsets;
         a.ids = dup_up(ids, (size_t)nsets * a.n * topk * 4);
         a.w = dup_up(wts, (size_t)nsets * a.n * topk * 4);
-        double us = time_graph(op_moe, &a, 32);
-        char shape[64];
-        snprintf(shape, sizeof shape, "E=%d top%d (%.1f experts)", m->E, topk, distinct);
-        print_perf("moe_fp4", shape, a.n, us, distinct * per_expert,
-                   2.0 * 3 * a.n * topk * (double)m->dm * m->dff);
+        for (int v = g_f16_ab ? 0 : -1; v <= (g_f16_ab ? 1 : -1); v++) { /* --moe: FP8 mma, FP16 mma */
+            if (v >= 0) setenv("DSV4_CUDA_MOE_F16", v ? "1" : "0", 1);
+            double us = time_graph(op_moe, &a, 32);
+            char shape[64];
+            snprintf(shape, sizeof shape, "E=%d top%d (%.1f exp)%s", m->E, topk, distinct,
+                     v < 0 ? "" : v ? " f16" : " fp8");
+            print_perf("moe_fp4", shape, a.n, us, distinct * per_expert,
+                       2.0 * 3 * a.n * topk * (double)m->dm * m->dff);
+        }
+        if (g_f16_ab) unsetenv("DSV4_CUDA_MOE_F16");
         dsv4_cuda_free(G, a.ids);
         dsv4_cuda_free(G, a.w);
     }
@@ -1189,6 +1198,43 @@ static void t_linear_prefill(const char *label, int64_t R, int64_t K, int n) {
     free_lin(&h);
 }
 
+/*
+ * --moe: the FP16-mma expert kernels (DSV4_CUDA_MOE_F16=1, default) against
+ * their FP8-mma form (=0) on the same input: the same HMMA inputs in the same
+ * k split, so the outputs must be equal bit for bit (tolerance 0). cfg -1:
+ * the decode kernel k_fp4; 0: the default choice; 1..: a forced GEMM shape.
+ */
+static void t_moe_f16(moe_set *m, int n, int cfg) {
+    const int topk = 6;
+    size_t nx = (size_t)n * m->dm;
+    float *x = malloc(nx * 4), *y0 = malloc(nx * 4), *y1 = malloc(nx * 4);
+    int *ids = malloc((size_t)n * topk * 4);
+    float *wts = malloc((size_t)n * topk * 4);
+    fill_act(x, nx, (int)m->dm);
+    pick_ids_skewed(ids, wts, n, topk, m->E);
+    float *dx = dup_up(x, nx * 4), *dy = dalloc(nx * 4), *dw = dup_up(wts, (size_t)n * topk * 4);
+    int *dids = dup_up(ids, (size_t)n * topk * 4);
+    dsv4_err err = {0};
+    set_paths_cfg(cfg < 0 ? 0 : cfg == 0 ? 2 : 1, cfg < 0 ? 0 : cfg);
+    for (int v = 0; v < 2; v++) {
+        setenv("DSV4_CUDA_MOE_F16", v ? "1" : "0", 1);
+        poison(dy, nx * 4);
+        DIE_IF(dsv4_cuda_moe(G, &m->dev, dx, n, dids, dw, topk, NULL, dy, 0, &err), err);
+        DIE_IF(dsv4_cuda_sync(G, &err), err);
+        down(v ? y1 : y0, dy, nx * 4);
+    }
+    unsetenv("DSV4_CUDA_MOE_F16");
+    set_paths(2);
+    size_t ndiff = 0;
+    for (size_t i = 0; i < nx; i++) ndiff += memcmp(&y0[i], &y1[i], 4) != 0;
+    char shape[96];
+    snprintf(shape, sizeof shape, "n=%d %s%d f16==fp8 (%zu differ)", n, cfg < 0 ? "k_fp4" : "cfg ",
+             cfg < 0 ? 0 : cfg, ndiff);
+    report("moe_f16", shape, y1, y0, nx, ndiff ? -1.0 : 0.0);
+    dsv4_cuda_free(G, dx); dsv4_cuda_free(G, dy); dsv4_cuda_free(G, dw); dsv4_cuda_free(G, dids);
+    free(x); free(y0); free(y1); free(ids); free(wts);
+}
+
 static void perf_moe_prefill(moe_set *m) {
     const int ns[] = {256, 512, 1365, 4096, 8192};
     const int topk = 6, nsets = 2, nmax = 8192;
@@ -1213,12 +1259,17 @@ static void perf_moe_prefill(moe_set *m) {
         const double flops = 2.0 * 3 * a.n * topk * (double)m->dm * m->dff;
         for (int cfg = -1; cfg <= MOE_CFGS; cfg++) { /* -1 k_fp4, 0 default, 1.. forced GEMM shape */
             set_paths_cfg(cfg < 0 ? 0 : cfg == 0 ? 2 : 1, cfg < 0 ? 0 : cfg);
-            double us = time_graph(op_moe, &a, a.n >= 4096 ? 3 : 8);
-            char shape[64];
-            if (cfg < 0) snprintf(shape, sizeof shape, "skewed top6 k_fp4");
-            else if (cfg == 0) snprintf(shape, sizeof shape, "skewed top6 default");
-            else snprintf(shape, sizeof shape, "skewed top6 gemm cfg %d", cfg);
-            print_perf("moe_pf", shape, a.n, us, all_bytes, flops);
+            for (int v = g_f16_ab ? 0 : -1; v <= (g_f16_ab ? 1 : -1); v++) {
+                if (v >= 0) setenv("DSV4_CUDA_MOE_F16", v ? "1" : "0", 1);
+                double us = time_graph(op_moe, &a, a.n >= 4096 ? 3 : 8);
+                const char *vs = v < 0 ? "" : v ? " f16" : " fp8";
+                char shape[64];
+                if (cfg < 0) snprintf(shape, sizeof shape, "skewed top6 k_fp4%s", vs);
+                else if (cfg == 0) snprintf(shape, sizeof shape, "skewed top6 default%s", vs);
+                else snprintf(shape, sizeof shape, "skewed top6 gemm cfg %d%s", cfg, vs);
+                print_perf("moe_pf", shape, a.n, us, all_bytes, flops);
+            }
+            if (g_f16_ab) unsetenv("DSV4_CUDA_MOE_F16");
         }
         dsv4_cuda_free(G, a.ids);
         dsv4_cuda_free(G, a.w);
@@ -1287,8 +1338,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--prefill")) prefill = 1, correct = 0; /* prefill sizes only */
         else if (!strcmp(argv[i], "--prefill-check")) prefill = 2, correct = 0; /* the same, no timings */
         else if (!strcmp(argv[i], "--prefill-linear")) prefill = 3, correct = 0; /* FP8 linear timings only */
+        else if (!strcmp(argv[i], "--moe")) g_f16_ab = 1, correct = 0; /* MoE: FP16 vs FP8 mma, checks + timings */
         else {
-            fprintf(stderr, "usage: %s [--tiny] [--perf | --perf-only | --prefill]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--tiny] [--perf | --perf-only | --prefill | --moe [--perf]]\n", argv[0]);
             return 2;
         }
     }
@@ -1324,6 +1376,23 @@ int main(int argc, char **argv) {
         DIE_IF(dsv4_cuda_sync(G, &err), err);
         printf("profile launches done\n");
         return 0;
+    }
+    if (g_f16_ab) {
+        printf("== MoE expert kernels: FP16 mma (DSV4_CUDA_MOE_F16=1) vs FP8 mma (=0), bit for bit\n");
+        moe_make(&flash, 256, 4096, 2048);
+        have_flash = 1;
+        const int dec[] = {1, 6, 64, 300};
+        for (int i = 0; i < 4; i++) t_moe_f16(&flash, dec[i], -1);
+        for (int cfg = 0; cfg <= MOE_CFGS; cfg++) t_moe_f16(&flash, 1365, cfg);
+        t_moe_f16(&flash, 4096, 0);
+        t_moe_f16(&flash, 8192, 0);
+        printf("\nmoe f16 correctness: %d passed, %d failed\n", n_pass, n_fail);
+        if (perf) {
+            printf("\n== MoE timings, both forms (graph replay)\n");
+            perf_moe(&flash);
+            perf_moe_prefill(&flash);
+        }
+        goto out;
     }
     if (correct) {
         printf("== correctness: tiny shapes\n");

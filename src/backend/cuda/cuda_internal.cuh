@@ -154,6 +154,86 @@ __device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1
 #endif
 }
 
+/*
+ * The same 8 E2M1 values -> four FP16x2 fragment registers for the native
+ * FP16 mma (m16n8k16). Why: on sm_90 the FP8 mma.sync above is not native;
+ * ptxas lowers each to 2 FP16 HMMAs, E4M3->F16 conversions and 4 FADDs that
+ * add the (zero) C afterwards (bench/results/
+ * 2026-12-01-moe-decode-kernels-h200.md). Doing the conversion here, once
+ * per fragment, and calling the FP16 mma directly keeps the conversions and
+ * drops the FADDs. Route: the E4M3 bit move above (5 ops), then one
+ * cvt.f16x2.e4m3x2 per pair: 9 ops per 8 values. A direct E2M1 -> FP16 bit
+ * move (s<<15 | e1e0m<<9 is exactly 2^-14 x the value) needs ~16 ops in
+ * this nibble order (sign and magnitude move by different distances):
+ * measured statically, more instructions per chunk, so not used.
+ * Values are 2^-6 x the E2M1 value, as fp4x8_to_e4m3's. Order (w byte j =
+ * column 2j in the low nibble, 2j+1 in the high one): f[0] = columns (0, 2),
+ * f[1] = (1, 3), f[2] = (4, 6), f[3] = (5, 7), low half first: the k split
+ * in which ptxas lowers the FP8 m16n8k32 into two k16 HMMAs (f[0], f[1]
+ * feed the first as a0/a2, f[2], f[3] the second), so the HMMA inputs are
+ * the FP8 path's and the result is the same bit for bit.
+ */
+__device__ __forceinline__ void fp4x8_to_f16(uint32_t w, uint32_t (&f)[4]) {
+    uint32_t lo, hi;
+    fp4x8_to_e4m3(w, lo, hi);
+    asm("{.reg .b16 l, h;\n"
+        " mov.b32 {l, h}, %4;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %2, h;\n"
+        " mov.b32 {l, h}, %5;\n cvt.rn.f16x2.e4m3x2 %1, l;\n cvt.rn.f16x2.e4m3x2 %3, h;}\n"
+        : "=r"(f[0]), "=r"(f[1]), "=r"(f[2]), "=r"(f[3])
+        : "r"(lo), "r"(hi));
+}
+
+/*
+ * Eight E4M3 bytes (x: columns 0..3, y: 4..7) -> the four FP16x2 B registers
+ * in fp4x8_to_f16's column order (exact: every E4M3 value is an fp16).
+ */
+__device__ __forceinline__ void e4m3x8_to_f16(uint32_t x, uint32_t y, uint32_t (&f)[4]) {
+    const uint32_t p0 = __byte_perm(x, 0, 0x3120), p1 = __byte_perm(y, 0, 0x3120);
+    asm("{.reg .b16 l, h;\n"
+        " mov.b32 {l, h}, %4;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n"
+        " mov.b32 {l, h}, %5;\n cvt.rn.f16x2.e4m3x2 %2, l;\n cvt.rn.f16x2.e4m3x2 %3, h;}\n"
+        : "=r"(f[0]), "=r"(f[1]), "=r"(f[2]), "=r"(f[3])
+        : "r"(p0), "r"(p1));
+}
+
+/* D += A·B, m16n8k16, FP16 x FP16 -> fp32 (native on sm_80+). Fragments as
+ * in the PTX ISA: lane 4·g + t holds A rows g, g+8 at k = 2t, 2t+1 (a0, a1)
+ * and 2t+8, 2t+9 (a2, a3), B column g at the same k (b0, b1). */
+__device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                        uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+/* Four E4M3 bytes -> two FP16x2: lo = bytes (0, 1), hi = bytes (2, 3). */
+__device__ __forceinline__ void e4m3x4_to_f16(uint32_t x, uint32_t &lo, uint32_t &hi) {
+    asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;}\n"
+        : "=r"(lo), "=r"(hi)
+        : "r"(x));
+}
+
+/*
+ * d = A·B from zero with mma_e4m3's fragments, through the FP16 mma: the
+ * k split ptxas uses for mma_e4m3 on sm_90 (bytes 0-1 of every register,
+ * then bytes 2-3), without the FADDs it adds for C. Same result bit for
+ * bit as mma_e4m3 from a zero d (a -0 sum may come out -0 instead of +0).
+ */
+__device__ __forceinline__ void mma_e4m3_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                             uint32_t b0, uint32_t b1) {
+    uint32_t f[6][2];
+    e4m3x4_to_f16(a0, f[0][0], f[0][1]);
+    e4m3x4_to_f16(a1, f[1][0], f[1][1]);
+    e4m3x4_to_f16(a2, f[2][0], f[2][1]);
+    e4m3x4_to_f16(a3, f[3][0], f[3][1]);
+    e4m3x4_to_f16(b0, f[4][0], f[4][1]);
+    e4m3x4_to_f16(b1, f[5][0], f[5][1]);
+    mma_f16(d, f[0][0], f[1][0], f[2][0], f[3][0], f[4][0], f[5][0]);
+    mma_f16(d, f[0][1], f[1][1], f[2][1], f[3][1], f[4][1], f[5][1]);
+}
+
 /* Streaming 16-byte weight load: read once per step, keep it out of L1. */
 __device__ __forceinline__ uint4 ld_stream(const void *p) {
     uint4 v;

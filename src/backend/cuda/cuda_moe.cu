@@ -7,7 +7,12 @@
  * bytes. E2M1 -> E4M3 is a pure bit move (cuda_internal.cuh
  * fp4x8_to_e4m3, ~1 op per value), after which the FP8 mma does the math;
  * the weights are repacked at upload (cuda_weights.cu) so each mma step sees
- * one scale group per row.
+ * one scale group per row. On sm_90 that FP8 mma.sync is itself 2 FP16
+ * HMMAs + conversions + 4 FADDs, so the expert kernels by default convert
+ * E4M3 -> FP16 themselves and call the FP16 mma (fp4x8_to_f16,
+ * mma_e4m3_f16; same HMMA inputs, same results bit for bit, ~6-18% fewer
+ * instructions; DSV4_CUDA_MOE_F16=0 selects the FP8 form,
+ * bench/results/2026-12-01-moe-f16-h200.md).
  *
  * The MoE of a step: the tokens' top-k choices are grouped by expert on the
  * device (no host round trip, so it can live in a CUDA graph), then one
@@ -64,7 +69,7 @@ __device__ __forceinline__ float moe_h(float g, float u, float wk, int flags) {
  * expert slot (GATEUP/DOWN) or the 8·NT-row group (PLAIN). Columns of the
  * mma are the rows of the step that chose this expert, 8·NT per pass.
  */
-template <int NT, int MODE, bool FQ, int MINB = 1>
+template <int NT, int MODE, bool FQ, int MINB = 1, bool F16 = false>
 __global__ void __launch_bounds__(256, MINB) k_fp4(Fp4Args a) {
     pdl_trigger();
     pdl_wait(); /* the expert list and x come from the previous kernels */
@@ -190,7 +195,9 @@ __global__ void __launch_bounds__(256, MINB) k_fp4(Fp4Args a) {
                         fp4x8_to_e4m3(wv[2 * s], lo0, hi0);     /* row g   */
                         fp4x8_to_e4m3(wv[2 * s + 1], lo1, hi1); /* row g+8 */
                         float d[4] = {0.f, 0.f, 0.f, 0.f};
-                        mma_e4m3(d, lo0, lo1, hi0, hi1, b0[s], b1[s]);
+                        /* F16: the FP16 mma directly, without the lowering's FADDs */
+                        if (F16) mma_e4m3_f16(d, lo0, lo1, hi0, hi1, b0[s], b1[s]);
+                        else mma_e4m3(d, lo0, lo1, hi0, hi1, b0[s], b1[s]);
                         /* 2^6 undoes the E2M1 -> E4M3 bit move */
                         const float ws0 = e8m0_to_f32((sc[m].x >> (8 * s)) & 0xffu) * 64.f;
                         const float ws1 = e8m0_to_f32((sc[m].y >> (8 * s)) & 0xffu) * 64.f;
@@ -461,7 +468,9 @@ static int launch_moe_fp4(dsv4_cuda_ctx *c, const Fp4Args &a, int slots, dsv4_er
  * and BN = 8·NTW·WN activation rows (gathered through the token list) go
  * through shared memory in 128-column chunks, MG_STAGES deep (cp.async).
  * Each warp converts its 4 weight tiles E2M1 -> E4M3 once per chunk and
- * multiplies them against 8·NTW rows with m16n8k32 FP8 mma. Tile work items
+ * multiplies them against 8·NTW rows with m16n8k32 FP8 mma (F16 = true,
+ * the default: E2M1 -> E4M3 -> FP16 and the activations E4M3 -> FP16 once
+ * per chunk step, two m16n8k16 FP16 mma per k32 step). Tile work items
  * (slot | row group << 16) come from k_group_scan; blocks past the count
  * exit at once (the grid is sized by an upper bound, graph-capturable).
  *
@@ -478,7 +487,7 @@ static int launch_moe_fp4(dsv4_cuda_ctx *c, const Fp4Args &a, int slots, dsv4_er
 #define MG_STAGES 4
 #define MG_LDB 160
 
-template <int MODE, int NTW, int WN, bool PART>
+template <int MODE, int NTW, int WN, bool PART, bool F16>
 __global__ void __launch_bounds__(64 * WN, WN == 4 && !PART ? 2 : 1) k_moe_gemm(Fp4Args a, const int *__restrict__ tiles) {
     constexpr int NTH = 64 * WN, BN = 8 * NTW * WN; /* threads; rows per tile */
     constexpr int SA = 8 * 1024, SAS = 8 * 64, SB = BN * MG_LDB;
@@ -596,7 +605,48 @@ __global__ void __launch_bounds__(64 * WN, WN == 4 && !PART ? 2 : 1) k_moe_gemm(
                     part[mt][nt][0] = part[mt][nt][1] = part[mt][nt][2] = part[mt][nt][3] = 0.f;
         }
 #pragma unroll
-        for (int s = 0; s < 4; s++) {
+        for (int s = 0; s < 4 && F16; s++) {
+            /* F16 (default): each operand converted once per chunk step, not
+             * once per mma (mma_e4m3 is 2 HMMAs + 10 conversions on sm_90); the
+             * same HMMA inputs in the same k split, so the same sums */
+            uint32_t bf[NTW][4];
+#pragma unroll
+            for (int nt = 0; nt < NTW; nt++) {
+                const int tl = wn * (NTW * 8) + nt * 8;
+                const uint2 xv = *(const uint2 *)(base + SA + SAS + (tl + g) * MG_LDB + 32 * s + 8 * t);
+                e4m3x8_to_f16(xv.x, xv.y, bf[nt]);
+            }
+#pragma unroll
+            for (int mt = 0; mt < 4; mt++) {
+                const uint4 &h = wa[mt][s >> 1];
+                uint32_t f0[4], f1[4]; /* rows g, g+8 */
+                fp4x8_to_f16((s & 1) ? h.z : h.x, f0);
+                fp4x8_to_f16((s & 1) ? h.w : h.y, f1);
+                /* 2^6 undoes the E2M1 -> E4M3 bit move */
+                const float ws0 = e8m0_to_f32((sc[mt].x >> (8 * s)) & 0xffu) * 64.f;
+                const float ws1 = e8m0_to_f32((sc[mt].y >> (8 * s)) & 0xffu) * 64.f;
+#pragma unroll
+                for (int nt = 0; nt < NTW; nt++) {
+                    float d[4] = {0.f, 0.f, 0.f, 0.f};
+                    mma_f16(d, f0[0], f1[0], f0[1], f1[1], bf[nt][0], bf[nt][1]);
+                    mma_f16(d, f0[2], f1[2], f0[3], f1[3], bf[nt][2], bf[nt][3]);
+                    if (PART) {
+                        float(&pp)[4] = part[PART ? mt : 0][PART ? nt : 0];
+                        pp[0] += d[0] * ws0;
+                        pp[1] += d[1] * ws0;
+                        pp[2] += d[2] * ws1;
+                        pp[3] += d[3] * ws1;
+                    } else {
+                        acc[mt][nt][0] += d[0] * (ws0 * xsc[nt][0]);
+                        acc[mt][nt][1] += d[1] * (ws0 * xsc[nt][1]);
+                        acc[mt][nt][2] += d[2] * (ws1 * xsc[nt][0]);
+                        acc[mt][nt][3] += d[3] * (ws1 * xsc[nt][1]);
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int s = 0; s < 4 && !F16; s++) {
             uint32_t b0[NTW], b1[NTW];
 #pragma unroll
             for (int nt = 0; nt < NTW; nt++) {
@@ -672,15 +722,15 @@ __global__ void __launch_bounds__(64 * WN, WN == 4 && !PART ? 2 : 1) k_moe_gemm(
     }
 }
 
-template <int MODE, int NTW, int WN, bool PART>
+template <int MODE, int NTW, int WN, bool PART, bool F16>
 static int launch_moe_gemm(dsv4_cuda_ctx *c, const Fp4Args &a, const int *tiles, int max_tiles,
                            dsv4_err *err) {
     constexpr int BN = 8 * NTW * WN;
     const size_t smem = (size_t)MG_STAGES * (8 * 1024 + 8 * 64 + BN * MG_LDB + BN * 4);
-    CU_TRY(cudaFuncSetAttribute(k_moe_gemm<MODE, NTW, WN, PART>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+    CU_TRY(cudaFuncSetAttribute(k_moe_gemm<MODE, NTW, WN, PART, F16>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
            err, "fp4 experts gemm (shared memory)");
     dim3 grid((unsigned)(a.R / (MODE == FP4_GATEUP ? 64 : 128)), (unsigned)max_tiles);
-    CU_TRY(cu_launch(c, k_moe_gemm<MODE, NTW, WN, PART>, grid, dim3(64 * WN), smem, a, tiles), err,
+    CU_TRY(cu_launch(c, k_moe_gemm<MODE, NTW, WN, PART, F16>, grid, dim3(64 * WN), smem, a, tiles), err,
            MODE == FP4_GATEUP ? "fp4 experts gemm w1/w3" : "fp4 experts gemm w2");
     return DSV4_OK;
 }
@@ -694,13 +744,15 @@ static int launch_moe_gemm(dsv4_cuda_ctx *c, const Fp4Args &a, const int *tiles,
  * x 4 warps below; 8 warps per block, 128 rows, and the folded-scale variant
  * at 2 blocks / SM were all slower.
  */
+typedef int (*MoeGemmLaunch)(dsv4_cuda_ctx *, const Fp4Args &, const int *, int, dsv4_err *);
 struct MoeGemmCfg {
     int bn;
-    int (*gateup)(dsv4_cuda_ctx *, const Fp4Args &, const int *, int, dsv4_err *);
-    int (*down)(dsv4_cuda_ctx *, const Fp4Args &, const int *, int, dsv4_err *);
+    MoeGemmLaunch gateup, down;       /* FP8 mma (mma_e4m3): DSV4_CUDA_MOE_F16=0 */
+    MoeGemmLaunch gateup16, down16;   /* FP16 mma, operands converted once (default) */
 };
-#define MG_CFG(NTW, WN, PART) \
-    { 8 * NTW * WN, launch_moe_gemm<FP4_GATEUP, NTW, WN, PART>, launch_moe_gemm<FP4_DOWN, NTW, WN, PART> }
+#define MG_CFG(NTW, WN, PART)                                                                               \
+    { 8 * NTW * WN, launch_moe_gemm<FP4_GATEUP, NTW, WN, PART, false>, launch_moe_gemm<FP4_DOWN, NTW, WN, PART, false>, \
+      launch_moe_gemm<FP4_GATEUP, NTW, WN, PART, true>, launch_moe_gemm<FP4_DOWN, NTW, WN, PART, true> }
 static const MoeGemmCfg moe_gemm_cfgs[] = {
     MG_CFG(2, 2, true),  /* 1: 32 rows, 4 warps */
     MG_CFG(4, 2, true),  /* 2: 64 rows, 4 warps */
@@ -728,8 +780,11 @@ static int launch_fp4(dsv4_cuda_ctx *c, const Fp4Args &a, int nt, unsigned gy, d
     cudaError_t e;
     if constexpr (MODE != FP4_PLAIN) { /* experts: one 8-row n-tile per pass */
         /* MINB 3 caps registers (more warps resident, maybe spills): measured */
+        /* DSV4_CUDA_MOE_F16=0: the FP8-mma form (A/B measurement) */
+        const bool f16 = cu_env_int("DSV4_CUDA_MOE_F16", 1) != 0;
         e = nt == 0 ? cu_launch(c, k_fp4<1, MODE, true>, grid, block, smem, a)
             : c->moe_minb3 ? cu_launch(c, k_fp4<1, MODE, false, 3>, grid, block, smem, a)
+            : f16          ? cu_launch(c, k_fp4<1, MODE, false, 1, true>, grid, block, smem, a)
                            : cu_launch(c, k_fp4<1, MODE, false>, grid, block, smem, a);
     } else {
         switch (nt) {
@@ -1037,6 +1092,8 @@ static int moe_run(dsv4_cuda_ctx *c, const dsv4_cuda_experts *ex, const float *x
     const int fq = c->moe_fq && !xq_in;
     const int gemm = !fq && nent >= (long long)cu_env_int("DSV4_CUDA_MOE_GEMM_MIN", MOE_GEMM_MIN_DEFAULT) * E;
     const MoeGemmCfg &mg = pick_moe_gemm(nent, E);
+    /* DSV4_CUDA_MOE_F16=0: the grouped GEMM's FP8-mma form (for A/B measurement) */
+    const int f16 = cu_env_int("DSV4_CUDA_MOE_F16", 1) != 0;
     const int bn = gemm ? mg.bn : 0;
     const int big = gemm || nent * (int)sizeof(int) > 32 * 1024; /* k_group_* instead of k_route_group */
     const int max_tiles = bn ? (nent + slots * (bn - 1)) / bn + 1 : 0;
@@ -1112,7 +1169,7 @@ static int moe_run(dsv4_cuda_ctx *c, const dsv4_cuda_experts *ex, const float *x
     a.y = H;
     /* One n-tile of 8 rows per pass: most experts get 1-2 rows of a decode /
      * verify step; an expert chosen by more rows is streamed once per 8. */
-    if (gemm) rc = mg.gateup(c, a, tiles, max_tiles, err);
+    if (gemm) rc = (f16 ? mg.gateup16 : mg.gateup)(c, a, tiles, max_tiles, err);
     else if (!c->moe_persistent) rc = launch_fp4<FP4_GATEUP>(c, a, fq ? 0 : 1, (unsigned)slots, err);
     else rc = fq ? launch_moe_fp4<FP4_GATEUP, true>(c, a, slots, err)
                  : launch_moe_fp4<FP4_GATEUP, false>(c, a, slots, err);
@@ -1128,7 +1185,7 @@ static int moe_run(dsv4_cuda_ctx *c, const dsv4_cuda_experts *ex, const float *x
     a.xq = hq;
     a.xs = hs;
     a.y = O;
-    if (gemm) rc = mg.down(c, a, tiles, max_tiles, err);
+    if (gemm) rc = (f16 ? mg.down16 : mg.down)(c, a, tiles, max_tiles, err);
     else if (!c->moe_persistent) rc = launch_fp4<FP4_DOWN>(c, a, fq ? 0 : 1, (unsigned)slots, err);
     else rc = fq ? launch_moe_fp4<FP4_DOWN, true>(c, a, slots, err)
                  : launch_moe_fp4<FP4_DOWN, false>(c, a, slots, err);
