@@ -406,6 +406,29 @@ int dsv4_model_runner_open_tp(const char *dir, const dsv4_model_runner_opts *o, 
             goto fail;
         draft_target = &mr->draft_target;
     }
+    /* The drafter's weights (and its blocks' expert sets, backend.h experts_ready) before the pool
+     * is sized from the memory left, as the target's: else they come out of the activation reserve
+     * (review 2026-12-01 S1). TP: the drafter runs replicated on rank 0 only, whose pool is then
+     * the smallest (the TP runner takes the smallest). */
+    int drafts = o->max_spec > 0 && tp_rank == 0;
+    if (drafts && mr->cfg.draft_kind == DSV4_DRAFT_DSPARK) {
+        if ((rc = dsv4_dspark_create(&mr->cfg, mr->w, draft_target, o->n_slots, &mr->dspark, err))) goto fail;
+        if (!(mr->ingested = calloc((size_t)o->n_slots, sizeof(int64_t)))) {
+            rc = dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
+            goto fail;
+        }
+    } else if (drafts && mr->cfg.draft_kind == DSV4_DRAFT_MTP) {
+        if ((rc = dsv4_mtp_create(&mr->cfg, mr->w, draft_target, o->n_slots, o->max_len, o->max_spec + 1, &mr->mtp,
+                                  err)))
+            goto fail;
+        size_t HD = (size_t)mr->cfg.hc_mult * (size_t)mr->cfg.hidden_size;
+        mr->last_h = calloc((size_t)o->n_slots * HD, sizeof(float));
+        mr->mtp_next = calloc((size_t)o->n_slots, sizeof(int64_t));
+        if (!mr->last_h || !mr->mtp_next) {
+            rc = dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
+            goto fail;
+        }
+    }
     if (!(mr->hw = calloc((size_t)o->n_slots + 1, sizeof(int64_t)))) {
         rc = dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
         goto fail;
@@ -438,25 +461,6 @@ int dsv4_model_runner_open_tp(const char *dir, const dsv4_model_runner_opts *o, 
     if (mr->pad && np) { /* the padding slot's page 0 is the pool's extra last page (rows < 16 < page) */
         int32_t pid = (int32_t)np;
         if ((rc = dsv4_state_set_pages(mr->state, o->n_slots, 1, &pid, err))) goto fail;
-    }
-    int drafts = o->max_spec > 0 && tp_rank == 0; /* TP: the drafter runs replicated on rank 0 only */
-    if (drafts && mr->cfg.draft_kind == DSV4_DRAFT_DSPARK) {
-        if ((rc = dsv4_dspark_create(&mr->cfg, mr->w, draft_target, o->n_slots, &mr->dspark, err))) goto fail;
-        if (!(mr->ingested = calloc((size_t)o->n_slots, sizeof(int64_t)))) {
-            rc = dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
-            goto fail;
-        }
-    } else if (drafts && mr->cfg.draft_kind == DSV4_DRAFT_MTP) {
-        if ((rc = dsv4_mtp_create(&mr->cfg, mr->w, draft_target, o->n_slots, o->max_len, o->max_spec + 1, &mr->mtp,
-                                  err)))
-            goto fail;
-        size_t HD = (size_t)mr->cfg.hc_mult * (size_t)mr->cfg.hidden_size;
-        mr->last_h = calloc((size_t)o->n_slots * HD, sizeof(float));
-        mr->mtp_next = calloc((size_t)o->n_slots, sizeof(int64_t));
-        if (!mr->last_h || !mr->mtp_next) {
-            rc = dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
-            goto fail;
-        }
     }
     if (mr->dummy) { /* fills may be asynchronous (CUDA): time them to completion */
         if ((rc = mr->be->sync(mr->be, err))) goto fail;
