@@ -77,21 +77,31 @@ static dsv4_backend *open_be(dsv4_dummy *d, dsv4_err *err) {
     return dsv4_dummy_backend(d, cpu, err);
 }
 
+/* The small 0731 config with dummy weights bound, and open_be over them, recording afresh
+ * (experts_ready call fail_at fails, -1 none); *d NULL when that failed. */
+static dsv4_backend *open_model(int fail_at, dsv4_config *c, dsv4_dummy **d, dsv4_weights **w, dsv4_err *err) {
+    memset(&rec, 0, sizeof rec);
+    rec.fail_at = fail_at;
+    *d = NULL;
+    *w = NULL;
+    if (dsv4_config_load_ex(DIR_0731, SMALL_0731, c, err) || dsv4_dummy_create(c, 3, d, err) ||
+        dsv4_weights_bind(c, dsv4_dummy_ckpt(*d), w, err)) {
+        fprintf(stderr, "%s\n", err->msg);
+        CHECK(0);
+        dsv4_dummy_free(*d);
+        *d = NULL;
+        return NULL;
+    }
+    return open_be(*d, err);
+}
+
 static void test_load_and_forward(void) {
     dsv4_err err = {0};
     dsv4_config c;
-    dsv4_dummy *d = NULL;
-    dsv4_weights *w = NULL;
-    memset(&rec, 0, sizeof rec);
-    rec.fail_at = -1;
-    if (dsv4_config_load_ex(DIR_0731, SMALL_0731, &c, &err) || dsv4_dummy_create(&c, 3, &d, &err) ||
-        dsv4_weights_bind(&c, dsv4_dummy_ckpt(d), &w, &err)) {
-        fprintf(stderr, "%s\n", err.msg);
-        CHECK(0);
-        dsv4_dummy_free(d);
-        return;
-    }
-    dsv4_backend *be = open_be(d, &err);
+    dsv4_dummy *d;
+    dsv4_weights *w;
+    dsv4_backend *be = open_model(-1, &c, &d, &w, &err);
+    if (!d) return;
     CHECK(be != NULL);
     if (!be) goto out;
     CHECK(be->experts_ready == rec_ready); /* the dummy wrapper passes the op on */
@@ -149,18 +159,10 @@ out:
 static void test_failure(void) {
     dsv4_err err = {0};
     dsv4_config c;
-    dsv4_dummy *d = NULL;
-    dsv4_weights *w = NULL;
-    memset(&rec, 0, sizeof rec);
-    rec.fail_at = 2;
-    if (dsv4_config_load_ex(DIR_0731, SMALL_0731, &c, &err) || dsv4_dummy_create(&c, 3, &d, &err) ||
-        dsv4_weights_bind(&c, dsv4_dummy_ckpt(d), &w, &err)) {
-        fprintf(stderr, "%s\n", err.msg);
-        CHECK(0);
-        dsv4_dummy_free(d);
-        return;
-    }
-    dsv4_backend *be = open_be(d, &err);
+    dsv4_dummy *d;
+    dsv4_weights *w;
+    dsv4_backend *be = open_model(2, &c, &d, &w, &err);
+    if (!d) return;
     CHECK(be != NULL);
     if (be) {
         dsv4_model *m = NULL;
