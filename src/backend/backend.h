@@ -494,6 +494,31 @@ struct dsv4_backend {
                        const dsv4_buf *ids, const dsv4_buf *weights, float limit, dsv4_buf *y,
                        dsv4_err *err);
 
+    /*
+     * Optional (NULL: moe_experts runs on the linears as uploaded, e.g. the
+     * CPU). experts_ready — the n_exp routed experts w1/w3/w2 of one MoE
+     * block are resident (upload_linear or fill_dummy_linear done): the
+     * backend may now put them in the form its moe_experts runs on (CUDA: one
+     * expert-major allocation per block, cuda_backend.cu). Called once per
+     * block at load time (dsv4_block_dev_init), before the KV pool is sized
+     * from mem_info and before any forward or collective, so that (issue 7,
+     * docs/REVIEW-2026-12-01.md S1/S2):
+     *  - any transient copy fits in memory the pool has not taken yet, and
+     *    the pool is sized on the final footprint;
+     *  - no forward allocates, synchronises or frees device memory for the
+     *    experts (under tensor parallelism a peer rank may be inside a
+     *    collective then).
+     * Contract: the same w1/w3/w2 arrays (the addresses, not copies) are
+     * later passed to moe_experts, and stay put until the backend is freed or
+     * the block is. The linears stay valid for `linear`. Experts of a kind the
+     * backend does not reorganise are left alone (DSV4_OK; moe_experts
+     * reports what it cannot run). May synchronise the backend's stream.
+     * Errors: DSV4_EINVAL (experts of unlike shapes), DSV4_ENOMEM /
+     * DSV4_EBACKEND (device allocation or copy).
+     */
+    int (*experts_ready)(dsv4_backend *be, const dsv4_linear *w1, const dsv4_linear *w3,
+                         const dsv4_linear *w2, int n_exp, dsv4_err *err);
+
     /* Clamped SwiGLU for the shared expert (§3.5): h = silu(min(g,limit))·clamp(u,±limit). h may alias g. */
     int (*swiglu)(dsv4_backend *be, const dsv4_buf *g, const dsv4_buf *u, float limit,
                   dsv4_buf *h, dsv4_err *err);

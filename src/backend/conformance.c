@@ -850,6 +850,11 @@ static int conf_moe(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
         if (!rc && !(rc = up_linear(c, &h3, d))) w3[e] = d[0], w3[E + e] = d[1];
         if (!rc && !(rc = up_linear(c, &h2, d))) w2[e] = d[0], w2[E + e] = d[1];
     }
+    /* as a model load does (dsv4_block_dev_init): experts_ready before the first moe_experts */
+    for (int side = 0; side < 2 && !rc; side++)
+        if (c->be[side]->experts_ready &&
+            (rc = c->be[side]->experts_ready(c->be[side], w1 + side * E, w3 + side * E, w2 + side * E, E, c->err)))
+            dsv4_err_prefix(c->err, "experts_ready: ");
     /* both sides route with the reference's ids and weights, so only the experts are compared */
     op = "moe_experts";
     if (!rc) {

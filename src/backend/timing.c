@@ -142,7 +142,11 @@ static int t_swiglu(dsv4_backend *be, const dsv4_buf *g, const dsv4_buf *u, floa
     TIMED(OP_SWIGLU, swiglu, g, u, lim, h, err);
 }
 
-/* Dummy-weight fills are load-time work: forwarded, not timed. */
+/* Load-time work (dummy-weight fills, expert sets): forwarded, not timed. */
+static int t_experts_ready(dsv4_backend *be, const dsv4_linear *w1, const dsv4_linear *w3, const dsv4_linear *w2,
+                           int n, dsv4_err *err) {
+    return INNER(be)->experts_ready(INNER(be), w1, w3, w2, n, err);
+}
 static int t_fill(dsv4_backend *be, const dsv4_fill *how, dsv4_tview *dev, dsv4_err *err) {
     return INNER(be)->fill_dummy(INNER(be), how, dev, err);
 }
@@ -193,6 +197,7 @@ dsv4_backend *dsv4_backend_timing_wrap(dsv4_backend *inner, int sync_each, dsv4_
     be->attention = t_attention;
     be->moe_route = t_moe_route;
     be->moe_experts = t_moe_experts;
+    be->experts_ready = inner->experts_ready ? t_experts_ready : NULL;
     be->swiglu = t_swiglu;
     be->fill_dummy = inner->fill_dummy ? t_fill : NULL;
     be->fill_dummy_linear = inner->fill_dummy_linear ? t_fill_linear : NULL;

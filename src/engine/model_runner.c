@@ -221,141 +221,222 @@ static int one_request_refusal(dsv4_err *err, const dsv4_model_runner_opts *o, i
  * gpu_mem_util > 0, gpu_mem_util of the host memory available after the weights. Why a
  * bound: the CPU touches its pool lazily, so a pool larger than RAM starts and is only
  * found out by the OOM killer once requests fill it.
+ *
+ * size_pool runs the steps below in order; each refuses with a message naming the flag
+ * to change:
+ *   pool_kv_space_env     VLLM_CPU_KVCACHE_SPACE as the byte size (host, no size flag);
+ *   pool_check_override   --num-gpu-blocks-override against host memory;
+ *   pool_check_kv_bytes   an explicit host byte size against host memory;
+ *   pool_check_per_slot   a per-slot pool (no memory bound: --nnodes) against host memory;
+ *   pool_cap_by_memory    the --gpu-memory-utilization budget (device: pool_fit_device,
+ *                         host: pool_fit_host) caps the pages.
  */
+typedef struct pool_sizing {
+    dsv4_model_runner *mr;
+    const dsv4_model_runner_opts *o;
+    const int *ratios;
+    int L, bs, tp_size;
+    int host;         /* no mem_info: the pool is host memory */
+    int hr;           /* ranks sharing this host's memory */
+    int say;          /* this rank logs the sizing lines (once per process) */
+    int64_t pb;       /* bytes of one page */
+    int64_t per_slot; /* pages of one request at max_model_len */
+    int64_t kv_bytes; /* the byte size asked for (--kv-cache-memory-bytes or VLLM_CPU_KVCACHE_SPACE), 0 none */
+    const char *src;  /* which of the two gave kv_bytes */
+    const char *env;  /* VLLM_CPU_KVCACHE_SPACE as set, or NULL */
+} pool_sizing;
+
+/* VLLM_CPU_KVCACHE_SPACE (GiB) becomes the byte size of a host pool that no flag sizes. */
+static int pool_kv_space_env(pool_sizing *p, dsv4_err *err) {
+    if (p->o->n_pages != 0 || p->kv_bytes > 0 || !p->host) return DSV4_OK;
+    int64_t eb = 0;
+    int rc = dsv4_hostmem_kvcache_space(p->env, &eb, err);
+    if (rc) return rc;
+    if (eb > 0) {
+        p->kv_bytes = eb;
+        p->src = "VLLM_CPU_KVCACHE_SPACE";
+    }
+    return DSV4_OK;
+}
+
+/* --num-gpu-blocks-override on the CPU: else malloc fails ("buf_alloc") or, lazily, the OOM killer. */
+static int pool_check_override(const pool_sizing *p, dsv4_err *err) {
+    const dsv4_model_runner_opts *o = p->o;
+    if (!p->host || o->n_pages <= 0 || p->pb <= 0) return DSV4_OK;
+    int64_t avail = 0, total = 0;
+    int rc = dsv4_hostmem_info(&avail, &total, err);
+    if (rc) return rc;
+    if (o->n_pages > avail / p->pb / p->hr)
+        return dsv4_err_set(err, DSV4_ENOMEM,
+                            "KV cache: --num-gpu-blocks-override %lld pages of %d tokens need %.2f GiB of host "
+                            "memory for the CPU KV pool, but %.2f of %.2f GiB are available now; give at most %lld "
+                            "pages, or leave the flag out (the pool is then sized from memory)",
+                            (long long)o->n_pages, p->bs, GIB((double)o->n_pages * p->pb * p->hr), GIB(avail),
+                            GIB(total), (long long)(avail / p->pb / p->hr));
+    return DSV4_OK;
+}
+
+/* A host byte size (flag or environment): vLLM refuses one above the memory available. */
+static int pool_check_kv_bytes(const pool_sizing *p, int64_t np, dsv4_err *err) {
+    const dsv4_model_runner_opts *o = p->o;
+    if (!p->host || o->n_pages != 0 || p->kv_bytes <= 0) return DSV4_OK;
+    int64_t avail = 0, total = 0;
+    int rc = dsv4_hostmem_info(&avail, &total, err);
+    if (rc) return rc;
+    if (p->kv_bytes > avail)
+        return dsv4_err_set(err, DSV4_ENOMEM,
+                            "KV cache: %s asks for %.2f GiB of host memory for the CPU KV pool, but %.2f of %.2f GiB "
+                            "are available now; lower %s, or free host memory",
+                            p->src, GIB(p->kv_bytes), GIB(avail), GIB(total), p->src);
+    if (p->kv_bytes != o->kv_cache_bytes) {
+        /* the parsed value: " 2" (Python's int() allows blanks) is logged as 2 */
+        if (p->say)
+            dsv4_log(DSV4_LOG_INFO, "KV cache: VLLM_CPU_KVCACHE_SPACE=%lld GiB on the CPU: %lld pages of %d tokens",
+                     (long long)(p->kv_bytes >> 30), (long long)np, p->bs);
+        if (np < p->per_slot && !o->fit_len) {
+            char held[96];
+            snprintf(held, sizeof held, "VLLM_CPU_KVCACHE_SPACE=%lld", (long long)(p->kv_bytes >> 30));
+            return one_request_refusal(err, o, p->bs, p->pb, p->per_slot, np, held,
+                                       "Raise VLLM_CPU_KVCACHE_SPACE (GiB) or lower --max-model-len (or give "
+                                       "--max-model-len auto).");
+        }
+    }
+    return DSV4_OK;
+}
+
+/* Sized per slot with no memory bound (several nodes must hold the same pages, so none caps its
+ * pool by its own memory): refuse what this host cannot hold. */
+static int pool_check_per_slot(const pool_sizing *p, int64_t np, dsv4_err *err) {
+    const dsv4_model_runner_opts *o = p->o;
+    if (!p->host || o->n_pages != 0 || p->kv_bytes > 0 || o->gpu_mem_util > 0 || p->pb <= 0) return DSV4_OK;
+    int64_t avail = 0, total = 0;
+    int rc = dsv4_hostmem_info(&avail, &total, err);
+    if (rc) return rc;
+    if (np > avail / p->pb / p->hr)
+        return dsv4_err_set(err, DSV4_ENOMEM,
+                            "KV cache: every slot at max_model_len %d takes %lld pages of %d tokens, %.2f GiB of "
+                            "host memory for %d rank(s) here, but %.2f of %.2f GiB are available now (this pool "
+                            "is sized per slot, not by memory, as with --nnodes). Set VLLM_CPU_KVCACHE_SPACE "
+                            "(GiB) or --kv-cache-memory-bytes, or lower --max-model-len / --max-num-seqs (the "
+                            "same on every node)",
+                            o->max_len, (long long)np, p->bs, GIB((double)np * p->pb * p->hr), p->hr, GIB(avail),
+                            GIB(total));
+    return DSV4_OK;
+}
+
+/* What a memory budget holds, for the refusals: where it comes from (held) and what to change
+ * when one request does not fit (todo) or no page does (todo0). */
+typedef struct pool_fit {
+    int64_t pages; /* pages the budget holds, the padding page taken out */
+    char held[320];
+    const char *todo, *todo0;
+} pool_fit;
+
+/* The device's budget (vLLM --gpu-memory-utilization): never more pages than fit. */
+static int pool_fit_device(const pool_sizing *p, int64_t fixed, pool_fit *f, dsv4_err *err) {
+    const dsv4_model_runner_opts *o = p->o;
+    dsv4_backend *be = p->mr->be;
+    int64_t fb = 0, tb = 0;
+    const char *rs = getenv("DSV4_ACT_RESERVE_MB");
+    int64_t reserve = (rs && atoll(rs) >= 0 ? atoll(rs) : 4096) << 20;
+    int rc = be->mem_info(be, &fb, &tb, err);
+    if (rc) return rc;
+    reserve += fixed;
+    f->pages = dsv4_pool_pages_for_memory(fb, tb, o->gpu_mem_util, reserve, p->pb) - p->mr->pad;
+    snprintf(f->held, sizeof f->held,
+             "--gpu-memory-utilization %.2f of %.1f GiB on %s (%.1f GiB in use after the weights, %.1f GiB "
+             "kept for activations (DSV4_ACT_RESERVE_MB) and the slots' rings)",
+             o->gpu_mem_util, GIB(tb), be->name, GIB(tb - fb), GIB(reserve));
+    f->todo = "Lower --max-model-len (or give --max-model-len auto), raise --gpu-memory-utilization, use more "
+              "GPUs (-tp), or give --kv-cache-memory-bytes.";
+    f->todo0 = "Raise --gpu-memory-utilization, lower DSV4_ACT_RESERVE_MB, use more GPUs (-tp), or give "
+               "--kv-cache-memory-bytes.";
+    return DSV4_OK;
+}
+
+/* Host memory: gpu_mem_util of what is available after the weights (vLLM's CPU backend). */
+static int pool_fit_host(const pool_sizing *p, int64_t fixed, pool_fit *f, dsv4_err *err) {
+    const dsv4_model_runner_opts *o = p->o;
+    int64_t avail = 0, total = 0;
+    int rc = dsv4_hostmem_info(&avail, &total, err);
+    if (rc) return rc;
+    /* checkpoint weights are mapped files: MemAvailable counts their pages as reclaimable,
+     * yet every step reads them (dummy weights are filled already, so counted as used) */
+    int64_t pending = p->mr->ckpt ? (int64_t)dsv4_ckpt_total_bytes(p->mr->ckpt) : 0;
+    int64_t budget = dsv4_hostmem_kv_budget(avail, pending, o->gpu_mem_util, p->tp_size);
+    f->pages = budget < fixed ? 0 : (budget - fixed) / p->pb - p->mr->pad;
+    char wts[64] = "", rks[32] = "";
+    if (pending) snprintf(wts, sizeof wts, " less %.2f GiB of mapped weights", GIB(pending));
+    if (p->tp_size > 1) snprintf(rks, sizeof rks, ", shared by %d ranks", p->tp_size);
+    snprintf(f->held, sizeof f->held,
+             "the CPU bound (%.3g of %.2f GiB available host memory%s%s, less %.2f GiB of the slots' rings)",
+             o->gpu_mem_util, GIB(avail), wts, rks, GIB(fixed));
+    f->todo = "Lower --max-model-len (or give --max-model-len auto), set VLLM_CPU_KVCACHE_SPACE (GiB) or "
+              "--kv-cache-memory-bytes, raise --gpu-memory-utilization (the fraction of host memory on the CPU), "
+              "or free host memory.";
+    f->todo0 = "Set VLLM_CPU_KVCACHE_SPACE (GiB) or --kv-cache-memory-bytes, raise --gpu-memory-utilization "
+               "(the fraction of host memory on the CPU), or free host memory.";
+    /* vLLM reads VLLM_CPU_KVCACHE_SPACE=0 as unset (envs.py: int(...) or None): say so, not "unset" */
+    if (p->say)
+        dsv4_log(DSV4_LOG_INFO,
+                 "KV cache: VLLM_CPU_KVCACHE_SPACE%s: the CPU pool may use %.2f GiB = %.3g "
+                 "(--gpu-memory-utilization) x (%.2f GiB available host memory - %.2f GiB mapped weights) / %d "
+                 "rank(s), less %.2f GiB of per-slot rings: %lld pages of %d tokens",
+                 p->env && *p->env ? "=0 (as unset, vLLM)" : " unset", GIB(budget), o->gpu_mem_util, GIB(avail),
+                 GIB(pending), p->tp_size, GIB(fixed), (long long)(f->pages > 0 ? f->pages : 0), p->bs);
+    return DSV4_OK;
+}
+
+/* With no size flag and gpu_mem_util > 0, *np is capped by the memory budget (device or host). */
+static int pool_cap_by_memory(const pool_sizing *p, int64_t *np, dsv4_err *err) {
+    const dsv4_model_runner_opts *o = p->o;
+    if (o->n_pages != 0 || p->kv_bytes > 0 || !(o->gpu_mem_util > 0) || p->pb <= 0) return DSV4_OK;
+    /* The state's per-slot rings (window, compressor / indexer kv + score, block table) are
+     * allocated with the pool but are not in pb: counted here, or they come out of the
+     * activation reserve (~4 GiB of 43-layer Flash rings at 256 slots + the padding slot
+     * is the whole default reserve; review 2026-12-01 item 6). */
+    int64_t fixed = dsv4_state_fixed_bytes(&p->mr->cfg, p->ratios, p->L, o->n_slots + p->mr->pad, o->max_len,
+                                           o->max_spec, p->bs, (dsv4_kv_dtype)o->kv_dtype);
+    if (fixed < 0) fixed = 0;
+    pool_fit f;
+    int rc = p->host ? pool_fit_host(p, fixed, &f, err) : pool_fit_device(p, fixed, &f, err);
+    if (rc) return rc;
+    if (f.pages < 1) /* vLLM: "No available memory for the cache blocks"; a shorter max_model_len cannot help */
+        return dsv4_err_set(err, DSV4_ENOMEM,
+                            "KV cache: no available memory for the cache blocks: %s holds no page of %d tokens "
+                            "(%.2f MiB), whatever --max-model-len. %s",
+                            f.held, p->bs, p->pb / 1048576.0, f.todo0);
+    if (f.pages < p->per_slot && !o->fit_len)
+        return one_request_refusal(err, o, p->bs, p->pb, p->per_slot, f.pages, f.held, f.todo);
+    if (f.pages < *np) {
+        if (p->say)
+            dsv4_log(DSV4_LOG_INFO,
+                     "KV cache: %lld pages of %d tokens fit in %s; %lld would hold every slot at max_model_len",
+                     (long long)f.pages, p->bs, f.held, (long long)*np);
+        *np = f.pages;
+    }
+    return DSV4_OK;
+}
+
 static int size_pool(dsv4_model_runner *mr, const dsv4_model_runner_opts *o, const int *ratios, int L, int bs,
                      int64_t pb, int tp_rank, int tp_size, int64_t *np_out, dsv4_err *err) {
-    int64_t per_slot = (o->max_len + bs - 1) / bs, np, kv_bytes = o->kv_cache_bytes;
-    int host = !mr->be->mem_info, rc;
-    const char *src = "--kv-cache-memory-bytes", *env = getenv("VLLM_CPU_KVCACHE_SPACE");
-    if (o->n_pages == 0 && kv_bytes <= 0 && host) {
-        int64_t eb = 0;
-        if ((rc = dsv4_hostmem_kvcache_space(env, &eb, err))) return rc;
-        if (eb > 0) {
-            kv_bytes = eb;
-            src = "VLLM_CPU_KVCACHE_SPACE";
-        }
-    }
-    np = o->n_pages > 0 ? o->n_pages
-         : kv_bytes > 0 ? (pb > 0 ? kv_bytes / pb : per_slot * o->n_slots)
-                        : per_slot * o->n_slots;
+    pool_sizing p = {.mr = mr, .o = o, .ratios = ratios, .L = L, .bs = bs, .tp_size = tp_size,
+                     .host = !mr->be->mem_info, .pb = pb, .per_slot = (o->max_len + bs - 1) / bs,
+                     .kv_bytes = o->kv_cache_bytes, .src = "--kv-cache-memory-bytes",
+                     .env = getenv("VLLM_CPU_KVCACHE_SPACE")};
+    int rc = pool_kv_space_env(&p, err);
+    if (rc) return rc;
+    int64_t np = o->n_pages > 0 ? o->n_pages
+                 : p.kv_bytes > 0 ? (pb > 0 ? p.kv_bytes / pb : p.per_slot * o->n_slots)
+                                  : p.per_slot * o->n_slots;
     if (np < 1)
         return dsv4_err_set(err, DSV4_EINVAL, "KV cache memory %lld bytes (%s) holds no page of %d tokens (%lld bytes each)",
-                            (long long)kv_bytes, src, bs, (long long)pb);
-    int hr = o->host_ranks > 0 ? o->host_ranks : tp_size > 0 ? tp_size : 1; /* ranks sharing this host's memory */
-    int say = tp_rank % hr == 0; /* the sizing lines once per process, not once per rank (all size alike) */
-    if (host && o->n_pages > 0 && pb > 0) { /* the override too: else malloc fails ("buf_alloc") or, lazily, the OOM killer */
-        int64_t avail = 0, total = 0;
-        if ((rc = dsv4_hostmem_info(&avail, &total, err))) return rc;
-        if (o->n_pages > avail / pb / hr)
-            return dsv4_err_set(err, DSV4_ENOMEM,
-                                "KV cache: --num-gpu-blocks-override %lld pages of %d tokens need %.2f GiB of host "
-                                "memory for the CPU KV pool, but %.2f of %.2f GiB are available now; give at most %lld "
-                                "pages, or leave the flag out (the pool is then sized from memory)",
-                                (long long)o->n_pages, bs, GIB((double)o->n_pages * pb * hr), GIB(avail), GIB(total),
-                                (long long)(avail / pb / hr));
-    }
-    if (host && o->n_pages == 0 && kv_bytes > 0) { /* vLLM refuses a CPU KV size above the memory available */
-        int64_t avail = 0, total = 0;
-        if ((rc = dsv4_hostmem_info(&avail, &total, err))) return rc;
-        if (kv_bytes > avail)
-            return dsv4_err_set(err, DSV4_ENOMEM,
-                                "KV cache: %s asks for %.2f GiB of host memory for the CPU KV pool, but %.2f of %.2f GiB "
-                                "are available now; lower %s, or free host memory",
-                                src, GIB(kv_bytes), GIB(avail), GIB(total), src);
-        if (kv_bytes != o->kv_cache_bytes) {
-            /* the parsed value: " 2" (Python's int() allows blanks) is logged as 2 */
-            if (say) dsv4_log(DSV4_LOG_INFO, "KV cache: VLLM_CPU_KVCACHE_SPACE=%lld GiB on the CPU: %lld pages of %d tokens",
-                     (long long)(kv_bytes >> 30), (long long)np, bs);
-            if (np < per_slot && !o->fit_len) {
-                char held[96];
-                snprintf(held, sizeof held, "VLLM_CPU_KVCACHE_SPACE=%lld", (long long)(kv_bytes >> 30));
-                return one_request_refusal(err, o, bs, pb, per_slot, np, held,
-                                           "Raise VLLM_CPU_KVCACHE_SPACE (GiB) or lower --max-model-len (or give "
-                                           "--max-model-len auto).");
-            }
-        }
-    }
+                            (long long)p.kv_bytes, p.src, bs, (long long)pb);
+    p.hr = o->host_ranks > 0 ? o->host_ranks : tp_size > 0 ? tp_size : 1;
+    p.say = tp_rank % p.hr == 0; /* the sizing lines once per process, not once per rank (all size alike) */
+    if ((rc = pool_check_override(&p, err)) || (rc = pool_check_kv_bytes(&p, np, err))) return rc;
     if (np > INT32_MAX / 2) np = INT32_MAX / 2;
-    if (host && o->n_pages == 0 && kv_bytes <= 0 && !(o->gpu_mem_util > 0) && pb > 0) {
-        /* sized per slot with no memory bound (several nodes must hold the same pages, so
-         * none caps its pool by its own memory): refuse what this host cannot hold */
-        int64_t avail = 0, total = 0;
-        if ((rc = dsv4_hostmem_info(&avail, &total, err))) return rc;
-        if (np > avail / pb / hr)
-            return dsv4_err_set(err, DSV4_ENOMEM,
-                                "KV cache: every slot at max_model_len %d takes %lld pages of %d tokens, %.2f GiB of "
-                                "host memory for %d rank(s) here, but %.2f of %.2f GiB are available now (this pool "
-                                "is sized per slot, not by memory, as with --nnodes). Set VLLM_CPU_KVCACHE_SPACE "
-                                "(GiB) or --kv-cache-memory-bytes, or lower --max-model-len / --max-num-seqs (the "
-                                "same on every node)",
-                                o->max_len, (long long)np, bs, GIB((double)np * pb * hr), hr, GIB(avail), GIB(total));
-    }
-    if (o->n_pages == 0 && kv_bytes <= 0 && o->gpu_mem_util > 0 && pb > 0) {
-        /* The state's per-slot rings (window, compressor / indexer kv + score, block table) are
-         * allocated with the pool but are not in pb: counted here, or they come out of the
-         * activation reserve (~4 GiB of 43-layer Flash rings at 256 slots + the padding slot
-         * is the whole default reserve; review 2026-12-01 item 6). */
-        int64_t fixed = dsv4_state_fixed_bytes(&mr->cfg, ratios, L, o->n_slots + mr->pad, o->max_len, o->max_spec,
-                                               bs, (dsv4_kv_dtype)o->kv_dtype);
-        if (fixed < 0) fixed = 0;
-        int64_t fit;
-        char held[320];
-        const char *todo, *todo0;
-        if (!host) { /* the device's budget (vLLM --gpu-memory-utilization): never more pages than fit */
-            int64_t fb = 0, tb = 0;
-            const char *rs = getenv("DSV4_ACT_RESERVE_MB");
-            int64_t reserve = (rs && atoll(rs) >= 0 ? atoll(rs) : 4096) << 20;
-            if ((rc = mr->be->mem_info(mr->be, &fb, &tb, err))) return rc;
-            reserve += fixed;
-            fit = dsv4_pool_pages_for_memory(fb, tb, o->gpu_mem_util, reserve, pb) - mr->pad;
-            snprintf(held, sizeof held,
-                     "--gpu-memory-utilization %.2f of %.1f GiB on %s (%.1f GiB in use after the weights, %.1f GiB "
-                     "kept for activations (DSV4_ACT_RESERVE_MB) and the slots' rings)",
-                     o->gpu_mem_util, GIB(tb), mr->be->name, GIB(tb - fb), GIB(reserve));
-            todo = "Lower --max-model-len (or give --max-model-len auto), raise --gpu-memory-utilization, use more "
-                   "GPUs (-tp), or give --kv-cache-memory-bytes.";
-            todo0 = "Raise --gpu-memory-utilization, lower DSV4_ACT_RESERVE_MB, use more GPUs (-tp), or give "
-                    "--kv-cache-memory-bytes.";
-        } else { /* host memory: gpu_mem_util of what is available after the weights (vLLM's CPU backend) */
-            int64_t avail = 0, total = 0;
-            if ((rc = dsv4_hostmem_info(&avail, &total, err))) return rc;
-            /* checkpoint weights are mapped files: MemAvailable counts their pages as reclaimable,
-             * yet every step reads them (dummy weights are filled already, so counted as used) */
-            int64_t pending = mr->ckpt ? (int64_t)dsv4_ckpt_total_bytes(mr->ckpt) : 0;
-            int64_t budget = dsv4_hostmem_kv_budget(avail, pending, o->gpu_mem_util, tp_size);
-            fit = budget < fixed ? 0 : (budget - fixed) / pb - mr->pad;
-            char wts[64] = "", rks[32] = "";
-            if (pending) snprintf(wts, sizeof wts, " less %.2f GiB of mapped weights", GIB(pending));
-            if (tp_size > 1) snprintf(rks, sizeof rks, ", shared by %d ranks", tp_size);
-            snprintf(held, sizeof held,
-                     "the CPU bound (%.3g of %.2f GiB available host memory%s%s, less %.2f GiB of the slots' rings)",
-                     o->gpu_mem_util, GIB(avail), wts, rks, GIB(fixed));
-            todo = "Lower --max-model-len (or give --max-model-len auto), set VLLM_CPU_KVCACHE_SPACE (GiB) or "
-                   "--kv-cache-memory-bytes, raise --gpu-memory-utilization (the fraction of host memory on the CPU), "
-                   "or free host memory.";
-            todo0 = "Set VLLM_CPU_KVCACHE_SPACE (GiB) or --kv-cache-memory-bytes, raise --gpu-memory-utilization "
-                    "(the fraction of host memory on the CPU), or free host memory.";
-            /* vLLM reads VLLM_CPU_KVCACHE_SPACE=0 as unset (envs.py: int(...) or None): say so, not "unset" */
-            if (say) dsv4_log(DSV4_LOG_INFO,
-                     "KV cache: VLLM_CPU_KVCACHE_SPACE%s: the CPU pool may use %.2f GiB = %.3g "
-                     "(--gpu-memory-utilization) x (%.2f GiB available host memory - %.2f GiB mapped weights) / %d "
-                     "rank(s), less %.2f GiB of per-slot rings: %lld pages of %d tokens",
-                     env && *env ? "=0 (as unset, vLLM)" : " unset", GIB(budget), o->gpu_mem_util, GIB(avail), GIB(pending), tp_size, GIB(fixed),
-                     (long long)(fit > 0 ? fit : 0), bs);
-        }
-        if (fit < 1) /* vLLM: "No available memory for the cache blocks"; a shorter max_model_len cannot help */
-            return dsv4_err_set(err, DSV4_ENOMEM,
-                                "KV cache: no available memory for the cache blocks: %s holds no page of %d tokens "
-                                "(%.2f MiB), whatever --max-model-len. %s",
-                                held, bs, pb / 1048576.0, todo0);
-        if (fit < per_slot && !o->fit_len) return one_request_refusal(err, o, bs, pb, per_slot, fit, held, todo);
-        if (fit < np) {
-            if (say) dsv4_log(DSV4_LOG_INFO,
-                     "KV cache: %lld pages of %d tokens fit in %s; %lld would hold every slot at max_model_len",
-                     (long long)fit, bs, held, (long long)np);
-            np = fit;
-        }
-    }
+    if ((rc = pool_check_per_slot(&p, np, err)) || (rc = pool_cap_by_memory(&p, &np, err))) return rc;
     *np_out = np;
     return DSV4_OK;
 }
@@ -406,6 +487,29 @@ int dsv4_model_runner_open_tp(const char *dir, const dsv4_model_runner_opts *o, 
             goto fail;
         draft_target = &mr->draft_target;
     }
+    /* The drafter's weights (and its blocks' expert sets, backend.h experts_ready) before the pool
+     * is sized from the memory left, as the target's: else they come out of the activation reserve
+     * (review 2026-12-01 S1). TP: the drafter runs replicated on rank 0 only, whose pool is then
+     * the smallest (the TP runner takes the smallest). */
+    int drafts = o->max_spec > 0 && tp_rank == 0;
+    if (drafts && mr->cfg.draft_kind == DSV4_DRAFT_DSPARK) {
+        if ((rc = dsv4_dspark_create(&mr->cfg, mr->w, draft_target, o->n_slots, &mr->dspark, err))) goto fail;
+        if (!(mr->ingested = calloc((size_t)o->n_slots, sizeof(int64_t)))) {
+            rc = dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
+            goto fail;
+        }
+    } else if (drafts && mr->cfg.draft_kind == DSV4_DRAFT_MTP) {
+        if ((rc = dsv4_mtp_create(&mr->cfg, mr->w, draft_target, o->n_slots, o->max_len, o->max_spec + 1, &mr->mtp,
+                                  err)))
+            goto fail;
+        size_t HD = (size_t)mr->cfg.hc_mult * (size_t)mr->cfg.hidden_size;
+        mr->last_h = calloc((size_t)o->n_slots * HD, sizeof(float));
+        mr->mtp_next = calloc((size_t)o->n_slots, sizeof(int64_t));
+        if (!mr->last_h || !mr->mtp_next) {
+            rc = dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
+            goto fail;
+        }
+    }
     if (!(mr->hw = calloc((size_t)o->n_slots + 1, sizeof(int64_t)))) {
         rc = dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
         goto fail;
@@ -438,25 +542,6 @@ int dsv4_model_runner_open_tp(const char *dir, const dsv4_model_runner_opts *o, 
     if (mr->pad && np) { /* the padding slot's page 0 is the pool's extra last page (rows < 16 < page) */
         int32_t pid = (int32_t)np;
         if ((rc = dsv4_state_set_pages(mr->state, o->n_slots, 1, &pid, err))) goto fail;
-    }
-    int drafts = o->max_spec > 0 && tp_rank == 0; /* TP: the drafter runs replicated on rank 0 only */
-    if (drafts && mr->cfg.draft_kind == DSV4_DRAFT_DSPARK) {
-        if ((rc = dsv4_dspark_create(&mr->cfg, mr->w, draft_target, o->n_slots, &mr->dspark, err))) goto fail;
-        if (!(mr->ingested = calloc((size_t)o->n_slots, sizeof(int64_t)))) {
-            rc = dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
-            goto fail;
-        }
-    } else if (drafts && mr->cfg.draft_kind == DSV4_DRAFT_MTP) {
-        if ((rc = dsv4_mtp_create(&mr->cfg, mr->w, draft_target, o->n_slots, o->max_len, o->max_spec + 1, &mr->mtp,
-                                  err)))
-            goto fail;
-        size_t HD = (size_t)mr->cfg.hc_mult * (size_t)mr->cfg.hidden_size;
-        mr->last_h = calloc((size_t)o->n_slots * HD, sizeof(float));
-        mr->mtp_next = calloc((size_t)o->n_slots, sizeof(int64_t));
-        if (!mr->last_h || !mr->mtp_next) {
-            rc = dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
-            goto fail;
-        }
     }
     if (mr->dummy) { /* fills may be asynchronous (CUDA): time them to completion */
         if ((rc = mr->be->sync(mr->be, err))) goto fail;

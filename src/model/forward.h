@@ -115,8 +115,10 @@ void dsv4_model_free(dsv4_model *m);
 int dsv4_upload_view(dsv4_backend *be, dsv4_tview *v, dsv4_err *err);
 int dsv4_upload_linear(dsv4_backend *be, dsv4_linear *l, dsv4_err *err);
 
-/* Upload one block (target layer, MTP block or DSpark stage) into *out.
- * Free with dsv4_block_dev_free. */
+/* Upload one block (target layer, MTP block or DSpark stage) into *out, then
+ * hand its routed experts to be->experts_ready when the backend has it
+ * (backend.h: CUDA assembles them into one set here, at load time, never in a
+ * forward). Free with dsv4_block_dev_free. */
 int dsv4_block_dev_init(const dsv4_config *cfg, const dsv4_block_w *w, dsv4_backend *be,
                         dsv4_block_dev *out, dsv4_err *err);
 void dsv4_block_dev_free(dsv4_block_dev *b);

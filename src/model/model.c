@@ -93,6 +93,12 @@ int dsv4_block_dev_init(const dsv4_config *cfg, const dsv4_block_w *w, dsv4_back
             if (!rc) rc = dsv4_upload_linear(be, &out->w2[e], err);
             if (!rc) rc = dsv4_upload_linear(be, &out->w3[e], err);
         }
+        /* Now, not in the first forward: the pool is sized after the weights, and under
+         * TP a forward may overlap a peer's collective (backend.h experts_ready). */
+        if (!rc && be->experts_ready) {
+            rc = be->experts_ready(be, out->w1, out->w3, out->w2, f->n_experts, err);
+            if (rc) dsv4_err_prefix(err, "assembling the %d routed experts: ", f->n_experts);
+        }
     }
     b->ffn.experts = NULL; /* the uploaded copies live in w1/w2/w3 */
     if (rc) {

@@ -30,6 +30,43 @@ def mem_available():
     return 0
 
 
+def multinode_env():
+    """The environment of a `dsv4 serve|run --nnodes` process in a test: passive OpenMP waits (as Server),
+    and a 20 s rendezvous timeout, so that a node whose peer never comes fails the test instead of waiting."""
+    e = dict(os.environ)
+    e.setdefault("OMP_WAIT_POLICY", "passive")
+    e["DSV4_RDV_TIMEOUT_S"] = "20"
+    return e
+
+
+def free_master_port(groups=1):
+    """A free loopback --master-port whose next `groups` ports are free too (a node group's TCP communicator
+    listens on the master port + 1, the next group's on + 2, ...)."""
+    for _ in range(50):
+        p = free_port()
+        if p + groups > 65535:
+            continue
+        socks = []
+        try:
+            for g in range(1, groups + 1):
+                socks.append(socket.socket())
+                socks[-1].bind(("127.0.0.1", p + g))
+            return p
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free master port with %d free port(s) after it" % groups)
+
+
+def node_flags(mport, rank, nnodes=2, addr="127.0.0.1"):
+    """The flags that make a `dsv4 serve|run` node `rank` of `nnodes` reaching node 0 at addr:mport (addr None:
+    no --master-addr, the default)."""
+    return ("--nnodes", str(nnodes), "--node-rank", str(rank), *(("--master-addr", addr) if addr else ()),
+            "--master-port", str(mport))
+
+
 class Server:
     """A `dsv4 serve` process on a free loopback port; stopped on exit."""
 

@@ -14,7 +14,7 @@ import os
 import subprocess
 import urllib.request
 
-from conftest import DSV4, ROOT, Server, free_port, mem_available
+from conftest import DSV4, ROOT, Server, free_master_port, free_port, mem_available, multinode_env, node_flags
 
 CFG = os.path.join(ROOT, "configs", "deepseek-v4-flash-0731")
 OV = json.dumps({"num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 4, "head_dim": 128,
@@ -26,28 +26,9 @@ DUMMY = ("--load-format", "dummy", "--hf-overrides", OV, "--device", "cpu")
 RUN = (DSV4, "run", CFG, *DUMMY, "--prompt-ids", "5,17,42,7", "--max-tokens", "8", "--show-ids")
 
 
-def env():
-    e = dict(os.environ)
-    e.setdefault("OMP_WAIT_POLICY", "passive")
-    e["DSV4_RDV_TIMEOUT_S"] = "20"
-    return e
-
-
 def free_triple():
     """A master port whose next two ports (the two TCP groups) are free too."""
-    import socket
-    for _ in range(50):
-        p = free_port()
-        if p >= 65533:
-            continue
-        try:
-            with socket.socket() as a, socket.socket() as b:
-                a.bind(("127.0.0.1", p + 1))
-                b.bind(("127.0.0.1", p + 2))
-            return p
-        except OSError:
-            continue
-    raise RuntimeError("no free port triple")
+    return free_master_port(2)
 
 
 def ids_of(stderr):
@@ -57,12 +38,11 @@ def ids_of(stderr):
 def two_runs(args0, args1, timeout=120):
     """node 1 in the background, node 0 in the foreground; (node 0, node 1 returncode, node 1 stderr)."""
     mport = free_triple()
-    common = ("--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(mport), "--node-rank")
-    f = subprocess.Popen([*args1, *common, "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         errors="replace", env=env())
+    f = subprocess.Popen([*args1, *node_flags(mport, 1)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         errors="replace", env=multinode_env())
     try:
-        r0 = subprocess.run([*args0, *common, "0"], capture_output=True, text=True, errors="replace",
-                            timeout=timeout, env=env())
+        r0 = subprocess.run([*args0, *node_flags(mport, 0)], capture_output=True, text=True, errors="replace",
+                            timeout=timeout, env=multinode_env())
         out1, err1 = f.communicate(timeout=40)
     finally:
         if f.poll() is None:
@@ -76,7 +56,7 @@ def test_run_two_nodes_of_two_ranks_give_one_process_tokens():
         want = {}
         for tp in ("1", "4"):
             r = subprocess.run([*RUN, "--spec", k, "-tp", tp], capture_output=True, text=True, errors="replace",
-                               timeout=120, env=dict(env(), DSV4_TP_CHECK_RANKS="1"))
+                               timeout=120, env=dict(multinode_env(), DSV4_TP_CHECK_RANKS="1"))
             assert r.returncode == 0, r.stderr
             want[tp] = ids_of(r.stderr)
         assert want["1"] and want["1"] == want["4"]
@@ -102,17 +82,17 @@ def test_serve_two_nodes_of_two_ranks_gives_one_process_text():
         with urllib.request.urlopen(req, timeout=120) as r:
             return json.loads(r.read())
 
-    one = Server(*common, env=env(), ready=True)
+    one = Server(*common, env=multinode_env(), ready=True)
     try:
         want = complete(one.base)
     finally:
         one.stop()
     mport = free_triple()
-    mn = ("--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(mport), "-tp", "4")
-    f = subprocess.Popen([DSV4, "serve", *common, *mn, "--node-rank", "1", "--port", str(free_port())],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", env=env())
+    f = subprocess.Popen([DSV4, "serve", *common, "-tp", "4", *node_flags(mport, 1), "--port", str(free_port())],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                         env=multinode_env())
     try:
-        s = Server(*common, *mn, "--node-rank", "0", env=env(), ready=True)
+        s = Server(*common, "-tp", "4", *node_flags(mport, 0), env=multinode_env(), ready=True)
         try:
             got = complete(s.base)
         finally:
@@ -133,8 +113,8 @@ def test_serve_two_nodes_of_two_ranks_gives_one_process_text():
 
 
 def test_tp_not_a_multiple_of_nnodes_is_refused_before_waiting():
-    r = subprocess.run([*RUN, "-tp", "3", "--nnodes", "2", "--node-rank", "0", "--master-port",
-                        str(free_triple())], capture_output=True, text=True, timeout=30, env=env())
+    r = subprocess.run([*RUN, "-tp", "3", *node_flags(free_triple(), 0, addr=None)], capture_output=True, text=True,
+                       timeout=30, env=multinode_env())
     assert r.returncode == 2
     assert "--tensor-parallel-size 3 with --nnodes 2" in r.stderr and "give a multiple of 2" in r.stderr
 
@@ -161,12 +141,11 @@ def test_follower_killed_mid_run_fails_node0_naming_its_rank_and_node():
     import signal
     common = (CFG, *DUMMY, "--max-model-len", "512", "--max-num-seqs", "2")
     mport = free_triple()
-    mn = ("--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(mport), "-tp", "4")
-    f = subprocess.Popen([DSV4, "serve", *common, *mn, "--node-rank", "1", "--port", str(free_port())],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env())
+    f = subprocess.Popen([DSV4, "serve", *common, "-tp", "4", *node_flags(mport, 1), "--port", str(free_port())],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=multinode_env())
     s = None
     try:
-        s = Server(*common, *mn, "--node-rank", "0", env=env(), ready=True)
+        s = Server(*common, "-tp", "4", *node_flags(mport, 0), env=multinode_env(), ready=True)
         conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
         conn.request("POST", "/v1/completions", json.dumps(
             {"prompt": [5, 17, 42], "temperature": 0, "max_tokens": 480, "ignore_eos": True, "stream": True}),
@@ -198,10 +177,9 @@ def test_follower_killed_mid_run_fails_node0_naming_its_rank_and_node():
 def test_follower_refuses_tp_not_a_multiple_of_nnodes_without_waiting():
     """-tp 3 --nnodes 2 is refused on node 1 too, at once (before: node 1 waited DSV4_RDV_TIMEOUT_S for
     a node 0 that had refused the same flags, then blamed the connection)."""
-    mn = ("--nnodes", "2", "--node-rank", "1", "--master-addr", "127.0.0.1", "--master-port", str(free_triple()),
-          "-tp", "3")
+    mn = (*node_flags(free_triple(), 1), "-tp", "3")
     for cmd in ([*RUN, *mn], [DSV4, "serve", CFG, *DUMMY, *mn, "--port", str(free_port())]):
-        r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=60, env=env())
+        r = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=60, env=multinode_env())
         assert r.returncode == 2, r.stderr
         assert "--tensor-parallel-size 3 with --nnodes 2" in r.stderr and "give a multiple of 2" in r.stderr, r.stderr
         assert "rendezvous" not in r.stderr, r.stderr
@@ -215,19 +193,8 @@ def test_per_slot_pool_larger_than_host_memory_is_refused():
         import pytest
         pytest.skip("this host holds the pool")
     args = (DSV4, "serve", CFG, *DUMMY, "--max-model-len", "1048576", "-tp", "4")
-    mport = free_triple()
-    common = ("--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", str(mport), "--node-rank")
-    f = subprocess.Popen([*args, *common, "1", "--port", str(free_port())], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, errors="replace", env=env())
-    try:
-        r0 = subprocess.run([*args, *common, "0", "--port", str(free_port())], capture_output=True, text=True,
-                            errors="replace", timeout=60, env=env())
-        _, err1 = f.communicate(timeout=40)
-    finally:
-        if f.poll() is None:
-            f.kill()
-            f.wait(timeout=10)
-    for rc, err in ((r0.returncode, r0.stderr), (f.returncode, err1)):
+    r0, rc1, _, err1 = two_runs((*args, "--port", str(free_port())), (*args, "--port", str(free_port())), timeout=60)
+    for rc, err in ((r0.returncode, r0.stderr), (rc1, err1)):
         assert rc != 0, err
         assert "KV cache: every slot at max_model_len 1048576 takes 294912 pages" in err, err
         assert "for 2 rank(s) here" in err and "VLLM_CPU_KVCACHE_SPACE" in err, err
@@ -237,6 +204,7 @@ def test_per_slot_pool_larger_than_host_memory_is_refused():
 def test_hf_overrides_logged_once_per_process():
     """Every rank loads the config: the '--hf-overrides ... applied over' line is said once (before: once per
     rank and once for the service, 4 lines for -tp 4 in one process, each a whole JSON)."""
-    r = subprocess.run([*RUN, "-tp", "4"], capture_output=True, text=True, errors="replace", timeout=120, env=env())
+    r = subprocess.run([*RUN, "-tp", "4"], capture_output=True, text=True, errors="replace", timeout=120,
+                       env=multinode_env())
     assert r.returncode == 0, r.stderr
     assert r.stderr.count("--hf-overrides {") == 1, r.stderr

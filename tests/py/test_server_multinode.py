@@ -12,7 +12,6 @@ processes on this host, ranks joined by the TCP communicator (src/parallel/comm_
 - `dsv4 run --nnodes 2` prints the single-process greedy ids, speculation off and on.
 Every wait has a timeout."""
 import json
-import os
 import signal
 import subprocess
 import tempfile
@@ -22,32 +21,10 @@ import urllib.request
 
 import pytest
 
-from conftest import DEFAULT_MODEL, DSV4, Server, free_port
+from conftest import DEFAULT_MODEL, DSV4, Server, free_master_port, free_port, multinode_env, node_flags
 
 SPEC = '{"method":"dspark","num_speculative_tokens":3}'
 COMMON = ("--device", "cpu", "--max-model-len", "512", "--max-num-seqs", "4")
-
-
-def env():
-    e = dict(os.environ)
-    e.setdefault("OMP_WAIT_POLICY", "passive")
-    e["DSV4_RDV_TIMEOUT_S"] = "20"
-    return e
-
-
-def free_pair():
-    """A master port whose next port (the TCP communicator's) is free too."""
-    for _ in range(50):
-        p = free_port()
-        if p < 65535:
-            try:
-                import socket
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p + 1))
-                return p
-            except OSError:
-                continue
-    raise RuntimeError("no free port pair")
 
 
 class Follower:
@@ -56,9 +33,8 @@ class Follower:
     def __init__(self, mport, *args, rank=1):
         self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
-            [DSV4, "serve", DEFAULT_MODEL, "--port", str(free_port()), "--nnodes", "2", "--node-rank", str(rank),
-             "--master-addr", "127.0.0.1", "--master-port", str(mport), *args],
-            stdout=self.log, stderr=subprocess.STDOUT, env=env())
+            [DSV4, "serve", DEFAULT_MODEL, "--port", str(free_port()), *node_flags(mport, rank), *args],
+            stdout=self.log, stderr=subprocess.STDOUT, env=multinode_env())
 
     def text(self):
         self.log.seek(0)
@@ -71,12 +47,17 @@ class Follower:
 
 
 def node0(mport, *args):
-    return Server(DEFAULT_MODEL, "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1",
-                  "--master-port", str(mport), *args, env=env(), ready=True)
+    return Server(DEFAULT_MODEL, *node_flags(mport, 0), *args, env=multinode_env(), ready=True)
+
+
+def node0_fails(mport, *args):
+    """Node 0 in the foreground (no --master-addr: the default) for a start that must fail."""
+    return subprocess.run([DSV4, "serve", DEFAULT_MODEL, "--port", str(free_port()), *node_flags(mport, 0, addr=None),
+                           *args], capture_output=True, text=True, timeout=60, env=multinode_env())
 
 
 def pair(*args):
-    mport = free_pair()
+    mport = free_master_port()
     f = Follower(mport, "-tp", "2", *COMMON, *args)
     try:
         s = node0(mport, "-tp", "2", *COMMON, *args)
@@ -133,11 +114,9 @@ def test_two_nodes_match_one_process(default_server, extra):
 
 
 def test_different_tp_on_the_two_nodes_fails_at_start():
-    mport = free_pair()
+    mport = free_master_port()
     f = Follower(mport, "-tp", "4", *COMMON)
-    r0 = subprocess.run([DSV4, "serve", DEFAULT_MODEL, "--port", str(free_port()), "--nnodes", "2", "--node-rank",
-                         "0", "--master-port", str(mport), "-tp", "2", *COMMON],
-                        capture_output=True, text=True, timeout=60, env=env())
+    r0 = node0_fails(mport, "-tp", "2", *COMMON)
     rc1 = f.proc.wait(timeout=30)
     assert r0.returncode != 0
     assert "node 1 has --tensor-parallel-size 4, node 0 has 2" in r0.stderr
@@ -146,11 +125,9 @@ def test_different_tp_on_the_two_nodes_fails_at_start():
 
 
 def test_follower_with_other_pool_fails_at_start():
-    mport = free_pair()
+    mport = free_master_port()
     f = Follower(mport, "-tp", "2", "--device", "cpu", "--max-model-len", "256", "--max-num-seqs", "4")
-    r0 = subprocess.run([DSV4, "serve", DEFAULT_MODEL, "--port", str(free_port()), "--nnodes", "2", "--node-rank",
-                         "0", "--master-port", str(mport), "-tp", "2", *COMMON],
-                        capture_output=True, text=True, timeout=60, env=env())
+    r0 = node0_fails(mport, "-tp", "2", *COMMON)
     rc1 = f.proc.wait(timeout=30)
     assert r0.returncode != 0
     assert "node 1 has 256 --max-model-len, node 0 has 512" in r0.stderr
@@ -194,16 +171,16 @@ def test_run_on_two_nodes_gives_one_process_tokens():
     base = ["--prompt-ids", "5,17,42,7", "--max-tokens", "8", "--show-ids", "--device", "cpu"]
     for k in ("0", "3"):
         one = subprocess.run([DSV4, "run", DEFAULT_MODEL, *base, "--spec", k], capture_output=True, text=True,
-                             errors="replace", timeout=120, env=env())
+                             errors="replace", timeout=120, env=multinode_env())
         assert one.returncode == 0, one.stderr
         want = [ln for ln in one.stderr.splitlines() if ln.startswith("[")]
-        mport = free_pair()
-        args = [DSV4, "run", DEFAULT_MODEL, *base, "--spec", k, "-tp", "2", "--nnodes", "2", "--master-port",
-                str(mport), "--node-rank"]
-        f = subprocess.Popen(args + ["1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             errors="replace", env=env())
+        mport = free_master_port()
+        args = [DSV4, "run", DEFAULT_MODEL, *base, "--spec", k, "-tp", "2"]
+        f = subprocess.Popen([*args, *node_flags(mport, 1, addr=None)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, errors="replace", env=multinode_env())
         try:
-            r0 = subprocess.run(args + ["0"], capture_output=True, text=True, errors="replace", timeout=120, env=env())
+            r0 = subprocess.run([*args, *node_flags(mport, 0, addr=None)], capture_output=True, text=True,
+                                errors="replace", timeout=120, env=multinode_env())
             out1, err1 = f.communicate(timeout=30)
         finally:
             if f.poll() is None:
@@ -218,12 +195,10 @@ def test_run_on_two_nodes_gives_one_process_tokens():
 def test_node0_failing_after_the_join_fails_the_follower():
     # both nodes load, then node 0 refuses the flags (no MTP block in a DSpark checkpoint): the
     # follower must not mistake that for a clean stop
-    mport = free_pair()
+    mport = free_master_port()
     bad = ("--speculative-config", '{"method":"mtp","num_speculative_tokens":1}')
     f = Follower(mport, "-tp", "2", *COMMON, *bad)
-    r0 = subprocess.run([DSV4, "serve", DEFAULT_MODEL, "--port", str(free_port()), "--nnodes", "2", "--node-rank",
-                         "0", "--master-port", str(mport), "-tp", "2", *COMMON, *bad],
-                        capture_output=True, text=True, timeout=60, env=env())
+    r0 = node0_fails(mport, "-tp", "2", *COMMON, *bad)
     rc1 = f.proc.wait(timeout=30)
     assert r0.returncode != 0
     assert "has no MTP block" in r0.stderr

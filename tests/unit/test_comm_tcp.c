@@ -4,7 +4,7 @@
  * runs them:
  *   - all_reduce_sum of irregular fp32 partials: every rank's result is
  *     bit-identical, and equal to the sum in rank order ((p0 + p1) + p2)
- *     computed here; BF16 sums round once; all_gather places rank r's block
+ *     (comm_test_util.h); BF16 sums round once; all_gather places rank r's block
  *     at columns [r*c, (r+1)*c); broadcast from root 0 and from root 2
  *     (relayed by rank 0); barrier;
  *   - a collective shape mismatch fails with both shapes named;
@@ -17,19 +17,13 @@
 #include <signal.h>
 #include <stdlib.h>
 
+#include "comm_test_util.h"
 #include "parallel/comm.h"
 #include "proc_test_util.h"
 #include "test.h"
 
 #define N 3
 #define LEN 1000
-
-/* rank r's partial: values of very different magnitudes so the order of the sums matters */
-static float part(int r, int i) {
-    unsigned x = (unsigned)(r * 7919 + i * 104729 + 17) * 2654435761u;
-    float m = (float)(x >> 8) / (float)(1u << 24);
-    return (i % 3 == 0 ? 1e6f : i % 3 == 1 ? 1.0f : 1e-6f) * (m - 0.5f) * (float)(r + 1);
-}
 
 typedef struct {
     int rc_reduce, rc_bf16, rc_gather, rc_b0, rc_b2, rc_barrier;
@@ -50,13 +44,7 @@ static void run_rank(int rank, int port, report *o) {
     }
     dsv4_backend *be = dsv4_backend_cpu_create(DSV4_NUMERICS_REFERENCE, &err);
     dsv4_buf b, g, go;
-    float v[LEN];
-    for (int i = 0; i < LEN; i++) v[i] = part(rank, i);
-    be->buf_alloc(be, DSV4_DT_F32, 10, LEN / 10, &b, &err);
-    be->buf_write(be, &b, v, &err);
-    o->rc_reduce = c->all_reduce_sum(c, be, &b, &err);
-    be->buf_read(be, &b, o->red, &err);
-    be->buf_free(be, &b);
+    o->rc_reduce = ct_reduce_partials(c, be, 10, LEN, o->red, &err);
     uint16_t hb[4];
     for (int j = 0; j < 4; j++) {
         float f = (float)((rank + 1) * (j + 1));
@@ -112,7 +100,7 @@ static void test_collectives(void) {
         CHECK_EQ_INT(rep[r].rc_reduce, 0);
         int same = 1, ordered = 1;
         for (int i = 0; i < LEN; i++) {
-            float want = (part(0, i) + part(1, i)) + part(2, i);
+            float want = ct_rank_order_sum(N, i);
             ordered &= !memcmp(&rep[r].red[i], &want, 4);
             same &= !memcmp(&rep[r].red[i], &rep[0].red[i], 4);
         }
@@ -138,7 +126,7 @@ static void test_collectives(void) {
     /* rank-order sums are not the same bits as another order on these values (else the check above is weak) */
     int differs = 0;
     for (int i = 0; i < LEN; i++) {
-        float a = (part(0, i) + part(1, i)) + part(2, i), b = part(0, i) + (part(1, i) + part(2, i));
+        float a = ct_rank_order_sum(N, i), b = ct_part(0, i) + (ct_part(1, i) + ct_part(2, i));
         differs |= memcmp(&a, &b, 4) != 0;
     }
     CHECK(differs);

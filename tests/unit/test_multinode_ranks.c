@@ -6,7 +6,7 @@
  * runs those):
  *   - dsv4_comm_tcp_create_ranks: 2 nodes x 2 ranks make one TCP group of 4;
  *     every rank's all_reduce_sum is bit-identical to the rank-order sum
- *     ((p0 + p1) + p2) + p3 computed here (the local communicator's order), and
+ *     ((p0 + p1) + p2) + p3 (comm_test_util.h; the local communicator's order), and
  *     a rank whose handle closes is named with its node (rank 3 is on node 1);
  *   - dsv4_multinode_join / open_leader / follow with -tp 4 over 2 nodes on a
  *     dummy-weight model that TP = 4 divides (the tiny checkpoints have
@@ -22,6 +22,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 
+#include "comm_test_util.h"
 #include "engine/engine.h"
 #include "engine/model_runner.h"
 #include "parallel/comm.h"
@@ -43,13 +44,6 @@
 #define LEN 600
 
 /* ---------- the TCP group of 2 nodes x 2 ranks ---------- */
-
-/* rank r's partial: magnitudes far apart so that the order of the sums shows in the bits */
-static float part(int r, int i) {
-    unsigned x = (unsigned)(r * 7919 + i * 104729 + 17) * 2654435761u;
-    float m = (float)(x >> 8) / (float)(1u << 24);
-    return (i % 3 == 0 ? 1e6f : i % 3 == 1 ? 1.0f : 1e-6f) * (m - 0.5f) * (float)(r + 1);
-}
 
 typedef struct {
     int node, port, rc;
@@ -75,14 +69,7 @@ static void *tcp_rank_run(void *arg) {
     tcp_rank_job *j = arg;
     dsv4_err err = {0};
     dsv4_backend *be = dsv4_backend_cpu_create(DSV4_NUMERICS_REFERENCE, &err);
-    float v[LEN];
-    for (int i = 0; i < LEN; i++) v[i] = part(j->c->rank, i);
-    dsv4_buf b;
-    be->buf_alloc(be, DSV4_DT_F32, 6, LEN / 6, &b, &err);
-    be->buf_write(be, &b, v, &err);
-    j->rc = j->c->all_reduce_sum(j->c, be, &b, &err);
-    be->buf_read(be, &b, j->out, &err);
-    be->buf_free(be, &b);
+    j->rc = ct_reduce_partials(j->c, be, 6, LEN, j->out, &err);
     be->free(be);
     return NULL;
 }
@@ -106,7 +93,7 @@ static void test_tcp_ranks(void) {
     for (int r = 0; r < 4; r++) pthread_join(rt[r], NULL);
     int bad = 0;
     for (int i = 0; i < LEN; i++) {
-        float want = ((part(0, i) + part(1, i)) + part(2, i)) + part(3, i);
+        float want = ct_rank_order_sum(4, i);
         for (int r = 0; r < 4; r++) bad += memcmp(&j[r].out[i], &want, sizeof want) != 0;
     }
     for (int r = 0; r < 4; r++) CHECK_EQ_INT(j[r].rc, 0);

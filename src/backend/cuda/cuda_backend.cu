@@ -10,14 +10,22 @@
  * linear from raw device views without dereferencing a device pointer.
  *
  * MoE. dsv4_cuda_moe wants all experts of a layer in one expert-major
- * allocation; the op table hands over per-expert linears. The first
- * moe_experts call for a set assembles it (device-to-device copies of the
- * repacked bytes, the same layout dsv4_cuda_experts_upload makes) and keeps
- * it, keyed by the w1 array, until the backend is freed; the per-expert
- * copies are then freed and their records point into the set, so experts
- * cost their size once after the first forward (peak: + one layer's
- * experts). Uploading a layer's experts straight into one allocation (an
- * upload_experts op) would remove that peak too.
+ * allocation; the op table hands over per-expert linears. `experts_ready`
+ * (backend.h), called by dsv4_block_dev_init right after a block's experts
+ * are uploaded or dummy-filled, assembles the set (device-to-device copies of
+ * the repacked bytes, the same layout dsv4_cuda_experts_upload makes) and
+ * keeps it, keyed by the w1 array, until the backend is freed; the
+ * per-expert copies are then freed and their records point into the set, so
+ * experts cost their size once. Why at load time and not in the first
+ * forward (review 2026-12-01 S1/S2): the transient (+ one layer's experts,
+ * 3.2 GiB at TP=1 on Flash) then comes before the KV pool is sized from the
+ * free memory, not out of the activation reserve; and the cudaMalloc /
+ * cudaStreamSynchronize / cudaFree of the assembly never run inside a
+ * forward, where under TP a peer rank may be waiting in a collective for
+ * this one (cuda_ctx.cu, the workspace). moe_experts still assembles a set it
+ * was not given at load (a caller that skips experts_ready, e.g. an op test),
+ * with a warning. Uploading a layer's experts straight into one allocation
+ * (an upload_experts op) would remove the transient too.
  */
 #include "backend/cuda/cuda_be_internal.cuh"
 #include "backend/cuda/cuda_rows.cuh"
@@ -646,9 +654,12 @@ static int cu_moe_route(dsv4_backend *be, const dsv4_buf *x, const dsv4_linear *
     return rc;
 }
 
-/* The expert-major copy of an expert set (see the banner), made on first use. */
+/* The expert-major copy of an expert set (see the banner): found, or made
+ * now. in_forward: called from moe_experts, i.e. experts_ready did not make
+ * it at load; logged, since the assembly then allocates and synchronises in
+ * the middle of a forward. */
 static int moe_set(cu_be *cb, const dsv4_linear *w1, const dsv4_linear *w3, const dsv4_linear *w2, int n_exp,
-                   const dsv4_cuda_experts **out, dsv4_err *err) {
+                   int in_forward, const dsv4_cuda_experts **out, dsv4_err *err) {
     for (cu_moe *m = cb->moes; m; m = m->next)
         if (m->key == w1 && m->key0 == w1[0].w.data && m->n_exp == n_exp && !m->bf16_ptrs) {
             *out = &m->ex;
@@ -709,8 +720,8 @@ static int moe_set(cu_be *cb, const dsv4_linear *w1, const dsv4_linear *w3, cons
     x->bytes = 3 * (wb + sb) * n_exp;
     /* The per-expert copies are now redundant: free them and point each
      * expert's record into the set, so the experts cost their size once (a
-     * plain `linear` on one expert still works). Peak = all weights + one
-     * layer's experts, during the first forward. */
+     * plain `linear` on one expert still works). Peak = the weights uploaded
+     * so far + one layer's experts, at load (experts_ready). */
     cudaError_t se = cudaStreamSynchronize(cb->ctx->stream);
     if (se != cudaSuccess) {
         dsv4_cuda_experts_free(cb->ctx, x);
@@ -733,6 +744,11 @@ static int moe_set(cu_be *cb, const dsv4_linear *w1, const dsv4_linear *w3, cons
     m->next = cb->moes;
     cb->moes = m;
     *out = x;
+    if (in_forward)
+        dsv4_log(DSV4_LOG_WARN,
+                 "cuda: the expert set of %s (%d experts, %.2f GiB) was assembled in a forward, not at load "
+                 "(experts_ready was not called): a transient copy and a stream synchronisation mid-forward",
+                 lin_name(&w1[0]), n_exp, (double)x->bytes / 1073741824.0);
     return DSV4_OK;
 }
 
@@ -814,7 +830,7 @@ static int cu_moe_experts(dsv4_backend *be, const dsv4_buf *x, const dsv4_linear
     if (limit != 10.0f)
         return cu_err(err, DSV4_EUNSUPPORTED, "cuda: moe_experts: swiglu limit %g (the kernel has 10)", (double)limit);
     const dsv4_cuda_experts *ex = NULL;
-    if ((rc = moe_set(cb, w1, w3, w2, n_exp, &ex, err))) return rc;
+    if ((rc = moe_set(cb, w1, w3, w2, n_exp, 1, &ex, err))) return rc;
     if (ex->d_model != d) return cu_err(err, DSV4_EINVAL, "cuda: moe_experts: x has %lld columns, experts %lld",
                                         (long long)d, (long long)ex->d_model);
     /* ids outside [0, n_exp) are skipped by the kernel (the CPU reference rejects them).
@@ -834,6 +850,29 @@ static int cu_moe_experts(dsv4_backend *be, const dsv4_buf *x, const dsv4_linear
         int64_t n = T - r0 < per ? T - r0 : per;
         rc = dsv4_cuda_moe(cb->ctx, ex, (const float *)x->data + r0 * d, (int)n, (const int32_t *)ids->data + r0 * k,
                            (const float *)weights->data + r0 * k, (int)k, NULL, (float *)y->data + r0 * d, moe_flags, err);
+    }
+    return rc;
+}
+
+/* backend.h experts_ready: a block's expert set (FP4) or BF16 pointer table,
+ * made at load time (see the banner) so that moe_experts only finds it. */
+static int cu_experts_ready(dsv4_backend *be, const dsv4_linear *w1, const dsv4_linear *w3, const dsv4_linear *w2,
+                            int n_exp, dsv4_err *err) {
+    cu_be *cb = cube(be);
+    if (!w1 || !w3 || !w2 || n_exp <= 0)
+        return cu_err(err, DSV4_EINVAL, "cuda: experts_ready: %d experts (or missing arrays)", n_exp);
+    const void *const *tab = NULL;
+    int64_t F = 0;
+    int rc = moe_bf16_set(cb, w1, w3, w2, n_exp, &tab, &F, err);
+    if (rc || tab) return rc;
+    const cu_lin *l0 = lin_of(&w1[0], "experts_ready", err);
+    if (!l0) return DSV4_EINVAL;
+    if (l0->f32 || l0->cw.kind != DSV4_CUDA_W_FP4) return DSV4_OK; /* moe_experts refuses these, as before */
+    const dsv4_cuda_experts *ex = NULL;
+    rc = moe_set(cb, w1, w3, w2, n_exp, 0, &ex, err);
+    if (rc == DSV4_EUNSUPPORTED) { /* a set the kernel cannot run: left to moe_experts to report, as before */
+        dsv4_err_clear(err);
+        return DSV4_OK;
     }
     return rc;
 }
@@ -911,6 +950,7 @@ extern "C" dsv4_backend *dsv4_backend_cuda_create(dsv4_numerics numerics, int de
     be->attention = cu_be_attention;
     be->moe_route = cu_moe_route;
     be->moe_experts = cu_moe_experts;
+    be->experts_ready = cu_experts_ready;
     be->swiglu = cu_be_swiglu;
     be->hc_mean = cu_hc_mean;
     be->logit_top = cu_be_logit_top;
