@@ -470,6 +470,18 @@ struct dsv4_backend {
                      const dsv4_tview *sinks, int n_heads, const dsv4_batch *b, dsv4_buf *o,
                      dsv4_err *err);
 
+    /*
+     * Optional (NULL: attention then rope(o, kv->cols, rope, b, inverse)).
+     * attention as above, then the inverse RoPE of the last rope_dim values
+     * of each of o's heads (§3.4.8); o exactly what the two ops give. Why: at
+     * decode the rope was a launch of its own per layer; a GPU backend
+     * rotates o where attention writes it (issue 7).
+     */
+    int (*attention_rope)(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv,
+                          const dsv4_win_state *ws, const dsv4_cmp_state *cs, const dsv4_buf *sel,
+                          const dsv4_tview *sinks, int n_heads, const dsv4_batch *b,
+                          const dsv4_rope *rope, dsv4_buf *o, dsv4_err *err);
+
     /* ---- MoE (spec/MODEL.md §3.5) ---- */
 
     /*

@@ -734,6 +734,16 @@ static int check_rows(conf *c, const char *op, cmp_pair *cp) {
     return rc;
 }
 
+/* The test side (0) takes attention_rope where it exists; the reference (1) attention, then rope (inverse). */
+static int att_rope_side(conf *c, int side, dsv4_buf *q, dsv4_buf *kv, dsv4_win_state *ws, dsv4_cmp_state *cs,
+                         dsv4_buf *sel, const dsv4_tview *sinks, int H, const dsv4_batch *b, const dsv4_rope *r,
+                         dsv4_buf *o) {
+    dsv4_backend *be = c->be[side];
+    if (side == 0 && be->attention_rope) return be->attention_rope(be, q, kv, ws, cs, sel, sinks, H, b, r, o, c->err);
+    int rc = be->attention(be, q, kv, ws, cs, sel, sinks, H, b, o, c->err);
+    return rc ? rc : be->rope(be, o, (int)kv->cols, r, b, 1, c->err);
+}
+
 /* Window ring + compressed rows + attention + compressor + indexer for the batch's requests. */
 static int conf_attention(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
     int T = s->rows, hd = s->head_dim, H = s->n_heads, slots = b->n_seqs, rc;
@@ -821,6 +831,12 @@ static int conf_attention(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b
                                 &sinks[1], H, b, o[1], c->err));
         if ((rc = check_f32(c, op, o))) return rc;
     }
+    /* attention_rope (where the test backend has it) against the reference's attention + inverse rope,
+     * over the widest candidate set */
+    op = "attention_rope";
+    RUN(att_rope_side(c, 0, q[0], kv[0], &ws[0], &cm.st[0], ov ? sel[0] : NULL, &sinks[0], H, b, &r, o[0]),
+        att_rope_side(c, 1, q[1], kv[1], &ws[1], &cm.st[1], ov ? sel[1] : NULL, &sinks[1], H, b, &r, o[1]));
+    if ((rc = check_f32(c, op, o))) return rc;
     op = "win_store";
     RUN(c->be[0]->win_store(c->be[0], &ws[0], kv[0], b, c->err), c->be[1]->win_store(c->be[1], &ws[1], kv[1], b, c->err));
     return check_kv(c, op, kt, hd, krope, ring);

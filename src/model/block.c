@@ -119,12 +119,19 @@ static int attention_block(const dsv4_config *cfg, const dsv4_block_dev *blk, ds
     /* §3.4.7 sink attention over window + compressed rows, then store the window rows */
     dsv4_buf *o = sc_alloc(s, ad, T, (int64_t)H * hd, &rc, err);
     if (rc) return rc;
-    if ((rc = be->attention(be, q, kv, &ls->win, ratio > 0 ? &ls->cmp : NULL, sel, &w->sink, H, b, o, err)))
-        return rc;
+    /* §3.4.8 inverse RoPE of o: inside attention's last launch where the backend has attention_rope */
+    if (be->attention_rope) {
+        if ((rc = be->attention_rope(be, q, kv, &ls->win, ratio > 0 ? &ls->cmp : NULL, sel, &w->sink, H, b,
+                                     &blk->rope, o, err)))
+            return rc;
+    } else {
+        if ((rc = be->attention(be, q, kv, &ls->win, ratio > 0 ? &ls->cmp : NULL, sel, &w->sink, H, b, o, err)))
+            return rc;
+        if ((rc = be->rope(be, o, hd, &blk->rope, b, 1, err))) return rc;
+    }
     if ((rc = be->win_store(be, &ls->win, kv, b, err))) return rc;
 
-    /* §3.4.8 inverse RoPE, grouped low-rank output */
-    if ((rc = be->rope(be, o, hd, &blk->rope, b, 1, err))) return rc;
+    /* grouped low-rank output */
     dsv4_buf *z = sc_alloc(s, ad, T, (int64_t)cfg->o_groups * cfg->o_lora_rank, &rc, err);
     if (rc) return rc;
     if ((rc = be->linear_grouped(be, o, &w->wo_a, cfg->o_groups, z, err))) return rc;

@@ -917,6 +917,7 @@ extern "C" dsv4_backend *dsv4_backend_cuda_create(dsv4_numerics numerics, int de
     be->compress = cu_be_compress;
     be->indexer_select = cu_be_indexer_select;
     be->attention = cu_be_attention;
+    be->attention_rope = cu_be_attention_rope;
     be->moe_route = cu_moe_route;
     be->moe_experts = cu_moe_experts;
     be->swiglu = cu_be_swiglu;

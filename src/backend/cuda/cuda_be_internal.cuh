@@ -128,6 +128,9 @@ int cu_be_indexer_select(dsv4_backend *be, const dsv4_buf *qi, const dsv4_buf *g
 int cu_be_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, const dsv4_win_state *ws,
                     const dsv4_cmp_state *cs, const dsv4_buf *sel, const dsv4_tview *sinks, int n_heads,
                     const dsv4_batch *b, dsv4_buf *o, dsv4_err *err);
+int cu_be_attention_rope(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, const dsv4_win_state *ws,
+                         const dsv4_cmp_state *cs, const dsv4_buf *sel, const dsv4_tview *sinks, int n_heads,
+                         const dsv4_batch *b, const dsv4_rope *rope, dsv4_buf *o, dsv4_err *err);
 /* Emitted-row state checks shared by those files: F32 rows, out_dim wide, and
  * (unpaged) n_slots*max_rows rows or (paged) whole pages. */
 int cu_be_check_cmp_rows(const dsv4_cmp_state *cs, int64_t out_dim, const char *what, dsv4_err *err);
