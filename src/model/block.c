@@ -89,8 +89,12 @@ static int attention_block(const dsv4_config *cfg, const dsv4_block_dev *blk, ds
     if ((rc = norm_rope(be, q, NULL, hd, eps, &blk->rope, b, err))) return rc; /* per-head, unweighted */
 
     /* §3.4.2 KV path: one shared head, K = V */
-    if ((rc = norm_rope(be, kv, &w->kv_norm, hd, eps, &blk->rope, b, err))) return rc;
-    if (ref && (rc = be->qat_fp8(be, kv, hd, hd - rd, 64, err))) return rc;
+    if (ref && be->rmsnorm_rope_qat_fp8) { /* the three in one kernel where the backend has it */
+        if ((rc = be->rmsnorm_rope_qat_fp8(be, kv, &w->kv_norm, hd, eps, &blk->rope, b, hd - rd, 64, err))) return rc;
+    } else {
+        if ((rc = norm_rope(be, kv, &w->kv_norm, hd, eps, &blk->rope, b, err))) return rc;
+        if (ref && (rc = be->qat_fp8(be, kv, hd, hd - rd, 64, err))) return rc;
+    }
 
     /* §3.4.5 compressor: emits the rows completed by this batch, before attention */
     if (ratio > 0) {
@@ -110,8 +114,12 @@ static int attention_block(const dsv4_config *cfg, const dsv4_block_dev *blk, ds
         if ((rc = be->compress(be, &ls->idx, iK, iZ, &c->ape, &c->norm, eps, &blk->rope, DSV4_QAT_HADAMARD_FP4,
                                b, err)))
             return rc;
-        if ((rc = be->rope(be, qi, dk, &blk->rope, b, 0, err))) return rc;
-        if (ref && (rc = be->qat_hadamard_fp4(be, qi, dk, err))) return rc;
+        if (ref && be->rope_qat_hadamard_fp4) { /* one kernel where the backend has it */
+            if ((rc = be->rope_qat_hadamard_fp4(be, qi, dk, &blk->rope, b, err))) return rc;
+        } else {
+            if ((rc = be->rope(be, qi, dk, &blk->rope, b, 0, err))) return rc;
+            if (ref && (rc = be->qat_hadamard_fp4(be, qi, dk, err))) return rc;
+        }
         float g_scale = (float)(1.0 / sqrt((double)dk * Hi));
         if ((rc = be->indexer_select(be, qi, g, g_scale, &ls->idx, cfg->index_topk, b, sel, err))) return rc;
     }

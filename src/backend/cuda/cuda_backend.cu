@@ -906,6 +906,8 @@ extern "C" dsv4_backend *dsv4_backend_cuda_create(dsv4_numerics numerics, int de
     be->rmsnorm_rope = cu_be_rmsnorm_rope;
     be->qat_fp8 = cu_be_qat_fp8;
     be->qat_hadamard_fp4 = cu_be_qat_hadamard_fp4;
+    be->rmsnorm_rope_qat_fp8 = cu_be_rmsnorm_rope_qat_fp8;
+    be->rope_qat_hadamard_fp4 = cu_be_rope_qat_hadamard_fp4;
     be->linear = cu_linear;
     be->linear_grouped = cu_linear_grouped;
     be->linear_multi = cu_linear_multi;

@@ -102,6 +102,10 @@ int cu_be_rope(dsv4_backend *be, dsv4_buf *x, int head_dim, const dsv4_rope *rop
 int cu_be_qat_fp8(dsv4_backend *be, dsv4_buf *x, int head_dim, int n_quant, int block,
                   dsv4_err *err);
 int cu_be_qat_hadamard_fp4(dsv4_backend *be, dsv4_buf *x, int head_dim, dsv4_err *err);
+int cu_be_rmsnorm_rope_qat_fp8(dsv4_backend *be, dsv4_buf *x, const dsv4_tview *weight, int head_dim, float eps,
+                               const dsv4_rope *rope, const dsv4_batch *b, int n_quant, int block, dsv4_err *err);
+int cu_be_rope_qat_hadamard_fp4(dsv4_backend *be, dsv4_buf *x, int head_dim, const dsv4_rope *rope,
+                                const dsv4_batch *b, dsv4_err *err);
 int cu_be_swiglu(dsv4_backend *be, const dsv4_buf *g, const dsv4_buf *u, float limit,
                  dsv4_buf *h, dsv4_err *err);
 int cu_be_hc_pre(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn, const dsv4_tview *base,
