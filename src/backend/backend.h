@@ -493,9 +493,11 @@ struct dsv4_backend {
     /*
      * Optional (NULL: attention then rope(o, kv->cols, rope, b, inverse)).
      * attention as above, then the inverse RoPE of the last rope_dim values
-     * of each of o's heads (§3.4.8); o exactly what the two ops give. Why: at
-     * decode the rope was a launch of its own per layer; a GPU backend
-     * rotates o where attention writes it (issue 7).
+     * of each of o's heads (§3.4.8); o what the two ops give, up to the
+     * rounding of the rotation (the CUDA kernel: ~1e-9 absolute apart,
+     * bench/results/2026-12-01-decode-latency-h200.md). Why: at decode the
+     * rope was a launch of its own per layer; a GPU backend rotates o where
+     * attention writes it (issue 7).
      */
     int (*attention_rope)(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv,
                           const dsv4_win_state *ws, const dsv4_cmp_state *cs, const dsv4_buf *sel,

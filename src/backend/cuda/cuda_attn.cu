@@ -272,7 +272,10 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) k_att_scores(att_args a, int c
  * for k_att_pv<.., DEC = 1> with orope set (the op attention_rope): k_rope's
  * arithmetic (cosf / sinf of pos·freq, sin negated, the same products) on the
  * pairs at or after the head's tail = hd − rope_dim (even, so a pair never
- * straddles two float4s), so o is what attention then rope(inverse) give.
+ * straddles two float4s). Measured (H200, gpu_conformance, fused vs
+ * DSV4_CUDA_ATT_OROPE=0): not bit-identical to attention + rope — the errors
+ * vs the CPU differ in the 3rd digit at ~1e-7 — likely ptxas contracting
+ * a*c - b*s differently in the two kernels; far inside the tolerance.
  */
 __device__ __forceinline__ float4 att_orope(float4 v, const dsv4_rope &r, int pos, int d, int hd) {
     const int tail = hd - r.rope_dim;
