@@ -353,6 +353,26 @@ struct dsv4_backend {
      */
     int (*qat_hadamard_fp4)(dsv4_backend *be, dsv4_buf *x, int head_dim, dsv4_err *err);
 
+    /*
+     * Optional (NULL: rmsnorm_rope — or rmsnorm, rope — then qat_fp8). In place
+     * on x [T][n_heads*head_dim]: rmsnorm_rope(x, weight, head_dim, eps, rope,
+     * b) followed by qat_fp8(x, head_dim, n_quant, block); same results as the
+     * ops. Why: the KV head (§3.4.2) takes all three at every step in
+     * reference numerics; one kernel instead of two (issue 7).
+     */
+    int (*rmsnorm_rope_qat_fp8)(dsv4_backend *be, dsv4_buf *x, const dsv4_tview *weight, int head_dim,
+                                float eps, const dsv4_rope *rope, const dsv4_batch *b, int n_quant,
+                                int block, dsv4_err *err);
+
+    /*
+     * Optional (NULL: rope (forward) then qat_hadamard_fp4). In place on
+     * x [T][n_heads*head_dim]; same results as the two ops. Why: the
+     * indexer's queries (§3.4.6) take both at every step in reference
+     * numerics; one kernel instead of two (issue 7).
+     */
+    int (*rope_qat_hadamard_fp4)(dsv4_backend *be, dsv4_buf *x, int head_dim, const dsv4_rope *rope,
+                                 const dsv4_batch *b, dsv4_err *err);
+
     /* ---- linears (spec/MODEL.md §2.3-2.4) ---- */
 
     /*
@@ -469,6 +489,20 @@ struct dsv4_backend {
                      const dsv4_win_state *ws, const dsv4_cmp_state *cs, const dsv4_buf *sel,
                      const dsv4_tview *sinks, int n_heads, const dsv4_batch *b, dsv4_buf *o,
                      dsv4_err *err);
+
+    /*
+     * Optional (NULL: attention then rope(o, kv->cols, rope, b, inverse)).
+     * attention as above, then the inverse RoPE of the last rope_dim values
+     * of each of o's heads (§3.4.8); o what the two ops give, up to the
+     * rounding of the rotation (the CUDA kernel: ~1e-9 absolute apart,
+     * bench/results/2026-12-01-decode-latency-h200.md). Why: at decode the
+     * rope was a launch of its own per layer; a GPU backend rotates o where
+     * attention writes it (issue 7).
+     */
+    int (*attention_rope)(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv,
+                          const dsv4_win_state *ws, const dsv4_cmp_state *cs, const dsv4_buf *sel,
+                          const dsv4_tview *sinks, int n_heads, const dsv4_batch *b,
+                          const dsv4_rope *rope, dsv4_buf *o, dsv4_err *err);
 
     /* ---- MoE (spec/MODEL.md §3.5) ---- */
 

@@ -343,6 +343,25 @@ static int norm_rope_side(conf *c, int side, dsv4_buf *x, const dsv4_tview *w, i
     return rc ? rc : be->rope(be, x, hd, r, b, 0, c->err);
 }
 
+/* The test side (0) takes rmsnorm_rope_qat_fp8 where it exists; the reference (1) rmsnorm, rope, qat_fp8. */
+static int norm_rope_qat_side(conf *c, int side, dsv4_buf *x, const dsv4_tview *w, int hd, const dsv4_rope *r,
+                              const dsv4_batch *b) {
+    dsv4_backend *be = c->be[side];
+    const int nq = hd - r->rope_dim;
+    if (side == 0 && be->rmsnorm_rope_qat_fp8) return be->rmsnorm_rope_qat_fp8(be, x, w, hd, 1e-6f, r, b, nq, 64, c->err);
+    int rc = be->rmsnorm(be, x, w, hd, 1e-6f, x, c->err);
+    if (!rc) rc = be->rope(be, x, hd, r, b, 0, c->err);
+    return rc ? rc : be->qat_fp8(be, x, hd, nq, 64, c->err);
+}
+
+/* The test side (0) takes rope_qat_hadamard_fp4 where it exists; the reference (1) rope, then qat_hadamard_fp4. */
+static int rope_had_side(conf *c, int side, dsv4_buf *x, int hd, const dsv4_rope *r, const dsv4_batch *b) {
+    dsv4_backend *be = c->be[side];
+    if (side == 0 && be->rope_qat_hadamard_fp4) return be->rope_qat_hadamard_fp4(be, x, hd, r, b, c->err);
+    int rc = be->rope(be, x, hd, r, b, 0, c->err);
+    return rc ? rc : be->qat_hadamard_fp4(be, x, hd, c->err);
+}
+
 static int conf_dense(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
     int T = s->rows, rc;
     const char *op = "dense";
@@ -390,6 +409,14 @@ static int conf_dense(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
             RUN(norm_rope_side(c, 0, xb[0], w0, s->head_dim, &r, b), norm_rope_side(c, 1, xb[1], w1, s->head_dim, &r, b));
             if ((rc = check_f32(c, op, xb))) return rc;
         }
+        /* the KV head's norm + rope + FP8 QAT in one op (where the test backend has it) */
+        if (s->head_dim - s->rope_dim > 0 && (s->head_dim - s->rope_dim) % 64 == 0) {
+            if ((rc = pair(c, DSV4_DT_F32, T, s->head_dim, hrand(c, (size_t)T * s->head_dim, 3), k2))) return rc;
+            op = "rmsnorm_rope_qat_fp8";
+            RUN(norm_rope_qat_side(c, 0, k2[0], &hw[0], s->head_dim, &r, b),
+                norm_rope_qat_side(c, 1, k2[1], &hw[1], s->head_dim, &r, b));
+            if ((rc = check_f32(c, op, k2))) return rc;
+        }
     }
     op = "qat_fp8";
     int nq = s->head_dim - s->rope_dim;
@@ -400,12 +427,20 @@ static int conf_dense(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
         return rc;
     op = "qat_hadamard_fp4";
     RUN(c->be[0]->qat_hadamard_fp4(c->be[0], u[0], s->index_dim, c->err), c->be[1]->qat_hadamard_fp4(c->be[1], u[1], s->index_dim, c->err));
+    if ((rc = check_f32(c, op, u))) return rc;
+    /* the indexer's queries: rope + Hadamard + FP4 in one op (where the test backend has it) */
+    if (s->rope_dim > s->index_dim) return DSV4_OK;
+    if ((rc = pair(c, DSV4_DT_F32, T, (int64_t)s->index_heads * s->index_dim,
+                   hrand(c, (size_t)T * s->index_heads * s->index_dim, 2), u)))
+        return rc;
+    op = "rope_qat_hadamard_fp4";
+    RUN(rope_had_side(c, 0, u[0], s->index_dim, &r, b), rope_had_side(c, 1, u[1], s->index_dim, &r, b));
     return check_f32(c, op, u);
 }
 
 /* linear_multi where it exists (else `linear` per weight) against the reference's `linear`:
- * six weights on one x, as a block's projections (FP8 mostly, a BF16 one in the middle and more
- * FP8 weights than one grouped launch takes), each output checked. */
+ * seven weights on one x, as a block's projections (FP8 mostly, two BF16 ones that a backend may group,
+ * and more FP8 weights than one grouped launch takes), each output checked. */
 static int multi_side(conf *c, int side, const dsv4_buf *x, int n, const dsv4_linear *const *w, dsv4_buf *const *y) {
     dsv4_backend *be = c->be[side];
     if (side == 0 && be->linear_multi) return be->linear_multi(be, x, n, w, y, c->err);
@@ -417,11 +452,12 @@ static int multi_side(conf *c, int side, const dsv4_buf *x, int n, const dsv4_li
 }
 
 static int conf_linear_multi(conf *c, const dsv4_conf_shape *s) {
-    enum { NW = 6 };
+    enum { NW = 7 };
     const int T = s->rows;
     const struct { dsv4_dtype dt; int64_t out; } ws[NW] = {
         {DSV4_DT_F8_E4M3, s->q_lora},      {DSV4_DT_F8_E4M3, s->head_dim}, {DSV4_DT_BF16, s->index_heads},
-        {DSV4_DT_F8_E4M3, 2 * s->head_dim}, {DSV4_DT_F8_E4M3, s->head_dim}, {DSV4_DT_F8_E4M3, s->d}};
+        {DSV4_DT_F8_E4M3, 2 * s->head_dim}, {DSV4_DT_F8_E4M3, s->head_dim}, {DSV4_DT_F8_E4M3, s->d},
+        {DSV4_DT_BF16, 2 * s->head_dim}};
     dsv4_linear L[2][NW];
     const dsv4_linear *lp[2][NW];
     dsv4_buf *x[2], *y[NW][2], *yp[2][NW];
@@ -734,6 +770,16 @@ static int check_rows(conf *c, const char *op, cmp_pair *cp) {
     return rc;
 }
 
+/* The test side (0) takes attention_rope where it exists; the reference (1) attention, then rope (inverse). */
+static int att_rope_side(conf *c, int side, dsv4_buf *q, dsv4_buf *kv, dsv4_win_state *ws, dsv4_cmp_state *cs,
+                         dsv4_buf *sel, const dsv4_tview *sinks, int H, const dsv4_batch *b, const dsv4_rope *r,
+                         dsv4_buf *o) {
+    dsv4_backend *be = c->be[side];
+    if (side == 0 && be->attention_rope) return be->attention_rope(be, q, kv, ws, cs, sel, sinks, H, b, r, o, c->err);
+    int rc = be->attention(be, q, kv, ws, cs, sel, sinks, H, b, o, c->err);
+    return rc ? rc : be->rope(be, o, (int)kv->cols, r, b, 1, c->err);
+}
+
 /* Window ring + compressed rows + attention + compressor + indexer for the batch's requests. */
 static int conf_attention(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
     int T = s->rows, hd = s->head_dim, H = s->n_heads, slots = b->n_seqs, rc;
@@ -821,6 +867,12 @@ static int conf_attention(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b
                                 &sinks[1], H, b, o[1], c->err));
         if ((rc = check_f32(c, op, o))) return rc;
     }
+    /* attention_rope (where the test backend has it) against the reference's attention + inverse rope,
+     * over the widest candidate set */
+    op = "attention_rope";
+    RUN(att_rope_side(c, 0, q[0], kv[0], &ws[0], &cm.st[0], ov ? sel[0] : NULL, &sinks[0], H, b, &r, o[0]),
+        att_rope_side(c, 1, q[1], kv[1], &ws[1], &cm.st[1], ov ? sel[1] : NULL, &sinks[1], H, b, &r, o[1]));
+    if ((rc = check_f32(c, op, o))) return rc;
     op = "win_store";
     RUN(c->be[0]->win_store(c->be[0], &ws[0], kv[0], b, c->err), c->be[1]->win_store(c->be[1], &ws[1], kv[1], b, c->err));
     return check_kv(c, op, kt, hd, krope, ring);

@@ -89,8 +89,12 @@ static int attention_block(const dsv4_config *cfg, const dsv4_block_dev *blk, ds
     if ((rc = norm_rope(be, q, NULL, hd, eps, &blk->rope, b, err))) return rc; /* per-head, unweighted */
 
     /* §3.4.2 KV path: one shared head, K = V */
-    if ((rc = norm_rope(be, kv, &w->kv_norm, hd, eps, &blk->rope, b, err))) return rc;
-    if (ref && (rc = be->qat_fp8(be, kv, hd, hd - rd, 64, err))) return rc;
+    if (ref && be->rmsnorm_rope_qat_fp8) { /* the three in one kernel where the backend has it */
+        if ((rc = be->rmsnorm_rope_qat_fp8(be, kv, &w->kv_norm, hd, eps, &blk->rope, b, hd - rd, 64, err))) return rc;
+    } else {
+        if ((rc = norm_rope(be, kv, &w->kv_norm, hd, eps, &blk->rope, b, err))) return rc;
+        if (ref && (rc = be->qat_fp8(be, kv, hd, hd - rd, 64, err))) return rc;
+    }
 
     /* §3.4.5 compressor: emits the rows completed by this batch, before attention */
     if (ratio > 0) {
@@ -110,8 +114,12 @@ static int attention_block(const dsv4_config *cfg, const dsv4_block_dev *blk, ds
         if ((rc = be->compress(be, &ls->idx, iK, iZ, &c->ape, &c->norm, eps, &blk->rope, DSV4_QAT_HADAMARD_FP4,
                                b, err)))
             return rc;
-        if ((rc = be->rope(be, qi, dk, &blk->rope, b, 0, err))) return rc;
-        if (ref && (rc = be->qat_hadamard_fp4(be, qi, dk, err))) return rc;
+        if (ref && be->rope_qat_hadamard_fp4) { /* one kernel where the backend has it */
+            if ((rc = be->rope_qat_hadamard_fp4(be, qi, dk, &blk->rope, b, err))) return rc;
+        } else {
+            if ((rc = be->rope(be, qi, dk, &blk->rope, b, 0, err))) return rc;
+            if (ref && (rc = be->qat_hadamard_fp4(be, qi, dk, err))) return rc;
+        }
         float g_scale = (float)(1.0 / sqrt((double)dk * Hi));
         if ((rc = be->indexer_select(be, qi, g, g_scale, &ls->idx, cfg->index_topk, b, sel, err))) return rc;
     }
@@ -119,12 +127,19 @@ static int attention_block(const dsv4_config *cfg, const dsv4_block_dev *blk, ds
     /* §3.4.7 sink attention over window + compressed rows, then store the window rows */
     dsv4_buf *o = sc_alloc(s, ad, T, (int64_t)H * hd, &rc, err);
     if (rc) return rc;
-    if ((rc = be->attention(be, q, kv, &ls->win, ratio > 0 ? &ls->cmp : NULL, sel, &w->sink, H, b, o, err)))
-        return rc;
+    /* §3.4.8 inverse RoPE of o: inside attention's last launch where the backend has attention_rope */
+    if (be->attention_rope) {
+        if ((rc = be->attention_rope(be, q, kv, &ls->win, ratio > 0 ? &ls->cmp : NULL, sel, &w->sink, H, b,
+                                     &blk->rope, o, err)))
+            return rc;
+    } else {
+        if ((rc = be->attention(be, q, kv, &ls->win, ratio > 0 ? &ls->cmp : NULL, sel, &w->sink, H, b, o, err)))
+            return rc;
+        if ((rc = be->rope(be, o, hd, &blk->rope, b, 1, err))) return rc;
+    }
     if ((rc = be->win_store(be, &ls->win, kv, b, err))) return rc;
 
-    /* §3.4.8 inverse RoPE, grouped low-rank output */
-    if ((rc = be->rope(be, o, hd, &blk->rope, b, 1, err))) return rc;
+    /* grouped low-rank output */
     dsv4_buf *z = sc_alloc(s, ad, T, (int64_t)cfg->o_groups * cfg->o_lora_rank, &rc, err);
     if (rc) return rc;
     if ((rc = be->linear_grouped(be, o, &w->wo_a, cfg->o_groups, z, err))) return rc;

@@ -267,9 +267,33 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) k_att_scores(att_args a, int c
  * each warp streams its candidates' slices, 4 loads in flight.
  * out: o itself (one split) or the split's partial buffer.
  */
+/*
+ * The inverse RoPE of o (§3.4.8) on a float4 of head dims d..d+3 of row t,
+ * for k_att_pv<.., DEC = 1> with orope set (the op attention_rope): k_rope's
+ * arithmetic (cosf / sinf of pos·freq, sin negated, the same products) on the
+ * pairs at or after the head's tail = hd − rope_dim (even, so a pair never
+ * straddles two float4s). Measured (H200, gpu_conformance, fused vs
+ * DSV4_CUDA_ATT_OROPE=0): not bit-identical to attention + rope — the errors
+ * vs the CPU differ in the 3rd digit at ~1e-7 — likely ptxas contracting
+ * a*c - b*s differently in the two kernels; far inside the tolerance.
+ */
+__device__ __forceinline__ float4 att_orope(float4 v, const dsv4_rope &r, int pos, int d, int hd) {
+    const int tail = hd - r.rope_dim;
+    float o[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 4; j += 2) {
+        if (d + j < tail) continue;
+        const float ang = (float)pos * r.freq[(d + j - tail) / 2];
+        const float c = cosf(ang), s = -sinf(ang), x0 = o[j], x1 = o[j + 1];
+        o[j] = x0 * c - x1 * s;
+        o[j + 1] = x0 * s + x1 * c;
+    }
+    return make_float4(o[0], o[1], o[2], o[3]);
+}
+
 template <int MINB, int FMT, int DEC>
 __global__ void __launch_bounds__(ATT_THREADS, MINB) k_att_pv(att_args a, const void *sinks, int sinks_bf16, int ref,
-                                                        int nsplit, float *part) {
+                                                        int nsplit, float *part, const dsv4_rope orope, int do_rope) {
     __shared__ float mx_s[ATT_PHEADS], den_s[ATT_PHEADS];
     __shared__ __align__(16) float ps[ATT_PHEADS][ATT_PCHUNK];
     __shared__ const uint8_t *kp[ATT_PCHUNK];
@@ -396,6 +420,7 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) k_att_pv(att_args a, const 
                 s.z += r.z;
                 s.w += r.w;
             }
+            if (DEC && do_rope && nsplit == 1) s = att_orope(s, orope, a.pos[t], slice * 128 + 4 * l, a.hd);
             ((float4 *)(out + ((int64_t)tl * a.H + hg0 + hh) * a.hd + slice * 128))[l] = s;
         }
     }
@@ -426,6 +451,7 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) k_att_pv(att_args a, const 
                 s.z += r.z;
                 s.w += r.w;
             }
+            if (do_rope) s = att_orope(s, orope, a.pos[t], slice * 128 + (i % 32) * 4, a.hd);
             *(float4 *)(o + off) = s;
         }
     }
@@ -809,6 +835,8 @@ typedef struct att_launch_cfg {
     int T, n_heads, tc, sc_qh, sc_chunk, pv_one_block, nsplit, sbf, ref;
     int direct; /* coded rows: the tensor-core kernels decode from global memory (no staged tile) */
     int dec;    /* small rows: k_att_pv<..., 1> (PDL, early loads, last-block split sum); 0: as before */
+    int do_rope; /* dec: k_att_pv<..., 1> applies the inverse RoPE of o (attention_rope) */
+    dsv4_rope orope;
     dsv4_cuda_ctx *ctx;
     unsigned *cnt; /* dec with splits: counters for (rows of a chunk) x head groups x slices */
     int64_t hd, maxc, chunk;
@@ -872,13 +900,15 @@ static int att_launch(att_args a, const att_launch_cfg &L, dsv4_err *err) {
         dim3 g2((unsigned)(hd / 128 * nsplit), (unsigned)((n_heads + ATT_PHEADS - 1) / ATT_PHEADS), n);
         if (L.dec) {
             const cudaError_t ce =
-                cu_launch(L.ctx, k_att_pv<2, FMT, 1>, g2, dim3(ATT_THREADS), 0, a, sinks, sbf, ref, nsplit, part);
+                cu_launch(L.ctx, k_att_pv<2, FMT, 1>, g2, dim3(ATT_THREADS), 0, a, sinks, sbf, ref, nsplit, part,
+                          L.orope, L.do_rope);
             if (ce != cudaSuccess) return cu_err(err, DSV4_EBACKEND, "cuda: attention (pv, small rows): %s",
                                                  cudaGetErrorString(ce));
             continue; /* the split sum is done by each group's last block */
         }
-        if (pv_one_block) k_att_pv<1, FMT, 0><<<g2, ATT_THREADS, 0, stream>>>(a, sinks, sbf, ref, nsplit, part);
-        else k_att_pv<2, FMT, 0><<<g2, ATT_THREADS, 0, stream>>>(a, sinks, sbf, ref, nsplit, part);
+        if (pv_one_block)
+            k_att_pv<1, FMT, 0><<<g2, ATT_THREADS, 0, stream>>>(a, sinks, sbf, ref, nsplit, part, L.orope, 0);
+        else k_att_pv<2, FMT, 0><<<g2, ATT_THREADS, 0, stream>>>(a, sinks, sbf, ref, nsplit, part, L.orope, 0);
         CU_LAUNCHED(err, "attention (pv)");
         if (nsplit > 1) {
             const int64_t n4 = (int64_t)n * n_heads * hd / 4;
@@ -890,9 +920,10 @@ static int att_launch(att_args a, const att_launch_cfg &L, dsv4_err *err) {
     return DSV4_OK;
 }
 
-int cu_be_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, const dsv4_win_state *ws,
-                    const dsv4_cmp_state *cs, const dsv4_buf *sel, const dsv4_tview *sinks, int n_heads,
-                    const dsv4_batch *b, dsv4_buf *o, dsv4_err *err) {
+/* attention, then (orope non-NULL) the inverse RoPE of o: inside k_att_pv on the small-row path, else rope. */
+static int att_run(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, const dsv4_win_state *ws,
+                   const dsv4_cmp_state *cs, const dsv4_buf *sel, const dsv4_tview *sinks, int n_heads,
+                   const dsv4_batch *b, const dsv4_rope *orope, dsv4_buf *o, dsv4_err *err) {
     if (!b) return cu_err(err, DSV4_EINVAL, "cuda: attention: no batch");
     const int T = b->n_rows;
     int rc = cu_be_check(kv, DSV4_DT_F32, T, -1, "attention kv", err);
@@ -1020,12 +1051,39 @@ int cu_be_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, con
     const char *dir = getenv("DSV4_CUDA_ATT_CODED_DIRECT");
     /* use_dec (above): DSV4_CUDA_ATT_DEC=0 launches the small-row pv plain with a separate split sum, as
      * before (measuring; the outputs are bit-identical either way) */
+    /* orope: fused where every chunk takes the small-row pv (k_att_pv<.., 1>), else a rope launch after */
+    const int fuse = orope && !tc && use_dec && orope->rope_dim > 0 && orope->rope_dim % 2 == 0 &&
+                     orope->rope_dim <= hd && orope->rope_dim <= 2 * DSV4_ROPE_MAX_PAIRS;
     att_launch_cfg L = {T, n_heads, tc, sc_qh, sc_chunk, pv_one_block, nsplit, sbf, ref, dir && dir[0] == '1',
-                        use_dec, ctx, c_bytes ? (unsigned *)((char *)ws_p + s_bytes + p_bytes + k_bytes) : NULL,
+                        use_dec, fuse, {}, ctx,
+                        c_bytes ? (unsigned *)((char *)ws_p + s_bytes + p_bytes + k_bytes) : NULL,
                         hd, maxc, chunk, sinks->data, part, ctx->stream};
+    if (fuse) L.orope = *orope;
     switch (wf.t) {
-    case DSV4_KV_F32: return att_launch<DSV4_KV_F32>(a, L, err);
-    case DSV4_KV_BF16: return att_launch<DSV4_KV_BF16>(a, L, err);
-    default: return att_launch<DSV4_KV_FP8_DS_MLA>(a, L, err);
+    case DSV4_KV_F32: rc = att_launch<DSV4_KV_F32>(a, L, err); break;
+    case DSV4_KV_BF16: rc = att_launch<DSV4_KV_BF16>(a, L, err); break;
+    default: rc = att_launch<DSV4_KV_FP8_DS_MLA>(a, L, err); break;
     }
+    if (!rc && orope && !fuse) rc = cu_be_rope(be, o, (int)hd, orope, b, 1, err);
+    return rc;
+}
+
+int cu_be_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, const dsv4_win_state *ws,
+                    const dsv4_cmp_state *cs, const dsv4_buf *sel, const dsv4_tview *sinks, int n_heads,
+                    const dsv4_batch *b, dsv4_buf *o, dsv4_err *err) {
+    return att_run(be, q, kv, ws, cs, sel, sinks, n_heads, b, NULL, o, err);
+}
+
+/* attention_rope (backend.h): attention, then the inverse RoPE of o in the same pv launch at decode.
+ * DSV4_CUDA_ATT_OROPE=0: the two launches (measuring; the outputs are the same). */
+int cu_be_attention_rope(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, const dsv4_win_state *ws,
+                         const dsv4_cmp_state *cs, const dsv4_buf *sel, const dsv4_tview *sinks, int n_heads,
+                         const dsv4_batch *b, const dsv4_rope *rope, dsv4_buf *o, dsv4_err *err) {
+    if (!rope) return cu_err(err, DSV4_EINVAL, "cuda: attention_rope: rope is NULL");
+    const char *e = getenv("DSV4_CUDA_ATT_OROPE");
+    if (e && e[0] == '0') {
+        int rc = att_run(be, q, kv, ws, cs, sel, sinks, n_heads, b, NULL, o, err);
+        return rc ? rc : cu_be_rope(be, o, (int)kv->cols, rope, b, 1, err);
+    }
+    return att_run(be, q, kv, ws, cs, sel, sinks, n_heads, b, rope, o, err);
 }

@@ -571,15 +571,18 @@ static int cu_linear(dsv4_backend *be, const dsv4_buf *x, const dsv4_linear *w, 
 /* linear_multi: the FP8 weights (reference numerics) go through
  * dsv4_cuda_linear_group — one activation quantisation, up to 4 weights per
  * launch, the same per-tile sums as the single-weight kernel, so every y[i]
- * is bit-identical to `linear`'s; the others (BF16, F32, FP4) one by one. */
+ * is bit-identical to `linear`'s; the BF16 weights of one in-dim through
+ * another dsv4_cuda_linear_group call (one GEMV launch for the compressor's
+ * and indexer's wkv / wgate and weights_proj at decode, the same per-row
+ * sums as `linear`'s GEMV); the others (F32, FP4, padded) one by one. */
 static int cu_linear_multi(dsv4_backend *be, const dsv4_buf *x, int n, const dsv4_linear *const *w,
                            dsv4_buf *const *y, dsv4_err *err) {
     cu_be *cb = cube(be);
     if (n < 0 || n > DSV4_LINEAR_MULTI_MAX || (n && (!w || !y)))
         return cu_err(err, DSV4_EINVAL, "cuda: linear_multi: %d linears (max %d)", n, DSV4_LINEAR_MULTI_MAX);
-    const dsv4_cuda_weight *gw[DSV4_LINEAR_MULTI_MAX];
-    float *gy[DSV4_LINEAR_MULTI_MAX];
-    int ng = 0;
+    const dsv4_cuda_weight *gw[DSV4_LINEAR_MULTI_MAX], *bw[DSV4_LINEAR_MULTI_MAX];
+    float *gy[DSV4_LINEAR_MULTI_MAX], *by[DSV4_LINEAR_MULTI_MAX];
+    int ng = 0, nb = 0;
     for (int i = 0; i < n; i++) {
         const cu_lin *l = lin_of(w[i], "linear_multi", err);
         if (!l) return DSV4_EINVAL;
@@ -589,16 +592,21 @@ static int cu_linear_multi(dsv4_backend *be, const dsv4_buf *x, int n, const dsv
             rc = cu_err(err, DSV4_EINVAL, "cuda: linear_multi %s: y aliases x", lin_name(w[i]));
         if (rc) return rc;
         /* zero-padded sub-tile weights (cuda_subtile.cu) take `linear`'s padded path */
-        if (!l->f32 && l->cw.kind == DSV4_CUDA_W_FP8 && be->numerics == DSV4_NUMERICS_REFERENCE &&
-            l->cw.out == l->out && l->cw.in == l->in) {
+        const int whole = !l->f32 && l->cw.out == l->out && l->cw.in == l->in;
+        if (whole && l->cw.kind == DSV4_CUDA_W_FP8 && be->numerics == DSV4_NUMERICS_REFERENCE) {
             gw[ng] = &l->cw;
             gy[ng++] = (float *)y[i]->data;
+        } else if (whole && l->cw.kind == DSV4_CUDA_W_BF16 && (!nb || bw[0]->in == l->cw.in)) {
+            bw[nb] = &l->cw;
+            by[nb++] = (float *)y[i]->data;
         } else if ((rc = cu_linear(be, x, w[i], y[i], err))) {
             return rc;
         }
     }
-    if (!ng) return DSV4_OK;
-    return dsv4_cuda_linear_group(cb->ctx, ng, gw, (const float *)x->data, (int)x->rows, gy, 0, err);
+    int rc = DSV4_OK;
+    if (ng) rc = dsv4_cuda_linear_group(cb->ctx, ng, gw, (const float *)x->data, (int)x->rows, gy, 0, err);
+    if (!rc && nb) rc = dsv4_cuda_linear_group(cb->ctx, nb, bw, (const float *)x->data, (int)x->rows, by, 0, err);
+    return rc;
 }
 
 static int cu_linear_grouped(dsv4_backend *be, const dsv4_buf *x, const dsv4_linear *w, int groups, dsv4_buf *y,
@@ -937,6 +945,8 @@ extern "C" dsv4_backend *dsv4_backend_cuda_create(dsv4_numerics numerics, int de
     be->rmsnorm_rope = cu_be_rmsnorm_rope;
     be->qat_fp8 = cu_be_qat_fp8;
     be->qat_hadamard_fp4 = cu_be_qat_hadamard_fp4;
+    be->rmsnorm_rope_qat_fp8 = cu_be_rmsnorm_rope_qat_fp8;
+    be->rope_qat_hadamard_fp4 = cu_be_rope_qat_hadamard_fp4;
     be->linear = cu_linear;
     be->linear_grouped = cu_linear_grouped;
     be->linear_multi = cu_linear_multi;
@@ -948,6 +958,7 @@ extern "C" dsv4_backend *dsv4_backend_cuda_create(dsv4_numerics numerics, int de
     be->compress = cu_be_compress;
     be->indexer_select = cu_be_indexer_select;
     be->attention = cu_be_attention;
+    be->attention_rope = cu_be_attention_rope;
     be->moe_route = cu_moe_route;
     be->moe_experts = cu_moe_experts;
     be->experts_ready = cu_experts_ready;

@@ -102,6 +102,10 @@ int cu_be_rope(dsv4_backend *be, dsv4_buf *x, int head_dim, const dsv4_rope *rop
 int cu_be_qat_fp8(dsv4_backend *be, dsv4_buf *x, int head_dim, int n_quant, int block,
                   dsv4_err *err);
 int cu_be_qat_hadamard_fp4(dsv4_backend *be, dsv4_buf *x, int head_dim, dsv4_err *err);
+int cu_be_rmsnorm_rope_qat_fp8(dsv4_backend *be, dsv4_buf *x, const dsv4_tview *weight, int head_dim, float eps,
+                               const dsv4_rope *rope, const dsv4_batch *b, int n_quant, int block, dsv4_err *err);
+int cu_be_rope_qat_hadamard_fp4(dsv4_backend *be, dsv4_buf *x, int head_dim, const dsv4_rope *rope,
+                                const dsv4_batch *b, dsv4_err *err);
 int cu_be_swiglu(dsv4_backend *be, const dsv4_buf *g, const dsv4_buf *u, float limit,
                  dsv4_buf *h, dsv4_err *err);
 int cu_be_hc_pre(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn, const dsv4_tview *base,
@@ -128,6 +132,9 @@ int cu_be_indexer_select(dsv4_backend *be, const dsv4_buf *qi, const dsv4_buf *g
 int cu_be_attention(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, const dsv4_win_state *ws,
                     const dsv4_cmp_state *cs, const dsv4_buf *sel, const dsv4_tview *sinks, int n_heads,
                     const dsv4_batch *b, dsv4_buf *o, dsv4_err *err);
+int cu_be_attention_rope(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, const dsv4_win_state *ws,
+                         const dsv4_cmp_state *cs, const dsv4_buf *sel, const dsv4_tview *sinks, int n_heads,
+                         const dsv4_batch *b, const dsv4_rope *rope, dsv4_buf *o, dsv4_err *err);
 /* Emitted-row state checks shared by those files: F32 rows, out_dim wide, and
  * (unpaged) n_slots*max_rows rows or (paged) whole pages. */
 int cu_be_check_cmp_rows(const dsv4_cmp_state *cs, int64_t out_dim, const char *what, dsv4_err *err);

@@ -16,6 +16,7 @@
 #include "backend/cuda/cuda_kvrow.cuh" /* coded window rings */
 
 #include <limits.h>
+#include <stdlib.h>
 #include <math.h>
 #include <stdint.h>
 
@@ -241,7 +242,7 @@ int cu_be_rope(dsv4_backend *be, dsv4_buf *x, int head_dim, const dsv4_rope *rop
  * starts at an even column, so a pair never straddles two threads.
  */
 __global__ void k_rmsnorm_rope(float *x, const void *w, int wbf16, int group, float eps, int nh, dsv4_rope r,
-                               const int32_t *pos) {
+                               const int32_t *pos, int n_quant, int qblock) {
     pdl_trigger();
     pdl_wait();
     const int64_t g0 = (int64_t)blockIdx.x * group;
@@ -269,6 +270,17 @@ __global__ void k_rmsnorm_rope(float *x, const void *w, int wbf16, int group, fl
         o[j] = a * c - b * s;
         o[j + 1] = a * s + b * c;
     }
+    /* rmsnorm_rope_qat_fp8: k_qat_fp8 on dims [0, n_quant) in blocks of qblock (the qblock/4 threads of a
+     * block are consecutive lanes of one warp; amax is a max, so the lanes' order does not matter) */
+    if (n_quant) {
+        float amax = fmaxf(fmaxf(fabsf(o[0]), fabsf(o[1])), fmaxf(fabsf(o[2]), fabsf(o[3])));
+        for (int m = qblock / 8; m; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+        if (i < n_quant) {
+            const float s = pow2_ceil(fmaxf(amax, 1e-4f) / 448.0f);
+#pragma unroll
+            for (int j = 0; j < 4; j++) o[j] = e4m3_round(o[j] / s) * s;
+        }
+    }
     *(float4 *)(x + g0 + i) = make_float4(o[0], o[1], o[2], o[3]);
 }
 
@@ -291,8 +303,42 @@ int cu_be_rmsnorm_rope(dsv4_backend *be, dsv4_buf *x, const dsv4_tview *weight, 
     if (!nb) return DSV4_OK;
     CU_TRY(cu_launch(cube(be)->ctx, k_rmsnorm_rope, dim3((unsigned)nb), dim3(head_dim / 4), 0, (float *)x->data,
                      weight ? weight->data : NULL, (int)(weight && weight->dtype == DSV4_DT_BF16), head_dim, eps, nh,
-                     *rope, pos),
+                     *rope, pos, 0, 0),
            err, "rmsnorm_rope");
+    return DSV4_OK;
+}
+
+/* DSV4_CUDA_FUSE_QAT=0: the QAT fusions below run their ops one after the other (measuring). */
+static int fuse_qat_on(void) {
+    const char *e = getenv("DSV4_CUDA_FUSE_QAT");
+    return !(e && e[0] == '0');
+}
+
+/* rmsnorm_rope then qat_fp8 (backend.h): k_rmsnorm_rope's thread holds 4 values of a head, so the FP8
+ * round-trip of the KV head's nope dims (§3.4.2.3) happens in its registers — one launch fewer per layer. */
+int cu_be_rmsnorm_rope_qat_fp8(dsv4_backend *be, dsv4_buf *x, const dsv4_tview *weight, int head_dim, float eps,
+                               const dsv4_rope *rope, const dsv4_batch *b, int n_quant, int block, dsv4_err *err) {
+    int rc = cu_be_check(x, DSV4_DT_F32, b->n_rows, -1, "rmsnorm_rope_qat_fp8 x", err);
+    if (rc) return rc;
+    const int fused = fuse_qat_on() && rope && head_dim % 128 == 0 && head_dim <= 4096 && x->cols % head_dim == 0 &&
+                      rope->rope_dim > 0 && rope->rope_dim % 2 == 0 && rope->rope_dim <= head_dim &&
+                      rope->rope_dim <= 2 * DSV4_ROPE_MAX_PAIRS && !((uintptr_t)x->data & 15) && n_quant > 0 &&
+                      n_quant <= head_dim - rope->rope_dim && (block == 8 || block == 16 || block == 32 ||
+                      block == 64 || block == 128) && n_quant % block == 0;
+    if (!fused) { /* the ops (they check and report the arguments) */
+        if ((rc = cu_be_rmsnorm_rope(be, x, weight, head_dim, eps, rope, b, err))) return rc;
+        return cu_be_qat_fp8(be, x, head_dim, n_quant, block, err);
+    }
+    if (weight && (rc = cu_be_check_vec(weight, head_dim, "rmsnorm_rope_qat_fp8 weight", err))) return rc;
+    const int32_t *tok, *pos, *slot;
+    if ((rc = cu_be_batch(be, b, &tok, &pos, &slot, err))) return rc;
+    const int nh = (int)(x->cols / head_dim);
+    const int64_t nb = (int64_t)b->n_rows * nh;
+    if (!nb) return DSV4_OK;
+    CU_TRY(cu_launch(cube(be)->ctx, k_rmsnorm_rope, dim3((unsigned)nb), dim3(head_dim / 4), 0, (float *)x->data,
+                     weight ? weight->data : NULL, (int)(weight && weight->dtype == DSV4_DT_BF16), head_dim, eps, nh,
+                     *rope, pos, n_quant, block),
+           err, "rmsnorm_rope_qat_fp8");
     return DSV4_OK;
 }
 
@@ -330,13 +376,24 @@ int cu_be_qat_fp8(dsv4_backend *be, dsv4_buf *x, int head_dim, int n_quant, int 
 
 /* One block of head_dim threads per head: Sylvester Hadamard (same butterfly
  * order and scaling as the CPU reference), then FP4 round-trip per 32 (one warp). */
-__global__ void k_qat_hadamard_fp4(float *x, int n) {
+/* do_rope (rope_qat_hadamard_fp4): the head's last rope_dim values are rotated first, as k_rope
+ * (forward) does — the same cosf / sinf of pos·freq and the same products — so the result is the two
+ * kernels' (nh heads per row). */
+__global__ void k_qat_hadamard_fp4(float *x, int n, int do_rope, int nh, dsv4_rope r, const int32_t *pos) {
     pdl_trigger();
     pdl_wait();
     extern __shared__ float v[];
     float *p = x + (int64_t)blockIdx.x * n;
     const int i = threadIdx.x;
-    v[i] = p[i];
+    const int tail = n - r.rope_dim;
+    if (do_rope && i >= tail) {
+        const int k = (i - tail) / 2;
+        const float ang = (float)pos[blockIdx.x / nh] * r.freq[k];
+        const float c = cosf(ang), s = sinf(ang), a = p[tail + 2 * k], b = p[tail + 2 * k + 1];
+        v[i] = ((i - tail) & 1) ? a * s + b * c : a * c - b * s;
+    } else {
+        v[i] = p[i];
+    }
     __syncthreads();
     for (int h = 1; h < n; h *= 2) {
         /* thread i owns the pair (j, j+h) with j = (i / h)·2h + i % h, for i < n/2 */
@@ -370,9 +427,34 @@ int cu_be_qat_hadamard_fp4(dsv4_backend *be, dsv4_buf *x, int head_dim, dsv4_err
     if (rc) return rc;
     int64_t nh = x->rows * (x->cols / head_dim);
     if (!nh) return DSV4_OK;
+    dsv4_rope none;
+    memset(&none, 0, sizeof none);
     CU_TRY(cu_launch(cube(be)->ctx, k_qat_hadamard_fp4, dim3((unsigned)nh), dim3(head_dim), head_dim * sizeof(float),
-                     (float *)x->data, head_dim),
+                     (float *)x->data, head_dim, 0, 1, none, (const int32_t *)NULL),
            err, "qat_hadamard_fp4");
+    return DSV4_OK;
+}
+
+/* rope (forward) then qat_hadamard_fp4 (backend.h) in one launch: the indexer's queries (§3.4.6). */
+int cu_be_rope_qat_hadamard_fp4(dsv4_backend *be, dsv4_buf *x, int head_dim, const dsv4_rope *rope,
+                                const dsv4_batch *b, dsv4_err *err) {
+    int rc = cu_be_check(x, DSV4_DT_F32, b ? b->n_rows : -1, -1, "rope_qat_hadamard_fp4 x", err);
+    if (rc) return rc;
+    const int fused = fuse_qat_on() && rope && head_dim >= 32 && head_dim <= 1024 && !(head_dim & (head_dim - 1)) &&
+                      x->cols % head_dim == 0 && rope->rope_dim > 0 && rope->rope_dim % 2 == 0 &&
+                      rope->rope_dim <= head_dim && rope->rope_dim <= 2 * DSV4_ROPE_MAX_PAIRS;
+    if (!fused) {
+        if ((rc = cu_be_rope(be, x, head_dim, rope, b, 0, err))) return rc;
+        return cu_be_qat_hadamard_fp4(be, x, head_dim, err);
+    }
+    const int32_t *tok, *pos, *slot;
+    if ((rc = cu_be_batch(be, b, &tok, &pos, &slot, err))) return rc;
+    const int hpr = (int)(x->cols / head_dim);
+    const int64_t nh = x->rows * hpr;
+    if (!nh) return DSV4_OK;
+    CU_TRY(cu_launch(cube(be)->ctx, k_qat_hadamard_fp4, dim3((unsigned)nh), dim3(head_dim), head_dim * sizeof(float),
+                     (float *)x->data, head_dim, 1, hpr, *rope, pos),
+           err, "rope_qat_hadamard_fp4");
     return DSV4_OK;
 }
 

@@ -53,6 +53,37 @@ extern "C" int dsv4_cuda_ctx_create(int device, dsv4_cuda_ctx **out, dsv4_err *e
         dsv4_cuda_ctx_free(c);
         return cu_err(err, DSV4_EBACKEND, "cublas: create: %s", cublasGetStatusString(s));
     }
+    /*
+     * A fixed cuBLAS workspace. Why: without one, cuBLAS (12.2+) takes each
+     * call's workspace from the stream-ordered pool, and inside a captured
+     * graph every BF16 split GEMM (cuda_dense.cu) and grouped wo_a GEMM
+     * (cuda_rows.cu) became an alloc + a free node (issue 7: ~6 pairs per
+     * layer at batch >= 8). All cuBLAS calls of the context run on its one
+     * stream, so one area serves them in turn. Size: cuBLAS's recommended
+     * 32 MiB on sm_90+ (4 MiB before), so the algorithm choice is the one
+     * of its default pool. DSV4_CUDA_CUBLAS_WS_MB=0: no fixed area (the old
+     * behaviour); another value sets the size in MiB. Set after
+     * cublasSetStream, which resets the workspace to the default pool.
+     */
+    {
+        const char *wmb = getenv("DSV4_CUDA_CUBLAS_WS_MB");
+        const long mb = wmb ? atol(wmb) : (c->prop.major >= 9 ? 32 : 4);
+        if (mb > 0) {
+            const size_t bytes = (size_t)mb << 20;
+            e = cudaMalloc(&c->blas_ws, bytes);
+            if (e == cudaSuccess && cublasSetWorkspace(c->cublas, c->blas_ws, bytes) == CUBLAS_STATUS_SUCCESS) {
+                c->blas_ws_bytes = bytes;
+            } else { /* no room or refused: cuBLAS keeps its own pool, as before */
+                cudaGetLastError();
+                if (c->blas_ws) cudaFree(c->blas_ws);
+                c->blas_ws = NULL;
+            }
+        }
+    }
+    {
+        const char *bm = getenv("DSV4_CUDA_BF16_GEMV");
+        c->bf16_mode = bm ? atoi(bm) : 2;
+    }
     *out = c;
     return DSV4_OK;
 }
@@ -69,6 +100,7 @@ extern "C" void dsv4_cuda_ctx_free(dsv4_cuda_ctx *c) {
     free(c->ws_old);
     if (c->cublaslt) cublasLtDestroy(c->cublaslt);
     if (c->cublas) cublasDestroy(c->cublas);
+    if (c->blas_ws) cudaFree(c->blas_ws);
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c);
 }

@@ -107,6 +107,8 @@ int cu_fp8_lt(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const uint8_t *xq, co
     const float one = 1.f, zero = 0.f;
     float *wsf = NULL, *xsf = NULL;
     const void *wsp = NULL, *xsp = NULL;
+    void *lt_ws = c->blas_ws && c->blas_ws_bytes >= wsbytes ? c->blas_ws : NULL;
+    int arena = 0;
     cublasStatus_t s = cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
 #define LT_SET(call) \
     if (s == CUBLAS_STATUS_SUCCESS) s = (call)
@@ -121,11 +123,18 @@ int cu_fp8_lt(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const uint8_t *xq, co
     LT_SET(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsbytes,
                                                 sizeof wsbytes));
     if (s == CUBLAS_STATUS_SUCCESS) {
-        /* the heuristic needs the scale pointers' alignment only: set them after the scratch exists */
-        cudaError_t e = cudaMallocAsync(&p, wsb + xsb + wsbytes, c->stream);
-        if (e != cudaSuccess) {
-            rc = cu_err(err, DSV4_EBACKEND, "cuda: fp8 linear (cublasLt scratch): %s", cudaGetErrorString(e));
-            goto out;
+        /* the heuristic needs the scale pointers' alignment only: set them after the scratch exists.
+         * With the context's fixed cuBLAS workspace (cuda_ctx.cu) the scales come from the scratch arena
+         * and the workspace is that area (same stream, calls in turn): no alloc / free graph nodes. */
+        if (lt_ws) {
+            if ((rc = cu_arena_alloc(c, wsb + xsb, &p, err))) goto out;
+            arena = 1;
+        } else {
+            cudaError_t e = cudaMallocAsync(&p, wsb + xsb + wsbytes, c->stream);
+            if (e != cudaSuccess) {
+                rc = cu_err(err, DSV4_EBACKEND, "cuda: fp8 linear (cublasLt scratch): %s", cudaGetErrorString(e));
+                goto out;
+            }
         }
         wsf = (float *)p;
         xsf = (float *)((uint8_t *)p + wsb);
@@ -154,7 +163,7 @@ int cu_fp8_lt(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const uint8_t *xq, co
         }
     }
     s = cublasLtMatmul(c->cublaslt, op, &one, w->w, la, xq, lb, &zero, y, ld, y, ld, &heur.algo,
-                       (uint8_t *)p + wsb + xsb, wsbytes, c->stream);
+                       lt_ws ? lt_ws : (uint8_t *)p + wsb + xsb, wsbytes, c->stream);
     if (s != CUBLAS_STATUS_SUCCESS) {
         rc = cu_err(err, DSV4_EBACKEND, "cublasLt: fp8 linear %dx%d n=%d: %s", R, K, n, cublasGetStatusString(s));
         goto out;
@@ -169,7 +178,8 @@ int cu_fp8_lt(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const uint8_t *xq, co
     }
 #undef LT_SET
 out:
-    if (p) cudaFreeAsync(p, c->stream);
+    if (p && arena) cu_arena_free(c, p);
+    else if (p) cudaFreeAsync(p, c->stream);
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
     if (ld) cublasLtMatrixLayoutDestroy(ld);
     if (lb) cublasLtMatrixLayoutDestroy(lb);

@@ -29,6 +29,9 @@ struct dsv4_cuda_ctx {
     cudaStream_t stream;
     cublasHandle_t cublas;
     cublasLtHandle_t cublaslt;
+    void *blas_ws;   /* cuBLAS workspace set with cublasSetWorkspace (cuda_ctx.cu), or NULL */
+    size_t blas_ws_bytes;
+    int bf16_mode;   /* DSV4_CUDA_BF16_GEMV: 0 old GEMV one by one, 1 new GEMV one by one, 2 grouped (cuda_dense.cu) */
     cudaDeviceProp prop;
     void *ws;        /* scratch area (dsv4_cuda_workspace_reserve) */
     size_t ws_bytes;

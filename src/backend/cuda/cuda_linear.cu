@@ -606,6 +606,8 @@ static int fp8_linear(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const float *
 
 int cu_bf16_linear(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const float *x, int n, float *y,
                    int flags, dsv4_err *err);
+int cu_bf16_linear_group(dsv4_cuda_ctx *c, int nw, const dsv4_cuda_weight *const *w, const float *x, int n,
+                         float *const *y, int flags, dsv4_err *err);
 
 extern "C" int dsv4_cuda_linear(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const float *x, int n,
                                 float *y, int flags, dsv4_err *err) {
@@ -647,11 +649,14 @@ extern "C" int dsv4_cuda_linear_group(dsv4_cuda_ctx *c, int nw, const dsv4_cuda_
     if (!c || nw <= 0 || !w || !y || n < 0 || (n && !x))
         return cu_err(err, DSV4_EINVAL, "dsv4_cuda_linear_group: bad argument");
     if (n == 0) return DSV4_OK;
-    int grouped = n <= 8;
+    int grouped = n <= 8, all_bf16 = 1;
     for (int i = 0; i < nw; i++) {
         if (!w[i] || !y[i]) return cu_err(err, DSV4_EINVAL, "dsv4_cuda_linear_group: weight/output %d is NULL", i);
         if (w[i]->kind != DSV4_CUDA_W_FP8 || w[i]->in != w[0]->in) grouped = 0;
+        if (w[i]->kind != DSV4_CUDA_W_BF16) all_bf16 = 0;
     }
+    /* BF16 weights (cuda_dense.cu): one GEMV launch for the group, or one x split */
+    if (all_bf16) return cu_bf16_linear_group(c, nw, w, x, n, y, flags, err);
     if (!grouped) { /* one launch per weight: same results */
         for (int i = 0; i < nw; i++) {
             int rc = dsv4_cuda_linear(c, w[i], x, n, y[i], flags, err);

@@ -169,9 +169,11 @@ int dsv4_cuda_linear_q(dsv4_cuda_ctx *ctx, const dsv4_cuda_weight *w, const uint
 /*
  * dsv4_cuda_linear_group — y[i] = x · w[i]ᵀ for nw weights that read the same
  * input (wq_a and wkv; shared w1 and w3), in one launch when all are FP8 with
- * the same in-dim and n <= 8 (x quantised once); otherwise one
- * dsv4_cuda_linear per weight. Same results as separate dsv4_cuda_linear
- * calls. Errors as dsv4_cuda_linear.
+ * the same in-dim and n <= 8 (x quantised once); when all are BF16 with the
+ * same in-dim, up to 8 weights per GEMV launch (n <= 4) or x split into
+ * bf16 hi + lo once (more rows; DSV4_CUDA_BF16_GEMV=0/1: one by one);
+ * otherwise one dsv4_cuda_linear per weight. Same results as separate
+ * dsv4_cuda_linear calls. Errors as dsv4_cuda_linear.
  */
 int dsv4_cuda_linear_group(dsv4_cuda_ctx *ctx, int nw, const dsv4_cuda_weight *const *w,
                            const float *x, int n, float *const *y, int flags, dsv4_err *err);
