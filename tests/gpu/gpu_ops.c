@@ -779,8 +779,17 @@ static int op_moe(int rep, void *a_, dsv4_err *err) {
 
 /* --moe: time (and check) both forms of the expert kernels, DSV4_CUDA_MOE_F16 = 0 and 1 */
 static int g_f16_ab = 0;
-/* --moe-wg: DSV4_CUDA_MOE_WG = 0 (k_moe_gemm), 1 (k_moe_wg, 64 rows), 2 (128 rows) */
+/* --moe-wg: DSV4_CUDA_MOE_WG = 0 (k_moe_gemm), 1..6 (k_moe_wg variants, cuda_moe.cu moe_wg_variant) */
 static int g_wg_ab = 0;
+#define WG_VARIANTS 6
+static const char *const wg_name[WG_VARIANTS + 1] = {"k_moe_gemm",   "wgmma fp8 64",  "wgmma fp8 128",
+                                                     "wgmma f16 64", "wgmma f16 128", "wgmma fp8 64 pipe",
+                                                     "wgmma f16 64 pipe"};
+static void set_wg(int v) {
+    char b[8];
+    snprintf(b, sizeof b, "%d", v);
+    setenv("DSV4_CUDA_MOE_WG", b, 1);
+}
 
 static void perf_moe(moe_set *m) {
     const int ns[] = {1, 2, 4, 6, 8, 16, 32, 64};
@@ -1262,8 +1271,8 @@ static void t_moe_wg(moe_set *m, int n) {
     char shape[96];
     set_paths_cfg(1, 0);
     setenv("DSV4_CUDA_MOE_WG_MIN", "0", 1);
-    for (int v = 0; v <= 2; v++) {
-        setenv("DSV4_CUDA_MOE_WG", v == 2 ? "2" : v ? "1" : "0", 1);
+    for (int v = 0; v <= WG_VARIANTS; v++) {
+        set_wg(v);
         poison(dy, nx * 4);
         DIE_IF(dsv4_cuda_moe(G, &m->dev, dx, n, dids, dw, topk, NULL, dy, 0, &err), err);
         DIE_IF(dsv4_cuda_sync(G, &err), err);
@@ -1271,24 +1280,25 @@ static void t_moe_wg(moe_set *m, int n) {
         if (!v) continue;
         size_t ndiff = 0;
         for (size_t i = 0; i < nx; i++) ndiff += memcmp(&y0[i], &y1[i], 4) != 0;
-        snprintf(shape, sizeof shape, "n=%d wgmma %d vs k_moe_gemm (%zu differ)", n, v == 2 ? 128 : 64, ndiff);
+        snprintf(shape, sizeof shape, "n=%d %s vs k_moe_gemm (%zu differ)", n, wg_name[v], ndiff);
         report("moe_wg", shape, y1, y0, nx, 2e-4);
     }
-    for (int v = 1; v <= 2; v++) {
-        setenv("DSV4_CUDA_MOE_WG", v == 2 ? "2" : "1", 1);
+    float *ref = malloc((size_t)6 * m->dm * 4); /* tokens 0..2 and n-3..n-1 */
+    ref_moe(m, x, 3, ids, wts, topk, NULL, ref);
+    ref_moe(m, x + (size_t)(n - 3) * m->dm, 3, ids + (n - 3) * topk, wts + (n - 3) * topk, topk, NULL, ref + 3 * m->dm);
+    for (int v = 0; v <= WG_VARIANTS; v++) { /* 0: k_moe_gemm's distance, for comparison */
+        set_wg(v);
         poison(dy, nx * 4);
         DIE_IF(dsv4_cuda_moe(G, &m->dev, dx, n, dids, dw, topk, NULL, dy, DSV4_CUDA_MOE_BF16, &err), err);
         DIE_IF(dsv4_cuda_sync(G, &err), err);
         down(y1, dy, nx * 4);
         for (int part = 0; part < 2; part++) {
             const int t0 = part ? n - 3 : 0;
-            float *ref = malloc((size_t)3 * m->dm * 4);
-            ref_moe(m, x + (size_t)t0 * m->dm, 3, ids + t0 * topk, wts + t0 * topk, topk, NULL, ref);
-            snprintf(shape, sizeof shape, "n=%d wgmma %d vs reference rows %d..%d", n, v == 2 ? 128 : 64, t0, t0 + 2);
-            report("moe_wg", shape, y1 + (size_t)t0 * m->dm, ref, (size_t)3 * m->dm, 5e-3);
-            free(ref);
+            snprintf(shape, sizeof shape, "n=%d %s vs ref rows %d..%d", n, wg_name[v], t0, t0 + 2);
+            report("moe_wg", shape, y1 + (size_t)t0 * m->dm, ref + (size_t)part * 3 * m->dm, (size_t)3 * m->dm, 5e-3);
         }
     }
+    free(ref);
     unsetenv("DSV4_CUDA_MOE_WG");
     unsetenv("DSV4_CUDA_MOE_WG_MIN");
     set_paths(2);
@@ -1325,12 +1335,12 @@ static void perf_moe_prefill(moe_set *m) {
                 setenv("DSV4_CUDA_MOE_GEMM_MIN", "0", 1);
                 setenv("DSV4_CUDA_MOE_WG_MIN", "0", 1);
             }
-            for (int v = g_f16_ab || g_wg_ab ? 0 : -1; v <= (g_f16_ab ? 1 : g_wg_ab ? 2 : -1); v++) {
+            for (int v = g_f16_ab || g_wg_ab ? 0 : -1; v <= (g_f16_ab ? 1 : g_wg_ab ? WG_VARIANTS : -1); v++) {
                 if (g_wg_ab) {
-                    setenv("DSV4_CUDA_MOE_WG", v == 2 ? "2" : v ? "1" : "0", 1);
+                    set_wg(v);
                     double us = time_graph(op_moe, &a, a.n >= 4096 ? 3 : 8);
                     char shape[64];
-                    snprintf(shape, sizeof shape, "skewed top6 %s", v == 2 ? "wgmma 128" : v ? "wgmma 64" : "k_moe_gemm");
+                    snprintf(shape, sizeof shape, "skewed top6 %s", wg_name[v]);
                     print_perf("moe_pf", shape, a.n, us, all_bytes, flops);
                     continue;
                 }

@@ -809,23 +809,24 @@ static const MoeGemmCfg &pick_moe_gemm(int nent, int E) {
 #define WG_STAGES 4
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define MOE_WG_DEVICE 1
-__device__ __forceinline__ void wg_mma_n64(float (&d)[32], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                           uint64_t desc) {
+/* Issue (fence, mma, commit; no wait): d = A·B, FP8 k32 or FP16 2 x k16 (fp32 accumulation). */
+__device__ __forceinline__ void wg_fp8_n64(float (&d)[32], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint64_t desc) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\nwgmma.fence.sync.aligned;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
                  "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
                  "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
                  "{%32,%33,%34,%35}, %36, p, 1, 1;\n"
-                 "wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n}\n"
-                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]),
-                   "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]),
-                   "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]),
-                   "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
+                 "wgmma.commit_group.sync.aligned;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(0)
                  : "memory");
 }
-__device__ __forceinline__ void wg_mma_n128(float (&d)[64], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                           uint64_t desc) {
+__device__ __forceinline__ void wg_fp8_n128(float (&d)[64], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                          uint64_t desc) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\nwgmma.fence.sync.aligned;\n"
                  "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
                  "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
@@ -833,17 +834,73 @@ __device__ __forceinline__ void wg_mma_n128(float (&d)[64], uint32_t a0, uint32_
                  "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
                  "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
                  "{%64,%65,%66,%67}, %68, p, 1, 1;\n"
-                 "wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n}\n"
-                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]),
-                   "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]),
-                   "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]),
-                   "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]),
-                   "=f"(d[32]), "=f"(d[33]), "=f"(d[34]), "=f"(d[35]), "=f"(d[36]), "=f"(d[37]), "=f"(d[38]), "=f"(d[39]),
-                   "=f"(d[40]), "=f"(d[41]), "=f"(d[42]), "=f"(d[43]), "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]),
-                   "=f"(d[48]), "=f"(d[49]), "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]),
-                   "=f"(d[56]), "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]), "=f"(d[62]), "=f"(d[63])
+                 "wgmma.commit_group.sync.aligned;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(0)
                  : "memory");
+}
+__device__ __forceinline__ void wg_f16_n64(float (&d)[32], const uint32_t (&a)[8], uint64_t desc0, uint64_t desc1) {
+    asm volatile("{\n.reg .pred p, q;\nsetp.ne.b32 p, %42, 0;\nsetp.ne.b32 q, %43, 0;\n"
+                 "wgmma.fence.sync.aligned;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+                 "{%32,%33,%34,%35}, %40, p, 1, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+                 "{%36,%37,%38,%39}, %41, q, 1, 1, 0;\n"
+                 "wgmma.commit_group.sync.aligned;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(a[4]), "r"(a[5]), "r"(a[6]), "r"(a[7]),
+                   "l"(desc0), "l"(desc1), "r"(0), "r"(1)
+                 : "memory");
+}
+__device__ __forceinline__ void wg_f16_n128(float (&d)[64], const uint32_t (&a)[8], uint64_t desc0, uint64_t desc1) {
+    asm volatile("{\n.reg .pred p, q;\nsetp.ne.b32 p, %74, 0;\nsetp.ne.b32 q, %75, 0;\n"
+                 "wgmma.fence.sync.aligned;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+                 "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+                 "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+                 "{%64,%65,%66,%67}, %72, p, 1, 1, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+                 "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+                 "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+                 "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, "
+                 "{%68,%69,%70,%71}, %73, q, 1, 1, 0;\n"
+                 "wgmma.commit_group.sync.aligned;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(a[4]), "r"(a[5]), "r"(a[6]), "r"(a[7]),
+                   "l"(desc0), "l"(desc1), "r"(0), "r"(1)
+                 : "memory");
+}
+template <int N> __device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* after a wait: the accumulator registers are read only below this point (the compiler sees a def) */
+template <int R> __device__ __forceinline__ void wg_reg_fence(float (&d)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
 /* Shared-memory matrix descriptor (PTX ISA "matrix descriptor"): K-major,
  * 128-byte swizzle, 8-row groups 1024 bytes apart (stride byte offset);
@@ -863,11 +920,16 @@ __device__ __forceinline__ uint64_t wg_desc(const void *p) {
 #define MOE_WG_HOST 0
 #endif
 
-template <int MODE, int BN>
-__global__ void __launch_bounds__(256, BN == 64 ? 2 : 1) k_moe_wg(Fp4Args a, const int *__restrict__ tiles) {
+template <int BN, bool F16> __host__ __device__ constexpr int wg_stage() { return (BN * 128 + 8 * 1024 + 8 * 64 + BN * 4 + 1023) / 1024 * 1024; }
+template <int BN, bool F16> __host__ __device__ constexpr size_t wg_smem() {
+    return (size_t)WG_STAGES * wg_stage<BN, F16>() + (F16 ? (size_t)BN * 256 : 0) + 1024; /* + alignment slack */
+}
+
+template <int MODE, int BN, bool F16, bool PIPE>
+__global__ void __launch_bounds__(256, BN == 64 && !PIPE ? 2 : 1) k_moe_wg(Fp4Args a, const int *__restrict__ tiles) {
 #if defined(MOE_WG_DEVICE)
     constexpr int SB = BN * 128, SA = 8 * 1024, SAS = 8 * 64, NR = BN / 2;
-    constexpr int STAGE = (SB + SA + SAS + BN * 4 + 1023) / 1024 * 1024;
+    constexpr int STAGE = wg_stage<BN, F16>();
     extern __shared__ __align__(1024) uint8_t smraw[];
     /* the swizzle pattern is a function of the address: stages 1024-aligned */
     uint8_t *sm = smraw + ((1024u - ((uint32_t)__cvta_generic_to_shared(smraw) & 1023u)) & 1023u);
@@ -917,7 +979,7 @@ __global__ void __launch_bounds__(256, BN == 64 ? 2 : 1) k_moe_wg(Fp4Args a, con
     for (int j = 0; j < NB; j++) {
         const int tk = (tid >> 3) + 32 * j;
         bsrc[j] = tk < cnt ? a.xq + (size_t)rowof(tk) * a.K + pc * 16 : nullptr;
-        bdst[j] = tk * 128 + ((pc ^ (tk & 7)) << 4);
+        bdst[j] = tk * 128 + ((F16 ? pc : pc ^ (tk & 7)) << 4); /* F16: staged plain, converted below */
     }
     const float *xsrc = tid < BN && tid < cnt ? a.xs + (size_t)rowof(tid) * C : nullptr;
 
@@ -945,7 +1007,7 @@ __global__ void __launch_bounds__(256, BN == 64 ? 2 : 1) k_moe_wg(Fp4Args a, con
         k16 = (t & 1) ? r1 : r2; /* columns 16+4t..16+4t+3 */
     };
 
-    float acc[NR], part[NR], d[NR];
+    float acc[NR], part[NR], d[NR], d2[PIPE ? NR : 1];
 #pragma unroll
     for (int i = 0; i < NR; i++) acc[i] = 0.f;
 #pragma unroll
@@ -953,33 +1015,94 @@ __global__ void __launch_bounds__(256, BN == 64 ? 2 : 1) k_moe_wg(Fp4Args a, con
         if (st < C) load(st, st);
         cp_commit();
     }
+    uint8_t *h16 = sm + WG_STAGES * STAGE; /* F16: the chunk's B as FP16, [2 k-halves][BN][128 bytes], swizzled */
     for (int c = 0; c < C; c++) {
         cp_wait<WG_STAGES - 2>();
         /* the cp.async writes are generic-proxy; wgmma reads through the async proxy */
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        if (!F16) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();
         if (c + WG_STAGES - 1 < C) load((c + WG_STAGES - 1) % WG_STAGES, c + WG_STAGES - 1);
         cp_commit();
         const uint8_t *base = sm + (c % WG_STAGES) * STAGE;
+        if (F16) {
+            /* E4M3 -> FP16 into the k16 order of the A fragments below: k16 block j = 2s + h of step s
+             * holds, for lane quad position t, columns (8t+4h, 8t+4h+2) at k 2t, 2t+1 and
+             * (8t+4h+1, 8t+4h+3) at k 8+2t, 9+2t (e4m3x8_to_f16's order = fp4x8_to_f16's) */
+#pragma unroll
+            for (int k = 0; k < BN / 16; k++) {
+                const int it = tid + 256 * k, n = it >> 4, s = (it >> 2) & 3, tt = it & 3;
+                const uint2 xv = *(const uint2 *)(base + n * 128 + 32 * s + 8 * tt);
+                uint32_t f[4];
+                e4m3x8_to_f16(xv.x, xv.y, f);
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int j = 2 * s + h;
+                    uint8_t *row = h16 + (j >> 2) * BN * 128 + n * 128 + 4 * tt;
+                    *(uint32_t *)(row + (((2 * (j & 3)) ^ (n & 7)) << 4)) = f[2 * h];
+                    *(uint32_t *)(row + (((2 * (j & 3) + 1) ^ (n & 7)) << 4)) = f[2 * h + 1];
+                }
+            }
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            __syncthreads();
+        }
         const uint8_t *pa = base + SB + (wg * 4 + w4) * 1024 + lane * 16;
         const uint4 wa0 = *(const uint4 *)pa, wa1 = *(const uint4 *)(pa + 512);
         const uint2 sc = *(const uint2 *)(base + SB + SA + (wg * 4 + w4) * 64 + g * 8);
-        const uint64_t desc = wg_desc(base);
-#pragma unroll
-        for (int s = 0; s < 4; s++) {
+        const uint64_t desc = wg_desc(F16 ? h16 : base);
+        /* step s's MMA into dd (issued, not waited for) */
+        auto issue = [&](int s, float (&dd)[NR]) {
             const uint4 &h = s < 2 ? wa0 : wa1;
-            uint32_t a0, a1, a2, a3;
-            frag((s & 1) ? h.z : h.x, a0, a2); /* row g   */
-            frag((s & 1) ? h.w : h.y, a1, a3); /* row g+8 */
-            if constexpr (BN == 64) wg_mma_n64(d, a0, a1, a2, a3, desc + 2 * s); /* +32 bytes */
-            else wg_mma_n128(d, a0, a1, a2, a3, desc + 2 * s);
+            if constexpr (F16) {
+                /* two k16 FP16 wgmmas (fp32 accumulation); A rows g / g+8 at k 2t.. and 8+2t.. */
+                uint32_t fg[4], f8[4];
+                fp4x8_to_f16((s & 1) ? h.z : h.x, fg);
+                fp4x8_to_f16((s & 1) ? h.w : h.y, f8);
+                const uint32_t af[8] = {fg[0], f8[0], fg[1], f8[1], fg[2], f8[2], fg[3], f8[3]};
+                /* k16 block j = 2s + h at k-half j >> 2, 32 bytes per block: descriptor units of 16 bytes */
+                const uint64_t d0 = desc + (((2 * s) >> 2) * BN * 128 + ((2 * s) & 3) * 32) / 16;
+                const uint64_t d1 = desc + (((2 * s + 1) >> 2) * BN * 128 + ((2 * s + 1) & 3) * 32) / 16;
+                if constexpr (BN == 64) wg_f16_n64(dd, af, d0, d1);
+                else wg_f16_n128(dd, af, d0, d1);
+            } else {
+                uint32_t a0, a1, a2, a3;
+                frag((s & 1) ? h.z : h.x, a0, a2); /* row g   */
+                frag((s & 1) ? h.w : h.y, a1, a3); /* row g+8 */
+                if constexpr (BN == 64) wg_fp8_n64(dd, a0, a1, a2, a3, desc + 2 * s); /* +32 bytes */
+                else wg_fp8_n128(dd, a0, a1, a2, a3, desc + 2 * s);
+            }
+        };
+        auto scale = [&](int s, float (&dd)[NR]) {
             /* 2^6 undoes the E2M1 -> E4M3 bit move */
             const float ws0 = e8m0_to_f32((sc.x >> (8 * s)) & 0xffu) * 64.f;
             const float ws1 = e8m0_to_f32((sc.y >> (8 * s)) & 0xffu) * 64.f;
 #pragma unroll
             for (int i = 0; i < NR; i++) {
                 const float ws = (i & 2) ? ws1 : ws0;
-                part[i] = s ? part[i] + d[i] * ws : d[i] * ws;
+                part[i] = s ? part[i] + dd[i] * ws : dd[i] * ws;
+            }
+        };
+        if constexpr (PIPE) {
+            /* step s+1's MMA runs while step s is scaled (two accumulators) */
+            issue(0, d);
+#pragma unroll
+            for (int s = 0; s < 4; s++) {
+                float(&cur)[NR] = (s & 1) ? d2 : d;
+                if (s < 3) {
+                    issue(s + 1, (s & 1) ? d : d2);
+                    wg_wait<1>();
+                } else {
+                    wg_wait<0>();
+                }
+                wg_reg_fence(cur);
+                scale(s, cur);
+            }
+        } else {
+#pragma unroll
+            for (int s = 0; s < 4; s++) {
+                issue(s, d);
+                wg_wait<0>();
+                wg_reg_fence(d);
+                scale(s, d);
             }
         }
         const float *sx = (const float *)(base + SB + SA + SAS);
@@ -1025,33 +1148,45 @@ __global__ void __launch_bounds__(256, BN == 64 ? 2 : 1) k_moe_wg(Fp4Args a, con
     }
 #else
     (void)a;
-    (void)tiles; /* never launched: moe_wg_bn() returns 0 without sm_90a code */
+    (void)tiles; /* never launched: moe_wg_variant() returns 0 without sm_90a code */
 #endif
 }
 
-template <int MODE, int BN>
+template <int MODE, int BN, bool F16, bool PIPE>
 static int launch_moe_wg(dsv4_cuda_ctx *c, const Fp4Args &a, const int *tiles, int max_tiles, dsv4_err *err) {
-    constexpr int STAGE = (BN * 128 + 8 * 1024 + 8 * 64 + BN * 4 + 1023) / 1024 * 1024;
-    const size_t smem = (size_t)WG_STAGES * STAGE + 1024; /* + alignment slack */
-    CU_TRY(cudaFuncSetAttribute(k_moe_wg<MODE, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), err,
+    const size_t smem = wg_smem<BN, F16>();
+    CU_TRY(cudaFuncSetAttribute(k_moe_wg<MODE, BN, F16, PIPE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), err,
            "fp4 experts wgmma (shared memory)");
     dim3 grid((unsigned)(a.R / (MODE == FP4_GATEUP ? 64 : 128)), (unsigned)max_tiles);
-    CU_TRY(cu_launch(c, k_moe_wg<MODE, BN>, grid, dim3(256), smem, a, tiles), err,
+    CU_TRY(cu_launch(c, k_moe_wg<MODE, BN, F16, PIPE>, grid, dim3(256), smem, a, tiles), err,
            MODE == FP4_GATEUP ? "fp4 experts wgmma w1/w3" : "fp4 experts wgmma w2");
     return DSV4_OK;
 }
 
+#define MOE_WG_VARIANTS 6
+static const MoeGemmLaunch moe_wg_launch[MOE_WG_VARIANTS][2] = {
+    {launch_moe_wg<FP4_GATEUP, 64, false, false>, launch_moe_wg<FP4_DOWN, 64, false, false>},
+    {launch_moe_wg<FP4_GATEUP, 128, false, false>, launch_moe_wg<FP4_DOWN, 128, false, false>},
+    {launch_moe_wg<FP4_GATEUP, 64, true, false>, launch_moe_wg<FP4_DOWN, 64, true, false>},
+    {launch_moe_wg<FP4_GATEUP, 128, true, false>, launch_moe_wg<FP4_DOWN, 128, true, false>},
+    {launch_moe_wg<FP4_GATEUP, 64, false, true>, launch_moe_wg<FP4_DOWN, 64, false, true>},
+    {launch_moe_wg<FP4_GATEUP, 64, true, true>, launch_moe_wg<FP4_DOWN, 64, true, true>},
+};
+static const int moe_wg_bn[MOE_WG_VARIANTS] = {64, 128, 64, 128, 64, 64};
+
 /*
- * Token rows per tile of k_moe_wg, 0 where it does not run: DSV4_CUDA_MOE_WG
- * (read per call; default 0 = k_moe_gemm) 1 = 64 rows, 2 = 128 rows, from
- * DSV4_CUDA_MOE_WG_MIN (default 48) average rows per expert, on the grouped
- * GEMM path only, on a 9.0 device with sm_90a code in the build.
+ * Which k_moe_wg runs, 0 where none: DSV4_CUDA_MOE_WG (read per call;
+ * default 0 = k_moe_gemm) 1 / 2 = FP8 wgmma, 64 / 128 token rows per tile;
+ * 3 / 4 = FP16 wgmma, 64 / 128 rows; 5 / 6 = FP8 / FP16, 64 rows, two
+ * accumulators (the next step's MMA in flight while one is scaled). From DSV4_CUDA_MOE_WG_MIN (default 48)
+ * average rows per expert, on the grouped-GEMM path only, on a 9.0 device
+ * with sm_90a code in the build.
  */
-static int moe_wg_bn(const dsv4_cuda_ctx *c, int gemm, int nent, int E) {
+static int moe_wg_variant(const dsv4_cuda_ctx *c, int gemm, int nent, int E) {
     if (!MOE_WG_HOST || !gemm || c->prop.major != 9 || c->prop.minor != 0) return 0;
     const int v = cu_env_int("DSV4_CUDA_MOE_WG", 0);
-    if (v <= 0 || nent < (long long)cu_env_int("DSV4_CUDA_MOE_WG_MIN", 48) * E) return 0;
-    return v == 2 ? 128 : 64;
+    if (v <= 0 || v > MOE_WG_VARIANTS || nent < (long long)cu_env_int("DSV4_CUDA_MOE_WG_MIN", 48) * E) return 0;
+    return v;
 }
 
 static int pick_nt4(int n) { return n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8; }
@@ -1382,8 +1517,8 @@ static int moe_run(dsv4_cuda_ctx *c, const dsv4_cuda_experts *ex, const float *x
     /* DSV4_CUDA_MOE_F16=0: the grouped GEMM's FP8-mma form (for A/B measurement) */
     const int f16 = cu_env_int("DSV4_CUDA_MOE_F16", 1) != 0;
     /* DSV4_CUDA_MOE_WG: the warpgroup-MMA grouped GEMM (sm_90a) instead of k_moe_gemm */
-    const int wgbn = moe_wg_bn(c, gemm, nent, E);
-    const int bn = wgbn ? wgbn : gemm ? mg.bn : 0;
+    const int wgv = moe_wg_variant(c, gemm, nent, E);
+    const int bn = wgv ? moe_wg_bn[wgv - 1] : gemm ? mg.bn : 0;
     const int big = gemm || nent * (int)sizeof(int) > 32 * 1024; /* k_group_* instead of k_route_group */
     const int max_tiles = bn ? (nent + slots * (bn - 1)) / bn + 1 : 0;
     /* workspace: act_n act_exp act_off list inv [cnt start tiles] | H [nent, dff]
@@ -1458,8 +1593,7 @@ static int moe_run(dsv4_cuda_ctx *c, const dsv4_cuda_experts *ex, const float *x
     a.y = H;
     /* One n-tile of 8 rows per pass: most experts get 1-2 rows of a decode /
      * verify step; an expert chosen by more rows is streamed once per 8. */
-    if (wgbn) rc = wgbn == 64 ? launch_moe_wg<FP4_GATEUP, 64>(c, a, tiles, max_tiles, err)
-                              : launch_moe_wg<FP4_GATEUP, 128>(c, a, tiles, max_tiles, err);
+    if (wgv) rc = moe_wg_launch[wgv - 1][0](c, a, tiles, max_tiles, err);
     else if (gemm) rc = (f16 ? mg.gateup16 : mg.gateup)(c, a, tiles, max_tiles, err);
     else if (!c->moe_persistent) rc = launch_fp4<FP4_GATEUP>(c, a, fq ? 0 : 1, (unsigned)slots, err);
     else rc = fq ? launch_moe_fp4<FP4_GATEUP, true>(c, a, slots, err)
@@ -1476,8 +1610,7 @@ static int moe_run(dsv4_cuda_ctx *c, const dsv4_cuda_experts *ex, const float *x
     a.xq = hq;
     a.xs = hs;
     a.y = O;
-    if (wgbn) rc = wgbn == 64 ? launch_moe_wg<FP4_DOWN, 64>(c, a, tiles, max_tiles, err)
-                              : launch_moe_wg<FP4_DOWN, 128>(c, a, tiles, max_tiles, err);
+    if (wgv) rc = moe_wg_launch[wgv - 1][1](c, a, tiles, max_tiles, err);
     else if (gemm) rc = (f16 ? mg.down16 : mg.down)(c, a, tiles, max_tiles, err);
     else if (!c->moe_persistent) rc = launch_fp4<FP4_DOWN>(c, a, fq ? 0 : 1, (unsigned)slots, err);
     else rc = fq ? launch_moe_fp4<FP4_DOWN, true>(c, a, slots, err)
