@@ -785,7 +785,8 @@ static const MoeGemmCfg &pick_moe_gemm(int nent, int E) {
  * k_moe_gemm, E2M1 -> E4M3 by the exact bit move (x 2^-6)); B = the BN
  * gathered activation rows, K-major in shared memory with the 128-byte
  * swizzle (a 128-column chunk is one 128-byte row: 16-byte piece p of row r
- * sits at r*128 + ((p ^ (r & 7)) << 4)), named by a matrix descriptor.
+ * sits at r*128 + ((p ^ (r & 7)) << 4)), named by a matrix descriptor
+ * (FP16 form: the FP16 copy of that tile, two 128-byte rows per token).
  *
  * The upload tile gives lane (g, t) row g's columns 8t..8t+7 of a k32 step
  * (cuda_weights.cu), while wgmma's A fragment (the PTX ISA's m64nNk32
@@ -797,14 +798,30 @@ static const MoeGemmCfg &pick_moe_gemm(int nent, int E) {
  * t>=2 offer 4..7 first).
  *
  * Scales (spec/MODEL.md §2.3/§2.4, as k_moe_gemm's PART form): each k32
- * wgmma runs into a fresh accumulator d; part += d * w_scale(row, k32) * 2^6;
- * after the 128-column chunk acc += part * x_scale(token, chunk). The same
- * products as k_moe_gemm in another fp32 order: equal up to rounding, not
- * bit for bit.
+ * step's MMA runs into a fresh accumulator d; part += d * w_scale(row, k32)
+ * * 2^6; after the 128-column chunk acc += part * x_scale(token, chunk).
  *
- * First form: each wgmma is waited for at once (wait_group 0); the two
- * warpgroups of a block, and two blocks per SM at BN = 64, overlap each
- * other's scale FFMAs with their MMAs.
+ * Two forms (measured on H200, bench/results/2026-12-01-moe-wgmma-h200.md):
+ *  - FP8 (e4m3 x e4m3, k32): the fastest (whole MoE op at 8192 tokens
+ *    11.2 ms vs 14.4 ms), but NOT k_moe_gemm's numbers: the FP8 tensor-core
+ *    path of Hopper sums each k32 product in reduced precision (the limited
+ *    FP8 accumulation the DeepSeek-V3 report describes; inferred, not
+ *    isolated: the FP16 form below shares the tile, fragment, descriptor
+ *    and scale code and matches k_moe_gemm bit for bit), and the second
+ *    E4M3 quantisation (of H) amplifies that to ~1e-3 at the op (1.3e-3
+ *    from the reference vs 1.5e-5 for k_moe_gemm). Every FP8 variant gives
+ *    the same bits, whatever the tile shape.
+ *  - FP16 (k16 x 2, fp32 accumulation): the B tile is converted E4M3 ->
+ *    FP16 in shared memory once per chunk, in the k order of the A
+ *    fragments fp4x8_to_f16 yields (so the A side needs no exchange): the
+ *    same HMMA inputs in the same k split as k_moe_gemm's F16 form, and the
+ *    outputs are k_moe_gemm's bit for bit (measured, n = 64..8192). Slower
+ *    than k_moe_gemm as it stands (17.2 ms at 8192): the conversion pass and
+ *    its second barrier per chunk, and twice the MMA instructions.
+ * Each step's MMA is waited for at once (wait_group 0), the two warpgroups
+ * of a block, and two blocks per SM at BN = 64, overlapping each other's
+ * scale FFMAs; PIPE keeps two accumulators (step s+1 in flight while step
+ * s is scaled) at one block per SM, which measured slower.
  */
 #define WG_STAGES 4
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
