@@ -15,6 +15,8 @@
  *   dsv4-gpu-ops --perf-only     timings only
  *   dsv4-gpu-ops --prefill       prefill sizes (n = 64..8192): GEMM vs decode kernels
  *   dsv4-gpu-ops --moe [--perf]  MoE only: FP16-mma expert kernels == FP8-mma form bit for bit (+ timings of both)
+ *   dsv4-gpu-ops --moe-wg [--perf]  MoE only: the warpgroup-MMA grouped GEMM (DSV4_CUDA_MOE_WG=1/2, sm_90a
+ *                                builds) vs k_moe_gemm and vs the reference (+ timings of all three)
  * Exit status 1 when any correctness case fails.
  *
  * The CPU reference lives here until the CPU backend (branch cpufwd)
@@ -777,6 +779,17 @@ static int op_moe(int rep, void *a_, dsv4_err *err) {
 
 /* --moe: time (and check) both forms of the expert kernels, DSV4_CUDA_MOE_F16 = 0 and 1 */
 static int g_f16_ab = 0;
+/* --moe-wg: DSV4_CUDA_MOE_WG = 0 (k_moe_gemm), 1..6 (k_moe_wg variants, cuda_moe.cu moe_wg_variant) */
+static int g_wg_ab = 0;
+#define WG_VARIANTS 6
+static const char *const wg_name[WG_VARIANTS + 1] = {"k_moe_gemm",   "wgmma fp8 64",  "wgmma fp8 128",
+                                                     "wgmma f16 64", "wgmma f16 128", "wgmma fp8 64 pipe",
+                                                     "wgmma f16 64 pipe"};
+static void set_wg(int v) {
+    char b[8];
+    snprintf(b, sizeof b, "%d", v);
+    setenv("DSV4_CUDA_MOE_WG", b, 1);
+}
 
 static void perf_moe(moe_set *m) {
     const int ns[] = {1, 2, 4, 6, 8, 16, 32, 64};
@@ -1235,6 +1248,64 @@ static void t_moe_f16(moe_set *m, int n, int cfg) {
     free(x); free(y0); free(y1); free(ids); free(wts);
 }
 
+/*
+ * --moe-wg: the warpgroup-MMA grouped GEMM (k_moe_wg, DSV4_CUDA_MOE_WG = 1:
+ * 64 token rows per tile, 2: 128) against k_moe_gemm (= 0) on the same
+ * input, every size forced onto the grouped GEMM. Not bit-equal (the fp32
+ * order of the k32 partial sums differs, and h values at an E4M3 rounding
+ * boundary of the second quantisation flip by one step), so by normalised
+ * error with t_moe_prefill's tolerance; then the first and last 3 tokens
+ * against the reference. A wrong fragment, swizzle or scale is 1e-2 or more.
+ */
+static void t_moe_wg(moe_set *m, int n) {
+    const int topk = 6;
+    size_t nx = (size_t)n * m->dm;
+    float *x = malloc(nx * 4), *y0 = malloc(nx * 4), *y1 = malloc(nx * 4);
+    int *ids = malloc((size_t)n * topk * 4);
+    float *wts = malloc((size_t)n * topk * 4);
+    fill_act(x, nx, (int)m->dm);
+    pick_ids_skewed(ids, wts, n, topk, m->E);
+    float *dx = dup_up(x, nx * 4), *dy = dalloc(nx * 4), *dw = dup_up(wts, (size_t)n * topk * 4);
+    int *dids = dup_up(ids, (size_t)n * topk * 4);
+    dsv4_err err = {0};
+    char shape[96];
+    set_paths_cfg(1, 0);
+    setenv("DSV4_CUDA_MOE_WG_MIN", "0", 1);
+    for (int v = 0; v <= WG_VARIANTS; v++) {
+        set_wg(v);
+        poison(dy, nx * 4);
+        DIE_IF(dsv4_cuda_moe(G, &m->dev, dx, n, dids, dw, topk, NULL, dy, 0, &err), err);
+        DIE_IF(dsv4_cuda_sync(G, &err), err);
+        down(v ? y1 : y0, dy, nx * 4);
+        if (!v) continue;
+        size_t ndiff = 0;
+        for (size_t i = 0; i < nx; i++) ndiff += memcmp(&y0[i], &y1[i], 4) != 0;
+        snprintf(shape, sizeof shape, "n=%d %s vs k_moe_gemm (%zu differ)", n, wg_name[v], ndiff);
+        report("moe_wg", shape, y1, y0, nx, 2e-4);
+    }
+    float *ref = malloc((size_t)6 * m->dm * 4); /* tokens 0..2 and n-3..n-1 */
+    ref_moe(m, x, 3, ids, wts, topk, NULL, ref);
+    ref_moe(m, x + (size_t)(n - 3) * m->dm, 3, ids + (n - 3) * topk, wts + (n - 3) * topk, topk, NULL, ref + 3 * m->dm);
+    for (int v = 0; v <= WG_VARIANTS; v++) { /* 0: k_moe_gemm's distance, for comparison */
+        set_wg(v);
+        poison(dy, nx * 4);
+        DIE_IF(dsv4_cuda_moe(G, &m->dev, dx, n, dids, dw, topk, NULL, dy, DSV4_CUDA_MOE_BF16, &err), err);
+        DIE_IF(dsv4_cuda_sync(G, &err), err);
+        down(y1, dy, nx * 4);
+        for (int part = 0; part < 2; part++) {
+            const int t0 = part ? n - 3 : 0;
+            snprintf(shape, sizeof shape, "n=%d %s vs ref rows %d..%d", n, wg_name[v], t0, t0 + 2);
+            report("moe_wg", shape, y1 + (size_t)t0 * m->dm, ref + (size_t)part * 3 * m->dm, (size_t)3 * m->dm, 5e-3);
+        }
+    }
+    free(ref);
+    unsetenv("DSV4_CUDA_MOE_WG");
+    unsetenv("DSV4_CUDA_MOE_WG_MIN");
+    set_paths(2);
+    dsv4_cuda_free(G, dx); dsv4_cuda_free(G, dy); dsv4_cuda_free(G, dw); dsv4_cuda_free(G, dids);
+    free(x); free(y0); free(y1); free(ids); free(wts);
+}
+
 static void perf_moe_prefill(moe_set *m) {
     const int ns[] = {256, 512, 1365, 4096, 8192};
     const int topk = 6, nsets = 2, nmax = 8192;
@@ -1258,8 +1329,21 @@ static void perf_moe_prefill(moe_set *m) {
         a.w = dup_up(wts, (size_t)nsets * a.n * topk * 4);
         const double flops = 2.0 * 3 * a.n * topk * (double)m->dm * m->dff;
         for (int cfg = -1; cfg <= MOE_CFGS; cfg++) { /* -1 k_fp4, 0 default, 1.. forced GEMM shape */
+            if (g_wg_ab && cfg != 0) continue;
             set_paths_cfg(cfg < 0 ? 0 : cfg == 0 ? 2 : 1, cfg < 0 ? 0 : cfg);
-            for (int v = g_f16_ab ? 0 : -1; v <= (g_f16_ab ? 1 : -1); v++) {
+            if (g_wg_ab) { /* every size on the grouped GEMM, so that all three run */
+                setenv("DSV4_CUDA_MOE_GEMM_MIN", "0", 1);
+                setenv("DSV4_CUDA_MOE_WG_MIN", "0", 1);
+            }
+            for (int v = g_f16_ab || g_wg_ab ? 0 : -1; v <= (g_f16_ab ? 1 : g_wg_ab ? WG_VARIANTS : -1); v++) {
+                if (g_wg_ab) {
+                    set_wg(v);
+                    double us = time_graph(op_moe, &a, a.n >= 4096 ? 3 : 8);
+                    char shape[64];
+                    snprintf(shape, sizeof shape, "skewed top6 %s", wg_name[v]);
+                    print_perf("moe_pf", shape, a.n, us, all_bytes, flops);
+                    continue;
+                }
                 if (v >= 0) setenv("DSV4_CUDA_MOE_F16", v ? "1" : "0", 1);
                 double us = time_graph(op_moe, &a, a.n >= 4096 ? 3 : 8);
                 const char *vs = v < 0 ? "" : v ? " f16" : " fp8";
@@ -1270,6 +1354,10 @@ static void perf_moe_prefill(moe_set *m) {
                 print_perf("moe_pf", shape, a.n, us, all_bytes, flops);
             }
             if (g_f16_ab) unsetenv("DSV4_CUDA_MOE_F16");
+            if (g_wg_ab) {
+                unsetenv("DSV4_CUDA_MOE_WG");
+                unsetenv("DSV4_CUDA_MOE_WG_MIN");
+            }
         }
         dsv4_cuda_free(G, a.ids);
         dsv4_cuda_free(G, a.w);
@@ -1339,8 +1427,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--prefill-check")) prefill = 2, correct = 0; /* the same, no timings */
         else if (!strcmp(argv[i], "--prefill-linear")) prefill = 3, correct = 0; /* FP8 linear timings only */
         else if (!strcmp(argv[i], "--moe")) g_f16_ab = 1, correct = 0; /* MoE: FP16 vs FP8 mma, checks + timings */
+        else if (!strcmp(argv[i], "--moe-wg")) g_wg_ab = 1, correct = 0; /* MoE: wgmma vs k_moe_gemm */
         else {
-            fprintf(stderr, "usage: %s [--tiny] [--perf | --perf-only | --prefill | --moe [--perf]]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--tiny] [--perf | --perf-only | --prefill | --moe [--perf] | --moe-wg [--perf]]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -1376,6 +1466,19 @@ int main(int argc, char **argv) {
         DIE_IF(dsv4_cuda_sync(G, &err), err);
         printf("profile launches done\n");
         return 0;
+    }
+    if (g_wg_ab) {
+        printf("== MoE grouped GEMM: warpgroup MMA (DSV4_CUDA_MOE_WG=1/2) vs k_moe_gemm and the reference\n");
+        moe_make(&flash, 256, 4096, 2048);
+        have_flash = 1;
+        const int ns[] = {64, 300, 1365, 4096, 8192};
+        for (int i = 0; i < (tiny_only ? 2 : 5); i++) t_moe_wg(&flash, ns[i]); /* --tiny: for compute-sanitizer */
+        printf("\nmoe wgmma correctness: %d passed, %d failed\n", n_pass, n_fail);
+        if (perf) {
+            printf("\n== MoE timings: k_moe_gemm, wgmma 64, wgmma 128 (graph replay)\n");
+            perf_moe_prefill(&flash);
+        }
+        goto out;
     }
     if (g_f16_ab) {
         printf("== MoE expert kernels: FP16 mma (DSV4_CUDA_MOE_F16=1) vs FP8 mma (=0), bit for bit\n");

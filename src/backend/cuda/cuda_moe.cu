@@ -12,7 +12,11 @@
  * E4M3 -> FP16 themselves and call the FP16 mma (fp4x8_to_f16,
  * mma_e4m3_f16; same HMMA inputs, same results bit for bit, ~6-18% fewer
  * instructions; DSV4_CUDA_MOE_F16=0 selects the FP8 form,
- * bench/results/2026-12-01-moe-f16-h200.md).
+ * bench/results/2026-12-01-moe-f16-h200.md). DSV4_CUDA_MOE_WG=1..6 swaps
+ * the prefill grouped GEMM for a warpgroup-MMA (wgmma, sm_90a) kernel
+ * (cuda_moe_wg.cuh; off by default: FP8 is faster but ~1e-3 from
+ * k_moe_gemm, FP16 is bit-identical but slower,
+ * bench/results/2026-12-01-moe-wgmma-h200.md).
  *
  * The MoE of a step: the tokens' top-k choices are grouped by expert on the
  * device (no host round trip, so it can live in a CUDA graph), then one
@@ -767,6 +771,9 @@ static const MoeGemmCfg &pick_moe_gemm(int nent, int E) {
     return moe_gemm_cfgs[nent >= 48 * E ? 1 : 0];
 }
 
+/* k_moe_wg (warpgroup MMA, sm_90a): see the file */
+#include "backend/cuda/cuda_moe_wg.cuh"
+
 static int pick_nt4(int n) { return n <= 8 ? 1 : n <= 16 ? 2 : n <= 32 ? 4 : 8; }
 
 /* nt = 0: one n-tile with the activations quantised in the kernel (FQ). */
@@ -1094,7 +1101,9 @@ static int moe_run(dsv4_cuda_ctx *c, const dsv4_cuda_experts *ex, const float *x
     const MoeGemmCfg &mg = pick_moe_gemm(nent, E);
     /* DSV4_CUDA_MOE_F16=0: the grouped GEMM's FP8-mma form (for A/B measurement) */
     const int f16 = cu_env_int("DSV4_CUDA_MOE_F16", 1) != 0;
-    const int bn = gemm ? mg.bn : 0;
+    /* DSV4_CUDA_MOE_WG: the warpgroup-MMA grouped GEMM (sm_90a) instead of k_moe_gemm */
+    const int wgv = moe_wg_variant(c, gemm, nent, E);
+    const int bn = wgv ? moe_wg_bn[wgv - 1] : gemm ? mg.bn : 0;
     const int big = gemm || nent * (int)sizeof(int) > 32 * 1024; /* k_group_* instead of k_route_group */
     const int max_tiles = bn ? (nent + slots * (bn - 1)) / bn + 1 : 0;
     /* workspace: act_n act_exp act_off list inv [cnt start tiles] | H [nent, dff]
@@ -1169,7 +1178,8 @@ static int moe_run(dsv4_cuda_ctx *c, const dsv4_cuda_experts *ex, const float *x
     a.y = H;
     /* One n-tile of 8 rows per pass: most experts get 1-2 rows of a decode /
      * verify step; an expert chosen by more rows is streamed once per 8. */
-    if (gemm) rc = (f16 ? mg.gateup16 : mg.gateup)(c, a, tiles, max_tiles, err);
+    if (wgv) rc = moe_wg_launch[wgv - 1][0](c, a, tiles, max_tiles, err);
+    else if (gemm) rc = (f16 ? mg.gateup16 : mg.gateup)(c, a, tiles, max_tiles, err);
     else if (!c->moe_persistent) rc = launch_fp4<FP4_GATEUP>(c, a, fq ? 0 : 1, (unsigned)slots, err);
     else rc = fq ? launch_moe_fp4<FP4_GATEUP, true>(c, a, slots, err)
                  : launch_moe_fp4<FP4_GATEUP, false>(c, a, slots, err);
@@ -1185,7 +1195,8 @@ static int moe_run(dsv4_cuda_ctx *c, const dsv4_cuda_experts *ex, const float *x
     a.xq = hq;
     a.xs = hs;
     a.y = O;
-    if (gemm) rc = (f16 ? mg.down16 : mg.down)(c, a, tiles, max_tiles, err);
+    if (wgv) rc = moe_wg_launch[wgv - 1][1](c, a, tiles, max_tiles, err);
+    else if (gemm) rc = (f16 ? mg.down16 : mg.down)(c, a, tiles, max_tiles, err);
     else if (!c->moe_persistent) rc = launch_fp4<FP4_DOWN>(c, a, fq ? 0 : 1, (unsigned)slots, err);
     else rc = fq ? launch_moe_fp4<FP4_DOWN, true>(c, a, slots, err)
                  : launch_moe_fp4<FP4_DOWN, false>(c, a, slots, err);
