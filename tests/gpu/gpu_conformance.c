@@ -15,7 +15,9 @@
  * (--attn-perf: only the attention-state op timings of 1 request at context 4K / 32K,
  * decode, verify and a 4096-row prefill, and 8x6 verify; --att-exact: only the bit-exactness of the
  * staged coded-row attention kernels against the direct ones, and of the small-row pv (PDL, last-block
- * split sum) against the plain launch + k_att_reduce, attn_exact)
+ * split sum) against the plain launch + k_att_reduce, of the tensor-core pv after k_att_softmax against
+ * the per-slice statistics (DSV4_CUDA_ATT_PSM=0) and of 128-candidate staged score blocks against 64
+ * (DSV4_CUDA_ATT_SC128=0), attn_exact)
  * First the fp32-activation linears (linear_grouped wo_a, the BF16 gate
  * shape, F32 linears) at T = 1 .. 4096 against the CPU op on sampled rows
  * (tolerance --rows-tol, default 1e-4; --rows-only stops after them,
@@ -576,11 +578,17 @@ static int attn_state_run(int ctx, int R, int k, dsv4_kv_dtype kvt, dsv4_numeric
     if (exact) {
         int fails = attn_exact(be, &a, (dsv4_buf *[3]){&ring, &rows4, &rows128},
                                (int64_t[3]){(int64_t)R * (W + 8), R * mr4, R * mr128}, kvt, HD, rbytes,
-                               (size_t)T * H * HD, exact == 2 ? "DSV4_CUDA_ATT_DEC" : "DSV4_CUDA_ATT_CODED_DIRECT",
-                               exact == 2 ? "0" : "1", exact == 2 ? "1" : "0");
+                               (size_t)T * H * HD,
+                               exact == 4   ? "DSV4_CUDA_ATT_SC128"
+                               : exact == 3 ? "DSV4_CUDA_ATT_PSM"
+                               : exact == 2 ? "DSV4_CUDA_ATT_DEC"
+                                            : "DSV4_CUDA_ATT_CODED_DIRECT",
+                               exact >= 2 ? "0" : "1", exact >= 2 ? "1" : "0");
         printf("== %s, %s numerics: %d requests x %d rows at context %d, %s key rows: "
                "%s\n\n",
-               exact == 2 ? "small-row pv: PDL + last-block sum vs plain + reduce" : "staged vs direct coded attention",
+               exact == 4   ? "staged scores: 128 vs 64 candidates a block"
+               : exact == 3 ? "tensor-core pv: softmax kernel (PSM) vs per-slice statistics"
+               : exact == 2 ? "small-row pv: PDL + last-block sum vs plain + reduce" : "staged vs direct coded attention",
                num == DSV4_NUMERICS_HF ? "HF" : "reference", R, k, ctx, dsv4_kv_dtype_name(kvt),
                fails < 0 ? "ERROR" : fails ? "DIFFER" : "bit-identical");
         free(hq);
@@ -800,6 +808,29 @@ static int small_ops(double tol) {
         sm_check(s, "hc_pre y (n_hc 4, d 4096)", T, y);
         sm_check(s, "hc_pre post", T, post);
         sm_check(s, "hc_pre comb", T, comb);
+        if (T >= 1024) { /* k_hc_part_l / k_hc_fin with batched loads (default) vs DSV4_CUDA_HC_PF=0: bit for bit */
+            dsv4_buf *ob[3] = {&y[0], &post[0], &comb[0]};
+            size_t no[3], tot = 0, nd = 0;
+            for (int i = 0; i < 3; i++) tot += no[i] = (size_t)(ob[i]->rows * ob[i]->cols);
+            float *h = malloc(2 * tot * 4);
+            int bad = !h;
+            for (int v = 0; v < 2 && !bad; v++) {
+                if (v) {
+                    setenv("DSV4_CUDA_HC_PF", "0", 1);
+                    bad = s->be[0]->hc_pre(s->be[0], &X[0], &vfn[0], &vbase[0], &vsc[0], NHC, 20, 1e-6f, &y[0],
+                                           &post[0], &comb[0], &s->e);
+                    unsetenv("DSV4_CUDA_HC_PF");
+                }
+                for (int i = 0, off = 0; i < 3 && !bad; off += (int)no[i], i++)
+                    bad = s->be[0]->buf_read(s->be[0], ob[i], h + v * tot + off, &s->e);
+            }
+            for (size_t i = 0; !bad && i < tot; i++) nd += memcmp(&h[i], &h[tot + i], 4) != 0;
+            printf("%-34s T=%-5d %zu of %zu floats differ (DSV4_CUDA_HC_PF=0 vs 1): %s\n", "hc_pre bit-exact", T, nd,
+                   tot, bad ? "ERROR" : nd ? "FAIL" : "ok");
+            s->err += bad;
+            s->bad += nd != 0;
+            free(h);
+        }
         SMTIME("hc_pre", T, reps, s->be[0]->hc_pre(s->be[0], &X[0], &vfn[0], &vbase[0], &vsc[0], NHC, 20, 1e-6f, &y[0],
                                                    &post[0], &comb[0], &s->e));
         for (int i = 0; i < 2; i++)
@@ -978,6 +1009,17 @@ int main(int argc, char **argv) {
                                             n ? DSV4_NUMERICS_HF : DSV4_NUMERICS_REFERENCE, 2);
                     d2 += f2 == 1, e2 += f2 > 1;
                 }
+        /* the tensor-core pv reading k_att_softmax's probabilities against the pv deriving them per slice
+         * (DSV4_CUDA_ATT_PSM=0), every key format; staged score blocks of 128 candidates against 64
+         * (DSV4_CUDA_ATT_SC128=0), coded formats: the prefill / decode-64 / verify cases above */
+        for (int x = 3; x <= 4; x++)
+            for (int kv = x == 4 ? DSV4_KV_BF16 : 0; kv < DSV4_KV_COUNT; kv++)
+                for (int n = 0; n < 2; n++)
+                    for (size_t i = 0; i < 4; i++) {
+                        int f2 = attn_state_run(C[i][0], C[i][1], C[i][2], (dsv4_kv_dtype)kv,
+                                                n ? DSV4_NUMERICS_HF : DSV4_NUMERICS_REFERENCE, x);
+                        d2 += f2 == 1, e2 += f2 > 1;
+                    }
         printf("att-exact summary: %d runs differ, %d runs with errors\n", d2, e2);
         return e2 ? 2 : d2 ? 1 : 0;
     }

@@ -552,10 +552,10 @@ __device__ __forceinline__ void ldsm4t(uint32_t (&r)[4], const void *p) {
  * ATT_TC_CAND rows; every thread of the block calls it. 8-dim units (an fp8_ds_mla unit is all E4M3
  * or all rope: nope is a multiple of 8), 16 threads per row so a row's bytes are read together; all
  * loads first (in flight together), then the decode, which is kv_raw2's operation for operation. */
-template <int FMT>
+template <int FMT, int NR = ATT_TC_CAND>
 __device__ __forceinline__ void stage_tile(uint16_t (*tile)[ATT_TC_PITCH], const uint8_t *const *kp, int d0,
                                            const att_args &a) {
-    constexpr int UPR = ATT_TC_KD / 8, PER = ATT_TC_CAND * UPR / ATT_TC_THREADS;
+    constexpr int UPR = ATT_TC_KD / 8, PER = NR * UPR / ATT_TC_THREADS;
 #pragma unroll
     for (int u0 = 0; u0 < PER; u0 += ATT_TC_STAGE_GROUP) {
     uint4 w[ATT_TC_STAGE_GROUP];
@@ -591,34 +591,40 @@ __device__ __forceinline__ void stage_tile(uint16_t (*tile)[ATT_TC_PITCH], const
     }
 }
 
-/* S of ATT_TC_CAND candidates x 64 heads of one row; warp w: heads 16w.., all candidates (8 n-tiles).
- * STAGED (coded rows only): keys through the shared tile, ATT_TC_KD dims at a time. */
-template <int FMT, int STAGED>
+/* S of NC candidates x 64 heads of one row; warp w: heads 16w.., all candidates (NC/8 n-tiles).
+ * STAGED (coded rows only): keys through the shared tile, ATT_TC_KD dims at a time.
+ * NC = 128 (staged only; DSV4_CUDA_ATT_SC128=0: 64): a block's A operands (q of its row: 64 heads x hd fp32,
+ * 128 KB at hd 512, loaded from L2 and split into bf16 hi / lo at every k step) serve twice the MMAs, so
+ * the q traffic and the split work per score halve. Each score is the same MMA chain over k (the same
+ * operands in the same order), so S is bit-identical to NC = 64. */
+template <int FMT, int STAGED, int NC = ATT_TC_CAND>
 __device__ __forceinline__ void att_scores_tc(const att_args &a) {
-    __shared__ const uint8_t *kp[ATT_TC_CAND];
-    __shared__ __align__(16) uint16_t kt[STAGED ? ATT_TC_CAND : 1][ATT_TC_PITCH];
+    constexpr int NT = NC / 8; /* n-tiles */
+    __shared__ const uint8_t *kp[NC];
+    __shared__ __align__(16) uint16_t kt[STAGED ? NC : 1][ATT_TC_PITCH];
     const int tl = blockIdx.z, t = a.t0 + tl, hb = blockIdx.y * ATT_TC_HEADS;
-    const int64_t j0 = (int64_t)blockIdx.x * ATT_TC_CAND;
+    const int64_t j0 = (int64_t)blockIdx.x * NC;
     if (j0 >= a.ld) return;
-    if (threadIdx.x < ATT_TC_CAND)
-        kp[threadIdx.x] = j0 + threadIdx.x < a.ld ? cand_key(a, t, j0 + threadIdx.x) : NULL;
+    for (int i = threadIdx.x; i < NC; i += ATT_TC_THREADS)
+        kp[i] = j0 + i < a.ld ? cand_key(a, t, j0 + i) : NULL;
     __syncthreads();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     const int h0 = hb + warp * 16 + g, h1 = h0 + 8;
     const float *q0 = h0 < a.H ? a.q + ((int64_t)t * a.H + h0) * a.hd : NULL;
     const float *q1 = h1 < a.H ? a.q + ((int64_t)t * a.H + h1) * a.hd : NULL;
+    static_assert(STAGED || NC == 8 * 8, "the direct paths take 64 candidates");
     const uint8_t *kr[8];
 #pragma unroll
-    for (int i = 0; i < 8; i++) kr[i] = kp[i * 8 + g];
-    float acc[8][4];
+    for (int i = 0; i < 8; i++) kr[i] = STAGED ? NULL : kp[i * 8 + g];
+    float acc[NT][4];
 #pragma unroll
-    for (int i = 0; i < 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    for (int i = 0; i < NT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
     for (int k0 = 0; k0 < a.hd; k0 += 16) {
         const int ka = k0 + 2 * c, kb = ka + 8;
         if constexpr (STAGED) {
             if (k0 % ATT_TC_KD == 0) {
                 if (k0) __syncthreads(); /* the previous tile consumed */
-                stage_tile<FMT>(kt, kp, k0, a);
+                stage_tile<FMT, NC>(kt, kp, k0, a);
                 __syncthreads();
             }
         }
@@ -634,7 +640,7 @@ __device__ __forceinline__ void att_scores_tc(const att_args &a) {
         if constexpr (STAGED) { /* lane l: row l%8 of n-tile i + l/16, dims k0 + 8·(l/8 % 2): b0, b1 of tiles i, i+1 */
             const int kk = k0 % ATT_TC_KD;
 #pragma unroll
-            for (int i = 0; i < 8; i += 2) {
+            for (int i = 0; i < NT; i += 2) {
                 uint32_t r[4];
                 ldsm4(r, &kt[(i + (lane >> 4)) * 8 + (lane & 7)][kk + ((lane >> 3) & 1) * 8]);
                 mma_bf16(acc[i], al, r[0], r[1]);
@@ -673,7 +679,7 @@ __device__ __forceinline__ void att_scores_tc(const att_args &a) {
         }
     }
 #pragma unroll
-    for (int i = 0; i < 8; i++)
+    for (int i = 0; i < NT; i++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int h = e < 2 ? h0 : h1, jj = i * 8 + 2 * c + (e & 1);
@@ -683,9 +689,39 @@ __device__ __forceinline__ void att_scores_tc(const att_args &a) {
         }
 }
 
+/*
+ * Softmax once per (row, head), in place: S[row][h][j] becomes the probability p = exp(s − max) / den
+ * (den with the sink; bf16-rounded in reference numerics) that att_pv_tc<.., PSM = 1> then reads as
+ * its A operand. Why: without it each of a row's hd/128 pv blocks (one per 128-dim slice) derived the
+ * max and denominator of all 64 heads from S and then computed every probability again, an expf, an
+ * IEEE division and a rounding per A element inside the MMA loop, 4x over at hd = 512. ncu (4 layers,
+ * 8192-token prefill, bench/results/raw/prof-368a5a5): k_att_pv_tcs 18.4 ms vs 8.7 ms for the scores,
+ * which issue twice the MMAs; by instruction count the exp / division work was ~3x the MMA time.
+ * The same statistics code (lane-strided max and sum, xor butterflies) and the same expression for p
+ * as att_pv_tc<.., 0>, so P and the outputs are bit-identical. One warp per (row, head); 256 threads.
+ */
+__global__ void __launch_bounds__(256) k_att_softmax(att_args a, const void *sinks, int sinks_bf16, int ref) {
+    const int tl = blockIdx.y, lane = threadIdx.x & 31, h = blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (h >= a.H) return;
+    float *S = a.S + ((int64_t)tl * a.H + h) * a.ld;
+    const float sink = cu_ldf(sinks, sinks_bf16, h);
+    float m = sink;
+    for (int64_t j = lane; j < a.ld; j += 32) m = fmaxf(m, S[j]);
+    for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    float d = 0.f;
+    for (int64_t j = lane; j < a.ld; j += 32) d += expf(S[j] - m);
+    for (int o = 16; o; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+    const float den = d + expf(sink - m);
+    for (int64_t j = lane; j < a.ld; j += 32) {
+        float p = expf(S[j] - m) / den;
+        if (ref) p = round_bf16(p);
+        S[j] = p;
+    }
+}
+
 /* Softmax (with the sink) and P·V of 64 heads x one 128-dim slice of one row, all candidates;
- * warp w: heads 16w.., 16 n-tiles of 8 dims. */
-template <int FMT, int STAGED>
+ * warp w: heads 16w.., 16 n-tiles of 8 dims. PSM: S already holds the probabilities (k_att_softmax). */
+template <int FMT, int STAGED, int PSM>
 __device__ __forceinline__ void att_pv_tc(const att_args &a, const void *sinks, int sinks_bf16, int ref) {
     __shared__ float mx_s[ATT_TC_HEADS], den_s[ATT_TC_HEADS];
     __shared__ const uint8_t *kp[ATT_TC_CAND];
@@ -695,7 +731,7 @@ __device__ __forceinline__ void att_pv_tc(const att_args &a, const void *sinks, 
     const int nh = a.H - hb < ATT_TC_HEADS ? a.H - hb : ATT_TC_HEADS;
     const float *S = a.S + ((int64_t)tl * a.H + hb) * a.ld;
     /* statistics over every candidate of the row (as k_att_pv) */
-    for (int h = warp; h < nh; h += ATT_TC_THREADS / 32) {
+    for (int h = warp; h < nh && !PSM; h += ATT_TC_THREADS / 32) {
         const float sink = cu_ldf(sinks, sinks_bf16, hb + h);
         float m = sink;
         for (int64_t j = lane; j < a.ld; j += 32) m = fmaxf(m, S[(int64_t)h * a.ld + j]);
@@ -732,7 +768,9 @@ __device__ __forceinline__ void att_pv_tc(const att_args &a, const void *sinks, 
                 for (int e = 0; e < 4; e++) {
                     const int64_t j = cb + kk + 2 * c + (e & 1) + (e >> 1) * 8;
                     float p = 0.f;
-                    if (r < nh && j < a.ld) {
+                    if (PSM) {
+                        if (r < nh && j < a.ld) p = S[(int64_t)r * a.ld + j]; /* k_att_softmax's p */
+                    } else if (r < nh && j < a.ld) {
                         p = expf(S[(int64_t)r * a.ld + j] - mx_s[r]) / den_s[r];
                         if (ref) p = round_bf16(p); /* official: bf16 probabilities into PV */
                     }
@@ -801,18 +839,19 @@ template <int FMT>
 __global__ void __launch_bounds__(ATT_TC_THREADS) k_att_scores_tc(att_args a) {
     att_scores_tc<FMT, 0>(a);
 }
-template <int FMT>
-__global__ void __launch_bounds__(ATT_TC_THREADS, ATT_TC_SC_MINB) k_att_scores_tcs(att_args a) {
-    att_scores_tc<FMT, 1>(a);
+/* NC = 128: 3 blocks / SM (at 4, 128 registers, ptxas spilled 92 bytes) */
+template <int FMT, int NC>
+__global__ void __launch_bounds__(ATT_TC_THREADS, NC == 128 ? 3 : ATT_TC_SC_MINB) k_att_scores_tcs(att_args a) {
+    att_scores_tc<FMT, 1, NC>(a);
 }
-template <int FMT>
+template <int FMT, int PSM>
 __global__ void __launch_bounds__(ATT_TC_THREADS) k_att_pv_tc(att_args a, const void *sinks, int sinks_bf16, int ref) {
-    att_pv_tc<FMT, 0>(a, sinks, sinks_bf16, ref);
+    att_pv_tc<FMT, 0, PSM>(a, sinks, sinks_bf16, ref);
 }
-template <int FMT>
+template <int FMT, int PSM>
 __global__ void __launch_bounds__(ATT_TC_THREADS, ATT_TC_PV_MINB) k_att_pv_tcs(att_args a, const void *sinks,
                                                                              int sinks_bf16, int ref) {
-    att_pv_tc<FMT, 1>(a, sinks, sinks_bf16, ref);
+    att_pv_tc<FMT, 1, PSM>(a, sinks, sinks_bf16, ref);
 }
 
 /* o[t0 + i] = Σ_split part[split][i], float4 at a time. */
@@ -843,6 +882,8 @@ typedef struct att_launch_cfg {
     const void *sinks;
     float *part;
     cudaStream_t stream;
+    int psm; /* tensor-core path: k_att_softmax between scores and pv (DSV4_CUDA_ATT_PSM=0: off) */
+    int sc128; /* staged scores: 128 candidates a block (DSV4_CUDA_ATT_SC128=0: 64) */
 } att_launch_cfg;
 
 /* k_att_scores for head_dim hd (128, 256, 512) and sc_qh heads a block. */
@@ -875,18 +916,32 @@ static int att_launch(att_args a, const att_launch_cfg &L, dsv4_err *err) {
             dim3 gs((unsigned)((maxc + ATT_TC_CAND - 1) / ATT_TC_CAND),
                     (unsigned)((n_heads + ATT_TC_HEADS - 1) / ATT_TC_HEADS), n);
             dim3 gp((unsigned)(hd / 128), (unsigned)((n_heads + ATT_TC_HEADS - 1) / ATT_TC_HEADS), n);
+            const dim3 gsm((unsigned)((n_heads + 7) / 8), n);
             if constexpr (FMT != DSV4_KV_F32) {
                 if (!L.direct) {
-                    k_att_scores_tcs<FMT><<<gs, ATT_TC_THREADS, 0, stream>>>(a);
+                    /* 128-candidate blocks only where they add no padding over 64-candidate ones: at ld = 192
+                     * (ratio-128 layers at 8K) the second block is half empty, and ncu measured 1133 vs 1027 us */
+                    if (L.sc128 && (maxc + 127) / 128 * 128 <= (maxc + 63) / 64 * 64) {
+                        const dim3 gs2((unsigned)((maxc + 127) / 128), gs.y, gs.z);
+                        k_att_scores_tcs<FMT, 128><<<gs2, ATT_TC_THREADS, 0, stream>>>(a);
+                    } else k_att_scores_tcs<FMT, ATT_TC_CAND><<<gs, ATT_TC_THREADS, 0, stream>>>(a);
                     CU_LAUNCHED(err, "attention (scores, tensor cores, staged)");
-                    k_att_pv_tcs<FMT><<<gp, ATT_TC_THREADS, 0, stream>>>(a, sinks, sbf, ref);
+                    if (L.psm) {
+                        k_att_softmax<<<gsm, 256, 0, stream>>>(a, sinks, sbf, ref);
+                        CU_LAUNCHED(err, "attention (softmax)");
+                        k_att_pv_tcs<FMT, 1><<<gp, ATT_TC_THREADS, 0, stream>>>(a, sinks, sbf, ref);
+                    } else k_att_pv_tcs<FMT, 0><<<gp, ATT_TC_THREADS, 0, stream>>>(a, sinks, sbf, ref);
                     CU_LAUNCHED(err, "attention (pv, tensor cores, staged)");
                     continue;
                 }
             }
             k_att_scores_tc<FMT><<<gs, ATT_TC_THREADS, 0, stream>>>(a);
             CU_LAUNCHED(err, "attention (scores, tensor cores)");
-            k_att_pv_tc<FMT><<<gp, ATT_TC_THREADS, 0, stream>>>(a, sinks, sbf, ref);
+            if (L.psm) {
+                k_att_softmax<<<gsm, 256, 0, stream>>>(a, sinks, sbf, ref);
+                CU_LAUNCHED(err, "attention (softmax)");
+                k_att_pv_tc<FMT, 1><<<gp, ATT_TC_THREADS, 0, stream>>>(a, sinks, sbf, ref);
+            } else k_att_pv_tc<FMT, 0><<<gp, ATT_TC_THREADS, 0, stream>>>(a, sinks, sbf, ref);
             CU_LAUNCHED(err, "attention (pv, tensor cores)");
             continue;
         }
@@ -1057,8 +1112,15 @@ static int att_run(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, cons
     att_launch_cfg L = {T, n_heads, tc, sc_qh, sc_chunk, pv_one_block, nsplit, sbf, ref, dir && dir[0] == '1',
                         use_dec, fuse, {}, ctx,
                         c_bytes ? (unsigned *)((char *)ws_p + s_bytes + p_bytes + k_bytes) : NULL,
-                        hd, maxc, chunk, sinks->data, part, ctx->stream};
+                        hd, maxc, chunk, sinks->data, part, ctx->stream, 1, 1};
     if (fuse) L.orope = *orope;
+    /* DSV4_CUDA_ATT_PSM=0: the tensor-core pv derives the statistics and probabilities itself, per
+     * 128-dim slice, as before k_att_softmax (measuring; bit-identical either way) */
+    const char *psm = getenv("DSV4_CUDA_ATT_PSM");
+    if (psm && psm[0] == '0') L.psm = 0;
+    /* DSV4_CUDA_ATT_SC128=0: staged score blocks of 64 candidates, as before (measuring; bit-identical) */
+    const char *sc128 = getenv("DSV4_CUDA_ATT_SC128");
+    if (sc128 && sc128[0] == '0') L.sc128 = 0;
     switch (wf.t) {
     case DSV4_KV_F32: rc = att_launch<DSV4_KV_F32>(a, L, err); break;
     case DSV4_KV_BF16: rc = att_launch<DSV4_KV_BF16>(a, L, err); break;

@@ -537,13 +537,23 @@ __global__ void __launch_bounds__(HC_S_CH) k_hc_part_s(const float *__restrict__
 /* n % 4 == 0 and X 16-byte aligned (the caller checks). X is staged through
  * shared memory 32 columns at a time (coalesced loads of whole row segments;
  * each thread then reads its own row's values, conflict-free with the padded
- * stride), fn 256 columns at a time (read as broadcasts). */
-template <int NM>
-__global__ void __launch_bounds__(HC_L_ROWS) k_hc_part_l(const float *__restrict__ X, int T, int64_t n,
-                                                        const void *fn, int fbf16, int nch, float *part,
-                                                        double *ssp) {
-    pdl_trigger();
-    pdl_wait();
+ * stride), fn 256 columns at a time (read as broadcasts).
+ * PF = 1 (default; DSV4_CUDA_HC_PF=0 gives PF = 0, the kernel before): each
+ * thread's 8 float4 of an X tile are loaded in one unrolled batch into
+ * registers, and the next tile's batch is issued before the current tile's
+ * FMAs, so its loads are in flight during them. Why: with PF = 0 the tile
+ * loop (`e = tid; e < 1024; e += 128`, a load then a shared store) kept one
+ * 16-byte load per thread in flight: 20 warps x 512 B = 10 KB a SM, about a
+ * third of what HBM latency x bandwidth needs (~34 KB a SM), and ncu put the
+ * kernel at ~1/3 of the bandwidth bound (396 us for 512 MiB at 8192 rows).
+ * Every thread still sums its own row over the chunk's columns in
+ * ascending order with the same expressions: bit-identical partials.
+ * PF = 1 runs as k_hc_part_lp, bounded to 4 blocks a SM (128 registers;
+ * unbounded, ptxas took 160 for NM = 24, room for 3 blocks a SM where shared
+ * memory allows 5); PF = 0 as k_hc_part_l, the kernel before. */
+template <int NM, int PF>
+__device__ __forceinline__ void hc_part_l(const float *__restrict__ X, int T, int64_t n, const void *fn, int fbf16,
+                                          int nch, float *part, double *ssp) {
     __shared__ float4 sf[NM][HC_L_SUB / 4];
     __shared__ __align__(16) float sx[HC_L_ROWS * HC_L_XS];
     const int r0 = blockIdx.y * HC_L_ROWS, tid = threadIdx.x, t = r0 + tid, ch = blockIdx.x;
@@ -552,7 +562,57 @@ __global__ void __launch_bounds__(HC_L_ROWS) k_hc_part_l(const float *__restrict
 #pragma unroll
     for (int k = 0; k < NM; k++) acc[k] = 0.f;
     double ss = 0;
-    for (int s0 = 0; s0 < HC_L_CH && c0 + s0 < n; s0 += HC_L_SUB) {
+    if (PF) {
+        constexpr int QPR = HC_L_XT / 4, PER = HC_L_ROWS * QPR / HC_L_ROWS; /* float4 per tile row, per thread */
+        const int cend = (int)(n - c0 < HC_L_CH ? n - c0 : HC_L_CH);      /* columns of this chunk (n % 4 == 0) */
+        float4 v[PER];
+        auto ld_tile = [&](int x0) { /* X[r0.., c0 + x0 ..] into v, zeros outside */
+#pragma unroll
+            for (int u = 0; u < PER; u++) {
+                const int e = u * HC_L_ROWS + tid, rr = e / QPR, q = e % QPR;
+                v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+                if (r0 + rr < T && x0 + q * 4 < cend) v[u] = *(const float4 *)(X + (int64_t)(r0 + rr) * n + c0 + x0 + q * 4);
+            }
+        };
+        ld_tile(0);
+        for (int x0 = 0; x0 < cend; x0 += HC_L_XT) {
+            __syncthreads(); /* the previous X tile (and, at a sub-chunk start, fn) consumed */
+            const int sx0 = x0 % HC_L_SUB;
+            if (sx0 == 0) {
+                const int ncols = cend - x0 < HC_L_SUB ? cend - x0 : HC_L_SUB;
+                for (int e = tid; e < NM * HC_L_SUB; e += HC_L_ROWS) {
+                    const int k = e / HC_L_SUB, j = e % HC_L_SUB;
+                    ((float *)sf)[e] = j < ncols ? cu_ldf(fn, fbf16, (int64_t)k * n + c0 + x0 + j) : 0.f;
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < PER; u++) {
+                const int e = u * HC_L_ROWS + tid;
+                *(float4 *)(sx + (e / QPR) * HC_L_XS + (e % QPR) * 4) = v[u];
+            }
+            if (x0 + HC_L_XT < cend) ld_tile(x0 + HC_L_XT); /* in flight during this tile's FMAs */
+            __syncthreads();
+            if (t < T) {
+                const int nq = (cend - x0 < HC_L_XT ? cend - x0 : HC_L_XT) / 4;
+                for (int q = 0; q < nq; q++) {
+                    const float4 x = *(const float4 *)(sx + tid * HC_L_XS + q * 4);
+                    ss += (double)x.x * x.x;
+                    ss += (double)x.y * x.y;
+                    ss += (double)x.z * x.z;
+                    ss += (double)x.w * x.w;
+#pragma unroll
+                    for (int k = 0; k < NM; k++) {
+                        const float4 f = sf[k][sx0 / 4 + q];
+                        acc[k] += f.x * x.x;
+                        acc[k] += f.y * x.y;
+                        acc[k] += f.z * x.z;
+                        acc[k] += f.w * x.w;
+                    }
+                }
+            }
+        }
+    }
+    for (int s0 = 0; !PF && s0 < HC_L_CH && c0 + s0 < n; s0 += HC_L_SUB) {
         const int64_t cs = c0 + s0;
         const int ncols = (int)(n - cs < HC_L_SUB ? n - cs : HC_L_SUB); /* a multiple of 4 */
         __syncthreads(); /* the previous sub-chunk's readers are done */
@@ -594,6 +654,22 @@ __global__ void __launch_bounds__(HC_L_ROWS) k_hc_part_l(const float *__restrict
 #pragma unroll
     for (int k = 0; k < NM; k++) part[o * NM + k] = acc[k];
     ssp[o] = ss;
+}
+template <int NM>
+__global__ void __launch_bounds__(HC_L_ROWS) k_hc_part_l(const float *__restrict__ X, int T, int64_t n,
+                                                        const void *fn, int fbf16, int nch, float *part,
+                                                        double *ssp) {
+    pdl_trigger();
+    pdl_wait();
+    hc_part_l<NM, 0>(X, T, n, fn, fbf16, nch, part, ssp);
+}
+template <int NM>
+__global__ void __launch_bounds__(HC_L_ROWS, 4) k_hc_part_lp(const float *__restrict__ X, int T, int64_t n,
+                                                            const void *fn, int fbf16, int nch, float *part,
+                                                            double *ssp) {
+    pdl_trigger();
+    pdl_wait();
+    hc_part_l<NM, 1>(X, T, n, fn, fbf16, nch, part, ssp);
 }
 
 __device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
@@ -644,7 +720,8 @@ __device__ void hc_post_comb(const float *m, const void *base, int bbf16, float 
 __global__ void __launch_bounds__(256) k_hc_fin(const float *part, const double *ssp, int nch, int nm,
                                                const float *X, int64_t n, int n_hc, const void *base, int bbf16,
                                                const void *scale, int sbf16, int iters, float eps, float *y,
-                                               float *post, float *comb, const void *nw, int nwbf16, float neps) {
+                                               float *post, float *comb, const void *nw, int nwbf16, float neps,
+                                               int pf) {
     pdl_trigger();
     pdl_wait();
     __shared__ float m[HC_MAXM + 1], pre[4];
@@ -697,7 +774,29 @@ __global__ void __launch_bounds__(256) k_hc_fin(const float *part, const double 
     const int64_t d = n / n_hc;
     const float *x = X + (int64_t)t * n;
     float ss = 0.f;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < d; i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t st = (int64_t)gridDim.x * blockDim.x;
+    /* pf (DSV4_CUDA_HC_PF != 0): 4 of the thread's columns at a time, their 16 stream loads issued before
+     * any of their y stores (the compiler may not move a load of X above a store to y, which could alias
+     * it, so the plain loop below has only 4 loads in flight); the same columns per thread in the same
+     * order with the same expressions as that loop: bit-identical */
+    for (; pf && i + 3 * st < d; i += 4 * st) {
+        float xv[4][4];
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+#pragma unroll
+            for (int h = 0; h < 4; h++) xv[u][h] = h < n_hc ? x[h * d + i + u * st] : 0.f;
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            float acc = 0.f;
+#pragma unroll
+            for (int h = 0; h < 4; h++)
+                if (h < n_hc) acc += pre[h] * xv[u][h];
+            y[(int64_t)t * d + i + u * st] = acc;
+            ss += acc * acc;
+        }
+    }
+    for (; i < d; i += st) {
         float xv[4]; /* n_hc <= 4 (callers check): the stream loads issued together */
 #pragma unroll
         for (int h = 0; h < 4; h++) xv[h] = h < n_hc ? x[h * d + i] : 0.f;
@@ -711,9 +810,20 @@ __global__ void __launch_bounds__(256) k_hc_fin(const float *part, const double 
     if (nw) { /* hc_pre_norm (one block per row): y = rmsnorm(y)·nw, each thread rescaling what it wrote */
         ss = block_sum(ss);
         const float r = 1.0f / sqrtf(ss / (float)d + neps);
-        for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
-            float v = y[(int64_t)t * d + i] * r;
-            y[(int64_t)t * d + i] = v * cu_ldf(nw, nwbf16, i);
+        int64_t i2 = threadIdx.x;
+        for (; pf && i2 + 3 * (int64_t)blockDim.x < d; i2 += 4 * (int64_t)blockDim.x) { /* loads first (pf) */
+            float v[4], w[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                v[u] = y[(int64_t)t * d + i2 + u * blockDim.x];
+                w[u] = cu_ldf(nw, nwbf16, i2 + u * blockDim.x);
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) y[(int64_t)t * d + i2 + u * blockDim.x] = v[u] * r * w[u];
+        }
+        for (; i2 < d; i2 += blockDim.x) {
+            float v = y[(int64_t)t * d + i2] * r;
+            y[(int64_t)t * d + i2] = v * cu_ldf(nw, nwbf16, i2);
         }
     }
     if (post && blockIdx.x == 0 && threadIdx.x < 32) { /* warp 0 of the row's first block: post, Sinkhorn */
@@ -732,7 +842,10 @@ static int vec_bf16(const dsv4_tview *v) { return v->dtype == DSV4_DT_BF16; }
 
 template <int NM>
 static cudaError_t hc_part(dsv4_cuda_ctx *c, int big, unsigned nch, const float *X, int T, int64_t n, const void *fn,
-                           int fbf16, float *part, double *ssp) {
+                           int fbf16, float *part, double *ssp, int pf) {
+    if (big && pf)
+        return cu_launch(c, k_hc_part_lp<NM>, dim3(nch, (unsigned)((T + HC_L_ROWS - 1) / HC_L_ROWS)),
+                         dim3(HC_L_ROWS), 0, X, T, n, fn, fbf16, (int)nch, part, ssp);
     if (big)
         return cu_launch(c, k_hc_part_l<NM>, dim3(nch, (unsigned)((T + HC_L_ROWS - 1) / HC_L_ROWS)), dim3(HC_L_ROWS),
                          0, X, T, n, fn, fbf16, (int)nch, part, ssp);
@@ -755,16 +868,20 @@ static int hc_run(cu_be *cb, const float *X, int T, int64_t n, int n_hc, int nm,
     float *part = (float *)ws;
     double *ssp = (double *)((char *)ws + pb);
     const int fb = fn->dtype == DSV4_DT_BF16;
+    /* DSV4_CUDA_HC_PF=0: k_hc_part_l and k_hc_fin without the batched / prefetched loads (measuring;
+     * bit-identical either way) */
+    const char *pfe = getenv("DSV4_CUDA_HC_PF");
+    const int pf = !(pfe && pfe[0] == '0');
     dsv4_cuda_ctx *c = cb->ctx;
     cudaError_t e;
     switch (nm) {
-    case 1: e = hc_part<1>(c, big, nch, X, T, n, fn->data, fb, part, ssp); break;
-    case 2: e = hc_part<2>(c, big, nch, X, T, n, fn->data, fb, part, ssp); break;
-    case 3: e = hc_part<3>(c, big, nch, X, T, n, fn->data, fb, part, ssp); break;
-    case 4: e = hc_part<4>(c, big, nch, X, T, n, fn->data, fb, part, ssp); break;
-    case 8: e = hc_part<8>(c, big, nch, X, T, n, fn->data, fb, part, ssp); break;
-    case 15: e = hc_part<15>(c, big, nch, X, T, n, fn->data, fb, part, ssp); break;
-    default: e = hc_part<24>(c, big, nch, X, T, n, fn->data, fb, part, ssp); break; /* nm = 24 (callers check) */
+    case 1: e = hc_part<1>(c, big, nch, X, T, n, fn->data, fb, part, ssp, pf); break;
+    case 2: e = hc_part<2>(c, big, nch, X, T, n, fn->data, fb, part, ssp, pf); break;
+    case 3: e = hc_part<3>(c, big, nch, X, T, n, fn->data, fb, part, ssp, pf); break;
+    case 4: e = hc_part<4>(c, big, nch, X, T, n, fn->data, fb, part, ssp, pf); break;
+    case 8: e = hc_part<8>(c, big, nch, X, T, n, fn->data, fb, part, ssp, pf); break;
+    case 15: e = hc_part<15>(c, big, nch, X, T, n, fn->data, fb, part, ssp, pf); break;
+    default: e = hc_part<24>(c, big, nch, X, T, n, fn->data, fb, part, ssp, pf); break; /* nm = 24 (callers check) */
     }
     if (e == cudaSuccess) {
         const int64_t d = n / n_hc, ycols = (d + 255) / 256;
@@ -774,7 +891,7 @@ static int hc_run(cu_be *cb, const float *X, int T, int64_t n, int n_hc, int nm,
         e = cu_launch(c, k_hc_fin, dim3((unsigned)yb, (unsigned)T), dim3(256), 0, (const float *)part,
                       (const double *)ssp, (int)nch, nm, X, n, n_hc, base->data, vec_bf16(base), scale->data,
                       vec_bf16(scale), iters, eps, y, post, comb, norm ? norm->data : NULL,
-                      (int)(norm && vec_bf16(norm)), neps);
+                      (int)(norm && vec_bf16(norm)), neps, pf);
     }
     cu_arena_free(cb->ctx, ws);
     CU_TRY(e, err, what);
