@@ -17,7 +17,7 @@
  * staged coded-row attention kernels against the direct ones, and of the small-row pv (PDL, last-block
  * split sum) against the plain launch + k_att_reduce, of the tensor-core pv after k_att_softmax against
  * the per-slice statistics (DSV4_CUDA_ATT_PSM=0) and of 128-candidate staged score blocks against 64
- * (DSV4_CUDA_ATT_SC128=0), attn_exact)
+ * (DSV4_CUDA_ATT_SC128=0), and of the bf16 probabilities against fp32 ones (DSV4_CUDA_ATT_PBF=0), attn_exact)
  * First the fp32-activation linears (linear_grouped wo_a, the BF16 gate
  * shape, F32 linears) at T = 1 .. 4096 against the CPU op on sampled rows
  * (tolerance --rows-tol, default 1e-4; --rows-only stops after them,
@@ -579,14 +579,16 @@ static int attn_state_run(int ctx, int R, int k, dsv4_kv_dtype kvt, dsv4_numeric
         int fails = attn_exact(be, &a, (dsv4_buf *[3]){&ring, &rows4, &rows128},
                                (int64_t[3]){(int64_t)R * (W + 8), R * mr4, R * mr128}, kvt, HD, rbytes,
                                (size_t)T * H * HD,
-                               exact == 4   ? "DSV4_CUDA_ATT_SC128"
+                               exact == 5   ? "DSV4_CUDA_ATT_PBF"
+                               : exact == 4 ? "DSV4_CUDA_ATT_SC128"
                                : exact == 3 ? "DSV4_CUDA_ATT_PSM"
                                : exact == 2 ? "DSV4_CUDA_ATT_DEC"
                                             : "DSV4_CUDA_ATT_CODED_DIRECT",
                                exact >= 2 ? "0" : "1", exact >= 2 ? "1" : "0");
         printf("== %s, %s numerics: %d requests x %d rows at context %d, %s key rows: "
                "%s\n\n",
-               exact == 4   ? "staged scores: 128 vs 64 candidates a block"
+               exact == 5   ? "tensor-core pv: bf16 vs fp32 probabilities (PBF)"
+               : exact == 4 ? "staged scores: 128 vs 64 candidates a block"
                : exact == 3 ? "tensor-core pv: softmax kernel (PSM) vs per-slice statistics"
                : exact == 2 ? "small-row pv: PDL + last-block sum vs plain + reduce" : "staged vs direct coded attention",
                num == DSV4_NUMERICS_HF ? "HF" : "reference", R, k, ctx, dsv4_kv_dtype_name(kvt),
@@ -746,7 +748,7 @@ static int small_ops(double tol) {
         return 2;
     }
     enum { NHC = 4, D = 4096, N = NHC * D, NM = NHC * (2 + NHC), E = 256, K = 6, V = 1000, DG = 128 };
-    static const int Ts[] = {1, 6, 48, 4096};
+    static const int Ts[] = {1, 6, 48, 1300, 4096}; /* 1300: the large-T hc kernels with partial blocks */
     printf("== small ops at real shapes, CUDA vs CPU (tol %.1e), then CUDA wall time per call\n", tol);
     /* weights shared by all row counts */
     float *fn = malloc((size_t)NM * N * 4), *hfn = malloc((size_t)NHC * N * 4), base[NM], hbase[NHC], sc[3];
@@ -788,7 +790,7 @@ static int small_ops(double tol) {
         }
     }
     for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0]; ti++) {
-        const int T = Ts[ti], reps = T >= 4096 ? 5 : 50;
+        const int T = Ts[ti], reps = T >= 1024 ? 5 : 50;
         int32_t *ba = malloc((size_t)(4 * T + 4) * 4);
         float *hx = malloc((size_t)T * N * 4), *hr = malloc((size_t)T * DG * 4);
         for (size_t i = 0; i < (size_t)T * N; i++) hx[i] = 2.0f * frnd();
@@ -808,7 +810,10 @@ static int small_ops(double tol) {
         sm_check(s, "hc_pre y (n_hc 4, d 4096)", T, y);
         sm_check(s, "hc_pre post", T, post);
         sm_check(s, "hc_pre comb", T, comb);
-        if (T >= 1024) { /* k_hc_part_l / k_hc_fin with batched loads (default) vs DSV4_CUDA_HC_PF=0: bit for bit */
+        /* k_hc_part_lr (2 rows a thread, default) / k_hc_fin with batched loads vs DSV4_CUDA_HC_PF=0 (the old
+         * kernels), DSV4_CUDA_HC_ROWS=1 (k_hc_part_lp) and DSV4_CUDA_HC_ROWS=4: bit for bit */
+        static const char *hv[3][2] = {{"DSV4_CUDA_HC_PF", "0"}, {"DSV4_CUDA_HC_ROWS", "1"}, {"DSV4_CUDA_HC_ROWS", "4"}};
+        for (int vi = 0; T >= 1024 && vi < 3; vi++) {
             dsv4_buf *ob[3] = {&y[0], &post[0], &comb[0]};
             size_t no[3], tot = 0, nd = 0;
             for (int i = 0; i < 3; i++) tot += no[i] = (size_t)(ob[i]->rows * ob[i]->cols);
@@ -816,17 +821,17 @@ static int small_ops(double tol) {
             int bad = !h;
             for (int v = 0; v < 2 && !bad; v++) {
                 if (v) {
-                    setenv("DSV4_CUDA_HC_PF", "0", 1);
+                    setenv(hv[vi][0], hv[vi][1], 1);
                     bad = s->be[0]->hc_pre(s->be[0], &X[0], &vfn[0], &vbase[0], &vsc[0], NHC, 20, 1e-6f, &y[0],
                                            &post[0], &comb[0], &s->e);
-                    unsetenv("DSV4_CUDA_HC_PF");
+                    unsetenv(hv[vi][0]);
                 }
                 for (int i = 0, off = 0; i < 3 && !bad; off += (int)no[i], i++)
                     bad = s->be[0]->buf_read(s->be[0], ob[i], h + v * tot + off, &s->e);
             }
             for (size_t i = 0; !bad && i < tot; i++) nd += memcmp(&h[i], &h[tot + i], 4) != 0;
-            printf("%-34s T=%-5d %zu of %zu floats differ (DSV4_CUDA_HC_PF=0 vs 1): %s\n", "hc_pre bit-exact", T, nd,
-                   tot, bad ? "ERROR" : nd ? "FAIL" : "ok");
+            printf("%-34s T=%-5d %zu of %zu floats differ (%s=%s vs default): %s\n", "hc_pre bit-exact", T, nd, tot,
+                   hv[vi][0], hv[vi][1], bad ? "ERROR" : nd ? "FAIL" : "ok");
             s->err += bad;
             s->bad += nd != 0;
             free(h);
@@ -1012,7 +1017,7 @@ int main(int argc, char **argv) {
         /* the tensor-core pv reading k_att_softmax's probabilities against the pv deriving them per slice
          * (DSV4_CUDA_ATT_PSM=0), every key format; staged score blocks of 128 candidates against 64
          * (DSV4_CUDA_ATT_SC128=0), coded formats: the prefill / decode-64 / verify cases above */
-        for (int x = 3; x <= 4; x++)
+        for (int x = 3; x <= 5; x++) /* 5: bf16 probabilities (DSV4_CUDA_ATT_PBF=0 vs 1), every key format */
             for (int kv = x == 4 ? DSV4_KV_BF16 : 0; kv < DSV4_KV_COUNT; kv++)
                 for (int n = 0; n < 2; n++)
                     for (size_t i = 0; i < 4; i++) {

@@ -700,7 +700,13 @@ __device__ __forceinline__ void att_scores_tc(const att_args &a) {
  * The same statistics code (lane-strided max and sum, xor butterflies) and the same expression for p
  * as att_pv_tc<.., 0>, so P and the outputs are bit-identical. One warp per (row, head); 256 threads.
  */
-__global__ void __launch_bounds__(256) k_att_softmax(att_args a, const void *sinks, int sinks_bf16, int ref) {
+/* pbf (reference numerics only; DSV4_CUDA_ATT_PBF=0 turns it off): p is written as bf16 at the start of the
+ * head's row (bf16 slot j of the row's first 2·ld bytes), zero-padded to a multiple of 16 candidates (the
+ * caller needs ld >= 16), for att_pv_tc<.., PSM = 2>. The pv rounds p to bf16 for its A operand anyway
+ * (reference: p·v_hi only, lo unused), so packing here gives the same A bits from half the bytes and
+ * one 32-bit load per candidate pair instead of two float loads and a conversion, in each of the hd/128
+ * slice blocks that read the row. */
+__global__ void __launch_bounds__(256) k_att_softmax(att_args a, const void *sinks, int sinks_bf16, int ref, int pbf) {
     const int tl = blockIdx.y, lane = threadIdx.x & 31, h = blockIdx.x * 8 + (threadIdx.x >> 5);
     if (h >= a.H) return;
     float *S = a.S + ((int64_t)tl * a.H + h) * a.ld;
@@ -712,6 +718,18 @@ __global__ void __launch_bounds__(256) k_att_softmax(att_args a, const void *sin
     for (int64_t j = lane; j < a.ld; j += 32) d += expf(S[j] - m);
     for (int o = 16; o; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
     const float den = d + expf(sink - m);
+    if (ref && pbf) { /* the bf16 slots overlap floats not yet read in the first 32: read, sync, write */
+        uint16_t *P = (uint16_t *)S;
+        for (int64_t j0 = 0; j0 < a.ld; j0 += 32) {
+            const int64_t j = j0 + lane;
+            const float p = j < a.ld ? expf(S[j] - m) / den : 0.f;
+            __syncwarp();
+            if (j < a.ld) P[j] = __bfloat16_as_ushort(__float2bfloat16_rn(p));
+        }
+        __syncwarp();
+        for (int64_t j = a.ld + lane; j < ((a.ld + 15) & ~(int64_t)15); j += 32) P[j] = 0;
+        return;
+    }
     for (int64_t j = lane; j < a.ld; j += 32) {
         float p = expf(S[j] - m) / den;
         if (ref) p = round_bf16(p);
@@ -762,7 +780,7 @@ __device__ __forceinline__ void att_pv_tc(const att_args &a, const void *sinks, 
             /* A = probabilities: rows r0 / r1, candidates kk+2c(+1), kk+8+2c(+1) */
             float pv[2][4];
 #pragma unroll
-            for (int rr = 0; rr < 2; rr++) {
+            for (int rr = 0; rr < 2 && PSM != 2; rr++) {
                 const int r = rr ? r1 : r0;
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
@@ -778,10 +796,21 @@ __device__ __forceinline__ void att_pv_tc(const att_args &a, const void *sinks, 
                 }
             }
             uint32_t ah[4], al[4];
-            split2(pv[0][0], pv[0][1], ah[0], al[0]);
-            split2(pv[1][0], pv[1][1], ah[1], al[1]);
-            split2(pv[0][2], pv[0][3], ah[2], al[2]);
-            split2(pv[1][2], pv[1][3], ah[3], al[3]);
+            if constexpr (PSM == 2) { /* bf16 pairs from k_att_softmax (pbf): the same bits as split2's hi of the
+                                       * bf16-rounded p; lo is 0 (reference numerics only) */
+#pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    const int r = u & 1 ? r1 : r0;
+                    const int64_t j = cb + kk + 2 * c + (u >> 1) * 8;
+                    ah[u] = r < nh && j < a.ld ? ((const uint32_t *)(S + (int64_t)r * a.ld))[j >> 1] : 0u;
+                    al[u] = 0u;
+                }
+            } else {
+                split2(pv[0][0], pv[0][1], ah[0], al[0]);
+                split2(pv[1][0], pv[1][1], ah[1], al[1]);
+                split2(pv[0][2], pv[0][3], ah[2], al[2]);
+                split2(pv[1][2], pv[1][3], ah[3], al[3]);
+            }
             if constexpr (STAGED) { /* lane l: candidates kk + l%8 + 8·(l/8 % 2), dims of n-tile i + l/16, transposed:
                                       * b0, b1 of tiles i, i+1 */
 #pragma unroll
@@ -884,6 +913,7 @@ typedef struct att_launch_cfg {
     cudaStream_t stream;
     int psm; /* tensor-core path: k_att_softmax between scores and pv (DSV4_CUDA_ATT_PSM=0: off) */
     int sc128; /* staged scores: 128 candidates a block (DSV4_CUDA_ATT_SC128=0: 64) */
+    int pbf;   /* with psm, reference numerics: probabilities as bf16 (DSV4_CUDA_ATT_PBF=0: fp32) */
 } att_launch_cfg;
 
 /* k_att_scores for head_dim hd (128, 256, 512) and sc_qh heads a block. */
@@ -909,6 +939,7 @@ static int att_launch(att_args a, const att_launch_cfg &L, dsv4_err *err) {
     float *part = L.part;
     cudaStream_t stream = L.stream;
     const void *sinks = L.sinks;
+    const int pbf = L.pbf && ref && a.ld >= 16; /* bf16 probabilities (k_att_softmax pbf, att_pv_tc<.., 2>) */
     for (int64_t t0 = 0; t0 < T; t0 += chunk) {
         const unsigned n = (unsigned)(T - t0 < chunk ? T - t0 : chunk);
         a.t0 = (int)t0;
@@ -927,9 +958,10 @@ static int att_launch(att_args a, const att_launch_cfg &L, dsv4_err *err) {
                     } else k_att_scores_tcs<FMT, ATT_TC_CAND><<<gs, ATT_TC_THREADS, 0, stream>>>(a);
                     CU_LAUNCHED(err, "attention (scores, tensor cores, staged)");
                     if (L.psm) {
-                        k_att_softmax<<<gsm, 256, 0, stream>>>(a, sinks, sbf, ref);
+                        k_att_softmax<<<gsm, 256, 0, stream>>>(a, sinks, sbf, ref, pbf);
                         CU_LAUNCHED(err, "attention (softmax)");
-                        k_att_pv_tcs<FMT, 1><<<gp, ATT_TC_THREADS, 0, stream>>>(a, sinks, sbf, ref);
+                        if (pbf) k_att_pv_tcs<FMT, 2><<<gp, ATT_TC_THREADS, 0, stream>>>(a, sinks, sbf, ref);
+                        else k_att_pv_tcs<FMT, 1><<<gp, ATT_TC_THREADS, 0, stream>>>(a, sinks, sbf, ref);
                     } else k_att_pv_tcs<FMT, 0><<<gp, ATT_TC_THREADS, 0, stream>>>(a, sinks, sbf, ref);
                     CU_LAUNCHED(err, "attention (pv, tensor cores, staged)");
                     continue;
@@ -938,9 +970,10 @@ static int att_launch(att_args a, const att_launch_cfg &L, dsv4_err *err) {
             k_att_scores_tc<FMT><<<gs, ATT_TC_THREADS, 0, stream>>>(a);
             CU_LAUNCHED(err, "attention (scores, tensor cores)");
             if (L.psm) {
-                k_att_softmax<<<gsm, 256, 0, stream>>>(a, sinks, sbf, ref);
+                k_att_softmax<<<gsm, 256, 0, stream>>>(a, sinks, sbf, ref, pbf);
                 CU_LAUNCHED(err, "attention (softmax)");
-                k_att_pv_tc<FMT, 1><<<gp, ATT_TC_THREADS, 0, stream>>>(a, sinks, sbf, ref);
+                if (pbf) k_att_pv_tc<FMT, 2><<<gp, ATT_TC_THREADS, 0, stream>>>(a, sinks, sbf, ref);
+                else k_att_pv_tc<FMT, 1><<<gp, ATT_TC_THREADS, 0, stream>>>(a, sinks, sbf, ref);
             } else k_att_pv_tc<FMT, 0><<<gp, ATT_TC_THREADS, 0, stream>>>(a, sinks, sbf, ref);
             CU_LAUNCHED(err, "attention (pv, tensor cores)");
             continue;
@@ -1112,7 +1145,7 @@ static int att_run(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, cons
     att_launch_cfg L = {T, n_heads, tc, sc_qh, sc_chunk, pv_one_block, nsplit, sbf, ref, dir && dir[0] == '1',
                         use_dec, fuse, {}, ctx,
                         c_bytes ? (unsigned *)((char *)ws_p + s_bytes + p_bytes + k_bytes) : NULL,
-                        hd, maxc, chunk, sinks->data, part, ctx->stream, 1, 1};
+                        hd, maxc, chunk, sinks->data, part, ctx->stream, 1, 1, 1};
     if (fuse) L.orope = *orope;
     /* DSV4_CUDA_ATT_PSM=0: the tensor-core pv derives the statistics and probabilities itself, per
      * 128-dim slice, as before k_att_softmax (measuring; bit-identical either way) */
@@ -1121,6 +1154,10 @@ static int att_run(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, cons
     /* DSV4_CUDA_ATT_SC128=0: staged score blocks of 64 candidates, as before (measuring; bit-identical) */
     const char *sc128 = getenv("DSV4_CUDA_ATT_SC128");
     if (sc128 && sc128[0] == '0') L.sc128 = 0;
+    /* DSV4_CUDA_ATT_PBF=0: k_att_softmax writes fp32 probabilities that the pv rounds, as before (measuring;
+     * bit-identical either way) */
+    const char *pbfe = getenv("DSV4_CUDA_ATT_PBF");
+    if (pbfe && pbfe[0] == '0') L.pbf = 0;
     switch (wf.t) {
     case DSV4_KV_F32: rc = att_launch<DSV4_KV_F32>(a, L, err); break;
     case DSV4_KV_BF16: rc = att_launch<DSV4_KV_BF16>(a, L, err); break;

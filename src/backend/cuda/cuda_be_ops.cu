@@ -672,6 +672,98 @@ __global__ void __launch_bounds__(HC_L_ROWS, 4) k_hc_part_lp(const float *__rest
     hc_part_l<NM, 1>(X, T, n, fn, fbf16, nch, part, ssp);
 }
 
+/* k_hc_part_lr: k_hc_part_lp with R = 2 or 4 rows a thread (DSV4_CUDA_HC_ROWS=1 gives k_hc_part_lp, 2 is the
+ * default, 4 for measuring). Why: k_hc_part_lp ran at 0.31 of the HBM bound and batching its X loads did
+ * not move it (bench/results/2026-12-01-prefill-attn-hc-h200.md); for every 4 columns a thread issued 24
+ * shared-memory broadcast reads of fn (LDS.128) for 96 FMAs of one row. With R rows a thread each fn read
+ * serves R rows. The block still has 128 threads; it covers 128·R rows (thread tid: rows tid + 128·i) and
+ * stages X tiles of 32/R columns, so a tile is the same 8 float4 a thread (batched, next tile in flight
+ * during the FMAs, as PF = 1). Shared memory: fn 24 KB + X 20 KB (R = 2) / 24 KB (R = 4), strides 20 / 12
+ * floats keep the 16-byte row reads conflict-free. Every (row, mix) is still summed by one thread over the
+ * chunk's columns in ascending order with the same expressions, and Σx² likewise: bit-identical partials. */
+template <int NM, int R>
+__global__ void __launch_bounds__(HC_L_ROWS, R == 2 ? 3 : 2) k_hc_part_lr(const float *__restrict__ X, int T,
+                                                                        int64_t n, const void *fn, int fbf16,
+                                                                        int nch, float *part, double *ssp) {
+    constexpr int XT = HC_L_XT / R, XS = XT + 4, RB = HC_L_ROWS * R; /* tile columns, padded stride, block rows */
+    constexpr int QPR = XT / 4, PER = RB * QPR / HC_L_ROWS;         /* float4 per tile row, per thread (8) */
+    __shared__ float4 sf[NM][HC_L_SUB / 4];
+    __shared__ __align__(16) float sx[RB * XS];
+    pdl_trigger();
+    pdl_wait();
+    const int r0 = blockIdx.y * RB, tid = threadIdx.x, ch = blockIdx.x;
+    const int64_t c0 = (int64_t)ch * HC_L_CH;
+    float acc[R][NM];
+    double ss[R];
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        ss[i] = 0;
+#pragma unroll
+        for (int k = 0; k < NM; k++) acc[i][k] = 0.f;
+    }
+    const int cend = (int)(n - c0 < HC_L_CH ? n - c0 : HC_L_CH); /* columns of this chunk (n % 4 == 0) */
+    float4 v[PER];
+    auto ld_tile = [&](int x0) { /* X[r0.., c0 + x0 ..] into v, zeros outside */
+#pragma unroll
+        for (int u = 0; u < PER; u++) {
+            const int e = u * HC_L_ROWS + tid, rr = e / QPR, q = e % QPR;
+            v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (r0 + rr < T && x0 + q * 4 < cend) v[u] = *(const float4 *)(X + (int64_t)(r0 + rr) * n + c0 + x0 + q * 4);
+        }
+    };
+    ld_tile(0);
+    for (int x0 = 0; x0 < cend; x0 += XT) {
+        __syncthreads(); /* the previous X tile (and, at a sub-chunk start, fn) consumed */
+        const int sx0 = x0 % HC_L_SUB;
+        if (sx0 == 0) {
+            const int ncols = cend - x0 < HC_L_SUB ? cend - x0 : HC_L_SUB;
+            for (int e = tid; e < NM * HC_L_SUB; e += HC_L_ROWS) {
+                const int k = e / HC_L_SUB, j = e % HC_L_SUB;
+                ((float *)sf)[e] = j < ncols ? cu_ldf(fn, fbf16, (int64_t)k * n + c0 + x0 + j) : 0.f;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < PER; u++) {
+            const int e = u * HC_L_ROWS + tid;
+            *(float4 *)(sx + (e / QPR) * XS + (e % QPR) * 4) = v[u];
+        }
+        if (x0 + XT < cend) ld_tile(x0 + XT); /* in flight during this tile's FMAs */
+        __syncthreads();
+        const int nq = (cend - x0 < XT ? cend - x0 : XT) / 4;
+        for (int q = 0; q < nq; q++) {
+            float4 x[R];
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+                x[i] = *(const float4 *)(sx + (tid + i * HC_L_ROWS) * XS + q * 4);
+                ss[i] += (double)x[i].x * x[i].x;
+                ss[i] += (double)x[i].y * x[i].y;
+                ss[i] += (double)x[i].z * x[i].z;
+                ss[i] += (double)x[i].w * x[i].w;
+            }
+#pragma unroll
+            for (int k = 0; k < NM; k++) {
+                const float4 f = sf[k][sx0 / 4 + q];
+#pragma unroll
+                for (int i = 0; i < R; i++) {
+                    acc[i][k] += f.x * x[i].x;
+                    acc[i][k] += f.y * x[i].y;
+                    acc[i][k] += f.z * x[i].z;
+                    acc[i][k] += f.w * x[i].w;
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        const int t = r0 + tid + i * HC_L_ROWS;
+        if (t >= T) break;
+        const int64_t o = (int64_t)t * nch + ch;
+#pragma unroll
+        for (int k = 0; k < NM; k++) part[o * NM + k] = acc[i][k];
+        ssp[o] = ss[i];
+    }
+}
+
 __device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 /* hc_pre's post and comb = Sinkhorn(logits) from the scaled mixes m
@@ -842,7 +934,13 @@ static int vec_bf16(const dsv4_tview *v) { return v->dtype == DSV4_DT_BF16; }
 
 template <int NM>
 static cudaError_t hc_part(dsv4_cuda_ctx *c, int big, unsigned nch, const float *X, int T, int64_t n, const void *fn,
-                           int fbf16, float *part, double *ssp, int pf) {
+                           int fbf16, float *part, double *ssp, int pf, int rows) {
+    if (big && pf && rows == 4)
+        return cu_launch(c, k_hc_part_lr<NM, 4>, dim3(nch, (unsigned)((T + 4 * HC_L_ROWS - 1) / (4 * HC_L_ROWS))),
+                         dim3(HC_L_ROWS), 0, X, T, n, fn, fbf16, (int)nch, part, ssp);
+    if (big && pf && rows == 2)
+        return cu_launch(c, k_hc_part_lr<NM, 2>, dim3(nch, (unsigned)((T + 2 * HC_L_ROWS - 1) / (2 * HC_L_ROWS))),
+                         dim3(HC_L_ROWS), 0, X, T, n, fn, fbf16, (int)nch, part, ssp);
     if (big && pf)
         return cu_launch(c, k_hc_part_lp<NM>, dim3(nch, (unsigned)((T + HC_L_ROWS - 1) / HC_L_ROWS)),
                          dim3(HC_L_ROWS), 0, X, T, n, fn, fbf16, (int)nch, part, ssp);
@@ -872,16 +970,20 @@ static int hc_run(cu_be *cb, const float *X, int T, int64_t n, int n_hc, int nm,
      * bit-identical either way) */
     const char *pfe = getenv("DSV4_CUDA_HC_PF");
     const int pf = !(pfe && pfe[0] == '0');
+    /* DSV4_CUDA_HC_ROWS=1|2|4: rows a thread in the large-T partials (k_hc_part_lp / k_hc_part_lr<.., R>);
+     * 2 by default; with DSV4_CUDA_HC_PF=0 the old k_hc_part_l runs whatever this says (bit-identical) */
+    const char *hre = getenv("DSV4_CUDA_HC_ROWS");
+    const int hrows = hre && hre[0] == '1' ? 1 : hre && hre[0] == '4' ? 4 : 2;
     dsv4_cuda_ctx *c = cb->ctx;
     cudaError_t e;
     switch (nm) {
-    case 1: e = hc_part<1>(c, big, nch, X, T, n, fn->data, fb, part, ssp, pf); break;
-    case 2: e = hc_part<2>(c, big, nch, X, T, n, fn->data, fb, part, ssp, pf); break;
-    case 3: e = hc_part<3>(c, big, nch, X, T, n, fn->data, fb, part, ssp, pf); break;
-    case 4: e = hc_part<4>(c, big, nch, X, T, n, fn->data, fb, part, ssp, pf); break;
-    case 8: e = hc_part<8>(c, big, nch, X, T, n, fn->data, fb, part, ssp, pf); break;
-    case 15: e = hc_part<15>(c, big, nch, X, T, n, fn->data, fb, part, ssp, pf); break;
-    default: e = hc_part<24>(c, big, nch, X, T, n, fn->data, fb, part, ssp, pf); break; /* nm = 24 (callers check) */
+    case 1: e = hc_part<1>(c, big, nch, X, T, n, fn->data, fb, part, ssp, pf, hrows); break;
+    case 2: e = hc_part<2>(c, big, nch, X, T, n, fn->data, fb, part, ssp, pf, hrows); break;
+    case 3: e = hc_part<3>(c, big, nch, X, T, n, fn->data, fb, part, ssp, pf, hrows); break;
+    case 4: e = hc_part<4>(c, big, nch, X, T, n, fn->data, fb, part, ssp, pf, hrows); break;
+    case 8: e = hc_part<8>(c, big, nch, X, T, n, fn->data, fb, part, ssp, pf, hrows); break;
+    case 15: e = hc_part<15>(c, big, nch, X, T, n, fn->data, fb, part, ssp, pf, hrows); break;
+    default: e = hc_part<24>(c, big, nch, X, T, n, fn->data, fb, part, ssp, pf, hrows); break; /* nm = 24 (callers check) */
     }
     if (e == cudaSuccess) {
         const int64_t d = n / n_hc, ycols = (d + 255) / 256;
