@@ -810,7 +810,7 @@ static int small_ops(double tol) {
         sm_check(s, "hc_pre y (n_hc 4, d 4096)", T, y);
         sm_check(s, "hc_pre post", T, post);
         sm_check(s, "hc_pre comb", T, comb);
-        /* k_hc_part_lr (2 rows a thread, default) / k_hc_fin with batched loads vs DSV4_CUDA_HC_PF=0 (the old
+        /* k_hc_part_lr (2 rows a thread, the default at nm 24) / k_hc_fin with batched loads vs DSV4_CUDA_HC_PF=0 (the old
          * kernels), DSV4_CUDA_HC_ROWS=1 (k_hc_part_lp) and DSV4_CUDA_HC_ROWS=4: bit for bit */
         static const char *hv[3][2] = {{"DSV4_CUDA_HC_PF", "0"}, {"DSV4_CUDA_HC_ROWS", "1"}, {"DSV4_CUDA_HC_ROWS", "4"}};
         for (int vi = 0; T >= 1024 && vi < 3; vi++) {

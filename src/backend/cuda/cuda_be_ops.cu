@@ -676,7 +676,8 @@ __global__ void __launch_bounds__(HC_L_ROWS, 4) k_hc_part_lp(const float *__rest
  * default, 4 for measuring). Why: k_hc_part_lp ran at 0.31 of the HBM bound and batching its X loads did
  * not move it (bench/results/2026-12-01-prefill-attn-hc-h200.md); for every 4 columns a thread issued 24
  * shared-memory broadcast reads of fn (LDS.128) for 96 FMAs of one row. With R rows a thread each fn read
- * serves R rows. The block still has 128 threads; it covers 128·R rows (thread tid: rows tid + 128·i) and
+ * serves R rows (default R = 2 at nm = 24 only: at hc_head's nm = 4 R = 2 measured slower). The block
+ * still has 128 threads; it covers 128·R rows (thread tid: rows tid + 128·i) and
  * stages X tiles of 32/R columns, so a tile is the same 8 float4 a thread (batched, next tile in flight
  * during the FMAs, as PF = 1). Shared memory: fn 24 KB + X 20 KB (R = 2) / 24 KB (R = 4), strides 20 / 12
  * floats keep the 16-byte row reads conflict-free. Every (row, mix) is still summed by one thread over the
@@ -970,10 +971,12 @@ static int hc_run(cu_be *cb, const float *X, int T, int64_t n, int n_hc, int nm,
      * bit-identical either way) */
     const char *pfe = getenv("DSV4_CUDA_HC_PF");
     const int pf = !(pfe && pfe[0] == '0');
-    /* DSV4_CUDA_HC_ROWS=1|2|4: rows a thread in the large-T partials (k_hc_part_lp / k_hc_part_lr<.., R>);
-     * 2 by default; with DSV4_CUDA_HC_PF=0 the old k_hc_part_l runs whatever this says (bit-identical) */
+    /* DSV4_CUDA_HC_ROWS=1|2|4: rows a thread in the large-T partials (k_hc_part_lp / k_hc_part_lr<.., R>).
+     * Default: 2 for hc_pre's 24 mixes, 1 otherwise. ncu, 8192 rows (bench/results/2026-12-01-prefill-pv-hc-
+     * rows-h200.md): nm 24: R=1 388, R=2 358, R=4 397 us; hc_head's nm 4: R=1 150, R=2 236 us. With
+     * DSV4_CUDA_HC_PF=0 the old k_hc_part_l runs whatever this says (bit-identical either way) */
     const char *hre = getenv("DSV4_CUDA_HC_ROWS");
-    const int hrows = hre && hre[0] == '1' ? 1 : hre && hre[0] == '4' ? 4 : 2;
+    const int hrows = hre && (hre[0] == '1' || hre[0] == '2' || hre[0] == '4') ? hre[0] - '0' : nm == 24 ? 2 : 1;
     dsv4_cuda_ctx *c = cb->ctx;
     cudaError_t e;
     switch (nm) {
