@@ -471,7 +471,8 @@ int cu_be_rope_qat_hadamard_fp4(dsv4_backend *be, dsv4_buf *x, int head_dim, con
  *    Σx² (block tree sums);
  *  - k_hc_part_l (T >= HC_BIG_T): grid (n/512 chunks, T/128), a thread per
  *    row summing its chunk in column order, fn's chunk staged in shared
- *    memory once per 128 rows and read as broadcasts;
+ *    memory once per 128 rows and read as broadcasts (k_hc_part_lp: batched
+ *    X loads; k_hc_part_lr: 2 or 4 rows a thread, the default for hc_pre);
  *  - k_hc_fin: per row, the chunk partials summed (fixed order: lane-strided,
  *    then a warp tree), then the sigmoids, Sinkhorn (one thread, the
  *    reference's loop order) and the weighted stream sum, the y columns
