@@ -87,7 +87,13 @@ int dsv4_forward_ex(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const ds
     float *host = NULL;
     if (n_taps && !dev_taps && !(host = malloc(sizeof(float) * (size_t)T * n_hc * d)))
         return dsv4_err_set(err, DSV4_ENOMEM, "forward: out of memory");
+    /* Shape-static launches serve graph capture and replay (and the eager warm-up of a graph shape,
+     * so it sums as the replays will). A prefill-sized step never replays a graph: size its launches
+     * by its positions, not by max_model_len (same bits, forward.h dsv4_forward_graph_shaped). */
+    const int static_shapes = be->static_shapes;
+    if (static_shapes && !dsv4_forward_graph_shaped(b)) be->static_shapes = 0;
     rc = dsv4_forward_launch(m, st, b, out, host, &X, &lg, &taps, err);
+    be->static_shapes = static_shapes;
     free(host);
     return dsv4_forward_finish(m, out, &X, &lg, &taps, rc, err);
 }

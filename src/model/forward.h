@@ -285,6 +285,19 @@ int dsv4_forward_launch(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, cons
                         float *host, dsv4_buf *X, dsv4_buf *lg, dsv4_buf *taps, dsv4_err *err);
 int dsv4_forward_finish(dsv4_model *m, const dsv4_fwd_out *out, dsv4_buf *X, dsv4_buf *lg, dsv4_buf *taps, int rc,
                         dsv4_err *err);
+/*
+ * dsv4_forward_graph_shaped: 1 when a captured graph could hold a batch of this
+ * shape (at most FG_MAX_ROWS rows and DSV4_GRAPH_MAX_ROWS_PER_SEQ rows per
+ * sequence: decode and verify steps), 0 for prefill-sized steps. Pure; no
+ * errors. Those steps never replay a graph, so dsv4_forward runs them with the
+ * backend's static_shapes off: launches sized by the batch's positions, not by
+ * the state's capacity (max_model_len), which is bit-identical by the ops'
+ * design (attention split boundaries and indexer selection follow the capacity
+ * either way) and saves the work over candidates no row can see: an 8K-token
+ * prefill at --max-model-len 1048576 took 3x the time of one at 16384
+ * (bench/results/2026-12-01-prefill-static-shapes-h200.md).
+ */
+int dsv4_forward_graph_shaped(const dsv4_batch *b);
 int dsv4_forward_graph(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const dsv4_fwd_out *out,
                        dsv4_err *err);
 void dsv4_forward_graphs_free(dsv4_model *m);

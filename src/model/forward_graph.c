@@ -91,13 +91,16 @@ const char *dsv4_fwd_path_name(int path) {
     return path >= 0 && path < (int)(sizeof names / sizeof names[0]) ? names[path] : "?";
 }
 
+int dsv4_forward_graph_shaped(const dsv4_batch *b) {
+    return b->n_rows <= FG_MAX_ROWS && b->n_rows <= FG_MAX_ROWS_PER_SEQ * b->n_seqs;
+}
+
 int dsv4_forward_graph(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const dsv4_fwd_out *out,
                        dsv4_err *err) {
     dsv4_backend *be = m->be;
     int n_logits = dsv4_fwd_n_logits(out), n_taps = out->taps ? out->n_taps : 0;
     if (!be->graph_begin || !be->graph_end || !be->graph_launch || (m->head_comm && !m->head_comm->capturable) ||
-        b->n_rows > FG_MAX_ROWS ||
-        b->n_rows > FG_MAX_ROWS_PER_SEQ * b->n_seqs ||
+        !dsv4_forward_graph_shaped(b) ||
         (n_taps && !be->hc_mean))
         return 1;
     if (!m->graphs && !(m->graphs = calloc(1, sizeof *m->graphs))) return 1;
