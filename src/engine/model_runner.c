@@ -1044,6 +1044,18 @@ int dsv4_model_runner_warmup(dsv4_model_runner *mr, int *n_graphs, dsv4_err *err
                 for (int k = 0; k < reps && !rc; k++)
                     rc = runner_forward_out(mr, &b, lrows, S * r, v ? NULL : lg, v ? ids : NULL, err);
         }
+    /* One prefill-sized step too (the largest chunk a step may hold, positions 0.. of the padding
+     * slot; its rows past the slot's one page are unmapped, so the state writes skip them): the
+     * first long prompt after start paid 9-13 % for first-use costs of the prefill path
+     * (bench/results/2026-12-01-prefill-static-shapes-h200.md). Eager, as every prefill step.
+     * Opt-in (DSV4_WARMUP_PREFILL=1) until a GPU run has checked it: the CPU padding test runs it. */
+    int Wp = W < mr->state->max_len - 1 ? W : mr->state->max_len - 1;
+    const char *wp_env = getenv("DSV4_WARMUP_PREFILL");
+    if (!rc && wp_env && !strcmp(wp_env, "1") && Wp > Pmax) {
+        const int32_t last = Wp - 1;
+        pad_batch(m->pad_slot, 1, Wp, buf, &b);
+        rc = runner_forward_out(mr, &b, &last, 1, lg, NULL, err);
+    }
     m->graphs_warming = 0;
     mr->feat_rows = 0; /* the drafters never see the padding slot's rows */
     mr->hw[m->pad_slot] = 0;
