@@ -37,6 +37,9 @@
 #include "engine/step_bytes.h"
 #include "model/forward.h"
 #include "parallel/tp_runner.h"
+#ifdef DSV4_HAVE_CUDA
+#include "backend/cuda/dsv4_cuda.h"
+#endif
 
 #define PERF_MAX_LIST 16
 #define PERF_HBM_BPS 4.58e12 /* bytes/s, PERFORMANCE.md §1 */
@@ -48,6 +51,7 @@ typedef struct perf_opts {
     int batch[PERF_MAX_LIST], n_batch;
     int rows[PERF_MAX_LIST], n_rows;
     int64_t context;
+    int64_t max_model_len; /* --max-model-len: state sized for this many positions (0 = what the shapes need) */
     int steps, warmup;
     int prefill[PERF_MAX_LIST], n_prefill, prefill_chunk;
     int cuda_graphs;
@@ -69,6 +73,10 @@ static void usage(FILE *f) {
             "  --batch LIST          requests per step, e.g. 1,2,4,8,16,32,64 (default 1)\n"
             "  --rows-per-seq LIST   rows per request: 1 = decode, 6 = verify with k=5 (default 1,6)\n"
             "  --context N           positions already in each request's state (default 64)\n"
+            "  --max-model-len N     size the state (and the graphs' shape-static bounds) for N\n"
+            "                        positions per request, as serve's flag (default: what the\n"
+            "                        context, rows and prefills need)\n"
+            "  --static-shapes       eager, with the graphs' shape-static launch sizes (profilers)\n"
             "  --steps S             timed steps per shape (default 5)\n"
             "  --warmup W            untimed steps per shape first (default 1)\n"
             "  --prefill LIST        also time prefills of these prompt lengths, e.g. 8192,32768,102400\n"
@@ -151,6 +159,9 @@ static int parse_args(int argc, char **argv, perf_opts *o) {
         } else if (!strcmp(a, "--cuda-graphs") || !strcmp(a, "--enforce-eager")) {
             o->cuda_graphs = a[2] == 'c';
             continue;
+        } else if (!strcmp(a, "--static-shapes")) {
+            o->cuda_graphs = 2;
+            continue;
         } else if (!strcmp(a, "--all-reduce-bench")) {
             o->ar_bench = 1;
             continue;
@@ -180,6 +191,9 @@ static int parse_args(int argc, char **argv, perf_opts *o) {
         } else if (!strcmp(a, "--context")) {
             if (parse_count(a, v, 0, 1 << 24, &n)) return 2;
             o->context = n;
+        } else if (!strcmp(a, "--max-model-len")) {
+            if (parse_count(a, v, 1, 1 << 24, &n)) return 2;
+            o->max_model_len = n;
         } else if (!strcmp(a, "--steps")) {
             if (parse_count(a, v, 1, 100000, &n)) return 2;
             o->steps = (int)n;
@@ -301,13 +315,22 @@ static int time_steps(perf_target *t, perf_batch *pb, int warmup, int steps, flo
         int rc = target_forward(t, pb, logits, ids, err);
         if (rc) return rc;
     }
+    /* DSV4_PERF_PROFILE=1: only the timed steps inside the profiler's range
+     * (ncu / nsys --profile-from-start off), not the load and the warm-up */
+    const char *pe = getenv("DSV4_PERF_PROFILE");
+    const int prof = pe && pe[0] == '1';
+#ifdef DSV4_HAVE_CUDA
+    if (prof) dsv4_cuda_profiler(1);
+#endif
     double t0 = now_s();
-    for (int i = 0; i < steps; i++) {
-        int rc = target_forward(t, pb, logits, ids, err);
-        if (rc) return rc;
-    }
+    int rc = DSV4_OK;
+    for (int i = 0; i < steps && !rc; i++) rc = target_forward(t, pb, logits, ids, err);
     *ms = (now_s() - t0) * 1e3 / steps;
-    return DSV4_OK;
+#ifdef DSV4_HAVE_CUDA
+    if (prof) dsv4_cuda_profiler(0);
+#endif
+    (void)prof;
+    return rc;
 }
 
 /*
@@ -356,6 +379,7 @@ int dsv4_cmd_perf(int argc, char **argv) {
     int64_t max_len = o.context + max_r + 1;
     for (int i = 0; i < o.n_prefill; i++)
         if (o.prefill[i] + 1 > max_len) max_len = o.prefill[i] + 1;
+    if (o.max_model_len > max_len) max_len = o.max_model_len;
     if (max_len > (1 << 30)) {
         fprintf(stderr, "dsv4 perf: context too long\n");
         return 2;

@@ -17,7 +17,8 @@
  * staged coded-row attention kernels against the direct ones, and of the small-row pv (PDL, last-block
  * split sum) against the plain launch + k_att_reduce, of the tensor-core pv after k_att_softmax against
  * the per-slice statistics (DSV4_CUDA_ATT_PSM=0) and of 128-candidate staged score blocks against 64
- * (DSV4_CUDA_ATT_SC128=0), and of the bf16 probabilities against fp32 ones (DSV4_CUDA_ATT_PBF=0), attn_exact)
+ * (DSV4_CUDA_ATT_SC128=0), of the bf16 probabilities against fp32 ones (DSV4_CUDA_ATT_PBF=0), and of
+ * shape-static launches (CUDA graphs; state 8x the context) against position-sized ones, attn_exact)
  * First the fp32-activation linears (linear_grouped wo_a, the BF16 gate
  * shape, F32 linears) at T = 1 .. 4096 against the CPU op on sampled rows
  * (tolerance --rows-tol, default 1e-4; --rows-only stops after them,
@@ -431,6 +432,8 @@ static int call_compress(dsv4_backend *be, void *p) {
  * kernels before: env DSV4_CUDA_ATT_CODED_DIRECT, direct coded rows, or DSV4_CUDA_ATT_DEC=0, the
  * small-row pv without PDL / last-block split sum) and twice with env=val_new (the second call checks that
  * nothing left by the first, e.g. the split counters, changes a result); prints one line per call.
+ * env NULL: position-sized launches (be->static_shapes 0) against shape-static ones (1, what a CUDA
+ * graph is captured with), the indexer's selection as well.
  * Returns the number of calls whose outputs (no floats) differ, -1 on error. */
 static int attn_exact(dsv4_backend *be, struct attn_bench *a, dsv4_buf *const st[3], const int64_t nr[3],
                       dsv4_kv_dtype kvt, int dim, int64_t rbytes, size_t no, const char *env, const char *val,
@@ -447,17 +450,32 @@ static int attn_exact(dsv4_backend *be, struct attn_bench *a, dsv4_buf *const st
         if (!rc && be->buf_write(be, st[i], h, a->e)) rc = -1;
         free(h);
     }
-    if (!rc && call_sel(be, a)) rc = -1;
+    if (!env && !rc) { /* shape-static vs position-sized: the indexer's selection first */
+        const size_t ns = (size_t)a->sel.rows * (size_t)a->sel.cols;
+        int32_t *s0 = malloc(ns * 4), *s1 = malloc(ns * 4);
+        be->static_shapes = 1;
+        if (!s0 || !s1 || call_sel(be, a) || be->buf_read(be, &a->sel, s1, a->e)) rc = -1;
+        be->static_shapes = 0;
+        if (!rc && (call_sel(be, a) || be->buf_read(be, &a->sel, s0, a->e))) rc = -1;
+        size_t nd = 0;
+        for (size_t j = 0; !rc && j < ns; j++) nd += s0[j] != s1[j];
+        if (!rc) printf("  %-44s %zu of %zu selected rows differ: %s\n", "indexer_select", nd, ns, nd ? "FAIL" : "ok");
+        fails += nd != 0;
+        free(s0);
+        free(s1);
+    } else if (!rc && call_sel(be, a)) rc = -1;
     static const struct { const char *name; int (*f)(dsv4_backend *, void *); } ops[3] = {
         {"attention, window 128 + 512 selected", call_att_sel},
         {"attention, window 128 + all ratio-128 rows", call_att_128},
         {"attention, window 128 only", call_att_win}};
     for (int i = 0; i < 3 && !rc; i++) {
         for (int v = 0; v < 3 && !rc; v++) { /* v = 0: the kernels before (env=val), 1, 2: the new ones */
-            setenv(env, v == 0 ? val : val_new, 1);
+            if (env) setenv(env, v == 0 ? val : val_new, 1);
+            else be->static_shapes = v != 0; /* no env: position-sized launches, then shape-static ones */
             if (ops[i].f(be, a) || be->buf_read(be, &a->o, o[v], a->e)) rc = -1;
         }
-        unsetenv(env);
+        if (env) unsetenv(env);
+        be->static_shapes = 0;
         if (rc) break;
         size_t nd = 0, nf = 0;
         double md = 0, ss = 0;
@@ -510,7 +528,10 @@ static int attn_state_run(int ctx, int R, int k, dsv4_kv_dtype kvt, dsv4_numeric
     dsv4_batch b = {.n_rows = T, .n_seqs = R, .token = arr, .pos = arr + T, .slot = arr + 2 * T,
                     .seq_idx = arr + 3 * T, .cu_seqlens = cu, .seq_slot = ss, .seq_pos0 = sp};
     attn_bench a = {.b = &b, .e = &e};
-    int64_t mr4 = ctx / 4 + 1, mr128 = ctx / 128 + 1;
+    /* exact 6 (shape-static vs position-sized): the state holds 8x the context, as a server's state
+     * sized by --max-model-len holds more than a request's context */
+    const int64_t capx = exact == 6 ? 8 : 1;
+    int64_t mr4 = capx * ctx / 4 + 1, mr128 = capx * ctx / 128 + 1;
     dsv4_buf ring, rows4, rows128, irows, ckv, csc, ikv, isc, c128kv, c128sc;
     CK(be->batch_begin(be, &b, &e));
     /* window and main compressed rows in the --kv-cache-dtype record (kvcodec.h) */
@@ -579,7 +600,8 @@ static int attn_state_run(int ctx, int R, int k, dsv4_kv_dtype kvt, dsv4_numeric
         int fails = attn_exact(be, &a, (dsv4_buf *[3]){&ring, &rows4, &rows128},
                                (int64_t[3]){(int64_t)R * (W + 8), R * mr4, R * mr128}, kvt, HD, rbytes,
                                (size_t)T * H * HD,
-                               exact == 5   ? "DSV4_CUDA_ATT_PBF"
+                               exact == 6   ? NULL
+                               : exact == 5 ? "DSV4_CUDA_ATT_PBF"
                                : exact == 4 ? "DSV4_CUDA_ATT_SC128"
                                : exact == 3 ? "DSV4_CUDA_ATT_PSM"
                                : exact == 2 ? "DSV4_CUDA_ATT_DEC"
@@ -587,7 +609,8 @@ static int attn_state_run(int ctx, int R, int k, dsv4_kv_dtype kvt, dsv4_numeric
                                exact >= 2 ? "0" : "1", exact >= 2 ? "1" : "0");
         printf("== %s, %s numerics: %d requests x %d rows at context %d, %s key rows: "
                "%s\n\n",
-               exact == 5   ? "tensor-core pv: bf16 vs fp32 probabilities (PBF)"
+               exact == 6   ? "shape-static (graph) vs position-sized launches, state 8x the context"
+               : exact == 5 ? "tensor-core pv: bf16 vs fp32 probabilities (PBF)"
                : exact == 4 ? "staged scores: 128 vs 64 candidates a block"
                : exact == 3 ? "tensor-core pv: softmax kernel (PSM) vs per-slice statistics"
                : exact == 2 ? "small-row pv: PDL + last-block sum vs plain + reduce" : "staged vs direct coded attention",
@@ -1025,6 +1048,17 @@ int main(int argc, char **argv) {
                                                 n ? DSV4_NUMERICS_HF : DSV4_NUMERICS_REFERENCE, x);
                         d2 += f2 == 1, e2 += f2 > 1;
                     }
+        /* shape-static launches (graphs, sized by the state's capacity: 8x the context here) against
+         * position-sized ones: decode 1 / 8, verify 1 x 6 and 4 x 6 (small-row kernels), 16 x 6 and
+         * 64 x 1 (tensor-core kernels), every key format, both numerics */
+        static const int G[][3] = {{4096, 1, 1}, {4096, 8, 1}, {4096, 1, 6}, {4096, 4, 6}, {4096, 16, 6}, {2048, 64, 1}};
+        for (int kv = 0; kv < DSV4_KV_COUNT; kv++)
+            for (int n = 0; n < 2; n++)
+                for (size_t i = 0; i < sizeof G / sizeof G[0]; i++) {
+                    int f2 = attn_state_run(G[i][0], G[i][1], G[i][2], (dsv4_kv_dtype)kv,
+                                            n ? DSV4_NUMERICS_HF : DSV4_NUMERICS_REFERENCE, 6);
+                    d2 += f2 == 1, e2 += f2 > 1;
+                }
         printf("att-exact summary: %d runs differ, %d runs with errors\n", d2, e2);
         return e2 ? 2 : d2 ? 1 : 0;
     }

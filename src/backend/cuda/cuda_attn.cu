@@ -115,6 +115,32 @@ __device__ __forceinline__ const uint8_t *cand_key(const att_args &a, int t, int
     return r < 0 ? NULL : (const uint8_t *)a.cs.rows.data + r * a.rb;
 }
 
+/*
+ * How many of row t's candidates can hold a key: its window rows, then its selected (sel_cols) or
+ * visible compressed rows, at most a.ld. Why the kernels bound their loops by it and not by a.ld:
+ * a shape-static launch (a CUDA graph, backend.h static_shapes) sizes a.ld by the state's capacity,
+ * e.g. 128 + 8192 candidates for a ratio-128 layer at --max-model-len 1048576, while a request at
+ * context 4096 has 160; looping to a.ld made a decode step pay for max_model_len (ncu, 2026-12-01:
+ * 17 -> 156 us per ratio-128 pv). Every candidate from here on has no key (cand_key NULL), so its score
+ * is -inf and its probability 0: max / sum / p·v loops that stop here give the same floats as loops
+ * to a.ld (fmax with -inf and + expf(-inf) = + 0 change nothing), whatever the launch width.
+ */
+__device__ __forceinline__ int64_t att_ncand(const att_args &a, int t) {
+    const int64_t p = a.pos[t];
+    int64_t n = p + 1 < a.window ? p + 1 : a.window;
+    if (a.has_cmp) n += a.sel_cols ? a.sel_cols : (p + 1) / a.cs.ratio;
+    return n < a.ld ? n : a.ld;
+}
+
+/* att_ncand rounded up to a tensor-core tile of candidates (ATT_TC_CAND, 64), at most a.ld: the
+ * candidates the tensor-core pv reads (the score blocks that hold them are never skipped, see
+ * att_scores_tc, so every S entry below it is written). */
+#define ATT_NCAND_TILE 64
+__device__ __forceinline__ int64_t att_ncand_tile(const att_args &a, int t) {
+    const int64_t n = (att_ncand(a, t) + ATT_NCAND_TILE - 1) / ATT_NCAND_TILE * ATT_NCAND_TILE;
+    return n < a.ld ? n : a.ld;
+}
+
 /* Sum of v[i] over the warp's lanes for N (32 or 64) values at once: a transposing butterfly — at
  * each step a lane keeps half of its values and trades the other half with its partner, so the
  * whole set costs N-2 (N = 64) or N-1 (N = 32) shuffles instead of 5·N. On return lane L holds the
@@ -202,7 +228,7 @@ __global__ void __launch_bounds__(ATT_THREADS, 2) k_att_scores(att_args a, int c
     const int tl = blockIdx.z, t = a.t0 + tl, hg0 = blockIdx.y * QH;
     const int nh = a.H - hg0 < QH ? a.H - hg0 : QH;
     const int64_t j0 = (int64_t)blockIdx.x * chunk;
-    if (j0 >= a.ld) return;
+    if (j0 >= att_ncand(a, t)) return; /* no key from here on; k_att_pv reads S below att_ncand only */
     if (threadIdx.x < chunk) kp[threadIdx.x] = j0 + threadIdx.x < a.ld ? cand_key(a, t, j0 + threadIdx.x) : NULL;
     for (int i = threadIdx.x; i < QH * NV * 32; i += blockDim.x) {
         const int h = i / (NV * 32);
@@ -304,7 +330,9 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) k_att_pv(att_args a, const 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     constexpr int nwarps = ATT_THREADS / 32; /* launched with ATT_THREADS threads */
     const float *S = a.S + ((int64_t)tl * a.H + hg0) * a.ld;
-    const int64_t per = a.per, c0 = split * per, c1 = c0 + per < a.ld ? c0 + per : a.ld;
+    /* this part's candidates, cut at the row's own (att_ncand): parts past it sum nothing and write zeros */
+    const int64_t nc = att_ncand(a, t), per = a.per, c0 = split * per;
+    const int64_t c1 = c0 + per < nc ? c0 + per : nc > c0 ? nc : c0;
     /* DEC (small-row launch, PDL after k_att_scores, see att_launch): before waiting for the scores, which
      * only S depends on, find the first chunk's key pointers and load this warp's first two rounds of
      * value slices (the same loads, in the same order, as the loop below would issue). */
@@ -333,10 +361,10 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) k_att_pv(att_args a, const 
     for (int h = warp; h < nh; h += nwarps) {
         const float sink = cu_ldf(sinks, sinks_bf16, hg0 + h);
         float m = sink;
-        for (int64_t j = lane; j < a.ld; j += 32) m = fmaxf(m, S[(int64_t)h * a.ld + j]);
+        for (int64_t j = lane; j < nc; j += 32) m = fmaxf(m, S[(int64_t)h * a.ld + j]);
         for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
         float d = 0.f;
-        for (int64_t j = lane; j < a.ld; j += 32) d += expf(S[(int64_t)h * a.ld + j] - m);
+        for (int64_t j = lane; j < nc; j += 32) d += expf(S[(int64_t)h * a.ld + j] - m);
         for (int o = 16; o; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
         if (lane == 0) {
             mx_s[h] = m;
@@ -604,7 +632,9 @@ __device__ __forceinline__ void att_scores_tc(const att_args &a) {
     __shared__ __align__(16) uint16_t kt[STAGED ? NC : 1][ATT_TC_PITCH];
     const int tl = blockIdx.z, t = a.t0 + tl, hb = blockIdx.y * ATT_TC_HEADS;
     const int64_t j0 = (int64_t)blockIdx.x * NC;
-    if (j0 >= a.ld) return;
+    /* blocks past the row's candidates write nothing: k_att_softmax and att_pv_tc read S below
+     * att_ncand_tile only, which lies in blocks that start below att_ncand (NC a multiple of 64) */
+    if (j0 >= att_ncand(a, t)) return;
     for (int i = threadIdx.x; i < NC; i += ATT_TC_THREADS)
         kp[i] = j0 + i < a.ld ? cand_key(a, t, j0 + i) : NULL;
     __syncthreads();
@@ -710,27 +740,30 @@ __global__ void __launch_bounds__(256) k_att_softmax(att_args a, const void *sin
     const int tl = blockIdx.y, lane = threadIdx.x & 31, h = blockIdx.x * 8 + (threadIdx.x >> 5);
     if (h >= a.H) return;
     float *S = a.S + ((int64_t)tl * a.H + h) * a.ld;
+    /* the row's candidates (att_ncand) for the statistics, whole tiles of them (att_ncand_tile) for the
+     * probabilities att_pv_tc reads; past those S is not written (att_scores_tc) and not read */
+    const int64_t t = a.t0 + tl, nc = att_ncand(a, (int)t), ncl = att_ncand_tile(a, (int)t);
     const float sink = cu_ldf(sinks, sinks_bf16, h);
     float m = sink;
-    for (int64_t j = lane; j < a.ld; j += 32) m = fmaxf(m, S[j]);
+    for (int64_t j = lane; j < nc; j += 32) m = fmaxf(m, S[j]);
     for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
     float d = 0.f;
-    for (int64_t j = lane; j < a.ld; j += 32) d += expf(S[j] - m);
+    for (int64_t j = lane; j < nc; j += 32) d += expf(S[j] - m);
     for (int o = 16; o; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
     const float den = d + expf(sink - m);
     if (ref && pbf) { /* the bf16 slots overlap floats not yet read in the first 32: read, sync, write */
         uint16_t *P = (uint16_t *)S;
-        for (int64_t j0 = 0; j0 < a.ld; j0 += 32) {
+        for (int64_t j0 = 0; j0 < ncl; j0 += 32) {
             const int64_t j = j0 + lane;
-            const float p = j < a.ld ? expf(S[j] - m) / den : 0.f;
+            const float p = j < ncl ? expf(S[j] - m) / den : 0.f;
             __syncwarp();
-            if (j < a.ld) P[j] = __bfloat16_as_ushort(__float2bfloat16_rn(p));
+            if (j < ncl) P[j] = __bfloat16_as_ushort(__float2bfloat16_rn(p));
         }
         __syncwarp();
-        for (int64_t j = a.ld + lane; j < ((a.ld + 15) & ~(int64_t)15); j += 32) P[j] = 0;
+        for (int64_t j = ncl + lane; j < ((ncl + 15) & ~(int64_t)15); j += 32) P[j] = 0;
         return;
     }
-    for (int64_t j = lane; j < a.ld; j += 32) {
+    for (int64_t j = lane; j < ncl; j += 32) {
         float p = expf(S[j] - m) / den;
         if (ref) p = round_bf16(p);
         S[j] = p;
@@ -748,14 +781,17 @@ __device__ __forceinline__ void att_pv_tc(const att_args &a, const void *sinks, 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
     const int nh = a.H - hb < ATT_TC_HEADS ? a.H - hb : ATT_TC_HEADS;
     const float *S = a.S + ((int64_t)tl * a.H + hb) * a.ld;
+    /* the row's candidates (att_ncand), and the whole tiles holding them (att_ncand_tile): the tiles
+     * past those would add p = 0 times v */
+    const int64_t nc = att_ncand(a, t), ncl = att_ncand_tile(a, t);
     /* statistics over every candidate of the row (as k_att_pv) */
     for (int h = warp; h < nh && !PSM; h += ATT_TC_THREADS / 32) {
         const float sink = cu_ldf(sinks, sinks_bf16, hb + h);
         float m = sink;
-        for (int64_t j = lane; j < a.ld; j += 32) m = fmaxf(m, S[(int64_t)h * a.ld + j]);
+        for (int64_t j = lane; j < nc; j += 32) m = fmaxf(m, S[(int64_t)h * a.ld + j]);
         for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
         float d = 0.f;
-        for (int64_t j = lane; j < a.ld; j += 32) d += expf(S[(int64_t)h * a.ld + j] - m);
+        for (int64_t j = lane; j < nc; j += 32) d += expf(S[(int64_t)h * a.ld + j] - m);
         for (int o = 16; o; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
         if (lane == 0) {
             mx_s[h] = m;
@@ -767,7 +803,7 @@ __device__ __forceinline__ void att_pv_tc(const att_args &a, const void *sinks, 
 #pragma unroll
     for (int i = 0; i < 16; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
     const int dim0 = slice * 128 + g;
-    for (int64_t cb = 0; cb < a.ld; cb += ATT_TC_CAND) {
+    for (int64_t cb = 0; cb < ncl; cb += ATT_TC_CAND) {
         __syncthreads(); /* statistics ready; previous chunk's pointers consumed */
         if (threadIdx.x < ATT_TC_CAND)
             kp[threadIdx.x] = cb + threadIdx.x < a.ld ? cand_key(a, t, cb + threadIdx.x) : NULL;
@@ -787,8 +823,8 @@ __device__ __forceinline__ void att_pv_tc(const att_args &a, const void *sinks, 
                     const int64_t j = cb + kk + 2 * c + (e & 1) + (e >> 1) * 8;
                     float p = 0.f;
                     if (PSM) {
-                        if (r < nh && j < a.ld) p = S[(int64_t)r * a.ld + j]; /* k_att_softmax's p */
-                    } else if (r < nh && j < a.ld) {
+                        if (r < nh && j < ncl) p = S[(int64_t)r * a.ld + j]; /* k_att_softmax's p */
+                    } else if (r < nh && j < ncl) {
                         p = expf(S[(int64_t)r * a.ld + j] - mx_s[r]) / den_s[r];
                         if (ref) p = round_bf16(p); /* official: bf16 probabilities into PV */
                     }
@@ -802,7 +838,7 @@ __device__ __forceinline__ void att_pv_tc(const att_args &a, const void *sinks, 
                 for (int u = 0; u < 4; u++) {
                     const int r = u & 1 ? r1 : r0;
                     const int64_t j = cb + kk + 2 * c + (u >> 1) * 8;
-                    ah[u] = r < nh && j < a.ld ? ((const uint32_t *)(S + (int64_t)r * a.ld))[j >> 1] : 0u;
+                    ah[u] = r < nh && j < ncl ? ((const uint32_t *)(S + (int64_t)r * a.ld))[j >> 1] : 0u;
                     al[u] = 0u;
                 }
             } else {

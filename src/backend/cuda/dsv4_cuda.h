@@ -240,6 +240,9 @@ int dsv4_cuda_measure_hbm(dsv4_cuda_ctx *ctx, size_t bytes, double *read_gbs, do
  * 16) at device pointer p: the speed-of-light reference for a kernel that
  * must read the same bytes (benchmarks only).
  */
+/* Open (on=1) or close (0) the profiler's collection range (cudaProfilerStart /
+ * Stop: ncu / nsys --profile-from-start off). For benchmarks; errors ignored. */
+void dsv4_cuda_profiler(int on);
 int dsv4_cuda_read_bytes(dsv4_cuda_ctx *ctx, const void *p, size_t bytes, dsv4_err *err);
 
 #ifdef __cplusplus
