@@ -18,7 +18,7 @@
  * split sum) against the plain launch + k_att_reduce, of the tensor-core pv after k_att_softmax against
  * the per-slice statistics (DSV4_CUDA_ATT_PSM=0) and of 128-candidate staged score blocks against 64
  * (DSV4_CUDA_ATT_SC128=0), of the bf16 probabilities against fp32 ones (DSV4_CUDA_ATT_PBF=0), and of
- * shape-static launches (CUDA graphs; state 8x the context) against position-sized ones, attn_exact)
+ * shape-static launches (CUDA graphs; state 8x or 128x the context) against position-sized ones, attn_exact)
  * First the fp32-activation linears (linear_grouped wo_a, the BF16 gate
  * shape, F32 linears) at T = 1 .. 4096 against the CPU op on sampled rows
  * (tolerance --rows-tol, default 1e-4; --rows-only stops after them,
@@ -528,9 +528,10 @@ static int attn_state_run(int ctx, int R, int k, dsv4_kv_dtype kvt, dsv4_numeric
     dsv4_batch b = {.n_rows = T, .n_seqs = R, .token = arr, .pos = arr + T, .slot = arr + 2 * T,
                     .seq_idx = arr + 3 * T, .cu_seqlens = cu, .seq_slot = ss, .seq_pos0 = sp};
     attn_bench a = {.b = &b, .e = &e};
-    /* exact 6 (shape-static vs position-sized): the state holds 8x the context, as a server's state
-     * sized by --max-model-len holds more than a request's context */
-    const int64_t capx = exact == 6 ? 8 : 1;
+    /* exact 6 (shape-static vs position-sized): the state holds 8x the context (128x for up to 6 rows:
+     * then a ratio-128 layer's static width passes the 1024 candidates where the score blocks change
+     * shape), as a server's state sized by --max-model-len holds more than a request's context */
+    const int64_t capx = exact == 6 ? (T <= 6 ? 128 : 8) : 1;
     int64_t mr4 = capx * ctx / 4 + 1, mr128 = capx * ctx / 128 + 1;
     dsv4_buf ring, rows4, rows128, irows, ckv, csc, ikv, isc, c128kv, c128sc;
     CK(be->batch_begin(be, &b, &e));
@@ -609,7 +610,7 @@ static int attn_state_run(int ctx, int R, int k, dsv4_kv_dtype kvt, dsv4_numeric
                                exact >= 2 ? "0" : "1", exact >= 2 ? "1" : "0");
         printf("== %s, %s numerics: %d requests x %d rows at context %d, %s key rows: "
                "%s\n\n",
-               exact == 6   ? "shape-static (graph) vs position-sized launches, state 8x the context"
+               exact == 6   ? "shape-static (graph) vs position-sized launches, state 8x / 128x the context"
                : exact == 5 ? "tensor-core pv: bf16 vs fp32 probabilities (PBF)"
                : exact == 4 ? "staged scores: 128 vs 64 candidates a block"
                : exact == 3 ? "tensor-core pv: softmax kernel (PSM) vs per-slice statistics"

@@ -333,6 +333,9 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) k_att_pv(att_args a, const 
     /* this part's candidates, cut at the row's own (att_ncand): parts past it sum nothing and write zeros */
     const int64_t nc = att_ncand(a, t), per = a.per, c0 = split * per;
     const int64_t c1 = c0 + per < nc ? c0 + per : nc > c0 ? nc : c0;
+    /* parts holding some of the row's candidates (the rest hold none: c0 >= nc) */
+    const int64_t nreal_ = (nc + per - 1) / per;
+    const int nreal = nreal_ < 1 ? 1 : nreal_ > nsplit ? nsplit : (int)nreal_;
     /* DEC (small-row launch, PDL after k_att_scores, see att_launch): before waiting for the scores, which
      * only S depends on, find the first chunk's key pointers and load this warp's first two rounds of
      * value slices (the same loads, in the same order, as the loop below would issue). */
@@ -357,8 +360,8 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) k_att_pv(att_args a, const 
             for (int u = 0; u < 4; u++) vpre[r][u] = kv_dec4<FMT>(vr[r][u], slice * 32 + lane, a.nope);
         pdl_wait(); /* S is complete and visible from here */
     }
-    /* statistics over every candidate of the row */
-    for (int h = warp; h < nh; h += nwarps) {
+    /* statistics over every candidate of the row (a part without candidates needs none) */
+    for (int h = warp; h < nh && c1 > c0; h += nwarps) {
         const float sink = cu_ldf(sinks, sinks_bf16, hg0 + h);
         float m = sink;
         for (int64_t j = lane; j < nc; j += 32) m = fmaxf(m, S[(int64_t)h * a.ld + j]);
@@ -432,7 +435,10 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) k_att_pv(att_args a, const 
         }
     }
     float *out = nsplit > 1 ? part + (int64_t)split * gridDim.z * a.H * a.hd : a.o + (int64_t)a.t0 * a.H * a.hd;
-    for (int half = 0; half < 2; half++) {
+    /* DEC: a part past the row's candidates writes nothing (the last block sums parts < nreal only, the
+     * same floats: the others were zeros); k_att_reduce (DEC 0) sums all nsplit, so there they write zeros */
+    const bool skip_out = DEC && nsplit > 1 && split >= nreal;
+    for (int half = 0; half < 2 && !skip_out; half++) {
         __syncthreads();
 #pragma unroll
         for (int h = 0; h < ATT_PHEADS / 2; h++) red[warp][h][lane] = acc[half * (ATT_PHEADS / 2) + h];
@@ -472,7 +478,7 @@ __global__ void __launch_bounds__(ATT_THREADS, MINB) k_att_pv(att_args a, const 
         for (int i = threadIdx.x; i < nh * 32; i += blockDim.x) {
             const int64_t off = ((int64_t)tl * a.H + hg0 + i / 32) * a.hd + slice * 128 + (i % 32) * 4;
             float4 s = __ldcg((const float4 *)(part + off));
-            for (int k = 1; k < nsplit; k++) {
+            for (int k = 1; k < nreal; k++) {
                 const float4 r = __ldcg((const float4 *)(part + k * pstride + off));
                 s.x += r.x;
                 s.y += r.y;
@@ -1163,7 +1169,11 @@ static int att_run(dsv4_backend *be, const dsv4_buf *q, const dsv4_buf *kv, cons
     /* score blocks: 16 heads x 64 candidates when the rows fill the GPU, else 8 heads x 32 candidates
      * (decode: 160 blocks instead of 40 at 640 candidates) */
     int sc_qh = ATT_QHEADS, sc_chunk = ATT_CHUNK;
-    if (chunk * ((maxc + ATT_CHUNK - 1) / ATT_CHUNK) * ((n_heads + ATT_QHEADS - 1) / ATT_QHEADS) < ATT_TARGET_BLOCKS) {
+    /* shape-static launches judge by at most 1024 candidates: their maxc is the state's capacity (8,320
+     * for a ratio-128 layer at max_len 1M), not the row's, and blocks past a row's candidates return at
+     * once, so 16-head blocks left the short rows of a decode graph to 12 busy blocks (ncu: 15 vs 7 us) */
+    const int64_t maxc_sc = be->static_shapes && maxc > 1024 ? 1024 : maxc;
+    if (chunk * ((maxc_sc + ATT_CHUNK - 1) / ATT_CHUNK) * ((n_heads + ATT_QHEADS - 1) / ATT_QHEADS) < ATT_TARGET_BLOCKS) {
         sc_qh = ATT_QHEADS / 2;
         sc_chunk = ATT_CHUNK / 2;
     }

@@ -16,7 +16,7 @@ for ML in 8193 1048576; do
     | grep -v "CUDA graph for\|captured a graph\|INFO" > $O/perf_ml$ML.txt
   echo "== ml $ML rc=${PIPESTATUS[0]}"; grep -E "^ *[0-9]+ +[0-9]" $O/perf_ml$ML.txt | head
 done
-for ML in 8193 131072; do
+for ML in 131072; do
   timeout 100 bin/dsv4 perf v4-0731 --load-format dummy --hf-overrides '{"num_hidden_layers": 24}' --device cuda \
     --batch 16 --rows-per-seq 6 --context 4096 --max-model-len $ML --warmup 2 --steps 10 --logits ids 2>&1 \
     | grep -v "CUDA graph for\|captured a graph\|INFO" > $O/perf16_ml$ML.txt
