@@ -78,6 +78,7 @@ struct dsv4_engine {
     int ids_on;           /* runner has forward_ids and DSV4_DEVICE_ARGMAX is not "0" */
     int32_t *ids;         /* [ids_cap] */
     size_t ids_cap;
+    int step_log;         /* DSV4_STEP_LOG=1: one INFO line per step (rows, forward and step ms) */
 };
 
 const char *dsv4_finish_name(dsv4_finish f) {
@@ -175,6 +176,8 @@ int dsv4_engine_create(const dsv4_engine_opts *opts, const dsv4_runner *runner, 
     }
     const char *dev_argmax = getenv("DSV4_DEVICE_ARGMAX");
     e->ids_on = e->run.forward_ids && !(dev_argmax && !strcmp(dev_argmax, "0"));
+    const char *step_log = getenv("DSV4_STEP_LOG");
+    e->step_log = step_log && !strcmp(step_log, "1");
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv_work, NULL);
     pthread_cond_init(&e->cv_out, NULL);
@@ -806,6 +809,7 @@ out:
 }
 
 int dsv4_engine_step(dsv4_engine *e, dsv4_err *err) {
+    const double t_step = mono_s();
     pthread_mutex_lock(&e->mu);
     /* cancellations */
     for (dsv4_request *r = e->head; r; r = r->next)
@@ -1013,6 +1017,13 @@ replan:
     for (dsv4_request *r = e->head; r; r = r->next) live += r->st != RQ_DONE;
     pthread_cond_broadcast(&e->cv_out);
     pthread_mutex_unlock(&e->mu);
+    if (e->step_log) { /* DSV4_STEP_LOG=1: where a step's time goes (first-use costs, stalls) */
+        int prows = 0, drows = 0;
+        for (int s = 0; s < nseg; s++) *(segs[s].decode ? &drows : &prows) += segs[s].nrows;
+        dsv4_log(DSV4_LOG_INFO, "step %llu: %d rows (%d prefill, %d decode/verify) in %d segments, forward %.2f ms, "
+                 "step %.2f ms", (unsigned long long)e->st.steps, nrows, prows, drows, nseg, fwd_s * 1e3,
+                 (mono_s() - t_step) * 1e3);
+    }
     free(buf);
     free(segs);
     return live;

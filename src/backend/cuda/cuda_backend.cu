@@ -115,6 +115,7 @@ static void cu_be_free(dsv4_backend *be) {
         dsv4_cuda_free(cb->ctx, cb->d_flags);
         if (cb->h_stage) cudaFreeHost(cb->h_stage);
         dsv4_cuda_ctx_free(cb->ctx);
+        cu_op_profile_free(cb->prof);
         free(cb);
     }
     free(be);
@@ -972,5 +973,6 @@ extern "C" dsv4_backend *dsv4_backend_cuda_create(dsv4_numerics numerics, int de
     cb->be = be;
     be->fill_dummy = cu_be_fill_dummy;
     be->fill_dummy_linear = cu_be_fill_dummy_linear;
+    cu_op_profile_install(be); /* DSV4_CUDA_OP_PROFILE=1 only */
     return be;
 }
