@@ -1044,16 +1044,46 @@ int dsv4_model_runner_warmup(dsv4_model_runner *mr, int *n_graphs, dsv4_err *err
                 for (int k = 0; k < reps && !rc; k++)
                     rc = runner_forward_out(mr, &b, lrows, S * r, v ? NULL : lg, v ? ids : NULL, err);
         }
-    /* One prefill-sized step too (the largest chunk a step may hold, positions 0.. of the padding
-     * slot; its rows past the slot's one page are unmapped, so the state writes skip them): the
-     * first long prompt after start paid 9-13 % for first-use costs of the prefill path
-     * (bench/results/2026-12-01-prefill-static-shapes-h200.md). Eager, as every prefill step.
-     * Opt-in (DSV4_WARMUP_PREFILL=1) until a GPU run has checked it: the CPU padding test runs it. */
+    /* Prefill-sized steps too (positions 0.. of the padding slot; rows past the slot's one page are
+     * unmapped, so the state writes skip them). Why: a step whose row count (more exactly, whose
+     * power-of-two row bucket: the GEMM library's algorithms are chosen and prepared per bucket,
+     * backend/cuda cu_lt_algo) was never run cost 15-20 ms more than the next one of that count on a
+     * 24-layer H200 prefill, and the first long prompt after start 8-12 % more
+     * (bench/results/2026-12-01-warmup-prefill-h200.md). Eager, as every prefill step. By default
+     * one step of the largest size (max_num_batched_tokens rows, cut to the context) and one of each
+     * power of two from 128 below it (the smaller buckets are the graph sizes' steps, run above);
+     * DSV4_WARMUP_PREFILL=0 turns them off, a comma list of row counts replaces them. */
     int Wp = W < mr->state->max_len - 1 ? W : mr->state->max_len - 1;
+    int wrows[32], n_wrows = 0;
     const char *wp_env = getenv("DSV4_WARMUP_PREFILL");
-    if (!rc && wp_env && !strcmp(wp_env, "1") && Wp > Pmax) {
-        const int32_t last = Wp - 1;
-        pad_batch(m->pad_slot, 1, Wp, buf, &b);
+    if (!wp_env || !strcmp(wp_env, "1")) {
+        wrows[n_wrows++] = Wp;
+        int p2 = 128;
+        while (p2 * 2 < Wp) p2 *= 2;
+        for (; p2 >= 128 && n_wrows < 32; p2 /= 2)
+            if (p2 < Wp) wrows[n_wrows++] = p2;
+    } else if (strcmp(wp_env, "0")) {
+        for (const char *c = wp_env; *c && n_wrows < 32;) {
+            char *e;
+            long v = strtol(c, &e, 10);
+            if (e == c || v < 1) {
+                rc = dsv4_err_set(err, DSV4_EINVAL, "DSV4_WARMUP_PREFILL='%s': want 0, 1 or a comma list of row counts",
+                                  wp_env);
+                break;
+            }
+            wrows[n_wrows++] = v < Wp ? (int)v : Wp;
+            c = *e == ',' ? e + 1 : e;
+            if (*e && *e != ',') {
+                rc = dsv4_err_set(err, DSV4_EINVAL, "DSV4_WARMUP_PREFILL='%s': want 0, 1 or a comma list of row counts",
+                                  wp_env);
+                break;
+            }
+        }
+    }
+    for (int i = 0; i < n_wrows && !rc; i++) {
+        if (wrows[i] < 1) continue;
+        const int32_t last = wrows[i] - 1;
+        pad_batch(m->pad_slot, 1, wrows[i], buf, &b);
         rc = runner_forward_out(mr, &b, &last, 1, lg, NULL, err);
     }
     m->graphs_warming = 0;

@@ -177,10 +177,16 @@ void dsv4_model_runner_free(dsv4_model_runner *mr);
  * own forward (so the graph has exactly the outputs serving asks for: logits,
  * and greedy ids when the runner offers forward_ids; DSpark taps or MTP
  * streams), once to warm and once to capture. Sizes the batch mirror for
- * opts.warm_rows first. *n_graphs = graphs held afterwards. A no-op
- * (n_graphs 0) without capture sizes; with cuda_graphs 2 (no graphs) the
- * forwards still run (tests). Errors: the forward's (a failed capture is not
- * an error: that shape runs eagerly, logged).
+ * opts.warm_rows first. *n_graphs = graphs held afterwards. Then, eagerly,
+ * prefill-sized steps on the padding slot against the first long prompt's
+ * first-use costs (bench/results/2026-12-01-warmup-prefill-h200.md): by
+ * default warm_rows rows (cut to the context) and each power of two from 128
+ * below it (the GEMMs' row buckets, backend/cuda cu_lt_algo);
+ * env DSV4_WARMUP_PREFILL=0 skips them, a comma list of row counts ("8192,512")
+ * replaces them. A no-op (n_graphs 0) without capture sizes; with cuda_graphs
+ * 2 (no graphs) the forwards still run (tests). Errors: DSV4_EINVAL for a
+ * malformed DSV4_WARMUP_PREFILL (named in the message); the forward's (a
+ * failed capture is not an error: that shape runs eagerly, logged).
  */
 int dsv4_model_runner_warmup(dsv4_model_runner *mr, int *n_graphs, dsv4_err *err);
 

@@ -169,9 +169,14 @@ static void check_runner_kv(const char *dir, int k, int kv_dtype) {
     }
     dsv4_err err = {0};
     int ng = -1;
-    setenv("DSV4_WARMUP_PREFILL", "1", 1); /* the prefill-sized warm-up step too (64 rows > 4 x 4) */
-    CHECK_MSG(dsv4_model_runner_warmup(pad, &ng, &err) == 0, "%s: warm-up: %s", dir, err.msg);
+    /* a malformed DSV4_WARMUP_PREFILL is an error naming it, not a silent skip */
+    setenv("DSV4_WARMUP_PREFILL", "64x", 1);
+    CHECK(dsv4_model_runner_warmup(pad, &ng, &err) == DSV4_EINVAL);
+    CHECK_MSG(strstr(err.msg, "DSV4_WARMUP_PREFILL") != NULL, "%s: %s", dir, err.msg);
+    err = (dsv4_err){0};
+    /* the default: the prefill-sized warm-up step too (64 rows: the largest step; no power of two >= 128 below it) */
     unsetenv("DSV4_WARMUP_PREFILL");
+    CHECK_MSG(dsv4_model_runner_warmup(pad, &ng, &err) == 0, "%s: warm-up: %s", dir, err.msg);
     CHECK_EQ_INT(ng, 0); /* cuda_graphs 2: the forwards run, nothing is captured */
     dsv4_runner it = dsv4_model_runner_iface(pad);
     CHECK_EQ_INT(it.n_slots, NS + 1); /* the padding slot is not the engine's */

@@ -85,6 +85,8 @@ extern "C" int dsv4_cuda_ctx_create(int device, dsv4_cuda_ctx **out, dsv4_err *e
     {
         const char *bm = getenv("DSV4_CUDA_BF16_GEMV");
         c->bf16_mode = bm ? atoi(bm) : 2;
+        const char *lb = getenv("DSV4_CUDA_LT_BUCKET");
+        c->lt_bucket = !(lb && !strcmp(lb, "0"));
     }
     *out = c;
     return DSV4_OK;

@@ -219,20 +219,34 @@ static int bf16_split(dsv4_cuda_ctx *c, const float *x, int n, int K, __nv_bfloa
     return DSV4_OK;
 }
 
-/* y = W·(hi + lo) as two cuBLAS bf16 GEMMs with fp32 accumulation (hi, lo from bf16_split). */
+/* y = W·x (beta 0) or y += W·x (beta 1) for bf16 x [n][K], fp32 out, through cu_lt_gemm (bucketed
+ * algorithm: no per-exact-n first-use cost). DSV4_EUNSUPPORTED, nothing launched: use cublasGemmEx. */
+static int bf16_lt(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const __nv_bfloat16 *x, int n, float *y,
+                   float beta) {
+    const int R = (int)w->out, K = (int)w->in;
+    const cu_lt_shape sh = {CU_LT_BF16, R, K, CUDA_R_16BF, CUDA_R_32F, K, R, 1, 0, 0};
+    return cu_lt_gemm(c, &sh, K, 0, w->w, x, n, beta, y);
+}
+
+/* y = W·(hi + lo) as two bf16 GEMMs with fp32 accumulation (hi, lo from bf16_split): cuBLASLt with
+ * bucketed algorithms (bf16_lt), else cublasGemmEx. */
 static int bf16_gemm_split(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const __nv_bfloat16 *hi,
                            const __nv_bfloat16 *lo, int n, float *y, int flags, dsv4_err *err) {
     const int R = (int)w->out, K = (int)w->in;
     /* column-major view: yᵀ [R, n] = W(as [K, R])ᵀ · xᵀ [K, n] */
     const float one = 1.f, zero = 0.f;
-    CUBLAS_TRY(cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, R, n, K, &one, w->w, CUDA_R_16BF, K,
-                            hi, CUDA_R_16BF, K, &zero, y, CUDA_R_32F, R, CUBLAS_COMPUTE_32F,
-                            CUBLAS_GEMM_DEFAULT),
-               err, "bf16 linear (hi)");
-    CUBLAS_TRY(cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, R, n, K, &one, w->w, CUDA_R_16BF, K,
-                            lo, CUDA_R_16BF, K, &one, y, CUDA_R_32F, R, CUBLAS_COMPUTE_32F,
-                            CUBLAS_GEMM_DEFAULT),
-               err, "bf16 linear (lo)");
+    if (bf16_lt(c, w, hi, n, y, 0.f) == DSV4_OK && bf16_lt(c, w, lo, n, y, 1.f) == DSV4_OK) {
+        /* both parts through cuBLASLt */
+    } else {
+        CUBLAS_TRY(cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, R, n, K, &one, w->w, CUDA_R_16BF, K,
+                                hi, CUDA_R_16BF, K, &zero, y, CUDA_R_32F, R, CUBLAS_COMPUTE_32F,
+                                CUBLAS_GEMM_DEFAULT),
+                   err, "bf16 linear (hi)");
+        CUBLAS_TRY(cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, R, n, K, &one, w->w, CUDA_R_16BF, K,
+                                lo, CUDA_R_16BF, K, &one, y, CUDA_R_32F, R, CUBLAS_COMPUTE_32F,
+                                CUBLAS_GEMM_DEFAULT),
+                   err, "bf16 linear (lo)");
+    }
     if (flags & DSV4_CUDA_OUT_BF16) {
         size_t ny = (size_t)n * R;
         k_round_bf16<<<(unsigned)((ny + 255) / 256), 256, 0, c->stream>>>(y, ny);

@@ -49,6 +49,98 @@
 
 #define LT_WS_BYTES ((size_t)32 << 20)
 
+static int lt_same(const cu_lt_shape *a, const cu_lt_shape *b) {
+    return a->kind == b->kind && a->R == b->R && a->K == b->K && a->btype == b->btype && a->dtype == b->dtype &&
+           a->ldb == b->ldb && a->ldd == b->ldd && a->batch == b->batch && a->sb == b->sb && a->sd == b->sd;
+}
+
+/* A column-major rows x cols layout of type t, leading dimension ld, `batch` strided batches. */
+static cublasStatus_t lt_layout(cublasLtMatrixLayout_t *l, cudaDataType_t t, int64_t rows, int64_t cols, int64_t ld,
+                                int batch, int64_t stride) {
+    cublasStatus_t s = cublasLtMatrixLayoutCreate(l, t, (uint64_t)rows, (uint64_t)cols, ld);
+    if (s == CUBLAS_STATUS_SUCCESS && batch > 1) {
+        const int32_t bc = batch;
+        s = cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc);
+        if (s == CUBLAS_STATUS_SUCCESS)
+            s = cublasLtMatrixLayoutSetAttribute(*l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                                 sizeof stride);
+    }
+    return s;
+}
+
+int cu_lt_layouts(const cu_lt_shape *sh, int n, cublasLtMatrixLayout_t *lb, cublasLtMatrixLayout_t *ld) {
+    cublasStatus_t s = lt_layout(lb, sh->btype, sh->K, n, sh->ldb, sh->batch, sh->sb);
+    if (s == CUBLAS_STATUS_SUCCESS) s = lt_layout(ld, sh->dtype, sh->R, n, sh->ldd, sh->batch, sh->sd);
+    return s == CUBLAS_STATUS_SUCCESS ? DSV4_OK : DSV4_EUNSUPPORTED;
+}
+
+int cu_lt_algo(dsv4_cuda_ctx *c, const cu_lt_shape *sh, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la, int n,
+               size_t ws_bytes, cublasLtMatmulAlgo_t *algo) {
+    int nb = n;
+    if (c->lt_bucket) {
+        nb = 16;
+        while (nb < n) nb *= 2;
+        for (int i = 0; i < c->n_lt_cache; i++) {
+            const cu_lt_entry *e = &c->lt_cache[i];
+            if (e->nb == nb && lt_same(&e->sh, sh)) {
+                *algo = e->algo;
+                return DSV4_OK;
+            }
+        }
+    }
+    cublasLtMatrixLayout_t lb = NULL, ld = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t heur;
+    int found = 0;
+    cublasStatus_t s = cu_lt_layouts(sh, nb, &lb, &ld) == DSV4_OK ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_SUPPORTED;
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulPreferenceCreate(&pref);
+    if (s == CUBLAS_STATUS_SUCCESS)
+        s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                                 sizeof ws_bytes);
+    if (s == CUBLAS_STATUS_SUCCESS) {
+        s = cublasLtMatmulAlgoGetHeuristic(c->cublaslt, op, la, lb, ld, ld, pref, 1, &heur, &found);
+        c->lt_queries++;
+    }
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (ld) cublasLtMatrixLayoutDestroy(ld);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (s != CUBLAS_STATUS_SUCCESS || !found) return DSV4_EUNSUPPORTED;
+    *algo = heur.algo;
+    if (c->lt_bucket && c->n_lt_cache < CU_LT_CACHE_MAX) {
+        cu_lt_entry *e = &c->lt_cache[c->n_lt_cache++];
+        e->sh = *sh;
+        e->nb = nb;
+        e->algo = heur.algo;
+    }
+    return DSV4_OK;
+}
+
+int cu_lt_gemm(dsv4_cuda_ctx *c, const cu_lt_shape *sh, int64_t lda, int64_t sa, const void *A, const void *B, int n,
+               float beta, float *y) {
+    if (!c->blas_ws || !c->lt_bucket) return DSV4_EUNSUPPORTED;
+    const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
+    const float one = 1.f;
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
+    cublasLtMatmulAlgo_t algo;
+    cublasStatus_t s = cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof opT);
+    if (s == CUBLAS_STATUS_SUCCESS) s = cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof opN);
+    if (s == CUBLAS_STATUS_SUCCESS) s = lt_layout(&la, sh->btype, sh->K, sh->R, lda, sh->batch, sa);
+    int rc = s == CUBLAS_STATUS_SUCCESS ? cu_lt_layouts(sh, n, &lb, &ld) : DSV4_EUNSUPPORTED;
+    if (rc == DSV4_OK) rc = cu_lt_algo(c, sh, op, la, n, c->blas_ws_bytes, &algo);
+    if (rc == DSV4_OK) {
+        s = cublasLtMatmul(c->cublaslt, op, &one, A, la, B, lb, &beta, y, ld, y, ld, &algo, c->blas_ws,
+                           c->blas_ws_bytes, c->stream);
+        if (s != CUBLAS_STATUS_SUCCESS) rc = DSV4_EUNSUPPORTED;
+    }
+    if (ld) cublasLtMatrixLayoutDestroy(ld);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (op) cublasLtMatmulDescDestroy(op);
+    return rc;
+}
+
 /* Widen the weight's E8M0 block scales and lay out the activation scales. */
 __global__ void k_lt_scales(const uint8_t *__restrict__ ws, int RB, int C, const float *__restrict__ xs, int n,
                             int layout, float *__restrict__ wsf, float *__restrict__ xsf) {
@@ -96,8 +188,7 @@ int cu_fp8_lt(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const uint8_t *xq, co
     const int layout = cu_env_int("DSV4_CUDA_FP8_LT_LAYOUT", 0);
     cublasLtMatmulDesc_t op = NULL;
     cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
-    cublasLtMatmulPreference_t pref = NULL;
-    cublasLtMatmulHeuristicResult_t heur;
+    cublasLtMatmulAlgo_t algo;
     int found = 0, rc = DSV4_OK;
     void *p = NULL;
     const size_t wsb = cu_align((size_t)RB * C * 4), xsb = cu_align((size_t)n * C * 4);
@@ -119,9 +210,6 @@ int cu_fp8_lt(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const uint8_t *xq, co
     LT_SET(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, (uint64_t)K, (uint64_t)R, K));
     LT_SET(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, (uint64_t)K, (uint64_t)n, K));
     LT_SET(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, (uint64_t)R, (uint64_t)n, R));
-    LT_SET(cublasLtMatmulPreferenceCreate(&pref));
-    LT_SET(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsbytes,
-                                                sizeof wsbytes));
     if (s == CUBLAS_STATUS_SUCCESS) {
         /* the heuristic needs the scale pointers' alignment only: set them after the scratch exists.
          * With the context's fixed cuBLAS workspace (cuda_ctx.cu) the scales come from the scratch arena
@@ -143,8 +231,10 @@ int cu_fp8_lt(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const uint8_t *xq, co
         LT_SET(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &wsp, sizeof wsp));
         LT_SET(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &xsp, sizeof xsp));
     }
-    if (s == CUBLAS_STATUS_SUCCESS)
-        s = cublasLtMatmulAlgoGetHeuristic(c->cublaslt, op, la, lb, ld, ld, pref, 1, &heur, &found);
+    if (s == CUBLAS_STATUS_SUCCESS) {
+        const cu_lt_shape sh = {CU_LT_FP8_BLOCK, R, K, CUDA_R_8F_E4M3, CUDA_R_32F, K, R, 1, 0, 0};
+        found = cu_lt_algo(c, &sh, op, la, n, wsbytes, &algo) == DSV4_OK;
+    }
     if (s != CUBLAS_STATUS_SUCCESS || found == 0) {
         rc = DSV4_EUNSUPPORTED; /* no error: the caller falls back (DSV4_CUDA_FP8_LT_DEBUG=1 says why) */
         if (cu_env_int("DSV4_CUDA_FP8_LT_DEBUG", 0))
@@ -162,8 +252,17 @@ int cu_fp8_lt(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const uint8_t *xq, co
             goto out;
         }
     }
-    s = cublasLtMatmul(c->cublaslt, op, &one, w->w, la, xq, lb, &zero, y, ld, y, ld, &heur.algo,
+    s = cublasLtMatmul(c->cublaslt, op, &one, w->w, la, xq, lb, &zero, y, ld, y, ld, &algo,
                        lt_ws ? lt_ws : (uint8_t *)p + wsb + xsb, wsbytes, c->stream);
+    if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE) {
+        /* the bucket's algorithm refused this n (cu_lt_algo): the caller's kernel takes it */
+        static int warned;
+        if (!warned++)
+            fprintf(stderr, "dsv4 cuda: cublasLt fp8 %dx%d: the algorithm of n's bucket refused n=%d (%s); "
+                    "falling back to k_fp8_gemm for such calls\n", R, K, n, cublasGetStatusString(s));
+        rc = DSV4_EUNSUPPORTED;
+        goto out;
+    }
     if (s != CUBLAS_STATUS_SUCCESS) {
         rc = cu_err(err, DSV4_EBACKEND, "cublasLt: fp8 linear %dx%d n=%d: %s", R, K, n, cublasGetStatusString(s));
         goto out;
@@ -180,7 +279,6 @@ int cu_fp8_lt(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const uint8_t *xq, co
 out:
     if (p && arena) cu_arena_free(c, p);
     else if (p) cudaFreeAsync(p, c->stream);
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
     if (ld) cublasLtMatrixLayoutDestroy(ld);
     if (lb) cublasLtMatrixLayoutDestroy(lb);
     if (la) cublasLtMatrixLayoutDestroy(la);

@@ -18,6 +18,24 @@
 #include "backend/cuda/dsv4_cuda.h"
 
 #define CU_ARENA_MAX 256 /* live arena entries */
+#define CU_LT_CACHE_MAX 256 /* cuBLASLt algorithms kept (cu_lt_algo) */
+
+/* A cuBLASLt problem but for its row count n (cu_lt_algo): y (dtype, R x n, ld ldd) = op(A) · B, B btype
+ * K x n (ld ldb); batch > 1: strided batches (B, D strides sb, sd elements; A's layout the caller's). */
+typedef struct cu_lt_shape {
+    int kind; /* CU_LT_* */
+    int R, K;
+    cudaDataType_t btype, dtype;
+    int64_t ldb, ldd;
+    int batch;
+    int64_t sb, sd;
+} cu_lt_shape;
+typedef struct cu_lt_entry {
+    cu_lt_shape sh;
+    int nb; /* the row bucket */
+    cublasLtMatmulAlgo_t algo;
+} cu_lt_entry;
+enum { CU_LT_FP8_BLOCK = 1, CU_LT_BF16 = 2, CU_LT_ROWS = 3 };
 
 struct dsv4_cuda_ctx {
     int device;
@@ -44,6 +62,11 @@ struct dsv4_cuda_ctx {
     size_t ar_cap, ar_top, ar_peak;
     int ar_n, ar_fallbacks;
     struct { size_t off, end; int live; } ar_ent[CU_ARENA_MAX];
+    /* cuBLASLt algorithms per power-of-two row bucket (cu_lt_algo, cuda_fp8_lt.cu) */
+    int lt_bucket;   /* DSV4_CUDA_LT_BUCKET: 1 (default) bucketed + cached; 0 as before (see cu_lt_algo) */
+    cu_lt_entry lt_cache[CU_LT_CACHE_MAX];
+    int n_lt_cache;
+    long lt_queries; /* heuristic queries made (each costs host time) */
 };
 
 /* The backend does not depend on dsv4core's err.c (static-library order):
@@ -332,6 +355,33 @@ int cu_fp4_linear(dsv4_cuda_ctx *ctx, const dsv4_cuda_weight *w, const float *x,
 /* Default rows up to which the dense linears quantise activations inside the
  * GEMV (one launch) rather than in a separate act_quant pass; the
  * environment variable DSV4_CUDA_FUSEQ_MAX overrides it (for measuring). */
+/*
+ * cu_lt_algo — the cuBLASLt algorithm for an n-row problem (cuda_fp8_lt.cu).
+ * op / la: the caller's matmul descriptor (scale modes and pointers set) and
+ * weight layout; sh: the rest of the problem (B, C = D layouts) but n. The
+ * heuristic runs once per (shape, bucket), bucket = n rounded
+ * up to a power of two (>= 16), and its first answer serves every n of the
+ * bucket. Why: cuBLAS picks, and on first use prepares, a kernel per exact
+ * problem size, and that cost (15-20 ms over a 24-layer prefill chunk on H200)
+ * landed on every prompt whose last chunk had a row count not seen before
+ * (bench/results/2026-12-01-warmup-prefill-h200.md); with buckets the start-up
+ * warm-up can touch every one. DSV4_CUDA_LT_BUCKET=0: as before (the FP8
+ * path asks the heuristic for the exact n on every call, BF16 linears go
+ * through cublasGemmEx). Returns DSV4_OK or DSV4_EUNSUPPORTED (no algorithm:
+ * the caller falls back).
+ */
+/* y (sh->dtype, R x n) = Aᵀ·B + beta·y through cuBLASLt with the bucket's algorithm (cu_lt_algo), fp32
+ * compute, on the context's cuBLAS workspace: A is the weight, sh->btype, K x R column-major with leading
+ * dimension lda (batch stride sa when sh->batch > 1); B as sh says. DSV4_OK, or DSV4_EUNSUPPORTED with
+ * nothing launched (no workspace, DSV4_CUDA_LT_BUCKET=0, no algorithm, the bucket's algorithm refuses this
+ * n): the caller uses the plain cuBLAS call. */
+int cu_lt_gemm(dsv4_cuda_ctx *c, const cu_lt_shape *sh, int64_t lda, int64_t sa, const void *A, const void *B, int n,
+               float beta, float *y);
+/* B (K x n) and D (R x n) layouts of sh for n rows. DSV4_OK or DSV4_EUNSUPPORTED. */
+int cu_lt_layouts(const cu_lt_shape *sh, int n, cublasLtMatrixLayout_t *lb, cublasLtMatrixLayout_t *ld);
+int cu_lt_algo(dsv4_cuda_ctx *c, const cu_lt_shape *sh, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la, int n,
+               size_t ws_bytes, cublasLtMatmulAlgo_t *algo);
+
 #define CU_FUSED_QUANT_MAX 0 /* measured: fusing was slower (bench/results) */
 
 #endif

@@ -510,12 +510,21 @@ __global__ void k_rows_bf16_to_f32(const uint16_t *__restrict__ w, size_t n, flo
     if (i < n) o[i] = __uint_as_float((uint32_t)w[i] << 16);
 }
 
+/* rows_gemm through cuBLASLt with the algorithm of n's row bucket (cu_lt_gemm): DSV4_OK, or
+ * DSV4_EUNSUPPORTED with nothing launched (the caller uses cublasGemmStridedBatchedEx). */
+static int rows_gemm_lt(dsv4_cuda_ctx *c, cudaDataType_t dt, const void *A, const void *B, int64_t ldb, int64_t n,
+                        int64_t out, int64_t in, int64_t out_g, float beta, float *y) {
+    const cu_lt_shape sh = {CU_LT_ROWS, (int)out_g, (int)in, dt, CUDA_R_32F, ldb, out, (int)(out / out_g), in, out_g};
+    return cu_lt_gemm(c, &sh, in, out_g * in, A, B, (int)n, beta, y);
+}
+
 /* One GEMM per group g (a strided batch): y[r][g·out_g + i] (+)= Σ_k B[r·ldb + g·in + k]·A[(g·out_g + i)·in + k],
- * in the column-major view yᵀ = Aᵀ·Bᵀ. */
+ * in the column-major view yᵀ = Aᵀ·Bᵀ; cuBLASLt with bucketed algorithms, else cublasGemmStridedBatchedEx. */
 static int rows_gemm(dsv4_cuda_ctx *c, cudaDataType_t dt, const void *A, const void *B, int64_t ldb, int64_t n,
                      int64_t out, int64_t in, int64_t out_g, float beta, float *y, const char *what, dsv4_err *err) {
     const float one = 1.f;
     const int groups = (int)(out / out_g);
+    if (rows_gemm_lt(c, dt, A, B, ldb, n, out, in, out_g, beta, y) == DSV4_OK) return DSV4_OK;
     CUBLAS_TRY(cublasGemmStridedBatchedEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)out_g, (int)n, (int)in, &one, A,
                                           dt, (int)in, (long long)(out_g * in), B, dt, (int)ldb, (long long)in,
                                           &beta, y, CUDA_R_32F, (int)out, (long long)out_g, groups,
