@@ -649,12 +649,12 @@ static int drafter_commit(void *ctx, int n, const int32_t *slot, const int64_t *
     dsv4_model_runner *mr = ctx;
     int F = mr->cfg.n_dspark_target_layer_ids * mr->cfg.hidden_size, T = 0;
     int32_t *tok = malloc(sizeof(int32_t) * (size_t)(4 * mr->feat_rows + 3 * n + 1));
-    float *f = malloc(sizeof(float) * (size_t)(mr->feat_rows ? mr->feat_rows : 1) * (size_t)F);
-    if (!tok || !f) {
-        free(tok);
-        free(f);
-        return dsv4_err_set(err, DSV4_ENOMEM, "out of memory for the draft context");
-    }
+    if (!tok) return dsv4_err_set(err, DSV4_ENOMEM, "out of memory for the draft context");
+    /* The features are passed in place while the chosen rows are one contiguous run of the last
+     * forward's rows (a prefill chunk, or every row of a batch whose verify rows were all accepted):
+     * a copy of a 8192-row chunk's features is 400 MB. From the first gap on, rows are gathered into f. */
+    float *f = NULL;
+    int contig = 1, base = -1;
     int32_t *pos = tok + mr->feat_rows, *sl = pos + mr->feat_rows, *sidx = sl + mr->feat_rows;
     int32_t *cu = sidx + mr->feat_rows, *sslot = cu + n + 1, *spos0 = sslot + n;
     int ns = 0, rc = 0;
@@ -672,12 +672,22 @@ static int drafter_commit(void *ctx, int n, const int32_t *slot, const int64_t *
                               s, (long long)mr->ingested[s], mr->feat_pos[first]);
             break;
         }
+        if (base < 0) base = first;
+        if (contig && first != base + T) { /* a gap: gather from here on */
+            contig = 0;
+            f = malloc(sizeof(float) * (size_t)mr->feat_rows * (size_t)F);
+            if (!f) {
+                rc = dsv4_err_set(err, DSV4_ENOMEM, "out of memory for the draft context");
+                break;
+            }
+            memcpy(f, mr->feats + (size_t)base * F, sizeof(float) * (size_t)T * (size_t)F);
+        }
         for (int j = 0; j < cnt; j++) {
             tok[T] = 0; /* the context path reads features, not tokens */
             pos[T] = mr->feat_pos[first + j];
             sl[T] = s;
             sidx[T] = ns;
-            memcpy(f + (size_t)T * F, mr->feats + (size_t)(first + j) * F, sizeof(float) * (size_t)F);
+            if (!contig) memcpy(f + (size_t)T * F, mr->feats + (size_t)(first + j) * F, sizeof(float) * (size_t)F);
             T++;
         }
         sslot[ns] = s;
@@ -687,7 +697,7 @@ static int drafter_commit(void *ctx, int n, const int32_t *slot, const int64_t *
     }
     if (!rc && T > 0) {
         dsv4_batch b = {T, ns, tok, pos, sl, sidx, cu, sslot, spos0};
-        rc = dsv4_dspark_context(mr->dspark, &b, f, err);
+        rc = dsv4_dspark_context(mr->dspark, &b, contig ? mr->feats + (size_t)base * F : f, err);
     }
     free(tok);
     free(f);
