@@ -1019,6 +1019,33 @@ static void pad_batch(int pad_slot, int S, int r, int32_t *buf, dsv4_batch *b) {
     *b = (dsv4_batch){P, S, tok, pos, slot, sidx, cu, sslot, spos0};
 }
 
+int dsv4_warmup_prefill_rows(int max_rows, const char *spec, int *rows, int *n, dsv4_err *err) {
+    *n = 0;
+    if (max_rows < 1) return DSV4_OK;
+    if (!spec || !*spec || !strcmp(spec, "1")) { /* unset, empty or 1: the default */
+        rows[(*n)++] = max_rows;
+        int p2 = 128;
+        while (p2 * 2 < max_rows) p2 *= 2;
+        for (; p2 >= 128 && *n < DSV4_WARMUP_PREFILL_MAX; p2 /= 2)
+            if (p2 < max_rows) rows[(*n)++] = p2;
+        return DSV4_OK;
+    }
+    if (!strcmp(spec, "0")) return DSV4_OK;
+    for (const char *c = spec; *c;) {
+        char *e;
+        long v = strtol(c, &e, 10);
+        if (e == c || v < 1 || (*e && *e != ',') || (*e == ',' && !e[1]) || *n == DSV4_WARMUP_PREFILL_MAX) {
+            *n = 0;
+            return dsv4_err_set(err, DSV4_EINVAL,
+                                "DSV4_WARMUP_PREFILL='%s': want 0, 1 or a comma list of at most %d row counts >= 1",
+                                spec, DSV4_WARMUP_PREFILL_MAX);
+        }
+        rows[(*n)++] = v < max_rows ? (int)v : max_rows;
+        c = *e ? e + 1 : e;
+    }
+    return DSV4_OK;
+}
+
 int dsv4_model_runner_warmup(dsv4_model_runner *mr, int *n_graphs, dsv4_err *err) {
     *n_graphs = 0;
     dsv4_model *m = mr->model;
@@ -1064,32 +1091,8 @@ int dsv4_model_runner_warmup(dsv4_model_runner *mr, int *n_graphs, dsv4_err *err
      * power of two from 128 below it (the smaller buckets are the graph sizes' steps, run above);
      * DSV4_WARMUP_PREFILL=0 turns them off, a comma list of row counts replaces them. */
     int Wp = W < mr->state->max_len - 1 ? W : mr->state->max_len - 1;
-    int wrows[32], n_wrows = 0;
-    const char *wp_env = getenv("DSV4_WARMUP_PREFILL");
-    if (!wp_env || !strcmp(wp_env, "1")) {
-        wrows[n_wrows++] = Wp;
-        int p2 = 128;
-        while (p2 * 2 < Wp) p2 *= 2;
-        for (; p2 >= 128 && n_wrows < 32; p2 /= 2)
-            if (p2 < Wp) wrows[n_wrows++] = p2;
-    } else if (strcmp(wp_env, "0")) {
-        for (const char *c = wp_env; *c && n_wrows < 32;) {
-            char *e;
-            long v = strtol(c, &e, 10);
-            if (e == c || v < 1) {
-                rc = dsv4_err_set(err, DSV4_EINVAL, "DSV4_WARMUP_PREFILL='%s': want 0, 1 or a comma list of row counts",
-                                  wp_env);
-                break;
-            }
-            wrows[n_wrows++] = v < Wp ? (int)v : Wp;
-            c = *e == ',' ? e + 1 : e;
-            if (*e && *e != ',') {
-                rc = dsv4_err_set(err, DSV4_EINVAL, "DSV4_WARMUP_PREFILL='%s': want 0, 1 or a comma list of row counts",
-                                  wp_env);
-                break;
-            }
-        }
-    }
+    int wrows[DSV4_WARMUP_PREFILL_MAX], n_wrows = 0;
+    if (!rc) rc = dsv4_warmup_prefill_rows(Wp, getenv("DSV4_WARMUP_PREFILL"), wrows, &n_wrows, err);
     for (int i = 0; i < n_wrows && !rc; i++) {
         if (wrows[i] < 1) continue;
         const int32_t last = wrows[i] - 1;

@@ -132,6 +132,20 @@ typedef struct dsv4_load_opts {
 int dsv4_model_runner_open(const char *dir, const dsv4_model_runner_opts *o, dsv4_model_runner **out,
                            dsv4_err *err);
 /*
+ * dsv4_warmup_prefill_rows — row counts of the start-up warm-up's eager prefill
+ * steps (dsv4_model_runner_warmup; bench/results/2026-12-01-warmup-prefill-h200.md).
+ * max_rows: the largest step (max_num_batched_tokens, cut to the context), >= 1
+ * (< 1: none). spec: env DSV4_WARMUP_PREFILL — NULL, "" or "1": max_rows, then each
+ * power of two from 128 below it, descending (the GEMMs' row buckets); "0": none;
+ * else a comma list of row counts, each cut to max_rows. rows: room for
+ * DSV4_WARMUP_PREFILL_MAX; *n = how many. Errors: DSV4_EINVAL naming the
+ * variable for anything else (a non-number, a count < 1, a trailing comma, more
+ * than DSV4_WARMUP_PREFILL_MAX entries); *n = 0 then.
+ */
+#define DSV4_WARMUP_PREFILL_MAX 32
+int dsv4_warmup_prefill_rows(int max_rows, const char *spec, int *rows, int *n, dsv4_err *err);
+
+/*
  * dsv4_pool_pages_for_memory — KV pool pages of page_bytes that fit a device's
  * budget, as vLLM's --gpu-memory-utilization: util * total_bytes, less what is in
  * use now (total_bytes - free_bytes: the weights and everything allocated so

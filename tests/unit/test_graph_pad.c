@@ -36,6 +36,58 @@ static unsigned long long padded(dsv4_model_runner *mr) {
     return m->n_padded;
 }
 
+/* The start-up warm-up's prefill row counts (dsv4_warmup_prefill_rows): every GEMM row bucket from 128
+ * up to the largest step, the largest step itself, and the env's refusals. */
+static void check_warmup_rows(void) {
+    int r[DSV4_WARMUP_PREFILL_MAX], n = -1;
+    dsv4_err err = {0};
+    CHECK_EQ_INT(dsv4_warmup_prefill_rows(8192, NULL, r, &n, &err), 0);
+    const int want[] = {8192, 4096, 2048, 1024, 512, 256, 128};
+    CHECK_EQ_INT(n, 7);
+    for (int i = 0; i < 7 && i < n; i++) CHECK_EQ_INT(r[i], want[i]);
+    /* not a power of two: itself, then every power of two below it (8192's bucket holds 8193..16384) */
+    CHECK_EQ_INT(dsv4_warmup_prefill_rows(10000, "1", r, &n, &err), 0);
+    CHECK_EQ_INT(n, 8);
+    CHECK_EQ_INT(r[0], 10000);
+    CHECK_EQ_INT(r[1], 8192);
+    CHECK_EQ_INT(r[7], 128);
+    /* small steps: only the step itself; 129 keeps the 128 bucket */
+    CHECK_EQ_INT(dsv4_warmup_prefill_rows(100, NULL, r, &n, &err), 0);
+    CHECK_EQ_INT(n, 1);
+    CHECK_EQ_INT(r[0], 100);
+    CHECK_EQ_INT(dsv4_warmup_prefill_rows(129, NULL, r, &n, &err), 0);
+    CHECK_EQ_INT(n, 2);
+    CHECK_EQ_INT(r[1], 128);
+    CHECK_EQ_INT(dsv4_warmup_prefill_rows(0, NULL, r, &n, &err), 0);
+    CHECK_EQ_INT(n, 0);
+    CHECK_EQ_INT(dsv4_warmup_prefill_rows(8192, "0", r, &n, &err), 0);
+    CHECK_EQ_INT(n, 0);
+    /* a list replaces the default; entries are cut to the largest step */
+    CHECK_EQ_INT(dsv4_warmup_prefill_rows(8192, "9000,300,1", r, &n, &err), 0);
+    CHECK_EQ_INT(n, 3);
+    CHECK_EQ_INT(r[0], 8192);
+    CHECK_EQ_INT(r[1], 300);
+    CHECK_EQ_INT(r[2], 1);
+    const char *bad[] = {"64x", "-5", "0,64", "64,", ",64", "abc", "64;128", ""};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        err = (dsv4_err){0};
+        n = -1;
+        int rc = dsv4_warmup_prefill_rows(8192, bad[i], r, &n, &err);
+        if (!bad[i][0]) { /* an empty value is the default, as unset */
+            CHECK_EQ_INT(rc, 0);
+            CHECK_EQ_INT(n, 7);
+            continue;
+        }
+        CHECK_MSG(rc == DSV4_EINVAL, "'%s' accepted", bad[i]);
+        CHECK_EQ_INT(n, 0);
+        CHECK_MSG(strstr(err.msg, "DSV4_WARMUP_PREFILL") != NULL, "'%s': %s", bad[i], err.msg);
+    }
+    char many[200] = "1";
+    for (int i = 1; i <= DSV4_WARMUP_PREFILL_MAX; i++) strcat(many, ",1");
+    err = (dsv4_err){0};
+    CHECK_EQ_INT(dsv4_warmup_prefill_rows(8192, many, r, &n, &err), DSV4_EINVAL);
+}
+
 static void check_sizes(void) {
     int out[96], n;
     dsv4_err err = {0};
@@ -281,6 +333,7 @@ static void check_engine(const char *dir, int k) {
 }
 
 int main(void) {
+    check_warmup_rows();
     check_sizes();
     check_runner("models/tiny-flash", 0);
     check_runner("models/tiny-dspark", 3);
