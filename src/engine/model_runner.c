@@ -1094,7 +1094,6 @@ int dsv4_model_runner_warmup(dsv4_model_runner *mr, int *n_graphs, dsv4_err *err
     int wrows[DSV4_WARMUP_PREFILL_MAX], n_wrows = 0;
     if (!rc) rc = dsv4_warmup_prefill_rows(Wp, getenv("DSV4_WARMUP_PREFILL"), wrows, &n_wrows, err);
     for (int i = 0; i < n_wrows && !rc; i++) {
-        if (wrows[i] < 1) continue;
         const int32_t last = wrows[i] - 1;
         pad_batch(m->pad_slot, 1, wrows[i], buf, &b);
         rc = runner_forward_out(mr, &b, &last, 1, lg, NULL, err);

@@ -97,10 +97,8 @@ int cu_lt_algo(dsv4_cuda_ctx *c, const cu_lt_shape *sh, cublasLtMatmulDesc_t op,
     if (s == CUBLAS_STATUS_SUCCESS)
         s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
                                                  sizeof ws_bytes);
-    if (s == CUBLAS_STATUS_SUCCESS) {
+    if (s == CUBLAS_STATUS_SUCCESS)
         s = cublasLtMatmulAlgoGetHeuristic(c->cublaslt, op, la, lb, ld, ld, pref, 1, &heur, &found);
-        c->lt_queries++;
-    }
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
     if (ld) cublasLtMatrixLayoutDestroy(ld);
     if (lb) cublasLtMatrixLayoutDestroy(lb);

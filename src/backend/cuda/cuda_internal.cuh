@@ -66,7 +66,6 @@ struct dsv4_cuda_ctx {
     int lt_bucket;   /* DSV4_CUDA_LT_BUCKET: 1 (default) bucketed + cached; 0 as before (see cu_lt_algo) */
     cu_lt_entry lt_cache[CU_LT_CACHE_MAX];
     int n_lt_cache;
-    long lt_queries; /* heuristic queries made (each costs host time) */
 };
 
 /* The backend does not depend on dsv4core's err.c (static-library order):
