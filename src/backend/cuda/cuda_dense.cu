@@ -235,9 +235,7 @@ static int bf16_gemm_split(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const __
     const int R = (int)w->out, K = (int)w->in;
     /* column-major view: yᵀ [R, n] = W(as [K, R])ᵀ · xᵀ [K, n] */
     const float one = 1.f, zero = 0.f;
-    if (bf16_lt(c, w, hi, n, y, 0.f) == DSV4_OK && bf16_lt(c, w, lo, n, y, 1.f) == DSV4_OK) {
-        /* both parts through cuBLASLt */
-    } else {
+    if (bf16_lt(c, w, hi, n, y, 0.f) != DSV4_OK || bf16_lt(c, w, lo, n, y, 1.f) != DSV4_OK) {
         CUBLAS_TRY(cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, R, n, K, &one, w->w, CUDA_R_16BF, K,
                                 hi, CUDA_R_16BF, K, &zero, y, CUDA_R_32F, R, CUBLAS_COMPUTE_32F,
                                 CUBLAS_GEMM_DEFAULT),

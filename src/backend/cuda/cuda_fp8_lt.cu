@@ -187,6 +187,7 @@ int cu_fp8_lt(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const uint8_t *xq, co
     cublasLtMatmulDesc_t op = NULL;
     cublasLtMatrixLayout_t la = NULL, lb = NULL, ld = NULL;
     cublasLtMatmulAlgo_t algo;
+    const cu_lt_shape sh = {CU_LT_FP8_BLOCK, R, K, CUDA_R_8F_E4M3, CUDA_R_32F, K, R, 1, 0, 0};
     int found = 0, rc = DSV4_OK;
     void *p = NULL;
     const size_t wsb = cu_align((size_t)RB * C * 4), xsb = cu_align((size_t)n * C * 4);
@@ -206,8 +207,7 @@ int cu_fp8_lt(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const uint8_t *xq, co
     LT_SET(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &amode, sizeof amode));
     LT_SET(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &bmode, sizeof bmode));
     LT_SET(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, (uint64_t)K, (uint64_t)R, K));
-    LT_SET(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, (uint64_t)K, (uint64_t)n, K));
-    LT_SET(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, (uint64_t)R, (uint64_t)n, R));
+    if (s == CUBLAS_STATUS_SUCCESS && cu_lt_layouts(&sh, n, &lb, &ld) != DSV4_OK) s = CUBLAS_STATUS_NOT_SUPPORTED;
     if (s == CUBLAS_STATUS_SUCCESS) {
         /* the heuristic needs the scale pointers' alignment only: set them after the scratch exists.
          * With the context's fixed cuBLAS workspace (cuda_ctx.cu) the scales come from the scratch arena
@@ -229,10 +229,7 @@ int cu_fp8_lt(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const uint8_t *xq, co
         LT_SET(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &wsp, sizeof wsp));
         LT_SET(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &xsp, sizeof xsp));
     }
-    if (s == CUBLAS_STATUS_SUCCESS) {
-        const cu_lt_shape sh = {CU_LT_FP8_BLOCK, R, K, CUDA_R_8F_E4M3, CUDA_R_32F, K, R, 1, 0, 0};
-        found = cu_lt_algo(c, &sh, op, la, n, wsbytes, &algo) == DSV4_OK;
-    }
+    if (s == CUBLAS_STATUS_SUCCESS) found = cu_lt_algo(c, &sh, op, la, n, wsbytes, &algo) == DSV4_OK;
     if (s != CUBLAS_STATUS_SUCCESS || found == 0) {
         rc = DSV4_EUNSUPPORTED; /* no error: the caller falls back (DSV4_CUDA_FP8_LT_DEBUG=1 says why) */
         if (cu_env_int("DSV4_CUDA_FP8_LT_DEBUG", 0))
