@@ -11,6 +11,17 @@
  * upper bounds of the op's share in a normal (overlapped) forward; compare a forward with a
  * later one of the same shape, not with unprofiled runs. Ops inside a graph capture run
  * unwrapped (a capture cannot synchronise).
+ *
+ * DSV4_CUDA_OP_PROFILE=2: in-stream stamps instead, for CUDA-graph steps too. Why: ncu serialises
+ * kernels and flushes the overlap PDL gives, and Nsight Systems does not run on the GPU machines
+ * (library device/KINDS.md), so neither says what an op costs inside a replayed decode graph. After
+ * each compute op a one-thread kernel (k_op_stamp, in the PDL chain: it waits for the op's last
+ * kernel, then reads %globaltimer) adds the time since the previous stamp to that op's counter in
+ * device memory; a stamp before `embed` (the first op of every forward) restarts the clock, so the
+ * host's gap between steps is not counted. Stamps are ordinary kernels, so a capture records them
+ * and every replay adds to the counters. At the next batch_begin one INFO line gives the previous
+ * forward's ops (us, calls), largest first. Each stamp is one more node (~1-2 us, and the op after
+ * it overlaps only the stamp): the step gets slower, so read the shares, not the sum.
  */
 #include "backend/cuda/cuda_be_internal.cuh"
 
@@ -28,7 +39,45 @@ typedef struct cu_prof {
     double host_ms[PF_N], total_ms[PF_N];
     int calls[PF_N];
     int rows;           /* rows of the forward being profiled (batch_begin) */
+    int stamps;         /* mode 2: in-stream stamps (below) instead of synchronised host times */
+    unsigned long long *d_ns; /* device [PF_N]: ns per op since the last report; [PF_N] the last stamp */
+    unsigned *d_calls;        /* device [PF_N] */
 } cu_prof;
+
+/* One stamp (mode 2): after the previous kernel, ns[id] += now - ns[PF_N]; reset only restarts. */
+__global__ void k_op_stamp(unsigned long long *ns, unsigned *calls, int id, int reset) {
+    pdl_trigger();
+    pdl_wait();
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    if (!reset && ns[PF_N]) {
+        ns[id] += t - ns[PF_N];
+        calls[id]++;
+    }
+    ns[PF_N] = t;
+}
+
+static void pf_stamp(cu_be *cb, cu_prof *p, int id, int reset) {
+    if (cu_launch(cb->ctx, k_op_stamp, dim3(1), dim3(1), 0, p->d_ns, p->d_calls, id, reset) != cudaSuccess)
+        cudaGetLastError(); /* a lost stamp is a gap in the profile, never an error of the op */
+}
+
+/* Mode 2: the device counters into the host arrays (total_ms; host_ms stays 0), then zeroed. */
+static void pf_fetch(cu_prof *p) {
+    unsigned long long ns[PF_N];
+    unsigned calls[PF_N];
+    if (cudaMemcpy(ns, p->d_ns, sizeof ns, cudaMemcpyDeviceToHost) != cudaSuccess ||
+        cudaMemcpy(calls, p->d_calls, sizeof calls, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        cudaGetLastError();
+        return;
+    }
+    for (size_t i = 0; i < PF_N; i++) {
+        p->total_ms[i] = (double)ns[i] / 1e6;
+        p->calls[i] = (int)calls[i];
+    }
+    cudaMemset(p->d_ns, 0, sizeof ns); /* keeps ns[PF_N] = 0: the next stamp only starts the clock */
+    cudaMemset(p->d_calls, 0, sizeof calls);
+}
 
 static double pf_now_ms(void) {
     struct timespec t;
@@ -53,11 +102,15 @@ static void pf_report(cu_prof *p) {
             order[j - 1] = t;
         }
     char line[2048];
-    int o = snprintf(line, sizeof line, "op profile: %d rows, ops %.2f ms (host %.2f):", p->rows, tot, host);
+    int o = p->stamps
+                ? snprintf(line, sizeof line, "op stamps: %d rows, ops %.1f us in stream:", p->rows, tot * 1e3)
+                : snprintf(line, sizeof line, "op profile: %d rows, ops %.2f ms (host %.2f):", p->rows, tot, host);
     for (int i = 0; i < n && o < (int)sizeof line - 80; i++) {
         const int k = order[i];
-        o += snprintf(line + o, sizeof line - (size_t)o, " %s %.2f/%.2f x%d;", p->name[k], p->total_ms[k],
-                      p->host_ms[k], p->calls[k]);
+        o += p->stamps ? snprintf(line + o, sizeof line - (size_t)o, " %s %.1f x%d;", p->name[k], p->total_ms[k] * 1e3,
+                                  p->calls[k])
+                       : snprintf(line + o, sizeof line - (size_t)o, " %s %.2f/%.2f x%d;", p->name[k], p->total_ms[k],
+                                  p->host_ms[k], p->calls[k]);
     }
     dsv4_log(DSV4_LOG_INFO, "%s", line);
     memset(p->host_ms, 0, sizeof p->host_ms);
@@ -71,6 +124,13 @@ template <typename... A> struct pf_sig<int (*)(dsv4_backend *, A...)> {
     static int call(dsv4_backend *be, A... a) {
         cu_be *cb = cube(be);
         cu_prof *p = (cu_prof *)cb->prof;
+        if (p->stamps) {
+            /* embed is a forward's first op: restart the clock before it */
+            if (ID == offsetof(dsv4_backend, embed) / sizeof(void *)) pf_stamp(cb, p, (int)ID, 1);
+            const int rc = (p->orig.*M)(be, a...);
+            pf_stamp(cb, p, (int)ID, 0);
+            return rc;
+        }
         cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
         if (cudaStreamIsCapturing(cb->ctx->stream, &st) != cudaSuccess || st != cudaStreamCaptureStatusNone)
             return (p->orig.*M)(be, a...);
@@ -88,6 +148,7 @@ template <typename... A> struct pf_sig<int (*)(dsv4_backend *, A...)> {
 
 static int pf_batch_begin(dsv4_backend *be, const dsv4_batch *b, dsv4_err *err) {
     cu_prof *p = (cu_prof *)cube(be)->prof;
+    if (p->stamps) pf_fetch(p);
     pf_report(p);
     p->rows = b ? b->n_rows : 0;
     return p->orig.batch_begin(be, b, err);
@@ -103,23 +164,37 @@ static int pf_batch_begin(dsv4_backend *be, const dsv4_batch *b, dsv4_err *err) 
         }                                                                                                   \
     } while (0)
 
-/* Wraps be's ops when DSV4_CUDA_OP_PROFILE=1 (after the table is filled). Allocation failure:
+/* Wraps be's ops when DSV4_CUDA_OP_PROFILE=1 or 2 (after the table is filled). Allocation failure:
  * profiling stays off (logged), never an error. */
 void cu_op_profile_install(dsv4_backend *be) {
     const char *env = getenv("DSV4_CUDA_OP_PROFILE");
-    if (!env || strcmp(env, "1")) return;
+    if (!env || (strcmp(env, "1") && strcmp(env, "2"))) return;
     cu_prof *p = (cu_prof *)calloc(1, sizeof *p);
     if (!p) {
         dsv4_log(DSV4_LOG_WARN, "DSV4_CUDA_OP_PROFILE: out of memory, profiling off");
         return;
     }
+    p->stamps = env[0] == '2';
+    if (p->stamps && (cudaMalloc((void **)&p->d_ns, sizeof(unsigned long long) * (PF_N + 1)) != cudaSuccess ||
+                      cudaMalloc((void **)&p->d_calls, sizeof(unsigned) * PF_N) != cudaSuccess ||
+                      cudaMemset(p->d_ns, 0, sizeof(unsigned long long) * (PF_N + 1)) != cudaSuccess ||
+                      cudaMemset(p->d_calls, 0, sizeof(unsigned) * PF_N) != cudaSuccess)) {
+        cudaGetLastError();
+        cudaFree(p->d_ns);
+        cudaFree(p->d_calls);
+        free(p);
+        dsv4_log(DSV4_LOG_WARN, "DSV4_CUDA_OP_PROFILE=2: no device memory for the counters, profiling off");
+        return;
+    }
     p->orig = *be;
     cube(be)->prof = p;
-    PF_WRAP(buf_alloc);
-    PF_WRAP(buf_alloc_scratch);
-    PF_WRAP(buf_read);
-    PF_WRAP(buf_gather_rows);
-    PF_WRAP(sync);
+    if (!p->stamps) { /* memory and synchronisation ops: host-timed mode only (they launch no compute) */
+        PF_WRAP(buf_alloc);
+        PF_WRAP(buf_alloc_scratch);
+        PF_WRAP(buf_read);
+        PF_WRAP(buf_gather_rows);
+        PF_WRAP(sync);
+    }
     PF_WRAP(embed);
     PF_WRAP(add);
     PF_WRAP(rmsnorm);
@@ -147,8 +222,16 @@ void cu_op_profile_install(dsv4_backend *be) {
     PF_WRAP(hc_mean);
     PF_WRAP(logit_top);
     be->batch_begin = pf_batch_begin;
-    dsv4_log(DSV4_LOG_WARN, "DSV4_CUDA_OP_PROFILE=1: every op synchronises (debugging only; slower)");
+    dsv4_log(DSV4_LOG_WARN, p->stamps ? "DSV4_CUDA_OP_PROFILE=2: a stamp kernel after every op (debugging only; slower)"
+                                      : "DSV4_CUDA_OP_PROFILE=1: every op synchronises (debugging only; slower)");
 }
 
 /* Frees what cu_op_profile_install made (NULL-safe). */
-void cu_op_profile_free(void *prof) { free(prof); }
+void cu_op_profile_free(void *prof) {
+    cu_prof *p = (cu_prof *)prof;
+    if (p) {
+        cudaFree(p->d_ns);
+        cudaFree(p->d_calls);
+    }
+    free(p);
+}
