@@ -973,6 +973,6 @@ extern "C" dsv4_backend *dsv4_backend_cuda_create(dsv4_numerics numerics, int de
     cb->be = be;
     be->fill_dummy = cu_be_fill_dummy;
     be->fill_dummy_linear = cu_be_fill_dummy_linear;
-    cu_op_profile_install(be); /* DSV4_CUDA_OP_PROFILE=1 only */
+    cu_op_profile_install(be); /* DSV4_CUDA_OP_PROFILE=1 or 2 only */
     return be;
 }

@@ -31,14 +31,15 @@ typedef struct cu_be {
      * moe_route found a tid2eid id outside [0, n_exp). */
     int *d_flags;
     size_t ar_capture_lo; /* the context's arena top when the capture in progress began */
-    void *prof;           /* per-op timing (cuda_op_profile.cu, DSV4_CUDA_OP_PROFILE=1) or NULL */
+    void *prof;           /* per-op timing (cuda_op_profile.cu, DSV4_CUDA_OP_PROFILE=1 or 2) or NULL */
 } cu_be;
 
 static inline cu_be *cube(dsv4_backend *be) { return (cu_be *)be->ctx; }
 
-/* Per-op wall time of eager forwards, one INFO line per forward (cuda_op_profile.cu): wraps be's
- * table when env DSV4_CUDA_OP_PROFILE=1, else nothing. Call after the table is filled; free the
- * state with cu_op_profile_free(cube(be)->prof). */
+/* Per-op time, one INFO line per forward (cuda_op_profile.cu): wraps be's table when env
+ * DSV4_CUDA_OP_PROFILE=1 (eager forwards, each op synchronised) or 2 (in-stream stamps, graph
+ * replays included), else nothing. Call after the table is filled; free the state with
+ * cu_op_profile_free(cube(be)->prof). */
 void cu_op_profile_install(dsv4_backend *be);
 void cu_op_profile_free(void *prof);
 
