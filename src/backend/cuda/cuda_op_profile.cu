@@ -62,12 +62,15 @@ static void pf_stamp(cu_be *cb, cu_prof *p, int id, int reset) {
         cudaGetLastError(); /* a lost stamp is a gap in the profile, never an error of the op */
 }
 
-/* Mode 2: the device counters into the host arrays (total_ms; host_ms stays 0), then zeroed. */
-static void pf_fetch(cu_prof *p) {
+/* Mode 2: the device counters into the host arrays (total_ms; host_ms stays 0), then zeroed. On the
+ * backend's stream (non-blocking: a default-stream copy would not wait for its kernels). */
+static void pf_fetch(cu_be *cb, cu_prof *p) {
     unsigned long long ns[PF_N];
     unsigned calls[PF_N];
-    if (cudaMemcpy(ns, p->d_ns, sizeof ns, cudaMemcpyDeviceToHost) != cudaSuccess ||
-        cudaMemcpy(calls, p->d_calls, sizeof calls, cudaMemcpyDeviceToHost) != cudaSuccess) {
+    cudaStream_t s = cb->ctx->stream;
+    if (cudaMemcpyAsync(ns, p->d_ns, sizeof ns, cudaMemcpyDeviceToHost, s) != cudaSuccess ||
+        cudaMemcpyAsync(calls, p->d_calls, sizeof calls, cudaMemcpyDeviceToHost, s) != cudaSuccess ||
+        cudaStreamSynchronize(s) != cudaSuccess) {
         cudaGetLastError();
         return;
     }
@@ -75,8 +78,10 @@ static void pf_fetch(cu_prof *p) {
         p->total_ms[i] = (double)ns[i] / 1e6;
         p->calls[i] = (int)calls[i];
     }
-    cudaMemset(p->d_ns, 0, sizeof ns); /* keeps ns[PF_N] = 0: the next stamp only starts the clock */
-    cudaMemset(p->d_calls, 0, sizeof calls);
+    /* the last-stamp slot [PF_N] too: the next stamp only starts the clock */
+    if (cudaMemsetAsync(p->d_ns, 0, sizeof ns + sizeof(unsigned long long), s) != cudaSuccess ||
+        cudaMemsetAsync(p->d_calls, 0, sizeof calls, s) != cudaSuccess)
+        cudaGetLastError();
 }
 
 static double pf_now_ms(void) {
@@ -148,7 +153,7 @@ template <typename... A> struct pf_sig<int (*)(dsv4_backend *, A...)> {
 
 static int pf_batch_begin(dsv4_backend *be, const dsv4_batch *b, dsv4_err *err) {
     cu_prof *p = (cu_prof *)cube(be)->prof;
-    if (p->stamps) pf_fetch(p);
+    if (p->stamps) pf_fetch(cube(be), p);
     pf_report(p);
     p->rows = b ? b->n_rows : 0;
     return p->orig.batch_begin(be, b, err);
