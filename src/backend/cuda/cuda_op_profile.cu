@@ -43,6 +43,8 @@ typedef struct cu_prof {
     unsigned long long *d_ns; /* device [PF_N]: ns per op since the last report; [PF_N] the last stamp */
     unsigned *d_calls;        /* device [PF_N] */
 } cu_prof;
+#define PF_NS_BYTES (sizeof(unsigned long long) * (PF_N + 1)) /* d_ns with its last-stamp slot */
+#define PF_CALLS_BYTES (sizeof(unsigned) * PF_N)
 
 /* One stamp (mode 2): after the previous kernel, ns[id] += now - ns[PF_N]; reset only restarts. */
 __global__ void k_op_stamp(unsigned long long *ns, unsigned *calls, int id, int reset) {
@@ -79,8 +81,8 @@ static void pf_fetch(cu_be *cb, cu_prof *p) {
         p->calls[i] = (int)calls[i];
     }
     /* the last-stamp slot [PF_N] too: the next stamp only starts the clock */
-    if (cudaMemsetAsync(p->d_ns, 0, sizeof ns + sizeof(unsigned long long), s) != cudaSuccess ||
-        cudaMemsetAsync(p->d_calls, 0, sizeof calls, s) != cudaSuccess)
+    if (cudaMemsetAsync(p->d_ns, 0, PF_NS_BYTES, s) != cudaSuccess ||
+        cudaMemsetAsync(p->d_calls, 0, PF_CALLS_BYTES, s) != cudaSuccess)
         cudaGetLastError();
 }
 
@@ -180,10 +182,10 @@ void cu_op_profile_install(dsv4_backend *be) {
         return;
     }
     p->stamps = env[0] == '2';
-    if (p->stamps && (cudaMalloc((void **)&p->d_ns, sizeof(unsigned long long) * (PF_N + 1)) != cudaSuccess ||
-                      cudaMalloc((void **)&p->d_calls, sizeof(unsigned) * PF_N) != cudaSuccess ||
-                      cudaMemset(p->d_ns, 0, sizeof(unsigned long long) * (PF_N + 1)) != cudaSuccess ||
-                      cudaMemset(p->d_calls, 0, sizeof(unsigned) * PF_N) != cudaSuccess)) {
+    if (p->stamps && (cudaMalloc((void **)&p->d_ns, PF_NS_BYTES) != cudaSuccess ||
+                      cudaMalloc((void **)&p->d_calls, PF_CALLS_BYTES) != cudaSuccess ||
+                      cudaMemset(p->d_ns, 0, PF_NS_BYTES) != cudaSuccess ||
+                      cudaMemset(p->d_calls, 0, PF_CALLS_BYTES) != cudaSuccess)) {
         cudaGetLastError();
         cudaFree(p->d_ns);
         cudaFree(p->d_calls);
@@ -193,13 +195,13 @@ void cu_op_profile_install(dsv4_backend *be) {
     }
     p->orig = *be;
     cube(be)->prof = p;
-    if (!p->stamps) { /* memory and synchronisation ops: host-timed mode only (they launch no compute) */
+    if (!p->stamps) { /* allocation, read-back and synchronisation: host-timed mode only (no stream work to stamp) */
         PF_WRAP(buf_alloc);
         PF_WRAP(buf_alloc_scratch);
         PF_WRAP(buf_read);
-        PF_WRAP(buf_gather_rows);
         PF_WRAP(sync);
     }
+    PF_WRAP(buf_gather_rows); /* a gather kernel on the stream: stamped in mode 2 */
     PF_WRAP(embed);
     PF_WRAP(add);
     PF_WRAP(rmsnorm);
