@@ -270,7 +270,8 @@ static void usage(void) {
            "                                MODEL_DIR needs only config.json; no tokenizer.json -> the default's)\n"
            "  --hf-overrides JSON           merged over config.json, e.g. '{\"num_hidden_layers\": 8}' (with\n"
            "                                --load-format dummy: a real checkpoint has the tensors it has)\n"
-           "  --enforce-eager               no CUDA-graph replay of decode/verify steps (default: graphs on CUDA)\n"
+           "  --enforce-eager               no CUDA-graph replay of decode/verify steps (default: graphs on CUDA);\n"
+           "                                the same shapes still run once at start (warm-up, no capture)\n"
            "  --cuda-graph-sizes N [N ...]  decode/verify batch sizes (sequences) captured at start; one N = 1,2,4,8,..\n"
            "                                up to N (default: 1,2,4,8,16,.. up to --max-num-seqs)\n"
            "  --compilation-config, -O JSON vLLM's cudagraph_capture_sizes, max_cudagraph_capture_size, cudagraph_mode\n"
@@ -548,7 +549,7 @@ int dsv4_serve_args_parse(int argc, char **argv, dsv4_serve_args *a, dsv4_err *e
                                 "one of the two", a->max_graph_size, largest);
     }
     if (a->enforce_eager && (sizes_flag || sizes_cc || max_cc))
-        dsv4_log(DSV4_LOG_WARN, "--enforce-eager: the CUDA graph capture sizes given are not used (no graphs)");
+        dsv4_log(DSV4_LOG_WARN, "--enforce-eager: no CUDA graphs; the capture sizes given only pick the shapes warmed at start (on a GPU)");
     if (a->enforce_eager && a->cudagraph_mode_graphs) /* vLLM: enforce_eager wins over cudagraph_mode */
         dsv4_log(DSV4_LOG_WARN, "--enforce-eager: the --compilation-config cudagraph_mode given is not used (no graphs)");
     if (a->node_rank >= a->nnodes)

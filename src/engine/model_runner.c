@@ -61,6 +61,10 @@ struct dsv4_model_runner {
      * the pool one more page (mapped to that slot) for padding rows. */
     int n_slots, pad;
     int g_rows[16], g_rows_max[16], n_g_rows, warm_rows;
+    /* the warm-up's decode / verify shapes: the capture sizes (= model->pad_sizes), or with
+     * opts.warm_eager and no graphs the same list run eagerly, nothing padded */
+    int warm_sizes[DSV4_MAX_GRAPH_SIZES], n_warm_sizes;
+    int warm_steps; /* forwards the last warm-up ran (diagnostics, tests) */
 };
 
 void dsv4_model_runner_free(dsv4_model_runner *mr) {
@@ -162,8 +166,10 @@ int dsv4_model_runner_open_ex(const char *dir, const dsv4_model_runner_opts *o, 
     return dsv4_model_runner_open_tp(dir, o, lo, 0, 1, NULL, out, err);
 }
 
-/* Capture sizes (issue 7): sorted, deduplicated, each in [1, n_slots]; rows per sequence kept for the warm-up. */
-static int setup_capture_sizes(dsv4_model_runner *mr, const dsv4_model_runner_opts *o, dsv4_err *err) {
+/* Capture sizes (issue 7): sorted, deduplicated, each in [1, n_slots]; rows per sequence kept for the warm-up.
+ * pad = 0 (opts.warm_eager without graphs): the same list and the padding slot for the warm-up only; the
+ * model pads nothing (its n_pad_sizes stays 0) and no shape is fixed. */
+static int setup_capture_sizes(dsv4_model_runner *mr, const dsv4_model_runner_opts *o, int pad, dsv4_err *err) {
     dsv4_model *m = mr->model;
     if (o->n_graph_sizes <= 0 || !o->graph_sizes) return DSV4_OK;
     if (o->n_graph_sizes > DSV4_MAX_GRAPH_SIZES)
@@ -177,10 +183,10 @@ static int setup_capture_sizes(dsv4_model_runner *mr, const dsv4_model_runner_op
         if (v < 1 || v > o->n_slots)
             return dsv4_err_set(err, DSV4_EINVAL, "CUDA graph capture size %d outside [1, %d] (request slots)", v,
                                 o->n_slots);
-        while (at > 0 && m->pad_sizes[at - 1] > v) at--;
-        if (at > 0 && m->pad_sizes[at - 1] == v) continue;
-        memmove(m->pad_sizes + at + 1, m->pad_sizes + at, sizeof(int) * (size_t)(n - at));
-        m->pad_sizes[at] = v;
+        while (at > 0 && mr->warm_sizes[at - 1] > v) at--;
+        if (at > 0 && mr->warm_sizes[at - 1] == v) continue;
+        memmove(mr->warm_sizes + at + 1, mr->warm_sizes + at, sizeof(int) * (size_t)(n - at));
+        mr->warm_sizes[at] = v;
         n++;
     }
     for (int i = 0; i < o->n_graph_rows; i++) {
@@ -189,14 +195,18 @@ static int setup_capture_sizes(dsv4_model_runner *mr, const dsv4_model_runner_op
             return dsv4_err_set(err, DSV4_EINVAL, "CUDA graph rows per sequence %d outside [1, %d]", r,
                                 DSV4_GRAPH_MAX_ROWS_PER_SEQ);
         mr->g_rows[i] = r;
-        m->pad_rows_mask |= 1u << r;
+        if (pad) m->pad_rows_mask |= 1u << r;
         mr->g_rows_max[i] = o->graph_rows_max_seqs ? o->graph_rows_max_seqs[i] : 0;
     }
     mr->n_g_rows = o->n_graph_rows;
     mr->warm_rows = o->warm_rows;
-    m->n_pad_sizes = n;
+    mr->n_warm_sizes = n;
+    if (pad) {
+        memcpy(m->pad_sizes, mr->warm_sizes, sizeof(int) * (size_t)n);
+        m->n_pad_sizes = n;
+        m->graphs_fixed = 1;
+    }
     m->pad_slot = o->n_slots;
-    m->graphs_fixed = 1;
     mr->pad = 1;
     return DSV4_OK;
 }
@@ -475,7 +485,9 @@ int dsv4_model_runner_open_tp(const char *dir, const dsv4_model_runner_opts *o, 
         /* 2: shape-static launches and padding to the capture sizes, no graphs (tests; any backend) */
         mr->model->graphs_on = o->cuda_graphs == 1;
         mr->be->static_shapes = 1;
-        if ((rc = setup_capture_sizes(mr, o, err))) goto fail;
+        if ((rc = setup_capture_sizes(mr, o, 1, err))) goto fail;
+    } else if (o->warm_eager && (rc = setup_capture_sizes(mr, o, 0, err))) {
+        goto fail;
     }
     dsv4_model *draft_target = mr->model; /* the drafters read the target's embedding and whole LM head */
     if (mr->shard && mr->shard->head_split) {
@@ -1049,8 +1061,9 @@ int dsv4_warmup_prefill_rows(int max_rows, const char *spec, int *rows, int *n, 
 int dsv4_model_runner_warmup(dsv4_model_runner *mr, int *n_graphs, dsv4_err *err) {
     *n_graphs = 0;
     dsv4_model *m = mr->model;
-    if (!mr->pad || !m->n_pad_sizes) return DSV4_OK;
-    int Smax = m->pad_sizes[m->n_pad_sizes - 1], Rmax = 1;
+    mr->warm_steps = 0;
+    if (!mr->pad || !mr->n_warm_sizes) return DSV4_OK;
+    int Smax = mr->warm_sizes[mr->n_warm_sizes - 1], Rmax = 1;
     for (int i = 0; i < mr->n_g_rows; i++)
         if (mr->g_rows[i] > Rmax) Rmax = mr->g_rows[i];
     int Pmax = Smax * Rmax, W = mr->warm_rows > Pmax ? mr->warm_rows : Pmax;
@@ -1059,7 +1072,7 @@ int dsv4_model_runner_warmup(dsv4_model_runner *mr, int *n_graphs, dsv4_err *err
     float *lg = malloc(sizeof(float) * (size_t)Pmax * (size_t)mr->cfg.vocab_size);
     int rc = 0;
     if (!buf || !ids || !lg) {
-        rc = dsv4_err_set(err, DSV4_ENOMEM, "CUDA graph warm-up: out of memory for %d rows", Pmax);
+        rc = dsv4_err_set(err, DSV4_ENOMEM, "start-up warm-up: out of memory for %d rows", Pmax);
         goto out;
     }
     int32_t *lrows = buf + (size_t)8 * W + 1;
@@ -1073,12 +1086,12 @@ int dsv4_model_runner_warmup(dsv4_model_runner *mr, int *n_graphs, dsv4_err *err
     int variants = mr->be->logit_top && !mr->shard ? 2 : 1; /* full logits, and greedy ids (forward_ids) */
     int reps = m->graphs_on ? 2 : 1;                          /* warm, then capture */
     for (int ri = 0; ri < mr->n_g_rows && !rc; ri++)
-        for (int si = 0; si < m->n_pad_sizes && !rc; si++) {
-            int S = m->pad_sizes[si], r = mr->g_rows[ri];
+        for (int si = 0; si < mr->n_warm_sizes && !rc; si++) {
+            int S = mr->warm_sizes[si], r = mr->g_rows[ri];
             if (mr->g_rows_max[ri] > 0 && S > mr->g_rows_max[ri]) continue;
             pad_batch(m->pad_slot, S, r, buf, &b);
             for (int v = 0; v < variants && !rc; v++)
-                for (int k = 0; k < reps && !rc; k++)
+                for (int k = 0; k < reps && !rc; k++, mr->warm_steps++)
                     rc = runner_forward_out(mr, &b, lrows, S * r, v ? NULL : lg, v ? ids : NULL, err);
         }
     /* Prefill-sized steps too (positions 0.. of the padding slot; rows past the slot's one page are
@@ -1097,6 +1110,7 @@ int dsv4_model_runner_warmup(dsv4_model_runner *mr, int *n_graphs, dsv4_err *err
         const int32_t last = wrows[i] - 1;
         pad_batch(m->pad_slot, 1, wrows[i], buf, &b);
         rc = runner_forward_out(mr, &b, &last, 1, lg, NULL, err);
+        mr->warm_steps++;
     }
     m->graphs_warming = 0;
     mr->feat_rows = 0; /* the drafters never see the padding slot's rows */
@@ -1104,7 +1118,7 @@ int dsv4_model_runner_warmup(dsv4_model_runner *mr, int *n_graphs, dsv4_err *err
     if (!rc) rc = mr->be->sync(mr->be, err);
     *n_graphs = dsv4_forward_graphs_count(m);
 out:
-    if (rc) dsv4_err_prefix(err, "CUDA graph warm-up: ");
+    if (rc) dsv4_err_prefix(err, "start-up warm-up: ");
     free(buf);
     free(ids);
     free(lg);
@@ -1131,6 +1145,8 @@ dsv4_runner dsv4_model_runner_iface(dsv4_model_runner *mr) {
 }
 
 const dsv4_config *dsv4_model_runner_config(const dsv4_model_runner *mr) { return &mr->cfg; }
+
+int dsv4_model_runner_warm_steps(const dsv4_model_runner *mr) { return mr->warm_steps; }
 
 dsv4_backend *dsv4_model_runner_backend(dsv4_model_runner *mr) { return mr->be; }
 

@@ -97,13 +97,20 @@ typedef struct dsv4_model_runner_opts {
      * request time). graph_rows: rows per sequence to capture (1 = decode, k+1 = verify),
      * graph_rows_max_seqs[i]: the largest size captured for graph_rows[i] (0 = all).
      * warm_rows: the most rows a step may have (max_num_batched_tokens): the warm-up
-     * sizes the backend's batch mirror for it so later steps never move it. */
+     * sizes the backend's batch mirror for it so later steps never move it.
+     * warm_eager = 1 and no graphs (cuda_graphs 0, or a backend without graph ops):
+     * the same shapes are still run once each by dsv4_model_runner_warmup, eagerly,
+     * on a reserved padding slot, and nothing is padded afterwards. Why: without it
+     * --enforce-eager had no warm-up at all, so every first step of a row bucket paid
+     * the GPU's first-use costs (lazy kernel loading, GEMM algorithm choice: 15-20 ms
+     * a bucket, bench/results/2026-12-01-warmup-prefill-h200.md) inside a request. */
     const int *graph_sizes;
     int n_graph_sizes;
     const int *graph_rows;
     const int *graph_rows_max_seqs;
     int n_graph_rows;
     int warm_rows;
+    int warm_eager;
 } dsv4_model_runner_opts;
 
 /* Where the weights come from: vLLM's --load-format and --hf-overrides. */
@@ -198,7 +205,8 @@ void dsv4_model_runner_free(dsv4_model_runner *mr);
  * below it (the GEMMs' row buckets, backend/cuda cu_lt_algo);
  * env DSV4_WARMUP_PREFILL=0 skips them, a comma list of row counts ("8192,512")
  * replaces them. A no-op (n_graphs 0) without capture sizes; with cuda_graphs
- * 2 (no graphs) the forwards still run (tests). Errors: DSV4_EINVAL for a
+ * 2 (no graphs) or opts.warm_eager the forwards still run, uncaptured.
+ * dsv4_model_runner_warm_steps() tells how many ran. Errors: DSV4_EINVAL for a
  * malformed DSV4_WARMUP_PREFILL (named in the message); the forward's (a
  * failed capture is not an error: that shape runs eagerly, logged).
  */
@@ -226,5 +234,8 @@ void dsv4_model_runner_target(dsv4_model_runner *mr, struct dsv4_model **model, 
 
 /* The parsed config (kind, vocab, eos, draft stages) — the whole model's, also under TP. */
 const dsv4_config *dsv4_model_runner_config(const dsv4_model_runner *mr);
+/* Forwards the last dsv4_model_runner_warmup ran (graph shapes x variants x reps, plus the
+ * prefill-sized steps); 0 before any or when it had nothing to warm. */
+int dsv4_model_runner_warm_steps(const dsv4_model_runner *mr);
 
 #endif

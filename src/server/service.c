@@ -45,6 +45,7 @@ static int warm_up(dsv4_service *s, dsv4_err *err) {
 typedef struct graph_plan {
     int sizes[DSV4_MAX_GRAPH_SIZES], n_sizes;
     int rows[16], rows_max[16], n_rows;
+    int eager; /* --enforce-eager on a GPU: the shapes are warmed, not captured */
 } graph_plan;
 
 /*
@@ -70,6 +71,14 @@ static int graphs_at_start(dsv4_runner *run, const graph_plan *gp, dsv4_err *err
     int ng = 0, rc = run->warmup(run->ctx, &ng, err);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     if (rc) return rc;
+    if (gp->eager || !ng) {
+        dsv4_log(DSV4_LOG_INFO,
+                 "warm-up at start: decode / verify steps of %s sequences (rows per sequence %s) and prefill-sized "
+                 "steps run once each, eagerly, in %.1f s (no CUDA graphs%s)",
+                 sz, rw, (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9,
+                 gp->eager ? ": --enforce-eager" : "");
+        return DSV4_OK;
+    }
     dsv4_log(DSV4_LOG_INFO,
              "CUDA graphs: captured %d graphs at start in %.1f s (batch sizes %s sequences; rows per sequence %s); "
              "steps pad up to the next size; mixed prefill+decode steps and uneven verify steps run eagerly",
@@ -124,8 +133,12 @@ static int runner_opts(const dsv4_service_opts *o, dsv4_model_runner_opts *mo, d
     *kvt_out = kvt;
     memset(gp, 0, sizeof *gp);
     /* decode / verify graphs captured at start, for max_num_seqs sequences at most; several nodes keep
-     * the per-shape capture of the first steps (the followers have no warm-up step to join yet) */
-    if (o->cuda_graphs && !o->multinode) {
+     * the per-shape capture of the first steps (the followers have no warm-up step to join yet).
+     * --enforce-eager on a GPU: the same shapes run once each at start, uncaptured (warm_eager), so
+     * the first requests do not pay the first-use costs either (issue 7: no first-request penalty) */
+    if ((o->cuda_graphs || gpu) && !o->multinode) {
+        gp->eager = !o->cuda_graphs;
+        mo->warm_eager = gpu;
         gp->n_sizes = dsv4_graph_sizes_resolve(o->graph_sizes, o->n_graph_sizes, o->max_graph_size, o->max_num_seqs,
                                                gp->sizes, DSV4_MAX_GRAPH_SIZES, err);
         if (gp->n_sizes < 0) return err ? err->code : DSV4_EINVAL;

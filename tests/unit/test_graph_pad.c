@@ -133,10 +133,13 @@ static void check_sizes(void) {
 
 #define NS 3 /* request slots */
 
+/* pad: 0 no capture sizes; 1 capture sizes {2, 4} (padding, cuda_graphs 2); 2 the same sizes with no graphs
+ * (cuda_graphs 0) and warm_eager: warmed at start, never padded (--enforce-eager on a GPU) */
 static dsv4_model_runner *open_runner_kv(const char *dir, int k, int pad, int n_slots, int kv_dtype) {
     static const int sizes[] = {2, 4}, rows[] = {1, 3, 4}, rmax[] = {0, 0, 0};
     dsv4_model_runner_opts o = {.n_slots = n_slots, .max_len = 128, .max_spec = k,
-                                .numerics = DSV4_NUMERICS_REFERENCE, .cuda_graphs = 2, .kv_dtype = kv_dtype};
+                                .numerics = DSV4_NUMERICS_REFERENCE, .cuda_graphs = pad == 2 ? 0 : 2,
+                                .warm_eager = pad == 2, .kv_dtype = kv_dtype};
     if (pad) {
         o.graph_sizes = sizes;
         o.n_graph_sizes = 2;
@@ -332,6 +335,64 @@ static void check_engine(const char *dir, int k) {
     dsv4_model_runner_free(pad);
 }
 
+/* --enforce-eager's warm-up (opts.warm_eager, no graphs): the capture sizes' shapes and the prefill-sized
+ * step run once each on the reserved slot, then nothing is padded and every logit equals a runner that
+ * never warmed; the engine's greedy tokens too (prefix cache on, DSpark verify with k > 0). */
+static void check_eager(const char *dir, int k) {
+    dsv4_model_runner *ref = open_runner(dir, k, 0, NS + 1), *ew = open_runner(dir, k, 2, NS + 1);
+    if (!ref || !ew) {
+        dsv4_model_runner_free(ref);
+        dsv4_model_runner_free(ew);
+        return;
+    }
+    dsv4_err err = {0};
+    int ng = -1;
+    dsv4_runner it = dsv4_model_runner_iface(ew);
+    CHECK(it.warmup != NULL);
+    CHECK_EQ_INT(it.n_slots, NS + 1); /* the warm-up's slot is not the engine's */
+    CHECK_MSG(dsv4_model_runner_warmup(ew, &ng, &err) == 0, "%s: eager warm-up: %s", dir, err.msg);
+    CHECK_EQ_INT(ng, 0);
+    /* 3 row counts x 2 sizes (x 2 with the greedy-ids variant), then the 64-row prefill step */
+    int ws = dsv4_model_runner_warm_steps(ew);
+    CHECK_MSG(ws == 7 || ws == 13, "%s: %d warm-up forwards (want 7 or 13)", dir, ws);
+    int V = dsv4_model_runner_config(ref)->vocab_size;
+    size_t cap = (size_t)200 * V;
+    float *a = calloc(cap, sizeof(float)), *b = calloc(cap, sizeof(float));
+    int na = run_steps(ref, a, V, &err);
+    CHECK_MSG(na > 0, "%s: cold: %s", dir, err.msg);
+    int nb = run_steps(ew, b, V, &err);
+    CHECK_MSG(nb > 0, "%s: warmed: %s", dir, err.msg);
+    CHECK_EQ_INT((int)padded(ew), 0);
+    CHECK_EQ_INT(na, nb);
+    if (na > 0 && na == nb) {
+        size_t diff = 0;
+        for (size_t i = 0; i < (size_t)na * V; i++) diff += memcmp(&a[i], &b[i], sizeof(float)) != 0;
+        CHECK_MSG(diff == 0, "%s k=%d: %zu of %zu logits differ after the eager warm-up", dir, k, diff,
+                  (size_t)na * V);
+    }
+    free(a);
+    free(b);
+    dsv4_model_runner_free(ref);
+    dsv4_model_runner_free(ew);
+    /* engine level (engine_tokens runs the warm-up when the runner has one) */
+    ref = open_runner(dir, k, 0, NS + 2);
+    ew = open_runner(dir, k, 2, NS + 2);
+    if (ref && ew) {
+        int32_t ta[2][NS][MAXT], tb[2][NS][MAXT];
+        uint64_t da = 0, db = 0, ha = 0, hb = 0;
+        engine_tokens(ref, k, ta, &da, &ha);
+        engine_tokens(ew, k, tb, &db, &hb);
+        CHECK(dsv4_model_runner_warm_steps(ew) > 0);
+        CHECK_EQ_INT((int)padded(ew), 0);
+        CHECK(hb > 0 && ha == hb);
+        CHECK_MSG(!memcmp(ta, tb, sizeof ta), "%s k=%d: greedy tokens differ after the eager warm-up", dir, k);
+        CHECK(da == db);
+        printf("%s k=%d: eager warm-up (%d forwards) leaves logits and engine tokens unchanged\n", dir, k, ws);
+    }
+    dsv4_model_runner_free(ref);
+    dsv4_model_runner_free(ew);
+}
+
 int main(void) {
     check_warmup_rows();
     check_sizes();
@@ -341,5 +402,7 @@ int main(void) {
     check_runner_kv("models/tiny-dspark", 3, DSV4_KV_BF16);
     check_engine("models/tiny-flash", 0);
     check_engine("models/tiny-dspark", 3);
+    check_eager("models/tiny-flash", 0);
+    check_eager("models/tiny-dspark", 3);
     return TEST_REPORT();
 }
