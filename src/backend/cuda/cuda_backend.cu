@@ -909,9 +909,11 @@ extern "C" dsv4_backend *dsv4_backend_cuda_create(dsv4_numerics numerics, int de
         uint64_t keep = UINT64_MAX;
         cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
     }
+    /* the deferred-error flags, then k_hc_fused's row counters (cuda_be_ops.cu), one allocation */
     void *flags = NULL;
-    int frc = dsv4_cuda_alloc(cb->ctx, sizeof(int), &flags, err);
-    if (!frc && cudaMemset(flags, 0, sizeof(int)) != cudaSuccess)
+    const size_t fbytes = sizeof(int) + CU_HC_CNT * sizeof(unsigned);
+    int frc = dsv4_cuda_alloc(cb->ctx, fbytes, &flags, err);
+    if (!frc && cudaMemset(flags, 0, fbytes) != cudaSuccess)
         frc = cu_err(err, DSV4_EBACKEND, "cuda backend: clearing the flags failed");
     if (frc) {
         dsv4_cuda_free(cb->ctx, flags);
@@ -921,6 +923,7 @@ extern "C" dsv4_backend *dsv4_backend_cuda_create(dsv4_numerics numerics, int de
         return NULL;
     }
     cb->d_flags = (int *)flags;
+    cb->d_hc_cnt = (unsigned *)((int *)flags + 1);
     snprintf(cb->name, sizeof cb->name, "cuda:%d", device);
     be->name = cb->name;
     be->numerics = numerics;

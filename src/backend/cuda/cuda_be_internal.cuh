@@ -30,9 +30,12 @@ typedef struct cu_be {
      * so no op needs a host round trip in the middle of a forward. Bit 0:
      * moe_route found a tid2eid id outside [0, n_exp). */
     int *d_flags;
+    unsigned *d_hc_cnt;   /* [CU_HC_CNT] per-row arrival counters of k_hc_fused (zero between calls) */
     size_t ar_capture_lo; /* the context's arena top when the capture in progress began */
     void *prof;           /* per-op timing (cuda_op_profile.cu, DSV4_CUDA_OP_PROFILE=1 or 2) or NULL */
 } cu_be;
+
+#define CU_HC_CNT 16 /* rows of one k_hc_fused call (its HC_F_MAXT) */
 
 static inline cu_be *cube(dsv4_backend *be) { return (cu_be *)be->ctx; }
 

@@ -934,6 +934,189 @@ __global__ void __launch_bounds__(256) k_hc_fin(const float *part, const double 
 
 static int vec_bf16(const dsv4_tview *v) { return v->dtype == DSV4_DT_BF16; }
 
+/*
+ * Small steps (T < HC_NORM_MIN_T rows, decode / verify) in one launch. Why:
+ * the two kernels above plus the separate rmsnorm cost ~12.6 us a hc_pre_norm
+ * call at T = 1 on an H200 (two calls a layer: 11 % of a 24-layer batch-1
+ * step, bench/results/2026-12-02-decode-l2-prefetch-h200.md section 4) for
+ * 1.5 MB of fn and 64 KB of X. Measured since (bench/results/2026-12-02-hc-
+ * fused-h200.md): one launch instead of three alone saved ~0.6 us a call —
+ * the time is in the finish, a chain of dependent steps in one block, with
+ * the 20-iteration Sinkhorn last; running the Sinkhorn in its own warp beside
+ * y brought the call to ~10.2 us in the stream (was 12.6; batch-1 step -2 %).
+ * Grid (n/HC_F_TH chunks, T), HC_F_TH threads:
+ *  1. every block: its chunk's nm mix partials and Σx² (as k_hc_part_s, a
+ *     thread per column, warp then cross-warp sums in fixed order);
+ *  2. the row's last block to arrive (a counter per row in cnt, reset by
+ *     that block, so the next call finds zeros) sums the chunk partials in
+ *     chunk order (lane-strided then a warp tree, as k_hc_fin), computes pre,
+ *     then y for all d <= (HC_F_TH - 32)·HC_F_COLS columns with the thread's
+ *     loads issued together and kept in registers and the fused rmsnorm
+ *     (nw != NULL; warp sums added in warp order), while the last warp does
+ *     post and the Sinkhorn comb.
+ * Which block is last varies, but it reads every partial in the same order:
+ * deterministic. The sums' order differs from k_hc_part_s + k_hc_fin (512-
+ * not 128-column chunks) and from the CPU's; DSV4_CUDA_HC_FUSED=0 runs the
+ * three kernels instead (measuring).
+ */
+#define HC_F_TH 512   /* k_hc_fused: threads = columns per chunk */
+#define HC_F_COLS 9   /* k_hc_fused: y columns per thread (d <= 480·9 = 4320) */
+#define HC_F_MAXT CU_HC_CNT /* rows with an arrival counter (16 = HC_NORM_MIN_T) */
+
+template <int NM>
+__global__ void __launch_bounds__(HC_F_TH) k_hc_fused(const float *__restrict__ X, int64_t n, const void *fn,
+                                                     int fbf16, int nch, float *part, double *ssp, unsigned *cnt,
+                                                     int n_hc, const void *base, int bbf16, const void *scale,
+                                                     int sbf16, int iters, float eps, float *y, float *post,
+                                                     float *comb, const void *nw, int nwbf16, float neps) {
+    __shared__ float sp[HC_F_TH / 32][NM];
+    __shared__ double sq[HC_F_TH / 32];
+    __shared__ float m[HC_MAXM + 1], pre[4];
+    __shared__ double ssum;
+    __shared__ int last;
+    const int t = blockIdx.y, ch = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    const int64_t i = (int64_t)ch * HC_F_TH + threadIdx.x;
+    pdl_trigger();
+    float acc[NM];
+#pragma unroll
+    for (int k = 0; k < NM; k++) acc[k] = i < n ? cu_ldf(fn, fbf16, (int64_t)k * n + i) : 0.f; /* weights: before the wait */
+    pdl_wait();
+    {
+        const float xi = i < n ? X[(int64_t)t * n + i] : 0.f;
+        double ss = (double)xi * xi;
+#pragma unroll
+        for (int k = 0; k < NM; k++) acc[k] *= xi;
+#pragma unroll
+        for (int k = 0; k < NM; k++)
+#pragma unroll
+            for (int o = 16; o; o >>= 1) acc[k] += __shfl_xor_sync(0xffffffffu, acc[k], o);
+#pragma unroll
+        for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (lane == 0) {
+#pragma unroll
+            for (int k = 0; k < NM; k++) sp[w][k] = acc[k];
+            sq[w] = ss;
+        }
+    }
+    __syncthreads();
+    const int64_t o = (int64_t)t * nch + ch;
+    if (threadIdx.x < NM) {
+        float s = 0.f;
+#pragma unroll
+        for (int j = 0; j < HC_F_TH / 32; j++) s += sp[j][threadIdx.x];
+        part[o * NM + threadIdx.x] = s;
+    } else if (threadIdx.x == NM) {
+        double s = 0;
+#pragma unroll
+        for (int j = 0; j < HC_F_TH / 32; j++) s += sq[j];
+        ssp[o] = s;
+    }
+    __threadfence(); /* this block's partials are visible before its arrival is counted */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(cnt + t, 1u) == (unsigned)nch - 1;
+        if (last) cnt[t] = 0; /* every block of this row has arrived: ready for the next call */
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    /* value v (< NM: a mix, NM: Σx²) summed by warp v % 16 (NM + 1 <= 32 values, 16 warps) */
+    {
+        const float *pp = part + (int64_t)t * nch * NM;
+        const int v0 = w, v1 = w + HC_F_TH / 32;
+        float s0 = 0.f, s1 = 0.f;
+        double sd = 0;
+        for (int c = lane; c < nch; c += 32) {
+            if (v0 < NM) s0 += __ldcg(pp + (int64_t)c * NM + v0);
+            if (v1 < NM) s1 += __ldcg(pp + (int64_t)c * NM + v1);
+            if (v0 == NM || v1 == NM) sd += __ldcg(ssp + (int64_t)t * nch + c);
+        }
+        for (int q = 16; q; q >>= 1) {
+            s0 += __shfl_xor_sync(0xffffffffu, s0, q);
+            s1 += __shfl_xor_sync(0xffffffffu, s1, q);
+            sd += __shfl_xor_sync(0xffffffffu, sd, q);
+        }
+        if (lane == 0) {
+            if (v0 < NM) m[v0] = s0;
+            if (v1 < NM) m[v1] = s1;
+            if (v0 == NM || v1 == NM) ssum = sd;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) { /* warp 0: scale the mixes, the pre weights */
+        const float r = (float)(1.0 / sqrt(ssum / (double)n + (double)eps));
+        if (threadIdx.x < NM) m[threadIdx.x] *= r;
+        __syncwarp();
+        if (threadIdx.x < n_hc) pre[threadIdx.x] = sigm(m[threadIdx.x] * cu_ldf(scale, sbf16, 0) +
+                                                        cu_ldf(base, bbf16, threadIdx.x)) + eps;
+    }
+    __syncthreads();
+    /* hc_pre: the last warp does post and the Sinkhorn comb (a chain of ~20 dependent iterations)
+     * while the other warps compute y, so the two overlap; their reduction uses barrier 1 over the
+     * y threads only. hc_head (post NULL): every warp on y. */
+    const int yth = post ? HC_F_TH - 32 : HC_F_TH;
+    if ((int)threadIdx.x >= yth) {
+        float *po = post + (int64_t)t * n_hc, *C = comb + (int64_t)t * n_hc * n_hc;
+        const float s1 = cu_ldf(scale, sbf16, 1), s2 = cu_ldf(scale, sbf16, 2);
+        switch (n_hc) {
+        case 1: hc_post_comb<1>(m, base, bbf16, s1, s2, iters, eps, po, C); break;
+        case 2: hc_post_comb<2>(m, base, bbf16, s1, s2, iters, eps, po, C); break;
+        case 3: hc_post_comb<3>(m, base, bbf16, s1, s2, iters, eps, po, C); break;
+        default: hc_post_comb<4>(m, base, bbf16, s1, s2, iters, eps, po, C); break;
+        }
+        return;
+    }
+    __shared__ float rs[HC_F_TH / 32];
+    const int64_t d = n / n_hc;
+    const float *x = X + (int64_t)t * n;
+    float *yr = y + (int64_t)t * d;
+    float xv[HC_F_COLS][4], yv[HC_F_COLS], ss = 0.f;
+#pragma unroll
+    for (int u = 0; u < HC_F_COLS; u++) {
+        const int64_t c = threadIdx.x + (int64_t)u * yth;
+#pragma unroll
+        for (int h = 0; h < 4; h++) xv[u][h] = c < d && h < n_hc ? x[h * d + c] : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < HC_F_COLS; u++) {
+        float a = 0.f;
+#pragma unroll
+        for (int h = 0; h < 4; h++)
+            if (h < n_hc) a += pre[h] * xv[u][h];
+        yv[u] = a;
+        ss += a * a;
+    }
+    if (nw) { /* rmsnorm over the row: warp sums, then the warps' sums in warp order (as block_sum) */
+        for (int q = 16; q; q >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, q);
+        if (lane == 0) rs[w] = ss;
+        asm volatile("bar.sync 1, %0;" ::"r"(yth) : "memory");
+        float tot = 0.f;
+        for (int j = 0; j < yth / 32; j++) tot += rs[j];
+        const float r = 1.0f / sqrtf(tot / (float)d + neps);
+#pragma unroll
+        for (int u = 0; u < HC_F_COLS; u++) {
+            const int64_t c = threadIdx.x + (int64_t)u * yth;
+            if (c < d) yv[u] = yv[u] * r * cu_ldf(nw, nwbf16, c);
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < HC_F_COLS; u++) {
+        const int64_t c = threadIdx.x + (int64_t)u * yth;
+        if (c < d) yr[c] = yv[u];
+    }
+}
+
+/* DSV4_CUDA_HC_FUSED=0: the small steps run k_hc_part_s + k_hc_fin (+ rmsnorm) as before (measuring) */
+static int hc_fused_on(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("DSV4_CUDA_HC_FUSED");
+        v = !(e && e[0] == '0');
+    }
+    return v;
+}
+
+
 template <int NM>
 static cudaError_t hc_part(dsv4_cuda_ctx *c, int big, unsigned nch, const float *X, int T, int64_t n, const void *fn,
                            int fbf16, float *part, double *ssp, int pf, int rows) {
@@ -953,11 +1136,46 @@ static cudaError_t hc_part(dsv4_cuda_ctx *c, int big, unsigned nch, const float 
                      ssp);
 }
 
+/* k_hc_fused (hc_pre: post != NULL) for T < HC_F_MAXT rows, d <= (HC_F_TH - 32)·HC_F_COLS (hc_run checks). */
+static int hc_run_fused(cu_be *cb, const float *X, int T, int64_t n, int n_hc, int nm, const dsv4_tview *fn,
+                        const dsv4_tview *base, const dsv4_tview *scale, int iters, float eps, float *y, float *post,
+                        float *comb, const dsv4_tview *norm, float neps, const char *what, dsv4_err *err) {
+    const unsigned nch = (unsigned)((n + HC_F_TH - 1) / HC_F_TH);
+    const size_t pb = cu_align((size_t)T * nch * nm * sizeof(float));
+    void *ws = NULL;
+    int rc = cu_arena_alloc(cb->ctx, pb + (size_t)T * nch * sizeof(double), &ws, err);
+    if (rc) return rc;
+    float *part = (float *)ws;
+    double *ssp = (double *)((char *)ws + pb);
+    const int fb = fn->dtype == DSV4_DT_BF16;
+    const void *nw = norm ? norm->data : NULL;
+    const int nwb = norm && vec_bf16(norm);
+    dsv4_cuda_ctx *c = cb->ctx;
+    const dim3 g(nch, (unsigned)T), bl(HC_F_TH);
+#define HC_F_LAUNCH(NMV)                                                                                            \
+    cu_launch(c, k_hc_fused<NMV>, g, bl, 0, X, n, fn->data, fb, (int)nch, part, ssp, cb->d_hc_cnt, n_hc, base->data, \
+              vec_bf16(base), scale->data, vec_bf16(scale), iters, eps, y, post, comb, nw, nwb, neps)
+    cudaError_t e;
+    switch (nm) { /* n_hc (2 + n_hc) for n_hc = 1..4 */
+    case 3: e = HC_F_LAUNCH(3); break;
+    case 8: e = HC_F_LAUNCH(8); break;
+    case 15: e = HC_F_LAUNCH(15); break;
+    default: e = HC_F_LAUNCH(24); break;
+    }
+#undef HC_F_LAUNCH
+    cu_arena_free(cb->ctx, ws);
+    CU_TRY(e, err, what);
+    return DSV4_OK;
+}
+
 /* The mixes and the finish of hc_pre (post, comb != NULL) or hc_head, for n_hc <= 4. */
 static int hc_run(cu_be *cb, const float *X, int T, int64_t n, int n_hc, int nm, const dsv4_tview *fn,
                   const dsv4_tview *base, const dsv4_tview *scale, int iters, float eps, float *y, float *post,
                   float *comb, const dsv4_tview *norm, float neps, const char *what, dsv4_err *err) {
     if (T > 65535) return cu_err(err, DSV4_EUNSUPPORTED, "cuda: %s: %d rows in one call (max 65535)", what, T);
+    /* hc_pre only: hc_head (post NULL, once a step) measured no faster fused (one ncu sample: 7.7 us vs 6.9) */
+    if (post && T < HC_F_MAXT && hc_fused_on() && n / n_hc <= (HC_F_TH - 32) * HC_F_COLS && nm < 32)
+        return hc_run_fused(cb, X, T, n, n_hc, nm, fn, base, scale, iters, eps, y, post, comb, norm, neps, what, err);
     const int big = T >= HC_BIG_T && n % 4 == 0 && ((uintptr_t)X & 15) == 0;
     const unsigned nch = (unsigned)((n + (big ? HC_L_CH : HC_S_CH) - 1) / (big ? HC_L_CH : HC_S_CH));
     /* partials: T·nch·nm floats, then T·nch doubles (stream-ordered scratch, like moe_route's logits) */
@@ -1043,7 +1261,7 @@ int cu_be_hc_pre_norm(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn,
     /* Below HC_NORM_MIN_T rows the finish spreads a row's y over several blocks (one block
      * walking 4096 columns serially cost ~10 us a call at T = 1, more than the kernel it
      * saves: H200, bench/results/2026-12-01-decode-kernels-h200.md), so the two kernels run. */
-    if (X && X->rows < HC_NORM_MIN_T) {
+    if (X && X->rows < HC_NORM_MIN_T && !hc_fused_on()) { /* (k_hc_fused fuses it at these sizes) */
         int rc = cu_be_hc_pre(be, X, fn, base, scale, n_hc, iters, eps, y, post, comb, err);
         return rc ? rc : cu_be_rmsnorm(be, y, norm, (int)y->cols, norm_eps, y, err);
     }
