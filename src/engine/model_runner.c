@@ -35,7 +35,11 @@ struct dsv4_model_runner {
      * speculation was asked for. The last forward's context features stay
      * here until the engine says which of its rows were committed. */
     dsv4_dspark *dspark;
-    float *feats;          /* [feat_cap rows][n_tap*d] of the last forward */
+    float *feats;          /* [feat_cap rows][n_tap*d] of the last forward (backends without hc_mean) */
+    dsv4_buf dfeats;       /* the same in backend memory, [>= feat_cap rows][n_tap*d] F32, when the
+                            * backend has hc_mean: written by the forward (taps_dev), read by the
+                            * context path in place, never through the host */
+    int dev_feats;         /* dfeats is used (set at open) */
     int32_t *feat_slot, *feat_pos;
     int feat_rows, feat_cap;
     int64_t *ingested;     /* [n_slots] context positions already in the rings */
@@ -70,6 +74,7 @@ struct dsv4_model_runner {
 void dsv4_model_runner_free(dsv4_model_runner *mr) {
     if (!mr) return;
     dsv4_dspark_free(mr->dspark);
+    if (mr->be) mr->be->buf_free(mr->be, &mr->dfeats);
     free(mr->feats);
     free(mr->feat_slot);
     free(mr->feat_pos);
@@ -506,6 +511,12 @@ int dsv4_model_runner_open_tp(const char *dir, const dsv4_model_runner_opts *o, 
     int drafts = o->max_spec > 0 && tp_rank == 0;
     if (drafts && mr->cfg.draft_kind == DSV4_DRAFT_DSPARK) {
         if ((rc = dsv4_dspark_create(&mr->cfg, mr->w, draft_target, o->n_slots, &mr->dspark, err))) goto fail;
+        /* The context features stay in backend memory when the backend takes the taps' stream mean
+         * itself (hc_mean: CUDA and the CPU reference): no read back, no upload (dsv4_fwd_out.taps_dev;
+         * +42-46 ms an 8192-row chunk through the host, bench/results/2026-12-01-warmup-prefill-h200.md).
+         * DSV4_DSPARK_DEV_FEATS=0 keeps the host copy (measuring, tests). */
+        const char *df = getenv("DSV4_DSPARK_DEV_FEATS");
+        mr->dev_feats = mr->be->hc_mean && mr->be->act_dtype == DSV4_DT_F32 && !(df && df[0] == '0');
         if (!(mr->ingested = calloc((size_t)o->n_slots, sizeof(int64_t)))) {
             rc = dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
             goto fail;
@@ -620,19 +631,29 @@ static int runner_forward_out(dsv4_model_runner *mr, const dsv4_batch *b, const 
         return dsv4_forward_ex(mr->model, mr->state, b, &fo, err);
     }
     int F = mr->cfg.n_dspark_target_layer_ids * mr->cfg.hidden_size;
+    const int dev = mr->dev_feats;
     if (b->n_rows > mr->feat_cap) {
-        float *f = realloc(mr->feats, sizeof(float) * (size_t)b->n_rows * (size_t)F);
+        float *f = dev ? NULL : realloc(mr->feats, sizeof(float) * (size_t)b->n_rows * (size_t)F);
         if (f) mr->feats = f;
         int32_t *s = realloc(mr->feat_slot, sizeof(int32_t) * (size_t)b->n_rows);
         if (s) mr->feat_slot = s;
         int32_t *p = realloc(mr->feat_pos, sizeof(int32_t) * (size_t)b->n_rows);
         if (p) mr->feat_pos = p;
-        if (!f || !s || !p) return dsv4_err_set(err, DSV4_ENOMEM, "out of memory for draft context features");
+        if ((!dev && !f) || !s || !p) return dsv4_err_set(err, DSV4_ENOMEM, "out of memory for draft context features");
+        if (dev) { /* stream-ordered free: the last forward's context path may still be reading it */
+            mr->be->buf_free(mr->be, &mr->dfeats);
+            int rc = mr->be->buf_alloc(mr->be, DSV4_DT_F32, b->n_rows, F, &mr->dfeats, err);
+            if (rc) {
+                mr->feat_cap = 0;
+                mr->feat_rows = 0;
+                return dsv4_err_prefix(err, "draft context features (%d rows): ", b->n_rows), rc;
+            }
+        }
         mr->feat_cap = b->n_rows;
     }
     mr->feat_rows = 0;
     dsv4_fwd_out fo = {logit_rows, n_logits, logits, NULL, mr->cfg.dspark_target_layer_ids,
-                       mr->cfg.n_dspark_target_layer_ids, mr->feats, ids, 0};
+                       mr->cfg.n_dspark_target_layer_ids, dev ? NULL : mr->feats, ids, 0, dev ? &mr->dfeats : NULL};
     int rc = dsv4_forward_ex(mr->model, mr->state, b, &fo, err);
     if (rc) return rc;
     memcpy(mr->feat_slot, b->slot, sizeof(int32_t) * (size_t)b->n_rows);
@@ -669,6 +690,11 @@ static int drafter_commit(void *ctx, int n, const int32_t *slot, const int64_t *
     int contig = 1, base = -1;
     int32_t *pos = tok + mr->feat_rows, *sl = pos + mr->feat_rows, *sidx = sl + mr->feat_rows;
     int32_t *cu = sidx + mr->feat_rows, *sslot = cu + n + 1, *spos0 = sslot + n;
+    int32_t *src = mr->dev_feats ? malloc(sizeof(int32_t) * (size_t)(mr->feat_rows + 1)) : NULL; /* row of the last forward, per context row */
+    if (mr->dev_feats && !src) {
+        free(tok);
+        return dsv4_err_set(err, DSV4_ENOMEM, "out of memory for the draft context");
+    }
     int ns = 0, rc = 0;
     cu[0] = 0;
     for (int i = 0; i < n && !rc; i++) {
@@ -685,21 +711,21 @@ static int drafter_commit(void *ctx, int n, const int32_t *slot, const int64_t *
             break;
         }
         if (base < 0) base = first;
-        if (contig && first != base + T) { /* a gap: gather from here on */
+        if (contig && first != base + T) { /* a gap: gather from here on (on the backend: below) */
             contig = 0;
-            f = malloc(sizeof(float) * (size_t)mr->feat_rows * (size_t)F);
-            if (!f) {
+            if (!mr->dev_feats && !(f = malloc(sizeof(float) * (size_t)mr->feat_rows * (size_t)F))) {
                 rc = dsv4_err_set(err, DSV4_ENOMEM, "out of memory for the draft context");
                 break;
             }
-            memcpy(f, mr->feats + (size_t)base * F, sizeof(float) * (size_t)T * (size_t)F);
+            if (f) memcpy(f, mr->feats + (size_t)base * F, sizeof(float) * (size_t)T * (size_t)F);
         }
         for (int j = 0; j < cnt; j++) {
             tok[T] = 0; /* the context path reads features, not tokens */
             pos[T] = mr->feat_pos[first + j];
             sl[T] = s;
             sidx[T] = ns;
-            if (!contig) memcpy(f + (size_t)T * F, mr->feats + (size_t)(first + j) * F, sizeof(float) * (size_t)F);
+            if (src) src[T] = first + j;
+            else if (!contig) memcpy(f + (size_t)T * F, mr->feats + (size_t)(first + j) * F, sizeof(float) * (size_t)F);
             T++;
         }
         sslot[ns] = s;
@@ -707,11 +733,23 @@ static int drafter_commit(void *ctx, int n, const int32_t *slot, const int64_t *
         cu[++ns] = T;
         mr->ingested[s] = len[i];
     }
-    if (!rc && T > 0) {
+    if (!rc && T > 0 && mr->dev_feats) {
+        /* in place while the rows are one run of the last forward's (a prefill chunk, an all-accepted
+         * verify batch), else gathered on the backend */
+        dsv4_batch b = {T, ns, tok, pos, sl, sidx, cu, sslot, spos0};
+        dsv4_buf v = {(char *)mr->dfeats.data + (size_t)base * F * sizeof(float), DSV4_DT_F32, T, F}, g = {0};
+        if (!contig) {
+            rc = mr->be->buf_alloc(mr->be, DSV4_DT_F32, T, F, &g, err);
+            if (!rc) rc = mr->be->buf_gather_rows(mr->be, &mr->dfeats, src, T, &g, err);
+        }
+        if (!rc) rc = dsv4_dspark_context_buf(mr->dspark, &b, contig ? &v : &g, err);
+        mr->be->buf_free(mr->be, &g); /* stream-ordered on the GPU: after the context path read it */
+    } else if (!rc && T > 0) {
         dsv4_batch b = {T, ns, tok, pos, sl, sidx, cu, sslot, spos0};
         rc = dsv4_dspark_context(mr->dspark, &b, contig ? mr->feats + (size_t)base * F : f, err);
     }
     free(tok);
+    free(src);
     free(f);
     return rc;
 }

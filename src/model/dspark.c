@@ -235,17 +235,25 @@ static int check_slots(const dsv4_dspark *d, const dsv4_batch *b, dsv4_err *err)
     return DSV4_OK;
 }
 
-int dsv4_dspark_context(dsv4_dspark *d, const dsv4_batch *b, const float *feats, dsv4_err *err) {
+/* The context path from features in F (a backend buffer), or from host `feats` uploaded first. */
+static int context_run(dsv4_dspark *d, const dsv4_batch *b, const dsv4_buf *Fin, const float *feats, dsv4_err *err) {
     const dsv4_config *cfg = d->cfg;
     dsv4_backend *be = d->be;
     int T = b->n_rows, dm = cfg->hidden_size, rc = check_slots(d, b, err);
     if (rc || T == 0) return rc;
+    if (Fin && (Fin->dtype != DSV4_DT_F32 || Fin->rows != T || Fin->cols != d->main_proj.in))
+        return dsv4_err_set(err, DSV4_EINVAL, "dspark context: features %lldx%lld, want F32 %dx%lld",
+                            (long long)Fin->rows, (long long)Fin->cols, T, (long long)d->main_proj.in);
     if ((rc = be->batch_begin(be, b, err))) return rc;
     scratch s = {.be = be};
-    dsv4_buf *F = sc_alloc(&s, DSV4_DT_F32, T, d->main_proj.in, &rc, err);
+    const dsv4_buf *F = Fin;
+    if (!F) {
+        dsv4_buf *up = sc_alloc(&s, DSV4_DT_F32, T, d->main_proj.in, &rc, err);
+        if (!rc) rc = be->buf_write(be, up, feats, err);
+        F = up;
+    }
     dsv4_buf *mx = sc_alloc(&s, be->act_dtype, T, dm, &rc, err);
     dsv4_buf *ck = sc_alloc(&s, be->act_dtype, T, cfg->head_dim, &rc, err);
-    if (!rc) rc = be->buf_write(be, F, feats, err);
     if (!rc) rc = be->linear(be, F, &d->main_proj, mx, err);
     if (!rc) rc = be->rmsnorm(be, mx, &d->main_norm, dm, (float)cfg->rms_norm_eps, mx, err);
     for (int st = 0; st < d->n_stages && !rc; st++) {
@@ -255,6 +263,14 @@ int dsv4_dspark_context(dsv4_dspark *d, const dsv4_batch *b, const float *feats,
     sc_free(&s);
     if (rc) dsv4_err_prefix(err, "dspark context: ");
     return rc;
+}
+
+int dsv4_dspark_context(dsv4_dspark *d, const dsv4_batch *b, const float *feats, dsv4_err *err) {
+    return context_run(d, b, NULL, feats, err);
+}
+
+int dsv4_dspark_context_buf(dsv4_dspark *d, const dsv4_batch *b, const dsv4_buf *F, dsv4_err *err) {
+    return context_run(d, b, F, NULL, err);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -85,6 +85,11 @@ int dsv4_dspark_copy_slot(dsv4_dspark *d, int src, int dst, dsv4_err *err);
  * Errors: slot out of range, backend failures.
  */
 int dsv4_dspark_context(dsv4_dspark *d, const dsv4_batch *b, const float *feats, dsv4_err *err);
+/* The same with the features already in a backend buffer of this drafter's backend: F F32
+ * [b->n_rows][n_tap*d] (a view is fine; not modified). Why: the target's taps stay on the device
+ * (dsv4_fwd_out.taps_dev), so a prefill chunk's 48 KB a row never crosses host memory.
+ * Errors: as dsv4_dspark_context, DSV4_EINVAL for a buffer of another shape or dtype. */
+int dsv4_dspark_context_buf(dsv4_dspark *d, const dsv4_batch *b, const dsv4_buf *F, dsv4_err *err);
 
 /*
  * dsv4_dspark_draft — one draft step for n requests (§2.4-2.6): request r in

@@ -60,13 +60,22 @@ int dsv4_forward_ex(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const ds
     for (int i = 0; i < n_logits; i++)
         if (logit_rows[i] < 0 || logit_rows[i] >= T)
             return dsv4_err_set(err, DSV4_EINVAL, "forward: logit row %d out of [0,%d)", logit_rows[i], T);
-    int n_taps = out->taps ? out->n_taps : 0;
+    int n_taps = dsv4_fwd_n_taps(out);
     for (int i = 0; i < n_taps; i++)
         if (out->tap_layers[i] < 0 || out->tap_layers[i] >= m->n_layers)
             return dsv4_err_set(err, DSV4_EINVAL, "forward: tap layer %d out of [0,%d)", out->tap_layers[i],
                                 m->n_layers);
     if (n_taps && be->act_dtype != DSV4_DT_F32)
         return dsv4_err_set(err, DSV4_EUNSUPPORTED, "forward: taps need F32 activations (backend %s)", be->name);
+    if (n_taps && out->taps_dev) {
+        const dsv4_buf *td = out->taps_dev;
+        int need = out->read_rows > 0 && out->read_rows < T ? out->read_rows : T;
+        if (!be->hc_mean || out->taps)
+            return dsv4_err_set(err, DSV4_EUNSUPPORTED, "forward: taps_dev needs the backend's hc_mean and no host taps");
+        if (td->dtype != DSV4_DT_F32 || td->cols != (int64_t)n_taps * d || td->rows < need)
+            return dsv4_err_set(err, DSV4_EINVAL, "forward: taps_dev %lldx%lld for %d rows of %d taps x %d",
+                                (long long)td->rows, (long long)td->cols, need, n_taps, d);
+    }
     int rc;
     /* capture sizes (issue 7): a decode / verify batch runs as the next captured size */
     if (m->n_pad_sizes && !m->in_pad && (rc = dsv4_forward_padded(m, st, b, out, err)) != 1) return rc;
@@ -82,8 +91,11 @@ int dsv4_forward_ex(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const ds
     dsv4_buf X = {0}, lg = {0}, taps = {0};
     /* Taps: a backend with hc_mean keeps them in backend memory until the end
      * (no read in the middle of the forward); otherwise the streams are read
-     * back after the tap layer and the mean is taken on the host (CPU). */
+     * back after the tap layer and the mean is taken on the host. With
+     * taps_dev and room for every row, they are written there in place. */
     int dev_taps = n_taps && be->hc_mean;
+    const int in_place = dev_taps && out->taps_dev && out->taps_dev->rows >= T;
+    if (in_place) taps = (dsv4_buf){out->taps_dev->data, DSV4_DT_F32, T, out->taps_dev->cols};
     float *host = NULL;
     if (n_taps && !dev_taps && !(host = malloc(sizeof(float) * (size_t)T * n_hc * d)))
         return dsv4_err_set(err, DSV4_ENOMEM, "forward: out of memory");
@@ -95,6 +107,7 @@ int dsv4_forward_ex(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const ds
     rc = dsv4_forward_launch(m, st, b, out, host, &X, &lg, &taps, err);
     be->static_shapes = static_shapes;
     free(host);
+    if (in_place) taps = (dsv4_buf){0}; /* already where they go: the finish neither reads nor frees it */
     return dsv4_forward_finish(m, out, &X, &lg, &taps, rc, err);
 }
 
@@ -102,14 +115,15 @@ int dsv4_forward_launch(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, cons
                         float *host, dsv4_buf *X_, dsv4_buf *lg_, dsv4_buf *taps_, dsv4_err *err) {
     const int32_t *logit_rows = out->logit_rows;
     int n_logits = dsv4_fwd_n_logits(out);
-    int n_taps = out->taps ? out->n_taps : 0;
+    int n_taps = dsv4_fwd_n_taps(out);
     const dsv4_config *cfg = m->cfg;
     dsv4_backend *be = m->be;
     int T = b->n_rows, n_hc = cfg->hc_mult, d = cfg->hidden_size;
     int dev_taps = n_taps && be->hc_mean;
-    dsv4_buf X = {0}, y = {0}, ysel = {0}, lg = {0}, taps = {0};
+    /* *taps_ with data: the caller's buffer of T rows (taps_dev in place); else allocated here */
+    dsv4_buf X = {0}, y = {0}, ysel = {0}, lg = {0}, taps = taps_->data ? *taps_ : (dsv4_buf){0};
     int rc = be->buf_alloc(be, be->act_dtype, T, (int64_t)n_hc * d, &X, err);
-    if (!rc && dev_taps) rc = be->buf_alloc(be, DSV4_DT_F32, T, (int64_t)n_taps * d, &taps, err);
+    if (!rc && dev_taps && !taps.data) rc = be->buf_alloc(be, DSV4_DT_F32, T, (int64_t)n_taps * d, &taps, err);
     if (!rc) rc = be->embed(be, &m->embed, b, n_hc, &X, err);
     for (int l = 0; l < m->n_layers && !rc; l++) {
         rc = dsv4_block_forward(cfg, &m->layers[l], &st->layers[l], be, b, &X, err);
@@ -163,7 +177,16 @@ int dsv4_forward_finish(dsv4_model *m, const dsv4_fwd_out *out, dsv4_buf *X, dsv
     }
     /* every read after the last launch: the step is launch-only up to here */
     if (!rc && n_logits > 0) rc = be->buf_read(be, &vlg, out->ids ? (void *)out->ids : (void *)out->logits, err);
-    if (!rc && taps->data) rc = be->buf_read(be, &vtaps, out->taps, err);
+    if (!rc && taps->data && out->taps_dev) { /* a graph's or padded batch's own buffer: its real rows, on the device */
+        int32_t *idx = malloc(sizeof(int32_t) * (size_t)(vtaps.rows > 0 ? vtaps.rows : 1));
+        if (!idx) rc = dsv4_err_set(err, DSV4_ENOMEM, "forward: out of memory");
+        for (int64_t i = 0; idx && i < vtaps.rows; i++) idx[i] = (int32_t)i;
+        dsv4_buf dst = {out->taps_dev->data, DSV4_DT_F32, vtaps.rows, out->taps_dev->cols};
+        if (!rc && vtaps.rows > 0) rc = be->buf_gather_rows(be, &vtaps, idx, (int)vtaps.rows, &dst, err);
+        free(idx);
+    } else if (!rc && taps->data) {
+        rc = be->buf_read(be, &vtaps, out->taps, err);
+    }
     if (!rc && out->streams) rc = be->buf_read(be, &vX, out->streams, err);
     if (!rc) rc = be->sync(be, err);
     be->buf_free(be, X);

@@ -253,12 +253,22 @@ typedef struct dsv4_fwd_out {
     int read_rows;             /* > 0: only the first read_rows rows of the logits / ids, taps
                                   and streams are read back (a padded batch's real rows,
                                   src/model/forward_pad.c); 0 = all */
+    /* Backend buffer F32 [>= T][n_taps*d] (rows = capacity) that gets the taps instead of
+       `taps` (then NULL): never read back to the host. Why: DSpark's context path reads them
+       on the same device, and a prefill chunk's features are 48 KB a row (400 MB at 8192 rows:
+       +42-46 ms through host memory, bench/results/2026-12-01-warmup-prefill-h200.md). An
+       eager forward writes them in place; a graph replay or a padded batch copies its real
+       rows in (buf_gather_rows). Needs be->hc_mean (else DSV4_EUNSUPPORTED). */
+    const dsv4_buf *taps_dev;
 } dsv4_fwd_out;
 
 /* Rows of logits (or ids) a forward produces for `out`. */
 static inline int dsv4_fwd_n_logits(const dsv4_fwd_out *out) {
     return out->logits || out->ids ? out->n_logits : 0;
 }
+
+/* Taps a forward produces for `out` (to the host or into taps_dev). */
+static inline int dsv4_fwd_n_taps(const dsv4_fwd_out *out) { return out->taps || out->taps_dev ? out->n_taps : 0; }
 
 /*
  * dsv4_forward_ex — dsv4_forward with every output in one struct (DSpark taps
@@ -274,8 +284,11 @@ int dsv4_forward_ex(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const ds
  * (embedding, blocks, head); returns the streams X [T][hc*d], the logits lg
  * [n_logits][V] (F32; with out->ids, the greedy ids I32 [n_logits][1] instead) and the device taps (F32 [T][n_taps*d], when the backend
  * has hc_mean) in backend buffers; `host` is a [T][hc*d] F32 scratch used only
- * without hc_mean. dsv4_forward_finish: reads them into `out`, syncs (reports
- * `rc` if nonzero instead) and frees them. dsv4_forward_graph: replays (or
+ * without hc_mean. *taps with data on entry: the taps go there (T rows; the
+ * caller's taps_dev in place), else a buffer is allocated (pass it zeroed).
+ * dsv4_forward_finish: reads them into `out` (taps into out->taps_dev when
+ * set, on the backend), syncs (reports `rc` if nonzero instead) and frees
+ * them. dsv4_forward_graph: replays (or
  * captures, then replays) the graph of this batch shape after batch_begin;
  * returns 1 when it does not handle the batch (shape not eligible, capture
  * failed or still warming up: the caller runs eagerly), else a status.

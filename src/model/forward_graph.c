@@ -98,7 +98,7 @@ int dsv4_forward_graph_shaped(const dsv4_batch *b) {
 int dsv4_forward_graph(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const dsv4_fwd_out *out,
                        dsv4_err *err) {
     dsv4_backend *be = m->be;
-    int n_logits = dsv4_fwd_n_logits(out), n_taps = out->taps ? out->n_taps : 0;
+    int n_logits = dsv4_fwd_n_logits(out), n_taps = dsv4_fwd_n_taps(out);
     if (!be->graph_begin || !be->graph_end || !be->graph_launch || (m->head_comm && !m->head_comm->capturable) ||
         !dsv4_forward_graph_shaped(b) ||
         (n_taps && !be->hc_mean))
@@ -144,6 +144,7 @@ int dsv4_forward_graph(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, const
             set_path(m, DSV4_FWD_PATH_NOGRAPH);
             return 1;
         }
+        g->taps = (dsv4_buf){0}; /* allocated in the capture (a recapture's old one went with its graph) */
         rc = dsv4_forward_launch(m, st, b, out, NULL, &g->X, &g->lg, &g->taps, &cerr);
         void *graph = NULL;
         int erc = be->graph_end(be, &graph, &cerr);

@@ -112,7 +112,7 @@ static void layer_gap(const char *dir, dsv4_model_runner *cpu, dsv4_model_runner
         dsv4_err err = {0};
         tp[k] = malloc(sizeof(float) * (size_t)n * L * d);
         lg[k] = malloc(sizeof(float) * (size_t)n * V);
-        dsv4_fwd_out fo = {rows, n, lg[k], NULL, layers, L, tp[k], NULL, 0};
+        dsv4_fwd_out fo = {rows, n, lg[k], NULL, layers, L, tp[k], NULL, 0, NULL};
         int rc = dsv4_forward_ex(m[k], st[k], &b, &fo, &err);
         CHECK_MSG(rc == 0, "%s: tapped prefill on %s: %s", dir, k ? "cuda" : "cpu", err.msg);
         dsv4_runner run = dsv4_model_runner_iface(k ? gpu : cpu);

@@ -266,6 +266,7 @@ static void check_runner_kv(const char *dir, int k, int kv_dtype) {
 static void check_runner(const char *dir, int k) { check_runner_kv(dir, k, DSV4_KV_F32); }
 
 #define MAXT 10
+static uint64_t last_accepted; /* spec_accepted_tokens of the last engine_tokens */
 /* Two rounds of NS concurrent greedy requests (the second round's prompts extend the first's: prefix cache). */
 static void engine_tokens(dsv4_model_runner *mr, int k, int32_t tok[2][NS][MAXT], uint64_t *drafts, uint64_t *hits) {
     dsv4_runner run = dsv4_model_runner_iface(mr);
@@ -310,6 +311,7 @@ static void engine_tokens(dsv4_model_runner *mr, int k, int32_t tok[2][NS][MAXT]
     dsv4_engine_stats st;
     dsv4_engine_get_stats(e, &st);
     *drafts = st.spec_drafts;
+    last_accepted = st.spec_accepted_tokens;
     *hits = st.prefix_hits;
     dsv4_engine_free(e);
 }
@@ -393,6 +395,114 @@ static void check_eager(const char *dir, int k) {
     dsv4_model_runner_free(ew);
 }
 
+/* One prefill of every slot, drafts, a verify-shaped step whose commits leave gaps in its rows (so the
+ * features are gathered, not passed in place), drafts again. Fills lg (every row's logits) and dr_out
+ * (k drafts per slot, twice). Returns 0 or the failing call's code. */
+static int feats_run(dsv4_model_runner *mr, int k, float *lg, int V, int32_t *dr_out, dsv4_err *err) {
+    dsv4_runner run = dsv4_model_runner_iface(mr);
+    dsv4_drafter dr;
+    if (!dsv4_model_runner_drafter(mr, &dr)) return dsv4_err_set(err, DSV4_EINVAL, "no drafter");
+    if (run.set_pages) { /* as run_steps: slot s gets pages [s*per, (s+1)*per) */
+        int per = (128 + run.page_tokens - 1) / run.page_tokens;
+        int32_t ids[16];
+        for (int s = 0; s < NS; s++) {
+            for (int j = 0; j < per; j++) ids[j] = s * per + j;
+            int rc = run.set_pages(run.ctx, s, per, ids, err);
+            if (rc) return rc;
+        }
+    }
+    int32_t tok[64], pos[64], slot[64], sidx[64], rows[64], cu[NS + 1], sslot[NS], spos0[NS], anchor[NS];
+    int64_t len[NS], apos[NS];
+    int T = 0, rc, qv[NS];
+    cu[0] = 0;
+    for (int s = 0; s < NS; s++) { /* one prefill step of NS prompts */
+        int P = 7 + 4 * s;
+        for (int i = 0; i < P; i++, T++)
+            tok[T] = tok_of(s, i), pos[T] = i, slot[T] = s, sidx[T] = s, rows[T] = T;
+        cu[s + 1] = T, sslot[s] = s, spos0[s] = 0, len[s] = P;
+    }
+    dsv4_batch b = {T, NS, tok, pos, slot, sidx, cu, sslot, spos0};
+    if ((rc = run.forward(run.ctx, &b, rows, T, lg, err))) return rc;
+    int32_t sl[NS] = {0, 1, 2};
+    if ((rc = dr.commit(dr.ctx, NS, sl, len, err))) return rc;
+    for (int s = 0; s < NS; s++) anchor[s] = tok_of(s, (int)len[s]), apos[s] = len[s];
+    if ((rc = dr.propose(dr.ctx, NS, sl, anchor, apos, k, NULL, NULL, dr_out, NULL, qv, err))) return rc;
+    /* verify-shaped: k+1 rows a slot; commit 2, k+1 and 1 of them (gaps between the committed runs) */
+    int out = T;
+    T = 0;
+    for (int s = 0; s < NS; s++) {
+        for (int r = 0; r <= k; r++, T++) {
+            pos[T] = (int32_t)len[s] + r;
+            tok[T] = r ? dr_out[s * k + r - 1] : anchor[s];
+            slot[T] = s, sidx[T] = s, rows[T] = T;
+        }
+        cu[s + 1] = T, sslot[s] = s, spos0[s] = (int32_t)len[s];
+    }
+    b = (dsv4_batch){T, NS, tok, pos, slot, sidx, cu, sslot, spos0};
+    if ((rc = run.forward(run.ctx, &b, rows, T, lg + (size_t)out * V, err))) return rc;
+    static const int acc[NS] = {2, 4, 1};
+    for (int s = 0; s < NS; s++) {
+        int a = acc[s] <= k + 1 ? acc[s] : k + 1;
+        len[s] += a;
+        anchor[s] = tok_of(s + 1, (int)len[s]);
+        apos[s] = len[s];
+    }
+    if ((rc = dr.commit(dr.ctx, NS, sl, len, err))) return rc;
+    return dr.propose(dr.ctx, NS, sl, anchor, apos, k, NULL, NULL, dr_out + NS * k, NULL, qv, err);
+}
+
+/* DSpark context features kept in backend memory (dsv4_fwd_out.taps_dev; the CPU backend has hc_mean
+ * too) against the host copy (DSV4_DSPARK_DEV_FEATS=0): every logit and every draft token identical,
+ * at the runner (in place after a prefill, gathered after a verify step with gaps) and in the engine. */
+static void check_dev_feats(const char *dir, int k) {
+    setenv("DSV4_DSPARK_DEV_FEATS", "0", 1);
+    dsv4_model_runner *host = open_runner(dir, k, 0, NS);
+    unsetenv("DSV4_DSPARK_DEV_FEATS");
+    dsv4_model_runner *dev = open_runner(dir, k, 0, NS);
+    if (host && dev) {
+        int V = dsv4_model_runner_config(host)->vocab_size;
+        size_t cap = (size_t)64 * V;
+        float *a = calloc(cap, sizeof(float)), *b = calloc(cap, sizeof(float));
+        int32_t da[2 * NS * 8], db[2 * NS * 8];
+        memset(da, 0xff, sizeof da);
+        memset(db, 0xff, sizeof db);
+        dsv4_err err = {0};
+        CHECK_MSG(feats_run(host, k, a, V, da, &err) == 0, "%s: host features: %s", dir, err.msg);
+        CHECK_MSG(feats_run(dev, k, b, V, db, &err) == 0, "%s: backend features: %s", dir, err.msg);
+        CHECK_MSG(!memcmp(a, b, cap * sizeof(float)), "%s: logits differ (host vs backend features)", dir);
+        CHECK_MSG(!memcmp(da, db, sizeof(int32_t) * 2 * NS * (size_t)k), "%s: drafts differ (host vs backend features)",
+                  dir);
+        int distinct = 0;
+        for (int i = 1; i < 2 * NS * k; i++) distinct += da[i] != da[0];
+        CHECK(distinct > 0); /* the drafts are not all one token: they say something about the features */
+        free(a);
+        free(b);
+    }
+    dsv4_model_runner_free(host);
+    dsv4_model_runner_free(dev);
+    /* engine level: concurrent greedy requests with DSpark verify, prefix cache on */
+    setenv("DSV4_DSPARK_DEV_FEATS", "0", 1);
+    host = open_runner(dir, k, 0, NS + 2);
+    unsetenv("DSV4_DSPARK_DEV_FEATS");
+    dev = open_runner(dir, k, 0, NS + 2);
+    if (host && dev) {
+        int32_t ta[2][NS][MAXT], tb[2][NS][MAXT];
+        uint64_t da = 0, db = 0, ha = 0, hb = 0, aa, ab;
+        engine_tokens(host, k, ta, &da, &ha);
+        aa = last_accepted;
+        engine_tokens(dev, k, tb, &db, &hb);
+        ab = last_accepted;
+        CHECK_MSG(!memcmp(ta, tb, sizeof ta), "%s: engine tokens differ (host vs backend features)", dir);
+        CHECK(da == db && da > 0);
+        CHECK_MSG(aa == ab, "%s: accepted draft tokens %llu (host features) vs %llu (backend)", dir,
+                  (unsigned long long)aa, (unsigned long long)ab);
+        printf("%s k=%d: backend-resident draft features == host copy (logits, drafts, %llu verify steps, %llu "
+               "accepted draft tokens)\n", dir, k, (unsigned long long)db, (unsigned long long)ab);
+    }
+    dsv4_model_runner_free(host);
+    dsv4_model_runner_free(dev);
+}
+
 int main(void) {
     check_warmup_rows();
     check_sizes();
@@ -404,5 +514,6 @@ int main(void) {
     check_engine("models/tiny-dspark", 3);
     check_eager("models/tiny-flash", 0);
     check_eager("models/tiny-dspark", 3);
+    check_dev_feats("models/tiny-dspark", 3);
     return TEST_REPORT();
 }

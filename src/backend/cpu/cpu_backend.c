@@ -187,6 +187,7 @@ dsv4_backend *dsv4_backend_cpu_create(dsv4_numerics numerics, dsv4_err *err) {
     be->hc_pre = dsv4_cpu_hc_pre;
     be->hc_post = dsv4_cpu_hc_post;
     be->hc_head = dsv4_cpu_hc_head;
+    be->hc_mean = dsv4_cpu_hc_mean;
     be->win_store = dsv4_cpu_win_store;
     be->compress = dsv4_cpu_compress;
     be->indexer_select = dsv4_cpu_indexer_select;

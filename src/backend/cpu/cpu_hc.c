@@ -155,3 +155,31 @@ int dsv4_cpu_hc_head(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn, 
     }
     return DSV4_OK;
 }
+
+/*
+ * y[t][col0 + k] = (Σ_h X[t][h·d + k]) / n_hc, h in stream order — the DSpark
+ * context features of one tap layer (spec/DSPARK.md §2.2; backend.h hc_mean).
+ * X F32 [T][n_hc·d], y F32 [T][>= col0 + d]. The same sums as the forward's
+ * host fallback (model/forward.c tap_mean) and the CUDA kernel k_hc_mean.
+ * Errors: DSV4_EINVAL for dtypes, row counts or columns that do not fit.
+ */
+int dsv4_cpu_hc_mean(dsv4_backend *be, const dsv4_buf *X, int n_hc, dsv4_buf *y, int64_t col0, dsv4_err *err) {
+    (void)be;
+    if (X->dtype != DSV4_DT_F32 || y->dtype != DSV4_DT_F32 || y->rows != X->rows || n_hc <= 0 || X->cols % n_hc)
+        return dsv4_err_set(err, DSV4_EINVAL, "cpu: hc_mean: X %lldx%lld, y %lldx%lld, %d streams",
+                            (long long)X->rows, (long long)X->cols, (long long)y->rows, (long long)y->cols, n_hc);
+    const int64_t d = X->cols / n_hc;
+    if (col0 < 0 || col0 + d > y->cols)
+        return dsv4_err_set(err, DSV4_EINVAL, "cpu: hc_mean: columns [%lld,%lld) outside y (%lld)", (long long)col0,
+                            (long long)(col0 + d), (long long)y->cols);
+    for (int64_t t = 0; t < X->rows; t++) {
+        const float *x = (const float *)X->data + t * X->cols;
+        float *o = (float *)y->data + t * y->cols + col0;
+        for (int64_t k = 0; k < d; k++) {
+            float acc = 0;
+            for (int h = 0; h < n_hc; h++) acc += x[h * d + k];
+            o[k] = acc / n_hc;
+        }
+    }
+    return DSV4_OK;
+}

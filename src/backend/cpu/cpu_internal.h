@@ -118,6 +118,8 @@ int dsv4_cpu_hc_post(dsv4_backend *be, const dsv4_buf *X, const dsv4_buf *f, con
                      const dsv4_buf *comb, int n_hc, dsv4_buf *Xout, dsv4_err *err);
 int dsv4_cpu_hc_head(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn, const dsv4_tview *base,
                      const dsv4_tview *scale, int n_hc, float eps, dsv4_buf *y, dsv4_err *err);
+/* DSpark tap features: y[:, col0 .. col0+d) = mean over the n_hc streams of X (backend.h hc_mean). */
+int dsv4_cpu_hc_mean(dsv4_backend *be, const dsv4_buf *X, int n_hc, dsv4_buf *y, int64_t col0, dsv4_err *err);
 
 int dsv4_cpu_win_store(dsv4_backend *be, dsv4_win_state *ws, const dsv4_buf *kv, const dsv4_batch *b,
                        dsv4_err *err);
