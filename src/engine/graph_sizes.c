@@ -1,5 +1,6 @@
 /* Capture sizes and rows per sequence (src/engine/graph_sizes.h). */
 #include "engine/graph_sizes.h"
+#include "model/forward.h" /* DSV4_GRAPH_MAX_ROWS_PER_SEQ */
 
 static int add_sorted(int *out, int n, int v) {
     int at = n;
@@ -56,7 +57,7 @@ int dsv4_graph_rows_plan(int spec_k, const int (*schedule)[3], int n_schedule, i
         int k = spec_k; /* as dsv4_engine_step picks it */
         for (int i = 0; i < n_schedule; i++)
             if (running >= schedule[i][0] && running <= schedule[i][1]) k = schedule[i][2];
-        if (k <= 0) continue;
+        if (k <= 0 || k + 1 > DSV4_GRAPH_MAX_ROWS_PER_SEQ) continue; /* no graph holds it: eager (forward.h) */
         int S = sizes[n_sizes - 1]; /* the size a batch of `running` sequences pads to */
         for (int i = n_sizes - 1; i >= 0 && sizes[i] >= running; i--) S = sizes[i];
         int j = 0;

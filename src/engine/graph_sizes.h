@@ -35,6 +35,9 @@ int dsv4_graph_sizes_resolve(const int *given, int n_given, int max_size, int ma
  * each speculation width k > 0 the engine can choose (spec_k, or the
  * schedule's k for the number of running requests, spec/DSPARK.md §5.3),
  * up to the size a batch of the most running requests with that k pads to.
+ * A k + 1 above DSV4_GRAPH_MAX_ROWS_PER_SEQ (16: k = 16, the most
+ * --speculative-config accepts) gets no entry: no graph holds such verify
+ * steps, they run eagerly (refusing them stopped the server from starting).
  * schedule[n_schedule][3] = {lo, hi, k} as dsv4_engine_opts.k_schedule.
  * Returns the number of entries written to rows / max_seqs (at most cap).
  */

@@ -21,6 +21,9 @@
 #include "backend/cuda/cuda_backend.h"
 #endif
 
+/* rows from which a DSpark target forward keeps the draft context features on the backend (see open) */
+#define DSV4_DEV_FEATS_MIN_ROWS 512
+
 struct dsv4_model_runner {
     dsv4_config cfg;
     dsv4_ckpt *ckpt;
@@ -35,13 +38,14 @@ struct dsv4_model_runner {
      * speculation was asked for. The last forward's context features stay
      * here until the engine says which of its rows were committed. */
     dsv4_dspark *dspark;
-    float *feats;          /* [feat_cap rows][n_tap*d] of the last forward (backends without hc_mean) */
-    dsv4_buf dfeats;       /* the same in backend memory, [>= feat_cap rows][n_tap*d] F32, when the
-                            * backend has hc_mean: written by the forward (taps_dev), read by the
-                            * context path in place, never through the host */
-    int dev_feats;         /* dfeats is used (set at open) */
+    float *feats;          /* [hfeat_cap rows][n_tap*d] of the last forward, when on the host */
+    dsv4_buf dfeats;       /* the same in backend memory (rows = capacity), [n_tap*d] F32, for
+                            * forwards of at least dev_feats rows: written by the forward
+                            * (taps_dev), read by the context path, never through the host */
+    int dev_feats;         /* rows from which a forward keeps them in dfeats (0: never; set at open) */
+    int feat_dev;          /* where the last forward's are: 1 dfeats, 0 feats */
     int32_t *feat_slot, *feat_pos;
-    int feat_rows, feat_cap;
+    int feat_rows, feat_cap, hfeat_cap;
     int64_t *ingested;     /* [n_slots] context positions already in the rings */
     /* MTP drafter (original Flash, spec/MODEL.md §3.9): row i pairs the
      * target's final streams H_i with token i+1 and predicts token i+2. The
@@ -194,16 +198,19 @@ static int setup_capture_sizes(dsv4_model_runner *mr, const dsv4_model_runner_op
         mr->warm_sizes[at] = v;
         n++;
     }
+    int nr = 0;
     for (int i = 0; i < o->n_graph_rows; i++) {
         int r = o->graph_rows[i];
-        if (r < 1 || r > DSV4_GRAPH_MAX_ROWS_PER_SEQ)
+        if (r < 1 || r > DSV4_GRAPH_MAX_ROWS_PER_SEQ) {
+            if (!pad) continue; /* warm-up only: a shape no graph could hold is just not warmed */
             return dsv4_err_set(err, DSV4_EINVAL, "CUDA graph rows per sequence %d outside [1, %d]", r,
                                 DSV4_GRAPH_MAX_ROWS_PER_SEQ);
-        mr->g_rows[i] = r;
+        }
+        mr->g_rows[nr] = r;
         if (pad) m->pad_rows_mask |= 1u << r;
-        mr->g_rows_max[i] = o->graph_rows_max_seqs ? o->graph_rows_max_seqs[i] : 0;
+        mr->g_rows_max[nr++] = o->graph_rows_max_seqs ? o->graph_rows_max_seqs[i] : 0;
     }
-    mr->n_g_rows = o->n_graph_rows;
+    mr->n_g_rows = nr;
     mr->warm_rows = o->warm_rows;
     mr->n_warm_sizes = n;
     if (pad) {
@@ -511,12 +518,16 @@ int dsv4_model_runner_open_tp(const char *dir, const dsv4_model_runner_opts *o, 
     int drafts = o->max_spec > 0 && tp_rank == 0;
     if (drafts && mr->cfg.draft_kind == DSV4_DRAFT_DSPARK) {
         if ((rc = dsv4_dspark_create(&mr->cfg, mr->w, draft_target, o->n_slots, &mr->dspark, err))) goto fail;
-        /* The context features stay in backend memory when the backend takes the taps' stream mean
-         * itself (hc_mean: CUDA and the CPU reference): no read back, no upload (dsv4_fwd_out.taps_dev;
-         * +42-46 ms an 8192-row chunk through the host, bench/results/2026-12-01-warmup-prefill-h200.md).
-         * DSV4_DSPARK_DEV_FEATS=0 keeps the host copy (measuring, tests). */
+        /* The context features of a prefill-sized forward stay in backend memory when the backend
+         * takes the taps' stream mean itself (hc_mean: CUDA and the CPU reference): no read back, no
+         * upload (dsv4_fwd_out.taps_dev; an 8192-row chunk's step 717 ms instead of 781-812 on an
+         * H200, bench/results/2026-12-02-dspark-dev-feats-h200.md). Decode / verify steps keep the
+         * host copy, the cautious choice: with 8 requests x 6 rows the device path once measured
+         * ~3.4 ms slower a step, within the ~2.5 ms run-to-run spread seen later (same report).
+         * DSV4_DSPARK_DEV_FEATS: unset 512 rows and up, 0 never, N >= 1 from N rows (tests: 1). */
         const char *df = getenv("DSV4_DSPARK_DEV_FEATS");
-        mr->dev_feats = mr->be->hc_mean && mr->be->act_dtype == DSV4_DT_F32 && !(df && df[0] == '0');
+        long dn = df && *df ? strtol(df, NULL, 10) : DSV4_DEV_FEATS_MIN_ROWS;
+        mr->dev_feats = mr->be->hc_mean && mr->be->act_dtype == DSV4_DT_F32 && dn > 0 ? (int)(dn < 1 << 30 ? dn : 1 << 30) : 0;
         if (!(mr->ingested = calloc((size_t)o->n_slots, sizeof(int64_t)))) {
             rc = dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
             goto fail;
@@ -631,27 +642,29 @@ static int runner_forward_out(dsv4_model_runner *mr, const dsv4_batch *b, const 
         return dsv4_forward_ex(mr->model, mr->state, b, &fo, err);
     }
     int F = mr->cfg.n_dspark_target_layer_ids * mr->cfg.hidden_size;
-    const int dev = mr->dev_feats;
+    const int dev = mr->dev_feats > 0 && b->n_rows >= mr->dev_feats;
+    mr->feat_rows = 0;
     if (b->n_rows > mr->feat_cap) {
-        float *f = dev ? NULL : realloc(mr->feats, sizeof(float) * (size_t)b->n_rows * (size_t)F);
-        if (f) mr->feats = f;
         int32_t *s = realloc(mr->feat_slot, sizeof(int32_t) * (size_t)b->n_rows);
         if (s) mr->feat_slot = s;
         int32_t *p = realloc(mr->feat_pos, sizeof(int32_t) * (size_t)b->n_rows);
         if (p) mr->feat_pos = p;
-        if ((!dev && !f) || !s || !p) return dsv4_err_set(err, DSV4_ENOMEM, "out of memory for draft context features");
-        if (dev) { /* stream-ordered free: the last forward's context path may still be reading it */
-            mr->be->buf_free(mr->be, &mr->dfeats);
-            int rc = mr->be->buf_alloc(mr->be, DSV4_DT_F32, b->n_rows, F, &mr->dfeats, err);
-            if (rc) {
-                mr->feat_cap = 0;
-                mr->feat_rows = 0;
-                return dsv4_err_prefix(err, "draft context features (%d rows): ", b->n_rows), rc;
-            }
-        }
+        if (!s || !p) return dsv4_err_set(err, DSV4_ENOMEM, "out of memory for draft context features");
         mr->feat_cap = b->n_rows;
     }
-    mr->feat_rows = 0;
+    if (!dev && b->n_rows > mr->hfeat_cap) {
+        float *f = realloc(mr->feats, sizeof(float) * (size_t)b->n_rows * (size_t)F);
+        if (!f) return dsv4_err_set(err, DSV4_ENOMEM, "out of memory for draft context features");
+        mr->feats = f;
+        mr->hfeat_cap = b->n_rows;
+    }
+    if (dev && b->n_rows > mr->dfeats.rows) { /* stream-ordered free: a context path may still read it */
+        mr->be->buf_free(mr->be, &mr->dfeats);
+        mr->dfeats = (dsv4_buf){0};
+        int rc = mr->be->buf_alloc(mr->be, DSV4_DT_F32, b->n_rows, F, &mr->dfeats, err);
+        if (rc) return dsv4_err_prefix(err, "draft context features (%d rows): ", b->n_rows), rc;
+    }
+    mr->feat_dev = dev;
     dsv4_fwd_out fo = {logit_rows, n_logits, logits, NULL, mr->cfg.dspark_target_layer_ids,
                        mr->cfg.n_dspark_target_layer_ids, dev ? NULL : mr->feats, ids, 0, dev ? &mr->dfeats : NULL};
     int rc = dsv4_forward_ex(mr->model, mr->state, b, &fo, err);
@@ -690,8 +703,8 @@ static int drafter_commit(void *ctx, int n, const int32_t *slot, const int64_t *
     int contig = 1, base = -1;
     int32_t *pos = tok + mr->feat_rows, *sl = pos + mr->feat_rows, *sidx = sl + mr->feat_rows;
     int32_t *cu = sidx + mr->feat_rows, *sslot = cu + n + 1, *spos0 = sslot + n;
-    int32_t *src = mr->dev_feats ? malloc(sizeof(int32_t) * (size_t)(mr->feat_rows + 1)) : NULL; /* row of the last forward, per context row */
-    if (mr->dev_feats && !src) {
+    int32_t *src = mr->feat_dev ? malloc(sizeof(int32_t) * (size_t)(mr->feat_rows + 1)) : NULL; /* row of the last forward, per context row */
+    if (mr->feat_dev && !src) {
         free(tok);
         return dsv4_err_set(err, DSV4_ENOMEM, "out of memory for the draft context");
     }
@@ -713,7 +726,7 @@ static int drafter_commit(void *ctx, int n, const int32_t *slot, const int64_t *
         if (base < 0) base = first;
         if (contig && first != base + T) { /* a gap: gather from here on (on the backend: below) */
             contig = 0;
-            if (!mr->dev_feats && !(f = malloc(sizeof(float) * (size_t)mr->feat_rows * (size_t)F))) {
+            if (!mr->feat_dev && !(f = malloc(sizeof(float) * (size_t)mr->feat_rows * (size_t)F))) {
                 rc = dsv4_err_set(err, DSV4_ENOMEM, "out of memory for the draft context");
                 break;
             }
@@ -733,7 +746,7 @@ static int drafter_commit(void *ctx, int n, const int32_t *slot, const int64_t *
         cu[++ns] = T;
         mr->ingested[s] = len[i];
     }
-    if (!rc && T > 0 && mr->dev_feats) {
+    if (!rc && T > 0 && mr->feat_dev) {
         /* in place while the rows are one run of the last forward's (a prefill chunk, an all-accepted
          * verify batch), else gathered on the backend */
         dsv4_batch b = {T, ns, tok, pos, sl, sidx, cu, sslot, spos0};

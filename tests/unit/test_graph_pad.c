@@ -129,6 +129,13 @@ static void check_sizes(void) {
         CHECK(rows[2] == 4 && mx[2] == 8);
     }
     CHECK_EQ_INT(dsv4_graph_rows_plan(0, NULL, 0, 8, sizes, 4, rows, mx, 16), 1);
+    /* k = 16 (--speculative-config allows it): 17 rows a sequence fit no graph, so only plain decode is
+     * planned (asking for 17 made the runner refuse to open, with graphs or --enforce-eager's warm-up);
+     * k = 15 still gets its 16-row entry */
+    CHECK_EQ_INT(dsv4_graph_rows_plan(16, NULL, 0, 8, sizes, 4, rows, mx, 16), 1);
+    CHECK_EQ_INT(rows[0], 1);
+    CHECK_EQ_INT(dsv4_graph_rows_plan(15, NULL, 0, 8, sizes, 4, rows, mx, 16), 2);
+    CHECK_EQ_INT(rows[1], 16);
 }
 
 #define NS 3 /* request slots */
@@ -451,14 +458,61 @@ static int feats_run(dsv4_model_runner *mr, int k, float *lg, int V, int32_t *dr
     return dr.propose(dr.ctx, NS, sl, anchor, apos, k, NULL, NULL, dr_out + NS * k, NULL, qv, err);
 }
 
+/* A padded decode step (3 sequences run as 4) whose padded rows do not fit the runner's feature buffer
+ * (grown to 3 rows): the forward writes its own taps buffer and copies the real rows in
+ * (forward.c dsv4_forward_finish, the path every CUDA graph replay takes). Prefills of 2 rows a slot
+ * first, no warm-up (it would grow the buffer). Drafts after it into dr_out [NS][k]. */
+static int feats_pad_run(dsv4_model_runner *mr, int k, int32_t *dr_out, dsv4_err *err) {
+    dsv4_runner run = dsv4_model_runner_iface(mr);
+    dsv4_drafter dr;
+    if (!dsv4_model_runner_drafter(mr, &dr)) return dsv4_err_set(err, DSV4_EINVAL, "no drafter");
+    int V = dsv4_model_runner_config(mr)->vocab_size, rc, qv[NS];
+    float *lg = malloc(sizeof(float) * 4 * (size_t)V);
+    if (!lg) return dsv4_err_set(err, DSV4_ENOMEM, "out of memory");
+    if (run.set_pages) {
+        int per = (128 + run.page_tokens - 1) / run.page_tokens;
+        int32_t ids[16];
+        for (int s = 0; s < NS; s++) {
+            for (int j = 0; j < per; j++) ids[j] = s * per + j;
+            if ((rc = run.set_pages(run.ctx, s, per, ids, err))) goto out;
+        }
+    }
+    int32_t tok[4], pos[4], slot[4], sidx[4], rows[4] = {0, 1, 2, 3}, cu[NS + 1], sslot[NS], spos0[NS], anchor[NS];
+    int32_t sl[NS] = {0, 1, 2};
+    int64_t len[NS], apos[NS];
+    for (int s = 0; s < NS; s++) {
+        for (int i = 0; i < 2; i++) tok[i] = tok_of(s, i), pos[i] = i, slot[i] = s, sidx[i] = 0;
+        cu[0] = 0, cu[1] = 2, sslot[0] = s, spos0[0] = 0;
+        dsv4_batch b = {2, 1, tok, pos, slot, sidx, cu, sslot, spos0};
+        if ((rc = run.forward(run.ctx, &b, rows, 2, lg, err))) goto out;
+        len[s] = 2;
+        if ((rc = dr.commit(dr.ctx, 1, &sl[s], &len[s], err))) goto out;
+    }
+    for (int s = 0; s < NS; s++) {
+        tok[s] = tok_of(s, 2), pos[s] = 2, slot[s] = s, sidx[s] = s;
+        cu[s + 1] = s + 1, sslot[s] = s, spos0[s] = 2;
+    }
+    cu[0] = 0;
+    dsv4_batch b = {NS, NS, tok, pos, slot, sidx, cu, sslot, spos0};
+    if ((rc = run.forward(run.ctx, &b, rows, NS, lg, err))) goto out;
+    for (int s = 0; s < NS; s++) len[s] = 3, anchor[s] = tok_of(s, 3), apos[s] = 3;
+    if ((rc = dr.commit(dr.ctx, NS, sl, len, err))) goto out;
+    rc = dr.propose(dr.ctx, NS, sl, anchor, apos, k, NULL, NULL, dr_out, NULL, qv, err);
+out:
+    free(lg);
+    return rc;
+}
+
 /* DSpark context features kept in backend memory (dsv4_fwd_out.taps_dev; the CPU backend has hc_mean
- * too) against the host copy (DSV4_DSPARK_DEV_FEATS=0): every logit and every draft token identical,
+ * too; DSV4_DSPARK_DEV_FEATS=1: from 1 row, where the default starts at 512) against the host copy
+ * (DSV4_DSPARK_DEV_FEATS=0): every logit and every draft token identical,
  * at the runner (in place after a prefill, gathered after a verify step with gaps) and in the engine. */
 static void check_dev_feats(const char *dir, int k) {
     setenv("DSV4_DSPARK_DEV_FEATS", "0", 1);
     dsv4_model_runner *host = open_runner(dir, k, 0, NS);
-    unsetenv("DSV4_DSPARK_DEV_FEATS");
+    setenv("DSV4_DSPARK_DEV_FEATS", "1", 1);
     dsv4_model_runner *dev = open_runner(dir, k, 0, NS);
+    unsetenv("DSV4_DSPARK_DEV_FEATS");
     if (host && dev) {
         int V = dsv4_model_runner_config(host)->vocab_size;
         size_t cap = (size_t)64 * V;
@@ -475,16 +529,47 @@ static void check_dev_feats(const char *dir, int k) {
         int distinct = 0;
         for (int i = 1; i < 2 * NS * k; i++) distinct += da[i] != da[0];
         CHECK(distinct > 0); /* the drafts are not all one token: they say something about the features */
+        /* mixed: from 13 rows, so the 33-row prefill keeps them on the backend and the 12-row verify step
+         * on the host (the default's split between prefill chunks and decode steps, at a test's size) */
+        setenv("DSV4_DSPARK_DEV_FEATS", "13", 1);
+        dsv4_model_runner *mix = open_runner(dir, k, 0, NS);
+        unsetenv("DSV4_DSPARK_DEV_FEATS");
+        int32_t dm[2 * NS * 8];
+        memset(dm, 0xff, sizeof dm);
+        CHECK_MSG(mix && feats_run(mix, k, b, V, dm, &err) == 0, "%s: mixed features: %s", dir, err.msg);
+        CHECK_MSG(!memcmp(da, dm, sizeof(int32_t) * 2 * NS * (size_t)k), "%s: drafts differ (host vs mixed)", dir);
+        dsv4_model_runner_free(mix);
         free(a);
         free(b);
+    }
+    if (dev) CHECK(dsv4_model_runner_backend(dev)->hc_mean != NULL); /* else both ran the host copy */
+    dsv4_model_runner_free(host);
+    dsv4_model_runner_free(dev);
+    /* a padded step copying its real rows in (no warm-up: the buffer stays smaller than the padded step) */
+    setenv("DSV4_DSPARK_DEV_FEATS", "0", 1);
+    host = open_runner(dir, k, 1, NS + 1);
+    setenv("DSV4_DSPARK_DEV_FEATS", "1", 1);
+    dev = open_runner(dir, k, 1, NS + 1);
+    unsetenv("DSV4_DSPARK_DEV_FEATS");
+    if (host && dev) {
+        int32_t da[NS * 8], db[NS * 8];
+        dsv4_err err = {0};
+        memset(da, 0xff, sizeof da);
+        memset(db, 0xff, sizeof db);
+        CHECK_MSG(feats_pad_run(host, k, da, &err) == 0, "%s: padded, host features: %s", dir, err.msg);
+        CHECK_MSG(feats_pad_run(dev, k, db, &err) == 0, "%s: padded, backend features: %s", dir, err.msg);
+        CHECK(padded(dev) > 0);
+        CHECK_MSG(!memcmp(da, db, sizeof(int32_t) * NS * (size_t)k),
+                  "%s: drafts after a padded step differ (host vs backend features)", dir);
     }
     dsv4_model_runner_free(host);
     dsv4_model_runner_free(dev);
     /* engine level: concurrent greedy requests with DSpark verify, prefix cache on */
     setenv("DSV4_DSPARK_DEV_FEATS", "0", 1);
     host = open_runner(dir, k, 0, NS + 2);
-    unsetenv("DSV4_DSPARK_DEV_FEATS");
+    setenv("DSV4_DSPARK_DEV_FEATS", "1", 1); /* every forward (the default keeps steps under 512 rows on the host) */
     dev = open_runner(dir, k, 0, NS + 2);
+    unsetenv("DSV4_DSPARK_DEV_FEATS");
     if (host && dev) {
         int32_t ta[2][NS][MAXT], tb[2][NS][MAXT];
         uint64_t da = 0, db = 0, ha = 0, hb = 0, aa, ab;

@@ -205,11 +205,15 @@ static int cu_buf_gather_rows(dsv4_backend *be, const dsv4_buf *src, const int32
         dst->rows < n || n < 0)
         return cu_err(err, DSV4_EINVAL, "cuda: gather_rows: mismatched buffers");
     size_t rb = (size_t)src->cols * dt_size(src->dtype);
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < n; i++)
         if (idx[i] < 0 || idx[i] >= src->rows)
             return cu_err(err, DSV4_EINVAL, "cuda: gather_rows: index %d out of [0,%lld)", idx[i], (long long)src->rows);
-        CU_TRY(cudaMemcpyAsync((char *)dst->data + i * rb, (const char *)src->data + (size_t)idx[i] * rb, rb,
-                               cudaMemcpyDeviceToDevice, cube(be)->ctx->stream),
+    /* one copy per run of consecutive indices (a decode step's logit rows, a whole copy, a slot's
+     * accepted verify rows), not one per row */
+    for (int i = 0, j; i < n; i = j) {
+        for (j = i + 1; j < n && idx[j] == idx[j - 1] + 1; j++) {}
+        CU_TRY(cudaMemcpyAsync((char *)dst->data + (size_t)i * rb, (const char *)src->data + (size_t)idx[i] * rb,
+                               (size_t)(j - i) * rb, cudaMemcpyDeviceToDevice, cube(be)->ctx->stream),
                err, "gather_rows");
     }
     return DSV4_OK;

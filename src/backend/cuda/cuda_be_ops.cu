@@ -1116,6 +1116,14 @@ static int hc_fused_on(void) {
     return v;
 }
 
+/* hc_pre of T rows of n columns over n_hc <= 4 streams runs as k_hc_fused (hc_run and
+ * hc_pre_norm's choice of path must agree, or a wide model below 16 rows would get the slow
+ * one-block-per-row finish). */
+static int hc_fused_fits(int64_t T, int64_t n, int n_hc) {
+    return T < HC_F_MAXT && hc_fused_on() && n_hc > 0 && n / n_hc <= (HC_F_TH - 32) * HC_F_COLS &&
+           n_hc * (2 + n_hc) < 32;
+}
+
 
 template <int NM>
 static cudaError_t hc_part(dsv4_cuda_ctx *c, int big, unsigned nch, const float *X, int T, int64_t n, const void *fn,
@@ -1174,7 +1182,7 @@ static int hc_run(cu_be *cb, const float *X, int T, int64_t n, int n_hc, int nm,
                   float *comb, const dsv4_tview *norm, float neps, const char *what, dsv4_err *err) {
     if (T > 65535) return cu_err(err, DSV4_EUNSUPPORTED, "cuda: %s: %d rows in one call (max 65535)", what, T);
     /* hc_pre only: hc_head (post NULL, once a step) measured no faster fused (one ncu sample: 7.7 us vs 6.9) */
-    if (post && T < HC_F_MAXT && hc_fused_on() && n / n_hc <= (HC_F_TH - 32) * HC_F_COLS && nm < 32)
+    if (post && hc_fused_fits(T, n, n_hc))
         return hc_run_fused(cb, X, T, n, n_hc, nm, fn, base, scale, iters, eps, y, post, comb, norm, neps, what, err);
     const int big = T >= HC_BIG_T && n % 4 == 0 && ((uintptr_t)X & 15) == 0;
     const unsigned nch = (unsigned)((n + (big ? HC_L_CH : HC_S_CH) - 1) / (big ? HC_L_CH : HC_S_CH));
@@ -1261,7 +1269,7 @@ int cu_be_hc_pre_norm(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn,
     /* Below HC_NORM_MIN_T rows the finish spreads a row's y over several blocks (one block
      * walking 4096 columns serially cost ~10 us a call at T = 1, more than the kernel it
      * saves: H200, bench/results/2026-12-01-decode-kernels-h200.md), so the two kernels run. */
-    if (X && X->rows < HC_NORM_MIN_T && !hc_fused_on()) { /* (k_hc_fused fuses it at these sizes) */
+    if (X && X->rows < HC_NORM_MIN_T && !hc_fused_fits(X->rows, X->cols, n_hc)) { /* (else k_hc_fused fuses it) */
         int rc = cu_be_hc_pre(be, X, fn, base, scale, n_hc, iters, eps, y, post, comb, err);
         return rc ? rc : cu_be_rmsnorm(be, y, norm, (int)y->cols, norm_eps, y, err);
     }
