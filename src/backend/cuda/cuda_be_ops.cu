@@ -493,13 +493,17 @@ int cu_be_rope_qat_hadamard_fp4(dsv4_backend *be, dsv4_buf *x, int head_dim, con
 #define HC_FIN_CPL 4   /* k_hc_fin: chunks per lane loaded together */
 #define HC_NORM_MIN_T 16 /* rows from which hc_pre_norm fuses the norm (k_hc_fin has one block per row there) */
 
-template <int NM>
-__global__ void __launch_bounds__(HC_S_CH) k_hc_part_s(const float *__restrict__ X, int64_t n, const void *fn,
-                                                      int fbf16, int nch, float *part, double *ssp) {
-    __shared__ float sp[HC_S_CH / 32][NM];
-    __shared__ double sq[HC_S_CH / 32];
+/* One chunk of TH columns of row t (blockIdx.y) in a block of TH threads, a thread per column:
+ * part[t·nch + ch][k] = Σ_col fn[k][col]·x[col] (k < NM) and ssp[t·nch + ch] = Σ x² (double),
+ * each summed within warps (xor tree) then over the warps in warp order. fn is loaded before
+ * the PDL wait (weights), X after. Shared by k_hc_part_s and k_hc_fused (same sums per chunk). */
+template <int NM, int TH>
+__device__ __forceinline__ void hc_chunk_partials(const float *__restrict__ X, int64_t n, const void *fn, int fbf16,
+                                                  int nch, float *part, double *ssp) {
+    __shared__ float sp[TH / 32][NM];
+    __shared__ double sq[TH / 32];
     const int t = blockIdx.y, ch = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    const int64_t i = (int64_t)ch * HC_S_CH + threadIdx.x;
+    const int64_t i = (int64_t)ch * TH + threadIdx.x;
     pdl_trigger();
     float acc[NM];
 #pragma unroll
@@ -525,14 +529,20 @@ __global__ void __launch_bounds__(HC_S_CH) k_hc_part_s(const float *__restrict__
     if (threadIdx.x < NM) {
         float s = 0.f;
 #pragma unroll
-        for (int j = 0; j < HC_S_CH / 32; j++) s += sp[j][threadIdx.x];
+        for (int j = 0; j < TH / 32; j++) s += sp[j][threadIdx.x];
         part[o * NM + threadIdx.x] = s;
     } else if (threadIdx.x == NM) {
         double s = 0;
 #pragma unroll
-        for (int j = 0; j < HC_S_CH / 32; j++) s += sq[j];
+        for (int j = 0; j < TH / 32; j++) s += sq[j];
         ssp[o] = s;
     }
+}
+
+template <int NM>
+__global__ void __launch_bounds__(HC_S_CH) k_hc_part_s(const float *__restrict__ X, int64_t n, const void *fn,
+                                                      int fbf16, int nch, float *part, double *ssp) {
+    hc_chunk_partials<NM, HC_S_CH>(X, n, fn, fbf16, nch, part, ssp);
 }
 
 /* n % 4 == 0 and X 16-byte aligned (the caller checks). X is staged through
@@ -805,6 +815,17 @@ __device__ void hc_post_comb(const float *m, const void *base, int bbf16, float 
     if (lane < NH * NH) C[lane] = c;
 }
 
+/* hc_post_comb for n_hc = 1..4 (callers check), by one warp. */
+__device__ __forceinline__ void hc_post_comb_n(int n_hc, const float *m, const void *base, int bbf16, float s1, float s2,
+                                               int iters, float eps, float *po, float *C) {
+    switch (n_hc) {
+    case 1: hc_post_comb<1>(m, base, bbf16, s1, s2, iters, eps, po, C); break;
+    case 2: hc_post_comb<2>(m, base, bbf16, s1, s2, iters, eps, po, C); break;
+    case 3: hc_post_comb<3>(m, base, bbf16, s1, s2, iters, eps, po, C); break;
+    default: hc_post_comb<4>(m, base, bbf16, s1, s2, iters, eps, po, C); break;
+    }
+}
+
 /*
  * Per row (blockIdx.y): m = Σ_chunks partials · r, then hc_pre's pre / post /
  * Sinkhorn(comb) (post != NULL) or hc_head's pre (post == NULL), then
@@ -923,12 +944,7 @@ __global__ void __launch_bounds__(256) k_hc_fin(const float *part, const double 
     if (post && blockIdx.x == 0 && threadIdx.x < 32) { /* warp 0 of the row's first block: post, Sinkhorn */
         float *po = post + (int64_t)t * n_hc, *C = comb + (int64_t)t * n_hc * n_hc;
         const float s1 = cu_ldf(scale, sbf16, 1), s2 = cu_ldf(scale, sbf16, 2);
-        switch (n_hc) {
-        case 1: hc_post_comb<1>(m, base, bbf16, s1, s2, iters, eps, po, C); break;
-        case 2: hc_post_comb<2>(m, base, bbf16, s1, s2, iters, eps, po, C); break;
-        case 3: hc_post_comb<3>(m, base, bbf16, s1, s2, iters, eps, po, C); break;
-        default: hc_post_comb<4>(m, base, bbf16, s1, s2, iters, eps, po, C); break;
-        }
+        hc_post_comb_n(n_hc, m, base, bbf16, s1, s2, iters, eps, po, C);
     }
 }
 
@@ -969,48 +985,11 @@ __global__ void __launch_bounds__(HC_F_TH) k_hc_fused(const float *__restrict__ 
                                                      int n_hc, const void *base, int bbf16, const void *scale,
                                                      int sbf16, int iters, float eps, float *y, float *post,
                                                      float *comb, const void *nw, int nwbf16, float neps) {
-    __shared__ float sp[HC_F_TH / 32][NM];
-    __shared__ double sq[HC_F_TH / 32];
     __shared__ float m[HC_MAXM + 1], pre[4];
     __shared__ double ssum;
     __shared__ int last;
-    const int t = blockIdx.y, ch = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    const int64_t i = (int64_t)ch * HC_F_TH + threadIdx.x;
-    pdl_trigger();
-    float acc[NM];
-#pragma unroll
-    for (int k = 0; k < NM; k++) acc[k] = i < n ? cu_ldf(fn, fbf16, (int64_t)k * n + i) : 0.f; /* weights: before the wait */
-    pdl_wait();
-    {
-        const float xi = i < n ? X[(int64_t)t * n + i] : 0.f;
-        double ss = (double)xi * xi;
-#pragma unroll
-        for (int k = 0; k < NM; k++) acc[k] *= xi;
-#pragma unroll
-        for (int k = 0; k < NM; k++)
-#pragma unroll
-            for (int o = 16; o; o >>= 1) acc[k] += __shfl_xor_sync(0xffffffffu, acc[k], o);
-#pragma unroll
-        for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-        if (lane == 0) {
-#pragma unroll
-            for (int k = 0; k < NM; k++) sp[w][k] = acc[k];
-            sq[w] = ss;
-        }
-    }
-    __syncthreads();
-    const int64_t o = (int64_t)t * nch + ch;
-    if (threadIdx.x < NM) {
-        float s = 0.f;
-#pragma unroll
-        for (int j = 0; j < HC_F_TH / 32; j++) s += sp[j][threadIdx.x];
-        part[o * NM + threadIdx.x] = s;
-    } else if (threadIdx.x == NM) {
-        double s = 0;
-#pragma unroll
-        for (int j = 0; j < HC_F_TH / 32; j++) s += sq[j];
-        ssp[o] = s;
-    }
+    const int t = blockIdx.y, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    hc_chunk_partials<NM, HC_F_TH>(X, n, fn, fbf16, nch, part, ssp);
     __threadfence(); /* this block's partials are visible before its arrival is counted */
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -1058,12 +1037,7 @@ __global__ void __launch_bounds__(HC_F_TH) k_hc_fused(const float *__restrict__ 
     if ((int)threadIdx.x >= yth) {
         float *po = post + (int64_t)t * n_hc, *C = comb + (int64_t)t * n_hc * n_hc;
         const float s1 = cu_ldf(scale, sbf16, 1), s2 = cu_ldf(scale, sbf16, 2);
-        switch (n_hc) {
-        case 1: hc_post_comb<1>(m, base, bbf16, s1, s2, iters, eps, po, C); break;
-        case 2: hc_post_comb<2>(m, base, bbf16, s1, s2, iters, eps, po, C); break;
-        case 3: hc_post_comb<3>(m, base, bbf16, s1, s2, iters, eps, po, C); break;
-        default: hc_post_comb<4>(m, base, bbf16, s1, s2, iters, eps, po, C); break;
-        }
+        hc_post_comb_n(n_hc, m, base, bbf16, s1, s2, iters, eps, po, C);
         return;
     }
     __shared__ float rs[HC_F_TH / 32];
