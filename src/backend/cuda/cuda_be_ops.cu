@@ -815,6 +815,17 @@ __device__ void hc_post_comb(const float *m, const void *base, int bbf16, float 
     if (lane < NH * NH) C[lane] = c;
 }
 
+/* Warp 0 of a finishing block: the nm mixes m scaled by (Σx²/n + eps)^-½ (ssum in double, as the
+ * reference), then pre[h] = sigmoid(m[h]·scale[0] + base[h]) + eps for h < n_hc (§3.2.4). */
+__device__ __forceinline__ void hc_scale_pre(float *m, int nm, double ssum, int64_t n, float eps, int n_hc,
+                                             const void *base, int bbf16, const void *scale, int sbf16, float *pre) {
+    const float r = (float)(1.0 / sqrt(ssum / (double)n + (double)eps));
+    if (threadIdx.x < nm) m[threadIdx.x] *= r;
+    __syncwarp();
+    if (threadIdx.x < n_hc)
+        pre[threadIdx.x] = sigm(m[threadIdx.x] * cu_ldf(scale, sbf16, 0) + cu_ldf(base, bbf16, threadIdx.x)) + eps;
+}
+
 /* hc_post_comb for n_hc = 1..4 (callers check), by one warp. */
 __device__ __forceinline__ void hc_post_comb_n(int n_hc, const float *m, const void *base, int bbf16, float s1, float s2,
                                                int iters, float eps, float *po, float *C) {
@@ -878,13 +889,7 @@ __global__ void __launch_bounds__(256) k_hc_fin(const float *part, const double 
         if (lane == 0) ssum = sd;
     }
     __syncthreads();
-    if (threadIdx.x < 32) { /* warp 0: scale the mixes, the pre weights */
-        const float r = (float)(1.0 / sqrt(ssum / (double)n + (double)eps));
-        if (threadIdx.x < nm) m[threadIdx.x] *= r;
-        __syncwarp();
-        if (threadIdx.x < n_hc) pre[threadIdx.x] = sigm(m[threadIdx.x] * cu_ldf(scale, sbf16, 0) +
-                                                        cu_ldf(base, bbf16, threadIdx.x)) + eps;
-    }
+    if (threadIdx.x < 32) hc_scale_pre(m, nm, ssum, n, eps, n_hc, base, bbf16, scale, sbf16, pre); /* warp 0 */
     __syncthreads();
     const int64_t d = n / n_hc;
     const float *x = X + (int64_t)t * n;
@@ -1022,13 +1027,7 @@ __global__ void __launch_bounds__(HC_F_TH) k_hc_fused(const float *__restrict__ 
         }
     }
     __syncthreads();
-    if (threadIdx.x < 32) { /* warp 0: scale the mixes, the pre weights */
-        const float r = (float)(1.0 / sqrt(ssum / (double)n + (double)eps));
-        if (threadIdx.x < NM) m[threadIdx.x] *= r;
-        __syncwarp();
-        if (threadIdx.x < n_hc) pre[threadIdx.x] = sigm(m[threadIdx.x] * cu_ldf(scale, sbf16, 0) +
-                                                        cu_ldf(base, bbf16, threadIdx.x)) + eps;
-    }
+    if (threadIdx.x < 32) hc_scale_pre(m, NM, ssum, n, eps, n_hc, base, bbf16, scale, sbf16, pre); /* warp 0 */
     __syncthreads();
     /* hc_pre: the last warp does post and the Sinkhorn comb (a chain of ~20 dependent iterations)
      * while the other warps compute y, so the two overlap; their reduction uses barrier 1 over the
