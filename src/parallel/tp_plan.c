@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { PLAN_FORWARD = 1, PLAN_RELEASE, PLAN_RESUME, PLAN_COPY, PLAN_PAGES, PLAN_QUIT };
+enum { PLAN_FORWARD = 1, PLAN_RELEASE, PLAN_RESUME, PLAN_COPY, PLAN_PAGES, PLAN_QUIT, PLAN_WARMUP };
 enum { H_OP, H_ROWS, H_SEQS, H_LOGITS, H_A, H_B, H_C, H_BYTES, H_N };
 
 struct dsv4_plan_leader {
@@ -100,6 +100,54 @@ static int lead_set_pages(void *ctx, int slot, int n, const int32_t *ids, dsv4_e
     return l->inner.set_pages(l->inner.ctx, slot, n, ids, err);
 }
 
+/*
+ * Every rank reports how many graphs its warm-up holds (one broadcast from
+ * each follower, as check_pools in multinode.c), so a node that captured
+ * other shapes — another --cuda-graph-sizes, another --speculative-config —
+ * fails at start with both counts named rather than replaying different
+ * graphs later. mine: this rank's count; on the leader, *bad gets the first
+ * follower that differs (or -1) and its count in *theirs.
+ */
+static int warm_counts(dsv4_comm *c, int mine, int *bad, int *theirs, dsv4_err *err) {
+    *bad = -1;
+    for (int r = 1; r < c->size; r++) {
+        int64_t v = mine;
+        int rc = c->broadcast(c, &v, sizeof v, r, err);
+        if (rc) return rc;
+        if (c->rank == 0 && *bad < 0 && v != mine) {
+            *bad = r;
+            *theirs = (int)v;
+        }
+    }
+    return 0;
+}
+
+/*
+ * The start-up warm-up (runner.h warmup, issue 7: no first-request penalty)
+ * as a plan: every node runs its own runner's warm-up at once, so the
+ * forwards inside — and their all-reduces — pair up in the same order on
+ * every rank, exactly as for a forward plan.
+ */
+static int lead_warmup(void *ctx, int *n_graphs, dsv4_err *err) {
+    dsv4_plan_leader *l = ctx;
+    int rc = lead_simple(l, PLAN_WARMUP, 0, 0, 0, err);
+    if (rc) return rc;
+    *n_graphs = 0;
+    rc = l->inner.warmup(l->inner.ctx, n_graphs, err);
+    if (rc) {
+        l->c->abort(l->c); /* the followers may be waiting in a warm-up forward's collectives */
+        return rc;
+    }
+    int bad, theirs = 0;
+    if ((rc = warm_counts(l->c, *n_graphs, &bad, &theirs, err))) return rc;
+    if (bad >= 0)
+        return dsv4_err_set(err, DSV4_EINVAL,
+                            "start-up warm-up: node %d holds %d CUDA graphs, node 0 holds %d: start every node with "
+                            "the same --cuda-graph-sizes / --max-num-seqs / --speculative-config / --enforce-eager",
+                            bad, theirs, *n_graphs);
+    return 0;
+}
+
 int dsv4_plan_leader_create(dsv4_comm *c, const dsv4_runner *inner, int max_len, dsv4_plan_leader **out,
                             dsv4_runner *out_runner, dsv4_err *err) {
     *out = NULL;
@@ -117,7 +165,8 @@ int dsv4_plan_leader_create(dsv4_comm *c, const dsv4_runner *inner, int max_len,
                                 .release = lead_release,
                                 .reusable = inner->reusable ? lead_reusable : NULL,
                                 .resume = inner->resume ? lead_resume : NULL,
-                                .copy_slot = inner->copy_slot ? lead_copy : NULL};
+                                .copy_slot = inner->copy_slot ? lead_copy : NULL,
+                                .warmup = inner->warmup ? lead_warmup : NULL};
     if (inner->set_pages) {
         out_runner->page_tokens = inner->page_tokens;
         out_runner->n_pages = inner->n_pages;
@@ -188,6 +237,16 @@ int dsv4_plan_follow(dsv4_comm *c, const dsv4_runner *inner, dsv4_err *err) {
             rc = inner->set_pages ? inner->set_pages(inner->ctx, (int)h[H_A], (int)h[H_B], buf, err)
                                   : dsv4_err_set(err, DSV4_EINVAL, "step plan: pages mapped but this rank has no KV pool");
             break;
+        case PLAN_WARMUP: {
+            int ng = 0, bad, theirs;
+            if (!inner->warmup)
+                rc = dsv4_err_set(err, DSV4_EINVAL,
+                                  "step plan: node 0 runs a start-up warm-up but this rank has none (start every "
+                                  "node with the same --device / --enforce-eager)");
+            else rc = inner->warmup(inner->ctx, &ng, err);
+            if (!rc) rc = warm_counts(c, ng, &bad, &theirs, err);
+            break;
+        }
         default:
             rc = dsv4_err_set(err, DSV4_EFORMAT, "step plan: unknown op %lld", (long long)h[H_OP]);
         }

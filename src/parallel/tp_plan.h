@@ -4,8 +4,9 @@
  * runs the HTTP server and the scheduler and broadcasts each step plan").
  *
  * The leader wraps rank 0's runner: every call (forward, release, resume,
- * copy_slot, set_pages) is first serialised and broadcast over the communicator, then
- * run locally. A follower loops: receive a plan, run the same call on its own
+ * copy_slot, set_pages, warmup) is first serialised and broadcast over the
+ * communicator, then run locally. After a warmup every follower broadcasts
+ * how many graphs it holds; node 0 refuses to start when a count differs. A follower loops: receive a plan, run the same call on its own
  * runner (its slice of the model), until the leader quits. Because the plan
  * broadcast and the forward's all-reduces go through one communicator in the
  * same order on every rank, ranks stay in lock step without other signalling.

@@ -132,11 +132,12 @@ static int runner_opts(const dsv4_service_opts *o, dsv4_model_runner_opts *mo, d
     *cache_slots_out = cache_slots;
     *kvt_out = kvt;
     memset(gp, 0, sizeof *gp);
-    /* decode / verify graphs captured at start, for max_num_seqs sequences at most; several nodes keep
-     * the per-shape capture of the first steps (the followers have no warm-up step to join yet).
-     * --enforce-eager on a GPU: the same shapes run once each at start, uncaptured (warm_eager), so
-     * the first requests do not pay the first-use costs either (issue 7: no first-request penalty) */
-    if ((o->cuda_graphs || gpu) && !o->multinode) {
+    /* decode / verify graphs captured at start, for max_num_seqs sequences at most; several nodes
+     * derive the same plan here and run the warm-up together (node 0 sends it as a step plan,
+     * tp_plan.c lead_warmup). --enforce-eager on a GPU: the same shapes run once each at start,
+     * uncaptured (warm_eager), so the first requests do not pay the first-use costs either (issue 7:
+     * no first-request penalty) */
+    if (o->cuda_graphs || gpu) {
         gp->eager = !o->cuda_graphs;
         mo->warm_eager = gpu;
         gp->n_sizes = dsv4_graph_sizes_resolve(o->graph_sizes, o->n_graph_sizes, o->max_graph_size, o->max_num_seqs,

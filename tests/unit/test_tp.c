@@ -439,39 +439,63 @@ static void compare_pool(const char *dir, int k, int32_t want[PN][PGEN]) {
 typedef struct {
     dsv4_comm *c;
     const char *dir;
-    int k, n_pages, rc;
+    int k, n_pages, warm, rc, warm_steps;
     char msg[DSV4_ERR_MSG_MAX];
 } follower;
 
+/*
+ * warm: the start-up warm-up's options (shape-static steps padded to sizes 1 and 2, rows 1 and
+ * k+1: cuda_graphs 2 runs them on any backend) — what dsv4_service derives on every node.
+ */
+static dsv4_model_runner_opts plan_opts(int k, int n_pages, int warm) {
+    static const int sizes[2] = {1, 2};
+    static int rows[2];
+    rows[0] = 1;
+    rows[1] = k + 1;
+    dsv4_model_runner_opts mo = {.n_slots = 4, .max_len = 256, .max_spec = k, .numerics = DSV4_NUMERICS_REFERENCE,
+                                 .block_size = 128, .n_pages = n_pages};
+    if (warm) {
+        mo.cuda_graphs = 2;
+        mo.graph_sizes = sizes;
+        mo.n_graph_sizes = 2;
+        mo.graph_rows = rows;
+        mo.n_graph_rows = k > 0 ? 2 : 1;
+        mo.warm_rows = 64;
+    }
+    return mo;
+}
+
 static void *follow_thread(void *arg) {
     follower *f = arg;
-    dsv4_model_runner_opts mo = {.n_slots = 4, .max_len = 256, .max_spec = f->k, .numerics = DSV4_NUMERICS_REFERENCE,
-                                 .block_size = 128, .n_pages = f->n_pages};
+    dsv4_model_runner_opts mo = plan_opts(f->k, f->n_pages, f->warm);
     dsv4_model_runner *mr = NULL;
     dsv4_err err = {0};
     f->rc = dsv4_model_runner_open_tp(f->dir, &mo, NULL, 1, 2, f->c, &mr, &err);
     if (!f->rc) {
         dsv4_runner run = dsv4_model_runner_iface(mr);
         f->rc = dsv4_plan_follow(f->c, &run, &err);
+        f->warm_steps = dsv4_model_runner_warm_steps(mr);
     }
     snprintf(f->msg, sizeof f->msg, "%s", err.msg);
     dsv4_model_runner_free(mr);
     return NULL;
 }
 
-/* want: TP = 1's tokens of gen_run (n_pages < 0, per-slot state) or of pool_run (n_pages = POOL, set_pages as plans) */
-static void test_step_plans(const char *dir, int k, int n_pages, int32_t want[3][MAXT], int32_t want_pool[PN][PGEN]) {
+/* want: TP = 1's tokens of gen_run (n_pages < 0, per-slot state) or of pool_run (n_pages = POOL, set_pages as plans);
+ * warm: both nodes hold the warm-up's options and node 0 runs it as a plan first (the follower joins its
+ * forwards' all-reduces), the tokens after it still TP = 1's */
+static void test_step_plans(const char *dir, int k, int n_pages, int warm, int32_t want[3][MAXT],
+                            int32_t want_pool[PN][PGEN]) {
     static int32_t got[3][MAXT], got_pool[PN][PGEN];
     memset(got, 0, sizeof got);
     memset(got_pool, 0, sizeof got_pool);
     dsv4_comm *c[2];
     dsv4_err err = {0};
     CHECK_EQ_INT(dsv4_comm_local_create(2, c, &err), 0);
-    follower f = {c[1], dir, k, n_pages, -1, ""};
+    follower f = {c[1], dir, k, n_pages, warm, -1, -1, ""};
     pthread_t th;
     pthread_create(&th, NULL, follow_thread, &f);
-    dsv4_model_runner_opts mo = {.n_slots = 4, .max_len = 256, .max_spec = k, .numerics = DSV4_NUMERICS_REFERENCE,
-                                 .block_size = 128, .n_pages = n_pages};
+    dsv4_model_runner_opts mo = plan_opts(k, n_pages, warm);
     dsv4_model_runner *mr = NULL;
     int rc = dsv4_model_runner_open_tp(dir, &mo, NULL, 0, 2, c[0], &mr, &err);
     CHECK_MSG(rc == 0, "%s", err.msg);
@@ -482,6 +506,13 @@ static void test_step_plans(const char *dir, int k, int n_pages, int32_t want[3]
         int has = dsv4_model_runner_drafter(mr, &dr);
         CHECK_EQ_INT(has, k > 0);
         CHECK_EQ_INT(dsv4_plan_leader_create(c[0], &inner, 256, &l, &run, &err), 0);
+        CHECK_EQ_INT(run.warmup != NULL, warm);
+        if (warm) {
+            int ng = -1;
+            CHECK_MSG(run.warmup(run.ctx, &ng, &err) == 0, "step-plan warm-up: %s", err.msg);
+            CHECK_EQ_INT(ng, 0); /* cuda_graphs 2: shapes fixed, nothing captured */
+            CHECK(dsv4_model_runner_warm_steps(mr) > 0);
+        }
         if (n_pages > 0) {
             CHECK_EQ_INT(run.n_pages, n_pages);
             CHECK(run.set_pages != NULL);
@@ -500,12 +531,47 @@ static void test_step_plans(const char *dir, int k, int n_pages, int32_t want[3]
     if (rc) c[0]->abort(c[0]);
     pthread_join(th, NULL);
     CHECK_MSG(f.rc == 0, "follower: %s", f.msg);
+    /* the follower ran the same warm-up forwards (0 without one) */
+    CHECK_EQ_INT(f.warm_steps, mr ? dsv4_model_runner_warm_steps(mr) : -2);
     for (int i = 0; n_pages <= 0 && i < 2; i++)
         CHECK_MSG(!memcmp(got[i], want[i], sizeof got[i]), "%s k=%d prompt %d: step-plan TP=2 tokens != TP=1", dir, k,
                   i);
     for (int i = 0; n_pages > 0 && i < PN; i++)
         CHECK_MSG(!memcmp(got_pool[i], want_pool[i], sizeof got_pool[i]),
                   "%s k=%d prompt %d: pooled step-plan TP=2 tokens != TP=1", dir, k, i);
+    dsv4_model_runner_free(mr);
+    c[0]->free(c[0]);
+    c[1]->free(c[1]);
+}
+
+/*
+ * Node 0 has a warm-up, the follower was started without one (another --device / --enforce-eager):
+ * both fail at start with the follower's reason, nobody waits in a collective.
+ */
+static void test_warmup_refused(const char *dir) {
+    dsv4_comm *c[2];
+    dsv4_err err = {0};
+    CHECK_EQ_INT(dsv4_comm_local_create(2, c, &err), 0);
+    follower f = {c[1], dir, 0, -1, 0, -1, -1, ""};
+    pthread_t th;
+    pthread_create(&th, NULL, follow_thread, &f);
+    dsv4_model_runner_opts mo = plan_opts(0, -1, 1);
+    dsv4_model_runner *mr = NULL;
+    int rc = dsv4_model_runner_open_tp(dir, &mo, NULL, 0, 2, c[0], &mr, &err);
+    CHECK_MSG(rc == 0, "%s", err.msg);
+    dsv4_plan_leader *l = NULL;
+    if (!rc) {
+        dsv4_runner inner = dsv4_model_runner_iface(mr), run;
+        CHECK_EQ_INT(dsv4_plan_leader_create(c[0], &inner, 256, &l, &run, &err), 0);
+        int ng = 0;
+        CHECK(run.warmup && run.warmup(run.ctx, &ng, &err) != 0);
+        CHECK_CONTAINS(err.msg, "aborted");
+    }
+    if (rc) c[0]->abort(c[0]);
+    pthread_join(th, NULL);
+    CHECK(f.rc != 0);
+    CHECK_CONTAINS(f.msg, "rank 1: step plan: node 0 runs a start-up warm-up but this rank has none");
+    dsv4_plan_leader_free(l); /* its quit plan fails on the aborted communicator: logged, not fatal */
     dsv4_model_runner_free(mr);
     c[0]->free(c[0]);
     c[1]->free(c[1]);
@@ -719,10 +785,13 @@ int main(void) {
     compare_tokens("models/tiny-flash", 0, tp1);
     compare_tokens("models/tiny-flash", 1, tp1); /* MTP drafter on rank 0 */
     compare_tokens("models/tiny-dspark", 3, tp1); /* DSpark drafter on rank 0 */
-    test_step_plans("models/tiny-dspark", 3, -1, tp1, NULL);
+    test_step_plans("models/tiny-dspark", 3, -1, 0, tp1, NULL);
+    test_step_plans("models/tiny-dspark", 3, -1, 1, tp1, NULL); /* the warm-up as a plan first */
+    test_warmup_refused("models/tiny-flash");
     static int32_t pool1[PN][PGEN];
     compare_pool("models/tiny-flash", 0, pool1);
     compare_pool("models/tiny-dspark", 3, pool1); /* DSpark drafter on rank 0, pages on both */
-    test_step_plans("models/tiny-dspark", 3, POOL, tp1, pool1);
+    test_step_plans("models/tiny-dspark", 3, POOL, 0, tp1, pool1);
+    test_step_plans("models/tiny-dspark", 3, POOL, 1, tp1, pool1);
     return TEST_REPORT();
 }
