@@ -7,7 +7,9 @@
  * issue — the runner's `forward` with the batch shapes the engine builds —
  * so a kernel change shows up as milliseconds per step without the noise of
  * the rest, and each line says how far it is from reading the step's bytes
- * at 4.58 TB/s (the measured H200 streaming rate, PERFORMANCE.md §1).
+ * at the GPU's streaming read rate, measured at start on the device it runs
+ * on (PERFORMANCE.md §1: 4.58 TB/s on an H200; an H100 streams less, so the
+ * H200 figure would flatter it), or given with --hbm-tbps.
  *
  * The state is not prefilled: every piece of per-request state is
  * position-addressed (spec/MODEL.md §4.1), so a segment starting at position
@@ -42,7 +44,7 @@
 #endif
 
 #define PERF_MAX_LIST 16
-#define PERF_HBM_BPS 4.58e12 /* bytes/s, PERFORMANCE.md §1 */
+#define PERF_HBM_BPS 4.58e12 /* bytes/s, PERFORMANCE.md §1: the H200's; CPU runs and failed measurements */
 
 typedef struct perf_opts {
     const char *dir, *load_format, *hf_overrides;
@@ -58,13 +60,15 @@ typedef struct perf_opts {
     int tp;
     int ar_bench;
     int out_full, out_ids; /* --logits full | ids | both */
+    double hbm_tbps;       /* --hbm-tbps: the roofline's bandwidth; 0 = measure (CUDA) or 4.58 */
 } perf_opts;
 
 static void usage(FILE *f) {
     fprintf(f,
             "usage: dsv4 perf [MODEL_DIR] [options]\n"
             "Time forward steps of the model runner and compare them with the HBM roofline\n"
-            "(dense weights once + routed experts selected + state read, at 4.58 TB/s).\n"
+            "(dense weights once + routed experts selected + state read, at the GPU's\n"
+            "streaming read rate, measured at start).\n"
             "  --device D            auto (default) | cpu | cuda\n"
             "  --kv-cache-dtype T    auto (fp8_ds_mla on the GPU, f32 on the CPU) | f32 | bf16 | fp8_ds_mla\n"
             "  --enforce-eager       no CUDA graphs (default: decode / verify steps replay graphs\n"
@@ -91,6 +95,8 @@ static void usage(FILE *f) {
             "  --all-reduce-bench    with -tp: first check and time the all-reduce of 1, 6, 8, 48, 64, 384 rows\n"
             "                        of hidden_size F32 and 1, 8, 64 rows of BF16, NCCL against the NVLink\n"
             "                        one-shot kernel (DSV4_TP_ONESHOT=0 turns it off), eager and in graphs\n"
+            "  --hbm-tbps X          the roofline's bandwidth in TB/s (default: a streaming read of 1 GiB\n"
+            "                        measured on GPU 0 before loading; 4.58, an H200's, on the CPU)\n"
             "  --logits M            full | ids | both (default): time each shape with every row's logits\n"
             "                        read back, with only its greedy id (argmax on the device), or both\n"
             "MODEL_DIR defaults to the embedded default model (%s).\n",
@@ -203,6 +209,14 @@ static int parse_args(int argc, char **argv, perf_opts *o) {
         } else if (!strcmp(a, "--prefill")) {
             if (!strcmp(v, "0")) o->n_prefill = 0;
             else if (parse_list(v, o->prefill, &o->n_prefill, a)) return 2;
+        } else if (!strcmp(a, "--hbm-tbps")) {
+            char *end = NULL;
+            double x = strtod(v, &end);
+            if (!end || *end || !(x > 0.01 && x < 1000)) {
+                fprintf(stderr, "dsv4 perf: --hbm-tbps: '%s' (expected TB/s, e.g. 4.58)\n", v);
+                return 2;
+            }
+            o->hbm_tbps = x;
         } else if (!strcmp(a, "--prefill-chunk")) {
             if (parse_count(a, v, 1, 1 << 20, &n)) return 2;
             o->prefill_chunk = (int)n;
@@ -394,6 +408,26 @@ int dsv4_cmd_perf(int argc, char **argv) {
     dsv4_model_runner_opts mo = {.n_slots = max_b, .max_len = (int)max_len, .max_spec = max_r - 1,
                                  .numerics = DSV4_NUMERICS_REFERENCE, .device = o.device,
                                  .cuda_graphs = o.cuda_graphs, .kv_dtype = (int)kvt};
+    /* the roofline's bandwidth: what this GPU streams (measured before the weights take its memory) */
+    double hbm_bps = o.hbm_tbps > 0 ? o.hbm_tbps * 1e12 : PERF_HBM_BPS;
+    char hbm_src[320];
+    snprintf(hbm_src, sizeof hbm_src, "%s", o.hbm_tbps > 0 ? "--hbm-tbps" : "an H200's measured streaming read");
+#ifdef DSV4_HAVE_CUDA
+    if (gpu && o.hbm_tbps <= 0) {
+        dsv4_cuda_ctx *cx = NULL;
+        double rd = 0, cp = 0;
+        dsv4_err me = {0};
+        if (!dsv4_cuda_ctx_create(0, &cx, &me) && !dsv4_cuda_measure_hbm(cx, (size_t)1 << 30, &rd, &cp, &me) &&
+            rd > 0) {
+            hbm_bps = rd * 1e9;
+            snprintf(hbm_src, sizeof hbm_src, "streaming read of 1 GiB measured now on %s",
+                     dsv4_cuda_device_name(cx));
+        } else {
+            snprintf(hbm_src, sizeof hbm_src, "an H200's; measuring this GPU failed: %.200s", me.msg);
+        }
+        dsv4_cuda_ctx_free(cx);
+    }
+#endif
     double t0 = now_s();
     const dsv4_config *cfg = NULL;
     dsv4_load_opts lo = {.dummy = strcmp(o.load_format, "dummy") == 0, .hf_overrides = o.hf_overrides};
@@ -442,7 +476,7 @@ int dsv4_cmd_perf(int argc, char **argv) {
            (long long)dsv4_kvcodec_row_bytes(kvt, cfg->head_dim, cfg->qk_rope_head_dim), cfg->head_dim, run.n_pages,
            run.page_tokens, (long long)run.page_bytes);
     printf("# roofline = (dense weights once + expected distinct routed experts + gathered rows + state read at %d "
-           "bytes / value) / 4.58 TB/s\n", state_eb);
+           "bytes / value) / %.2f TB/s (%s)\n", state_eb, hbm_bps / 1e12, hbm_src);
     if (tp && o.out_ids) { /* the TP runner returns full logits only */
         if (!o.out_full) {
             fprintf(stderr, "dsv4 perf: --logits ids: tensor parallelism returns full logits only\n");
@@ -522,7 +556,7 @@ int dsv4_cmd_perf(int argc, char **argv) {
                 dsv4_step_bytes sb;
                 if (!rc) rc = dsv4_step_bytes_compute(&lc, B, R, o.context, state_eb, &sb, &err);
                 if (!rc) {
-                    double roof = sb.total / PERF_HBM_BPS * 1e3;
+                    double roof = sb.total / hbm_bps * 1e3;
                     double d2h = (double)B * R * (mode ? 4.0 : 4.0 * cfg->vocab_size) / 1e6;
                     printf("%-6d %-5d %-6d %10.3f %12.1f %10.4g %12.6g %8.2f %10.6g %s\n", B, R, B * R, ms,
                            B * R / (ms * 1e-3), sb.total / 1e9, roof, ms / roof, d2h, mode ? "ids" : "full");

@@ -2,7 +2,7 @@
  * `dsv4 perf` on the tiny checkpoint, CPU backend, one step per shape: the
  * table has one line per (rows, batch) with T = batch·rows, a positive step
  * time, and a roofline column equal to the step-bytes model's total / 4.58
- * TB/s, once with every row's logits read back (out=full: T·vocab·4 bytes)
+ * TB/s (the CPU's default; --hbm-tbps X: / X TB/s), once with every row's logits read back (out=full: T·vocab·4 bytes)
  * and once with the greedy ids only (out=ids: T·4 bytes); bad arguments are
  * refused with exit 2.
  */
@@ -74,6 +74,27 @@ int main(void) {
     CHECK_EQ_INT(run_perf(argv2, (int)(sizeof argv2 / sizeof argv2[0]), out, sizeof out), 0);
     CHECK_CONTAINS(out, " ids\n");
     CHECK(!strstr(out, " full\n"));
+    /* --hbm-tbps: the roofline column is the step's bytes at that bandwidth, and the header says so */
+    char *argv3[] = {"perf", "models/tiny-flash", "--device", "cpu", "--batch", "2", "--rows-per-seq", "3", "--context",
+                     "20", "--steps", "1", "--warmup", "0", "--logits", "ids", "--hbm-tbps", "2.5"};
+    CHECK_EQ_INT(run_perf(argv3, (int)(sizeof argv3 / sizeof argv3[0]), out, sizeof out), 0);
+    CHECK_CONTAINS(out, "/ 2.50 TB/s (--hbm-tbps)");
+    {
+        int n3 = 0;
+        for (char *line = strtok(out, "\n"); line; line = strtok(NULL, "\n")) {
+            int B, R, T;
+            double ms, tps, gb, roof, ratio, d2h;
+            if (sscanf(line, "%d %d %d %lf %lf %lf %lf %lf %lf", &B, &R, &T, &ms, &tps, &gb, &roof, &ratio, &d2h) != 9)
+                continue;
+            dsv4_step_bytes sb;
+            CHECK_EQ_INT(dsv4_step_bytes_compute(&cfg, B, R, 20, 4, &sb, &err), 0);
+            CHECK_NEAR(roof, sb.total / 2.5e12 * 1e3, 1e-5 * roof);
+            n3++;
+        }
+        CHECK_EQ_INT(n3, 1);
+    }
+    char *bad5[] = {"perf", "models/tiny-flash", "--hbm-tbps", "0"};
+    CHECK_EQ_INT(run_perf(bad5, 4, out, sizeof out), 2);
     char *bad4[] = {"perf", "models/tiny-flash", "--logits", "some"};
     CHECK_EQ_INT(run_perf(bad4, 4, out, sizeof out), 2);
     /* chunked prefill: 100 tokens in chunks of 32 = 4 chunks; 37 tokens = 2 chunks; rate = tokens / total */
