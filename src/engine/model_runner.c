@@ -1145,8 +1145,9 @@ int dsv4_model_runner_warmup(dsv4_model_runner *mr, int *n_graphs, dsv4_err *err
                 for (int k = 0; k < reps && !rc; k++, mr->warm_steps++)
                     rc = runner_forward_out(mr, &b, lrows, S * r, v ? NULL : lg, v ? ids : NULL, err);
         }
-    /* Prefill-sized steps too (positions 0.. of the padding slot; rows past the slot's one page are
-     * unmapped, so the state writes skip them). Why: a step whose row count (more exactly, whose
+    /* Prefill-sized steps too (positions 0.. of the padding slot; in a paged pool the slot borrows
+     * the engine's pages 0.. for them: nothing is mapped before serving, and every request writes
+     * the positions it reads, so what the warm-up leaves there is never seen). Why: a step whose row count (more exactly, whose
      * power-of-two row bucket: the GEMM library's algorithms are chosen and prepared per bucket,
      * backend/cuda cu_lt_algo) was never run cost 15-20 ms more than the next one of that count on a
      * 24-layer H200 prefill, and the first long prompt after start 8-12 % more
@@ -1157,12 +1158,33 @@ int dsv4_model_runner_warmup(dsv4_model_runner *mr, int *n_graphs, dsv4_err *err
     int Wp = W < mr->state->max_len - 1 ? W : mr->state->max_len - 1;
     int wrows[DSV4_WARMUP_PREFILL_MAX], n_wrows = 0;
     if (!rc) rc = dsv4_warmup_prefill_rows(Wp, getenv("DSV4_WARMUP_PREFILL"), wrows, &n_wrows, err);
+    const int paged = mr->state->n_pages > 0, own = mr->state->n_pages - 1; /* the padding page: the last */
+    int32_t *pids = paged && n_wrows ? malloc(sizeof(int32_t) * (size_t)mr->state->max_pages) : NULL;
+    if (paged && n_wrows && !pids) rc = dsv4_err_set(err, DSV4_ENOMEM, "start-up warm-up: out of memory");
     for (int i = 0; i < n_wrows && !rc; i++) {
-        const int32_t last = wrows[i] - 1;
-        pad_batch(m->pad_slot, 1, wrows[i], buf, &b);
+        int rows = wrows[i];
+        if (paged) {
+            const int pt = mr->state->page_tokens;
+            int need = (rows + pt - 1) / pt;
+            if (need - 1 > own) { /* a pool smaller than the step: as many rows as it holds */
+                need = own + 1;
+                rows = need * pt;
+            }
+            pids[0] = own;
+            for (int j = 1; j < need; j++) pids[j] = j - 1;
+            if ((rc = dsv4_state_set_pages(mr->state, m->pad_slot, need, pids, err))) break;
+        }
+        const int32_t last = rows - 1;
+        pad_batch(m->pad_slot, 1, rows, buf, &b);
         rc = runner_forward_out(mr, &b, &last, 1, lg, NULL, err);
         mr->warm_steps++;
     }
+    if (pids) { /* the padding slot keeps its own page only */
+        int32_t p0 = own;
+        int rc2 = dsv4_state_set_pages(mr->state, m->pad_slot, 1, &p0, err);
+        if (!rc) rc = rc2;
+    }
+    free(pids);
     m->graphs_warming = 0;
     mr->feat_rows = 0; /* the drafters never see the padding slot's rows */
     mr->hw[m->pad_slot] = 0;

@@ -242,7 +242,7 @@ int dsv4_plan_follow(dsv4_comm *c, const dsv4_runner *inner, dsv4_err *err) {
             if (!inner->warmup)
                 rc = dsv4_err_set(err, DSV4_EINVAL,
                                   "step plan: node 0 runs a start-up warm-up but this rank has none (start every "
-                                  "node with the same --device / --enforce-eager)");
+                                  "node with the same --device, --enforce-eager and DSV4_WARMUP)");
             else rc = inner->warmup(inner->ctx, &ng, err);
             if (!rc) rc = warm_counts(c, ng, &bad, &theirs, err);
             break;

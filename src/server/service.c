@@ -46,6 +46,7 @@ typedef struct graph_plan {
     int sizes[DSV4_MAX_GRAPH_SIZES], n_sizes;
     int rows[16], rows_max[16], n_rows;
     int eager; /* --enforce-eager on a GPU: the shapes are warmed, not captured */
+    int warm;  /* run the start-up warm-up (DSV4_WARMUP; default on a GPU) */
 } graph_plan;
 
 /*
@@ -137,9 +138,14 @@ static int runner_opts(const dsv4_service_opts *o, dsv4_model_runner_opts *mo, d
      * tp_plan.c lead_warmup). --enforce-eager on a GPU: the same shapes run once each at start,
      * uncaptured (warm_eager), so the first requests do not pay the first-use costs either (issue 7:
      * no first-request penalty) */
-    if (o->cuda_graphs || gpu) {
+    /* DSV4_WARMUP=0: no start-up warm-up (graphs are then captured at first use); =1: the eager
+     * warm-up on the CPU too (tests: the several-node warm-up plan runs there) */
+    const char *ew = getenv("DSV4_WARMUP");
+    int warm = ew && *ew ? strcmp(ew, "0") != 0 : gpu;
+    if (o->cuda_graphs || warm) {
         gp->eager = !o->cuda_graphs;
-        mo->warm_eager = gpu;
+        gp->warm = ew && *ew ? warm : 1;
+        mo->warm_eager = warm;
         gp->n_sizes = dsv4_graph_sizes_resolve(o->graph_sizes, o->n_graph_sizes, o->max_graph_size, o->max_num_seqs,
                                                gp->sizes, DSV4_MAX_GRAPH_SIZES, err);
         if (gp->n_sizes < 0) return err ? err->code : DSV4_EINVAL;
@@ -295,7 +301,7 @@ int dsv4_service_open(const dsv4_service_opts *o, dsv4_service **out, dsv4_err *
                                    : "DSpark draft stages (mtp.0..S-1 with main_proj)");
         goto fail;
     }
-    if (run.warmup && (rc = graphs_at_start(&run, &gp, err))) goto fail;
+    if (run.warmup && gp.warm && (rc = graphs_at_start(&run, &gp, err))) goto fail;
     dsv4_engine_opts eo = {o->max_num_seqs, o->max_num_batched_tokens, s->max_model_len, o->spec_k, s->eos_id,
                            {{0}}, o->n_k_schedule, o->enable_prefix_caching};
     memcpy(eo.k_schedule, o->k_schedule, sizeof eo.k_schedule);

@@ -9,7 +9,9 @@ processes on this host, ranks joined by the TCP communicator (src/parallel/comm_
   field named; a follower started with another --max-model-len fails at the pool check;
 - a follower killed mid-generation fails the request and makes node 0 exit 1 with an error
   naming node 1 (vLLM's policy when a worker dies), never a hang;
-- `dsv4 run --nnodes 2` prints the single-process greedy ids, speculation off and on.
+- `dsv4 run --nnodes 2` prints the single-process greedy ids, speculation off and on;
+- the start-up warm-up (DSV4_WARMUP=1 runs it on the CPU too) runs on both nodes as a step plan,
+  output still the single process's; a follower started without one fails the start on both.
 Every wait has a timeout."""
 import json
 import signal
@@ -30,11 +32,11 @@ COMMON = ("--device", "cpu", "--max-model-len", "512", "--max-num-seqs", "4")
 class Follower:
     """Node R > 0: a `dsv4 serve` with no HTTP server; its log in a file."""
 
-    def __init__(self, mport, *args, rank=1):
+    def __init__(self, mport, *args, rank=1, env=None):
         self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
             [DSV4, "serve", DEFAULT_MODEL, "--port", str(free_port()), *node_flags(mport, rank), *args],
-            stdout=self.log, stderr=subprocess.STDOUT, env=multinode_env())
+            stdout=self.log, stderr=subprocess.STDOUT, env={**multinode_env(), **(env or {})})
 
     def text(self):
         self.log.seek(0)
@@ -46,21 +48,22 @@ class Follower:
             self.proc.wait(timeout=10)
 
 
-def node0(mport, *args):
-    return Server(DEFAULT_MODEL, *node_flags(mport, 0), *args, env=multinode_env(), ready=True)
+def node0(mport, *args, env=None):
+    return Server(DEFAULT_MODEL, *node_flags(mport, 0), *args, env={**multinode_env(), **(env or {})}, ready=True)
 
 
-def node0_fails(mport, *args):
+def node0_fails(mport, *args, env=None):
     """Node 0 in the foreground (no --master-addr: the default) for a start that must fail."""
     return subprocess.run([DSV4, "serve", DEFAULT_MODEL, "--port", str(free_port()), *node_flags(mport, 0, addr=None),
-                           *args], capture_output=True, text=True, timeout=60, env=multinode_env())
+                           *args], capture_output=True, text=True, timeout=60,
+                          env={**multinode_env(), **(env or {})})
 
 
-def pair(*args):
+def pair(*args, env=None):
     mport = free_master_port()
-    f = Follower(mport, "-tp", "2", *COMMON, *args)
+    f = Follower(mport, "-tp", "2", *COMMON, *args, env=env)
     try:
-        s = node0(mport, "-tp", "2", *COMMON, *args)
+        s = node0(mport, "-tp", "2", *COMMON, *args, env=env)
     except Exception:
         f.kill()
         raise
@@ -111,6 +114,34 @@ def test_two_nodes_match_one_process(default_server, extra):
     assert "node 1 following node 0 at 127.0.0.1:" in log1
     assert "node 0 quit; exiting" in log1
     assert "listening on" not in log1  # no HTTP server on a follower
+
+
+def test_two_nodes_warm_up_together(default_server):
+    """Node 0 sends the start-up warm-up as a step plan: both nodes run its forwards (their all-reduces pair
+    up), and the output afterwards is the single process's (the warm-up's borrowed pages left nothing)."""
+    s, f = pair("--speculative-config", SPEC, env={"DSV4_WARMUP": "1"})
+    try:
+        prompt = "The quick brown fox " + "jumps over the lazy dog " * 60  # > one 256-token page
+        a = complete(default_server.base, prompt, 16)
+        b = complete(s.base, prompt, 16)
+        assert b["choices"][0]["text"] == a["choices"][0]["text"]
+    finally:
+        rc0 = s.stop()
+        rc1 = f.proc.wait(timeout=20)
+    assert rc0 == 0
+    assert rc1 == 0, f.text()
+    assert "warm-up at start: decode / verify steps of" in log_of(s)
+
+
+def test_follower_without_warm_up_fails_at_start():
+    mport = free_master_port()
+    f = Follower(mport, "-tp", "2", *COMMON, env={"DSV4_WARMUP": "0"})
+    r0 = node0_fails(mport, "-tp", "2", *COMMON, env={"DSV4_WARMUP": "1"})
+    rc1 = f.proc.wait(timeout=30)
+    assert r0.returncode != 0
+    assert "start-up warm-up: " in r0.stderr and "node 1 at 127.0.0.1" in r0.stderr, r0.stderr
+    assert rc1 != 0
+    assert "node 0 runs a start-up warm-up but this rank has none" in f.text()
 
 
 def test_different_tp_on_the_two_nodes_fails_at_start():

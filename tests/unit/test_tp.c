@@ -460,7 +460,7 @@ static dsv4_model_runner_opts plan_opts(int k, int n_pages, int warm) {
         mo.n_graph_sizes = 2;
         mo.graph_rows = rows;
         mo.n_graph_rows = k > 0 ? 2 : 1;
-        mo.warm_rows = 64;
+        mo.warm_rows = 200; /* a prefill-sized warm-up step of 200 rows: 2 pages of 128 (one borrowed) */
     }
     return mo;
 }
