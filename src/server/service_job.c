@@ -637,6 +637,25 @@ static int pump_all(job *j) {
     return 0;
 }
 
+/*
+ * Wait up to timeout_ms for choice 0's first token (or its end). Returns 1
+ * once there, 0 on timeout. Why the first chunk waits for it: vLLM sends its
+ * first chunk (the chat role, or completion text) with the first output, and
+ * clients measure TTFT at the first chunk — vLLM's `bench serve` counts any
+ * chunk with choices — so a chunk sent before the prefill made every TTFT
+ * read ~1 ms and moved the prefill into the first inter-token gap.
+ */
+static int first_output(job *j, int timeout_ms) {
+    choice *c = &j->c[0];
+    if (c->ended || c->t_first != 0) return 1;
+    double t_end = now_s() + timeout_ms / 1000.0;
+    for (;;) {
+        int got = 0;
+        if (pump(c, 50, &got) || got > 0) return 1;
+        if (timeout_ms >= 0 && now_s() >= t_end) return 0;
+    }
+}
+
 static long stream_read(void *ctx, char *buf, size_t max) {
     job *j = ctx;
     while (j->out_off == j->out_len) {
@@ -645,12 +664,15 @@ static long stream_read(void *ctx, char *buf, size_t max) {
         if (!j->sent_role) {
             /* the first chunk carries the prompt's logprobs: wait for the
              * prefill, with keep-alives as any stream does (§3.5) */
-            if (!fetch_prompt_logprobs(j, 14500)) {
+            if (!fetch_prompt_logprobs(j, 14500) || !first_output(j, 14500)) {
                 emit(j, ": keep-alive\n\n");
                 j->t_out = now_s();
                 continue;
             }
             for (int i = 0; i < j->n; i++) {
+                /* completions: no empty first chunk (vLLM sends none: it would read as a token to a client
+                 * timing chunks); only the echoed prompt or the prompt's logprobs open the stream */
+                if (!j->chat && !j->echo_text && !j->echo_lp && j->plp_n < 0) break;
                 cJSON *d, *ch, *o = chunk_with(&j->c[i], &d, &ch);
                 if (j->chat) {
                     cJSON_AddStringToObject(d, "role", "assistant");
@@ -665,6 +687,11 @@ static long stream_read(void *ctx, char *buf, size_t max) {
                 emit_json(j, o);
             }
             j->sent_role = 1;
+            /* the first tokens' deltas go out with it, not one token later */
+            pthread_mutex_lock(&j->mu);
+            for (int i = 0; i < j->n; i++)
+                if (!j->c[i].ended) drain_queue_locked(&j->c[i]);
+            pthread_mutex_unlock(&j->mu);
             continue;
         }
         int ended = pump_all(j), failed = 0;

@@ -97,10 +97,12 @@ def test_continuous_usage_stats(default_server, path, body):
     for c in chunks:
         u = c["usage"]
         assert u["prompt_tokens"] == prompt and u["total_tokens"] == prompt + u["completion_tokens"]
-    # vLLM counts per choice in the choice chunks: from 0 up to its 4 tokens
+    # vLLM counts per choice in the choice chunks, up to its 4 tokens: from 0 in chat (the role chunk), from
+    # the first token in completions (no empty first chunk there)
     for i in range(body.get("n", 1)):
         comp = [c["usage"]["completion_tokens"] for c in chunks if c["choices"] and c["choices"][0]["index"] == i]
-        assert comp == sorted(comp) and comp[0] == 0 and comp[-1] == 4
+        assert comp == sorted(comp) and comp[-1] == 4
+        assert comp[0] == (0 if "chat" in path else 1)
     # the final usage chunk sums the choices
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 4 * body.get("n", 1)
     # without include_usage nothing is added (vLLM requires both)
@@ -194,3 +196,15 @@ def test_prompt_logprobs_length_cap(server_factory):
         st, body = post(s.base, "/v1/completions", dict({"prompt": ids, "max_tokens": 1}, **extra))
         assert st == 400 and body["error"]["param"] == param
         assert "limited to prompts of 32768 tokens" in body["error"]["message"] and "32769" in body["error"]["message"]
+
+
+def test_completion_stream_opens_with_the_first_token(default_server):
+    """No empty first chunk (vLLM sends none): the first chunk carries the first token's text, so a client
+    that times chunks (vLLM's `bench serve` counts any chunk with choices as the first token) measures the
+    prefill as TTFT, not as the first inter-token gap. An echoed prompt still opens the stream."""
+    body = {"prompt": "Count: one, two,", "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+    chunks = stream(default_server.base, "/v1/completions", body)
+    assert chunks[0]["choices"][0]["text"] != ""
+    assert all(c["choices"][0]["text"] != "" or c["choices"][0]["finish_reason"] for c in chunks if c["choices"])
+    chunks = stream(default_server.base, "/v1/completions", dict(body, echo=True))
+    assert chunks[0]["choices"][0]["text"] == "Count: one, two,"
