@@ -481,6 +481,19 @@ static void *follow_thread(void *arg) {
     return NULL;
 }
 
+/* Two ranks over a local communicator: the follower thread (f, its fields set by the caller) and rank 0's
+ * runner with the plan options of (k, n_pages, warm). Returns open's code; *mr NULL when it failed. */
+static int open_pair(follower *f, dsv4_comm *c[2], pthread_t *th, int warm, dsv4_model_runner **mr, dsv4_err *err) {
+    CHECK_EQ_INT(dsv4_comm_local_create(2, c, err), 0);
+    f->c = c[1];
+    pthread_create(th, NULL, follow_thread, f);
+    dsv4_model_runner_opts mo = plan_opts(f->k, f->n_pages, warm);
+    *mr = NULL;
+    int rc = dsv4_model_runner_open_tp(f->dir, &mo, NULL, 0, 2, c[0], mr, err);
+    CHECK_MSG(rc == 0, "%s", err->msg);
+    return rc;
+}
+
 /* want: TP = 1's tokens of gen_run (n_pages < 0, per-slot state) or of pool_run (n_pages = POOL, set_pages as plans);
  * warm: both nodes hold the warm-up's options and node 0 runs it as a plan first (the follower joins its
  * forwards' all-reduces), the tokens after it still TP = 1's */
@@ -491,14 +504,10 @@ static void test_step_plans(const char *dir, int k, int n_pages, int warm, int32
     memset(got_pool, 0, sizeof got_pool);
     dsv4_comm *c[2];
     dsv4_err err = {0};
-    CHECK_EQ_INT(dsv4_comm_local_create(2, c, &err), 0);
-    follower f = {c[1], dir, k, n_pages, warm, -1, -1, ""};
+    follower f = {NULL, dir, k, n_pages, warm, -1, -1, ""};
     pthread_t th;
-    pthread_create(&th, NULL, follow_thread, &f);
-    dsv4_model_runner_opts mo = plan_opts(k, n_pages, warm);
-    dsv4_model_runner *mr = NULL;
-    int rc = dsv4_model_runner_open_tp(dir, &mo, NULL, 0, 2, c[0], &mr, &err);
-    CHECK_MSG(rc == 0, "%s", err.msg);
+    dsv4_model_runner *mr;
+    int rc = open_pair(&f, c, &th, warm, &mr, &err);
     dsv4_plan_leader *l = NULL;
     if (!rc) {
         dsv4_runner inner = dsv4_model_runner_iface(mr), run;
@@ -551,14 +560,10 @@ static void test_step_plans(const char *dir, int k, int n_pages, int warm, int32
 static void test_warmup_refused(const char *dir) {
     dsv4_comm *c[2];
     dsv4_err err = {0};
-    CHECK_EQ_INT(dsv4_comm_local_create(2, c, &err), 0);
-    follower f = {c[1], dir, 0, -1, 0, -1, -1, ""};
+    follower f = {NULL, dir, 0, -1, 0, -1, -1, ""}; /* no warm-up on rank 1 */
     pthread_t th;
-    pthread_create(&th, NULL, follow_thread, &f);
-    dsv4_model_runner_opts mo = plan_opts(0, -1, 1);
-    dsv4_model_runner *mr = NULL;
-    int rc = dsv4_model_runner_open_tp(dir, &mo, NULL, 0, 2, c[0], &mr, &err);
-    CHECK_MSG(rc == 0, "%s", err.msg);
+    dsv4_model_runner *mr;
+    int rc = open_pair(&f, c, &th, 1, &mr, &err);
     dsv4_plan_leader *l = NULL;
     if (!rc) {
         dsv4_runner inner = dsv4_model_runner_iface(mr), run;
