@@ -213,7 +213,7 @@ static int parse_args(int argc, char **argv, perf_opts *o) {
             char *end = NULL;
             double x = strtod(v, &end);
             if (!end || *end || !(x > 0.01 && x < 1000)) {
-                fprintf(stderr, "dsv4 perf: --hbm-tbps: '%s' (expected TB/s, e.g. 4.58)\n", v);
+                fprintf(stderr, "dsv4 perf: --hbm-tbps: '%s' (expected TB/s between 0.01 and 1000, e.g. 4.58)\n", v);
                 return 2;
             }
             o->hbm_tbps = x;

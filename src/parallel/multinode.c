@@ -30,12 +30,28 @@ struct dsv4_multinode {
 };
 
 /* What must agree across nodes, as one rank built it. */
-/* causes before consequences: a different --max-model-len also changes the page count */
-enum { P_MAX_LEN, P_SLOTS, P_MAX_SPEC, P_VOCAB, P_PAGE_TOKENS, P_PAGES, P_N };
+/* causes before consequences: a different --max-model-len also changes the page count. The last four
+ * shape the start-up warm-up (tp_plan.c lead_warmup), whose forwards every node runs in lock step: nodes
+ * that would run different steps must be refused here, before their all-reduces diverge. */
+enum { P_MAX_LEN, P_SLOTS, P_MAX_SPEC, P_VOCAB, P_PAGE_TOKENS, P_PAGES, P_WARM_MODE, P_GRAPH_SHAPES, P_WARM_ROWS,
+       P_WARM_PREFILL, P_N };
 static const char *const P_NAME[P_N] = {"--max-model-len", "request slots (--max-num-seqs + prefix-cache slots)",
                                         "speculative tokens (--speculative-config)", "vocabulary",
                                         "tokens per KV page (--block-size)",
-                                        "KV pages (--kv-cache-memory-bytes / --num-gpu-blocks-override)"};
+                                        "KV pages (--kv-cache-memory-bytes / --num-gpu-blocks-override)",
+                                        "warm-up mode (CUDA graphs 2 + eager warm-up 1: --enforce-eager, DSV4_WARMUP)",
+                                        "CUDA graph shapes (--cuda-graph-sizes / --compilation-config)",
+                                        "rows of the largest step (--max-num-batched-tokens)",
+                                        "warm-up prefill steps (DSV4_WARMUP_PREFILL)"};
+/* fields compared as digests: the message names them without printing the numbers */
+static int p_digest(int f) { return f == P_GRAPH_SHAPES || f == P_WARM_PREFILL; }
+
+/* FNV-1a over n int32 values, continuing from h */
+static uint64_t fnv_ints(uint64_t h, const int *v, int n) {
+    for (int i = 0; i < n && v; i++)
+        for (int b = 0; b < 4; b++) h = (h ^ (uint64_t)(((uint32_t)v[i] >> (8 * b)) & 0xffu)) * 1099511628211ull;
+    return h;
+}
 
 static void pool_of(const dsv4_runner *it, const dsv4_model_runner_opts *o, int64_t *p) {
     p[P_SLOTS] = it->n_slots;
@@ -44,6 +60,19 @@ static void pool_of(const dsv4_runner *it, const dsv4_model_runner_opts *o, int6
     p[P_PAGES] = it->set_pages ? it->n_pages : 0;
     p[P_MAX_LEN] = o->max_len;
     p[P_MAX_SPEC] = o->max_spec;
+    p[P_WARM_MODE] = 2 * o->cuda_graphs + (o->warm_eager != 0);
+    uint64_t h = 14695981039346656037ull;
+    h = fnv_ints(h, &o->n_graph_sizes, 1);
+    h = fnv_ints(h, o->graph_sizes, o->n_graph_sizes);
+    h = fnv_ints(h, &o->n_graph_rows, 1);
+    h = fnv_ints(h, o->graph_rows, o->n_graph_rows);
+    h = fnv_ints(h, o->graph_rows_max_seqs, o->n_graph_rows);
+    p[P_GRAPH_SHAPES] = (int64_t)(h >> 1);
+    p[P_WARM_ROWS] = o->warm_rows;
+    const char *wp = getenv("DSV4_WARMUP_PREFILL");
+    h = 14695981039346656037ull;
+    for (; wp && *wp; wp++) h = (h ^ (uint8_t)*wp) * 1099511628211ull;
+    p[P_WARM_PREFILL] = (int64_t)(h >> 1);
 }
 
 /*
@@ -60,7 +89,11 @@ static int check_pools(dsv4_comm *c, const int64_t *mine, dsv4_err *err) {
         if (rc) return rc;
         if (c->rank != 0 || verdict[0]) continue;
         for (int f = 0; f < P_N; f++)
-            if (p[f] != mine[f]) {
+            if (p[f] != mine[f] && p_digest(f)) {
+                snprintf(verdict, sizeof verdict, "node %d and node 0 differ in %s: start every node with the same "
+                         "serving flags and environment", r, P_NAME[f]);
+                break;
+            } else if (p[f] != mine[f]) {
                 snprintf(verdict, sizeof verdict,
                          "node %d has %lld %s, node 0 has %lld: start every node with the same serving flags%s", r,
                          (long long)p[f], P_NAME[f], (long long)mine[f],

@@ -648,6 +648,7 @@ static int pump_all(job *j) {
 static int first_output(job *j, int timeout_ms) {
     choice *c = &j->c[0];
     if (c->ended || c->t_first != 0) return 1;
+    if (timeout_ms < 0) timeout_ms = 0; /* the budget is spent: one short poll, then the keep-alive */
     double t_end = now_s() + timeout_ms / 1000.0;
     for (;;) {
         int got = 0;
@@ -664,7 +665,9 @@ static long stream_read(void *ctx, char *buf, size_t max) {
         if (!j->sent_role) {
             /* the first chunk carries the prompt's logprobs: wait for the
              * prefill, with keep-alives as any stream does (§3.5) */
-            if (!fetch_prompt_logprobs(j, 14500) || !first_output(j, 14500)) {
+            /* one 14.5 s budget for both waits: a keep-alive at least every 15 s (§3.5) */
+            const double t_ka = now_s() + 14.5;
+            if (!fetch_prompt_logprobs(j, 14500) || !first_output(j, (int)(1000 * (t_ka - now_s())))) {
                 emit(j, ": keep-alive\n\n");
                 j->t_out = now_s();
                 continue;

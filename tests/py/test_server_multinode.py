@@ -11,7 +11,8 @@ processes on this host, ranks joined by the TCP communicator (src/parallel/comm_
   naming node 1 (vLLM's policy when a worker dies), never a hang;
 - `dsv4 run --nnodes 2` prints the single-process greedy ids, speculation off and on;
 - the start-up warm-up (DSV4_WARMUP=1 runs it on the CPU too) runs on both nodes as a step plan,
-  output still the single process's; a follower started without one fails the start on both.
+  output still the single process's; nodes whose warm-ups would differ (DSV4_WARMUP, --max-num-batched-tokens,
+  DSV4_WARMUP_PREFILL, --cuda-graph-sizes) fail the start on both, naming it.
 Every wait has a timeout."""
 import json
 import signal
@@ -133,15 +134,26 @@ def test_two_nodes_warm_up_together(default_server):
     assert "warm-up at start: decode / verify steps of" in log_of(s)
 
 
-def test_follower_without_warm_up_fails_at_start():
+@pytest.mark.parametrize("env1,env0,args1,args0,named", [
+    ({"DSV4_WARMUP": "0"}, {"DSV4_WARMUP": "1"}, (), (), "node 1 has 2 warm-up mode"),
+    ({"DSV4_WARMUP": "1"}, {"DSV4_WARMUP": "1"}, ("--max-num-batched-tokens", "512"),
+     ("--max-num-batched-tokens", "2048"), "node 1 has 512 rows of the largest step (--max-num-batched-tokens)"),
+    ({"DSV4_WARMUP": "1", "DSV4_WARMUP_PREFILL": "0"}, {"DSV4_WARMUP": "1"}, (), (),
+     "node 1 and node 0 differ in warm-up prefill steps (DSV4_WARMUP_PREFILL)"),
+    ({"DSV4_WARMUP": "1"}, {"DSV4_WARMUP": "1"}, ("--cuda-graph-sizes", "1", "2"), (),
+     "node 1 and node 0 differ in CUDA graph shapes"),
+], ids=["no-warm-up", "batched-tokens", "warmup-prefill", "graph-sizes"])
+def test_nodes_that_would_warm_up_differently_fail_at_start(env1, env0, args1, args0, named):
+    """Every node runs the warm-up's forwards in lock step, so nodes whose warm-up steps would differ are
+    refused at the pool check, naming the flag, before any of their all-reduces could diverge."""
     mport = free_master_port()
-    f = Follower(mport, "-tp", "2", *COMMON, env={"DSV4_WARMUP": "0"})
-    r0 = node0_fails(mport, "-tp", "2", *COMMON, env={"DSV4_WARMUP": "1"})
+    f = Follower(mport, "-tp", "2", *COMMON, *args1, env=env1)
+    r0 = node0_fails(mport, "-tp", "2", *COMMON, *args0, env=env0)
     rc1 = f.proc.wait(timeout=30)
     assert r0.returncode != 0
-    assert "start-up warm-up: " in r0.stderr and "node 1 at 127.0.0.1" in r0.stderr, r0.stderr
+    assert named in r0.stderr, r0.stderr
     assert rc1 != 0
-    assert "node 0 runs a start-up warm-up but this rank has none" in f.text()
+    assert named in f.text()
 
 
 def test_different_tp_on_the_two_nodes_fails_at_start():
