@@ -1147,8 +1147,8 @@ int dsv4_model_runner_warmup(dsv4_model_runner *mr, int *n_graphs, dsv4_err *err
         }
     /* Prefill-sized steps too (positions 0.. of the padding slot; in a paged pool the slot borrows
      * the engine's pages 0.. for them: nothing is mapped before serving, and every request writes
-     * the positions it reads, so what the warm-up leaves there is never seen). Why: a step whose row count (more exactly, whose
-     * power-of-two row bucket: the GEMM library's algorithms are chosen and prepared per bucket,
+     * the positions it reads, so what the warm-up leaves there is never seen). Why: a step whose
+     * row count (more exactly, whose power-of-two row bucket: the GEMM library's algorithms are chosen and prepared per bucket,
      * backend/cuda cu_lt_algo) was never run cost 15-20 ms more than the next one of that count on a
      * 24-layer H200 prefill, and the first long prompt after start 8-12 % more
      * (bench/results/2026-12-01-warmup-prefill-h200.md). Eager, as every prefill step. By default

@@ -137,9 +137,8 @@ static int runner_opts(const dsv4_service_opts *o, dsv4_model_runner_opts *mo, d
      * derive the same plan here and run the warm-up together (node 0 sends it as a step plan,
      * tp_plan.c lead_warmup). --enforce-eager on a GPU: the same shapes run once each at start,
      * uncaptured (warm_eager), so the first requests do not pay the first-use costs either (issue 7:
-     * no first-request penalty) */
-    /* DSV4_WARMUP=0: no start-up warm-up (graphs are then captured at first use); =1: the eager
-     * warm-up on the CPU too (tests: the several-node warm-up plan runs there) */
+     * no first-request penalty). DSV4_WARMUP=0: no start-up warm-up (graphs are then captured at
+     * first use); =1: the eager warm-up on the CPU too (tests: the several-node plan runs there) */
     const char *ew = getenv("DSV4_WARMUP");
     int warm = ew && *ew ? strcmp(ew, "0") != 0 : gpu;
     if (o->cuda_graphs || warm) {
