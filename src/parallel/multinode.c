@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/forward.h" /* DSV4_MAX_GRAPH_SIZES */
 #include "parallel/rendezvous.h"
 #include "parallel/tp_plan.h"
 #include "parallel/tp_runner.h"
@@ -43,15 +44,8 @@ static const char *const P_NAME[P_N] = {"--max-model-len", "request slots (--max
                                         "CUDA graph shapes (--cuda-graph-sizes / --compilation-config)",
                                         "rows of the largest step (--max-num-batched-tokens)",
                                         "warm-up prefill steps (DSV4_WARMUP_PREFILL)"};
-/* fields compared as digests: the message names them without printing the numbers */
+/* fields compared as digests (dsv4_rdv_hash): the message names them without printing the numbers */
 static int p_digest(int f) { return f == P_GRAPH_SHAPES || f == P_WARM_PREFILL; }
-
-/* FNV-1a over n int32 values, continuing from h */
-static uint64_t fnv_ints(uint64_t h, const int *v, int n) {
-    for (int i = 0; i < n && v; i++)
-        for (int b = 0; b < 4; b++) h = (h ^ (uint64_t)(((uint32_t)v[i] >> (8 * b)) & 0xffu)) * 1099511628211ull;
-    return h;
-}
 
 static void pool_of(const dsv4_runner *it, const dsv4_model_runner_opts *o, int64_t *p) {
     p[P_SLOTS] = it->n_slots;
@@ -61,18 +55,21 @@ static void pool_of(const dsv4_runner *it, const dsv4_model_runner_opts *o, int6
     p[P_MAX_LEN] = o->max_len;
     p[P_MAX_SPEC] = o->max_spec;
     p[P_WARM_MODE] = 2 * o->cuda_graphs + (o->warm_eager != 0);
-    uint64_t h = 14695981039346656037ull;
-    h = fnv_ints(h, &o->n_graph_sizes, 1);
-    h = fnv_ints(h, o->graph_sizes, o->n_graph_sizes);
-    h = fnv_ints(h, &o->n_graph_rows, 1);
-    h = fnv_ints(h, o->graph_rows, o->n_graph_rows);
-    h = fnv_ints(h, o->graph_rows_max_seqs, o->n_graph_rows);
-    p[P_GRAPH_SHAPES] = (int64_t)(h >> 1);
+    /* the capture sizes, rows per sequence and their size limits, as one list of counts and values */
+    int shapes[2 + DSV4_MAX_GRAPH_SIZES + 2 * 16] = {0}, n = 0;
+    const int ns = o->graph_sizes && o->n_graph_sizes > 0 ? o->n_graph_sizes : 0;
+    const int nr = o->graph_rows && o->n_graph_rows > 0 ? o->n_graph_rows : 0;
+    shapes[n++] = ns;
+    for (int i = 0; i < ns && n < 1 + DSV4_MAX_GRAPH_SIZES; i++) shapes[n++] = o->graph_sizes[i];
+    shapes[n++] = nr;
+    for (int i = 0; i < nr && i < 16; i++) {
+        shapes[n++] = o->graph_rows[i];
+        shapes[n++] = o->graph_rows_max_seqs ? o->graph_rows_max_seqs[i] : 0;
+    }
+    p[P_GRAPH_SHAPES] = (int64_t)(dsv4_rdv_hash(shapes, sizeof(int) * (size_t)n) >> 1);
     p[P_WARM_ROWS] = o->warm_rows;
     const char *wp = getenv("DSV4_WARMUP_PREFILL");
-    h = 14695981039346656037ull;
-    for (; wp && *wp; wp++) h = (h ^ (uint8_t)*wp) * 1099511628211ull;
-    p[P_WARM_PREFILL] = (int64_t)(h >> 1);
+    p[P_WARM_PREFILL] = (int64_t)(dsv4_rdv_hash(wp ? wp : "", wp ? strlen(wp) : 0) >> 1);
 }
 
 /*

@@ -653,7 +653,7 @@ static int first_output(job *j, int timeout_ms) {
     for (;;) {
         int got = 0;
         if (pump(c, 50, &got) || got > 0) return 1;
-        if (timeout_ms >= 0 && now_s() >= t_end) return 0;
+        if (now_s() >= t_end) return 0;
     }
 }
 
@@ -663,9 +663,8 @@ static long stream_read(void *ctx, char *buf, size_t max) {
         j->out_off = j->out_len = 0;
         if (j->sent_done) return -1;
         if (!j->sent_role) {
-            /* the first chunk carries the prompt's logprobs: wait for the
-             * prefill, with keep-alives as any stream does (§3.5) */
-            /* one 14.5 s budget for both waits: a keep-alive at least every 15 s (§3.5) */
+            /* the first chunk carries the prompt's logprobs and comes with the first token: wait
+             * for both, one 14.5 s budget between keep-alives, as any stream (§3.5) */
             const double t_ka = now_s() + 14.5;
             if (!fetch_prompt_logprobs(j, 14500) || !first_output(j, (int)(1000 * (t_ka - now_s())))) {
                 emit(j, ": keep-alive\n\n");
