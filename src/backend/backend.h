@@ -435,6 +435,24 @@ struct dsv4_backend {
     int (*hc_post)(dsv4_backend *be, const dsv4_buf *X, const dsv4_buf *f, const dsv4_buf *post,
                    const dsv4_buf *comb, int n_hc, dsv4_buf *Xout, dsv4_err *err);
 
+    /*
+     * Optional (NULL: hc_post, then hc_pre_norm or hc_pre + rmsnorm). One
+     * sub-layer's hc_post feeding the next sub-layer's hc_pre_norm (§3.2,
+     * §3.7): Xout [T][n_hc·d] = hc_post(X, f, post_in, comb_in) exactly as
+     * hc_post, then y [T][d], post [T][n_hc], comb [T][n_hc²] = hc_pre_norm
+     * of Xout with fn / base / scale / norm. Same outputs as the two ops
+     * (bit for bit where the backend's hc_pre_norm would take the same path).
+     * Xout must not alias X; post / comb must not alias post_in / comb_in;
+     * y must not alias f. Why: the hc_post kernel of every sub-layer but the
+     * last of a step is folded into the next mixes' launch (issue 7: ~40
+     * latency-bound launches a layer at batch 1).
+     */
+    int (*hc_post_pre_norm)(dsv4_backend *be, const dsv4_buf *X, const dsv4_buf *f, const dsv4_buf *post_in,
+                            const dsv4_buf *comb_in, int n_hc, dsv4_buf *Xout, const dsv4_tview *fn,
+                            const dsv4_tview *base, const dsv4_tview *scale, int iters, float eps,
+                            const dsv4_tview *norm, float norm_eps, dsv4_buf *y, dsv4_buf *post, dsv4_buf *comb,
+                            dsv4_err *err);
+
     /* HC head: y[t] = Σ_h (σ(m_h·scale[0] + base[h]) + eps) X_h, m = RMS-normalised fn·x.
      * fn F32 [n_hc][n_hc*d], base [n_hc], scale [1]. §3.6.1. */
     int (*hc_head)(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn, const dsv4_tview *base,
@@ -556,6 +574,16 @@ struct dsv4_backend {
     /* Clamped SwiGLU for the shared expert (§3.5): h = silu(min(g,limit))·clamp(u,±limit). h may alias g. */
     int (*swiglu)(dsv4_backend *be, const dsv4_buf *g, const dsv4_buf *u, float limit,
                   dsv4_buf *h, dsv4_err *err);
+
+    /*
+     * Optional (NULL: swiglu, linear, add). The shared expert's down
+     * projection added to the routed experts' output (§3.5): y [T][w.out] +=
+     * w · h, h = silu(min(g, limit))·clamp(u, ±limit), g, u [T][w.in] (not
+     * written). Same outputs as swiglu(g, u) → h, linear(h, w) → t,
+     * add(y, t) → y. Why: at decode, two kernels fewer a layer (issue 7).
+     */
+    int (*linear_swiglu_add)(dsv4_backend *be, const dsv4_buf *g, const dsv4_buf *u, float limit,
+                             const dsv4_linear *w, dsv4_buf *y, dsv4_err *err);
 
     /* ---- dummy weights (optional; NULL = the backend cannot load dummy weights) ---- */
 

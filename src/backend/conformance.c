@@ -482,6 +482,16 @@ static int conf_linear_multi(conf *c, const dsv4_conf_shape *s) {
     return DSV4_OK;
 }
 
+/* The test side (0) takes linear_swiglu_add where it exists; the reference (1) swiglu, linear, add. */
+static int swiglu_add_side(conf *c, int side, const dsv4_buf *g, const dsv4_buf *u, const dsv4_linear *w, dsv4_buf *h,
+                           dsv4_buf *t, dsv4_buf *y) {
+    dsv4_backend *be = c->be[side];
+    if (side == 0 && be->linear_swiglu_add) return be->linear_swiglu_add(be, g, u, 10.0f, w, y, c->err);
+    int rc = be->swiglu(be, g, u, 10.0f, h, c->err);
+    if (!rc) rc = be->linear(be, h, w, t, c->err);
+    return rc ? rc : be->add(be, y, t, y, c->err);
+}
+
 static int conf_linear(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
     int T = s->rows, rc;
     static const struct { const char *name; dsv4_dtype dt; } kinds[3] = {
@@ -495,6 +505,22 @@ static int conf_linear(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
             (rc = pair(c, DSV4_DT_F32, T, out, NULL, y)))
             return rc;
         RUN(c->be[0]->linear(c->be[0], x[0], &L[0], y[0], c->err), c->be[1]->linear(c->be[1], x[1], &L[1], y[1], c->err));
+        if ((rc = check_f32(c, op, y))) return rc;
+    }
+    {
+        /* linear_swiglu_add (the shared expert's w2 into the routed output): y += w·swiglu(g, u), an FP8 weight
+         * [d][moe_inter]; the test backend's fused op where it has one, the reference's three ops */
+        const char *op = "linear_swiglu_add";
+        int64_t in = s->moe_inter, out = s->d;
+        dsv4_linear h = host_linear(c, DSV4_DT_F8_E4M3, out, in), L[2];
+        dsv4_buf *g[2], *u[2], *y[2], *hb[2], *tb[2];
+        if ((rc = up_linear(c, &h, L)) || (rc = pair(c, DSV4_DT_F32, T, in, hrand(c, (size_t)T * in, 4), g)) ||
+            (rc = pair(c, DSV4_DT_F32, T, in, hrand(c, (size_t)T * in, 20), u)) ||
+            (rc = pair(c, DSV4_DT_F32, T, out, hrand(c, (size_t)T * out, 1), y)) ||
+            (rc = pair(c, DSV4_DT_F32, T, in, NULL, hb)) || (rc = pair(c, DSV4_DT_F32, T, out, NULL, tb)))
+            return rc;
+        RUN(swiglu_add_side(c, 0, g[0], u[0], &L[0], hb[0], tb[0], y[0]),
+            swiglu_add_side(c, 1, g[1], u[1], &L[1], hb[1], tb[1], y[1]));
         if ((rc = check_f32(c, op, y))) return rc;
     }
     const char *op = "linear_grouped";
@@ -521,6 +547,19 @@ static int hc_pre_norm_side(conf *c, int side, const dsv4_buf *X, const dsv4_tvi
         return be->hc_pre_norm(be, X, fn, base, sc, n, 20, 1e-6f, nw, 1e-6f, y, post, comb, c->err);
     int rc = be->hc_pre(be, X, fn, base, sc, n, 20, 1e-6f, y, post, comb, c->err);
     return rc ? rc : be->rmsnorm(be, y, nw, d, 1e-6f, y, c->err);
+}
+
+/* The test side (0) takes hc_post_pre_norm where it exists; the reference (1) hc_post, then hc_pre + rmsnorm. */
+static int hc_post_pre_side(conf *c, int side, const dsv4_buf *X, const dsv4_buf *f, const dsv4_buf *pin,
+                            const dsv4_buf *cin, int n, dsv4_buf *Xo, const dsv4_tview *fn, const dsv4_tview *base,
+                            const dsv4_tview *sc, const dsv4_tview *nw, dsv4_buf *y, dsv4_buf *post, dsv4_buf *comb,
+                            int d) {
+    dsv4_backend *be = c->be[side];
+    if (side == 0 && be->hc_post_pre_norm)
+        return be->hc_post_pre_norm(be, X, f, pin, cin, n, Xo, fn, base, sc, 20, 1e-6f, nw, 1e-6f, y, post, comb,
+                                    c->err);
+    int rc = be->hc_post(be, X, f, pin, cin, n, Xo, c->err);
+    return rc ? rc : hc_pre_norm_side(c, side, Xo, fn, base, sc, n, nw, y, post, comb, d);
 }
 
 static int conf_hc(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
@@ -558,6 +597,20 @@ static int conf_hc(conf *c, const dsv4_conf_shape *s, const dsv4_batch *b) {
             hc_pre_norm_side(c, 1, X[1], &fn[1], &base[1], &sc[1], n, &nw[1], y2[1], p2[1], c2[1], s->d));
         if ((rc = check_f32(c, "hc_pre_norm y", y2)) || (rc = check_f32(c, "hc_pre_norm post", p2)) ||
             (rc = check_f32(c, "hc_pre_norm comb", c2)))
+            return rc;
+        /* hc_post_pre_norm: hc_pre's post / comb (above) feed an hc_post of X and f, then the mixes
+         * of its output with the same weights (the test backend's fused op where it has one) */
+        dsv4_buf *Xo[2], *y3[2], *p3[2], *c3[2];
+        if ((rc = pair(c, DSV4_DT_F32, T, w, NULL, Xo)) || (rc = pair(c, DSV4_DT_F32, T, s->d, NULL, y3)) ||
+            (rc = pair(c, DSV4_DT_F32, T, n, NULL, p3)) || (rc = pair(c, DSV4_DT_F32, T, n * n, NULL, c3)))
+            return rc;
+        op = "hc_post_pre_norm";
+        RUN(hc_post_pre_side(c, 0, X[0], f[0], post[0], comb[0], n, Xo[0], &fn[0], &base[0], &sc[0], &nw[0], y3[0],
+                             p3[0], c3[0], s->d),
+            hc_post_pre_side(c, 1, X[1], f[1], post[1], comb[1], n, Xo[1], &fn[1], &base[1], &sc[1], &nw[1], y3[1],
+                             p3[1], c3[1], s->d));
+        if ((rc = check_f32(c, "hc_post_pre_norm Xout", Xo)) || (rc = check_f32(c, "hc_post_pre_norm y", y3)) ||
+            (rc = check_f32(c, "hc_post_pre_norm post", p3)) || (rc = check_f32(c, "hc_post_pre_norm comb", c3)))
             return rc;
     }
     op = "hc_post";

@@ -170,6 +170,7 @@ static int moe_block(const dsv4_config *cfg, const dsv4_block_dev *blk, dsv4_bac
     const dsv4_linear *lw[2] = {&w->shared.w1, &w->shared.w3};
     dsv4_buf *ly[2] = {g, u};
     if ((rc = linears(be, x, 2, lw, ly, err))) return rc;
+    if (be->linear_swiglu_add) return be->linear_swiglu_add(be, g, u, limit, &w->shared.w2, f, err); /* one op */
     if ((rc = be->swiglu(be, g, u, limit, g, err))) return rc;
     if ((rc = be->linear(be, g, &w->shared.w2, sh, err))) return rc;
     return be->add(be, f, sh, f, err);
@@ -186,33 +187,112 @@ static int hc_pre_normed(dsv4_backend *be, const dsv4_buf *X, const dsv4_hc_w *h
     return rc ? rc : be->rmsnorm(be, y, norm, d, eps, y, err);
 }
 
-int dsv4_block_forward(const dsv4_config *cfg, const dsv4_block_dev *blk, dsv4_layer_state *ls,
-                       dsv4_backend *be, const dsv4_batch *b, dsv4_buf *X, dsv4_err *err) {
+/* Xout = hc_post(X, f, post_in, comb_in), then hc_pre_normed on Xout: one op where the backend has
+ * hc_post_pre_norm (same outputs). post / comb must be other buffers than post_in / comb_in. */
+static int hc_post_pre(dsv4_backend *be, const dsv4_buf *X, const dsv4_buf *f, const dsv4_buf *post_in,
+                       const dsv4_buf *comb_in, int n_hc, dsv4_buf *Xout, const dsv4_hc_w *hc, int iters,
+                       float hc_eps, const dsv4_tview *norm, int d, float eps, dsv4_buf *y, dsv4_buf *post,
+                       dsv4_buf *comb, dsv4_err *err) {
+    if (be->hc_post_pre_norm)
+        return be->hc_post_pre_norm(be, X, f, post_in, comb_in, n_hc, Xout, &hc->fn, &hc->base, &hc->scale, iters,
+                                    hc_eps, norm, eps, y, post, comb, err);
+    int rc = be->hc_post(be, X, f, post_in, comb_in, n_hc, Xout, err);
+    return rc ? rc : hc_pre_normed(be, Xout, hc, n_hc, iters, hc_eps, norm, d, eps, y, post, comb, err);
+}
+
+int dsv4_hc_carry_init(dsv4_backend *be, const dsv4_config *cfg, int T, dsv4_hc_carry *c, dsv4_err *err) {
+    memset(c, 0, sizeof *c);
+    int64_t n_hc = cfg->hc_mult, d = cfg->hidden_size;
+    int rc = be->buf_alloc(be, be->act_dtype, T, n_hc * d, &c->X2, err);
+    if (!rc) rc = be->buf_alloc(be, be->act_dtype, T, d, &c->sub, err);
+    for (int i = 0; i < 2 && !rc; i++) {
+        rc = be->buf_alloc(be, DSV4_DT_F32, T, n_hc, &c->post[i], err);
+        if (!rc) rc = be->buf_alloc(be, DSV4_DT_F32, T, n_hc * n_hc, &c->comb[i], err);
+    }
+    if (rc) dsv4_hc_carry_free(be, c);
+    return rc;
+}
+
+int dsv4_hc_carry_flush(dsv4_backend *be, int n_hc, dsv4_hc_carry *c, dsv4_buf *X, dsv4_err *err) {
+    if (!c->pending) return DSV4_OK;
+    c->pending = 0;
+    return be->hc_post(be, &c->X2, &c->sub, &c->post[c->cur], &c->comb[c->cur], n_hc, X, err);
+}
+
+void dsv4_hc_carry_free(dsv4_backend *be, dsv4_hc_carry *c) {
+    for (int i = 1; i >= 0; i--) { /* newest first (a stream-ordered arena pops at once) */
+        be->buf_free(be, &c->comb[i]);
+        be->buf_free(be, &c->post[i]);
+    }
+    be->buf_free(be, &c->sub);
+    be->buf_free(be, &c->X2);
+    c->pending = 0;
+}
+
+/*
+ * The block as the math reads (§3.2): X → hc_pre → attention → hc_post → X2 → hc_pre → MoE → hc_post → X.
+ * Each hc_post but the block's last runs fused with the hc_pre after it (hc_post_pre); with a carry the
+ * last one may be left pending for the next block's first hc_pre (defer), so a step runs one hc_post
+ * launch instead of two a layer. Two post / comb pairs alternate: the fused op reads one and writes the
+ * other.
+ */
+int dsv4_block_forward_carry(const dsv4_config *cfg, const dsv4_block_dev *blk, dsv4_layer_state *ls,
+                             dsv4_backend *be, const dsv4_batch *b, dsv4_buf *X, dsv4_hc_carry *carry, int defer,
+                             dsv4_err *err) {
     int T = b->n_rows, n_hc = cfg->hc_mult, d = cfg->hidden_size, rc = 0;
     float eps = (float)cfg->rms_norm_eps, hc_eps = (float)cfg->hc_eps;
+    int iters = cfg->hc_sinkhorn_iters;
     dsv4_dtype ad = be->act_dtype;
     if (ls->ratio != blk->w.ratio)
         return dsv4_err_set(err, DSV4_EINTERNAL, "block %d: state ratio %d != layer ratio %d", blk->w.layer_id,
                             ls->ratio, blk->w.ratio);
+    if (carry && (carry->X2.rows != T || carry->pending < 0))
+        return dsv4_err_set(err, DSV4_EINTERNAL, "block %d: hc carry of %lld rows for a batch of %d",
+                            blk->w.layer_id, (long long)carry->X2.rows, T);
     scratch s = {.be = be};
     dsv4_buf *y = sc_alloc(&s, ad, T, d, &rc, err);
-    dsv4_buf *post = sc_alloc(&s, DSV4_DT_F32, T, n_hc, &rc, err);
-    dsv4_buf *comb = sc_alloc(&s, DSV4_DT_F32, T, (int64_t)n_hc * n_hc, &rc, err);
-    dsv4_buf *sub = sc_alloc(&s, ad, T, d, &rc, err);
-    dsv4_buf *X2 = sc_alloc(&s, ad, T, (int64_t)n_hc * d, &rc, err);
-    /* attention half: X → X2 */
-    if (!rc) rc = hc_pre_normed(be, X, &blk->w.hc_attn, n_hc, cfg->hc_sinkhorn_iters, hc_eps, &blk->w.attn_norm, d, eps,
-                                y, post, comb, err);
+    dsv4_buf *sub, *X2, *pp[2], *cc[2];
+    int cur = 0; /* pp[cur], cc[cur]: the post / comb of the pending hc_post (carry) */
+    if (carry) {
+        sub = &carry->sub, X2 = &carry->X2, cur = carry->cur;
+        for (int i = 0; i < 2; i++) pp[i] = &carry->post[i], cc[i] = &carry->comb[i];
+    } else {
+        sub = sc_alloc(&s, ad, T, d, &rc, err);
+        X2 = sc_alloc(&s, ad, T, (int64_t)n_hc * d, &rc, err);
+        for (int i = 0; i < 2; i++) {
+            pp[i] = sc_alloc(&s, DSV4_DT_F32, T, n_hc, &rc, err);
+            cc[i] = sc_alloc(&s, DSV4_DT_F32, T, (int64_t)n_hc * n_hc, &rc, err);
+        }
+    }
+    /* attention half: X → X2 (the previous block's pending hc_post first, fused) */
+    const int nxt = cur ^ 1;
+    if (!rc && carry && carry->pending) {
+        carry->pending = 0;
+        rc = hc_post_pre(be, X2, sub, pp[cur], cc[cur], n_hc, X, &blk->w.hc_attn, iters, hc_eps, &blk->w.attn_norm,
+                         d, eps, y, pp[nxt], cc[nxt], err);
+    } else if (!rc) {
+        rc = hc_pre_normed(be, X, &blk->w.hc_attn, n_hc, iters, hc_eps, &blk->w.attn_norm, d, eps, y, pp[nxt],
+                           cc[nxt], err);
+    }
     if (!rc) rc = attention_block(cfg, blk, ls, be, b, y, sub, &s, err);
     if (!rc && blk->comm) rc = blk->comm->all_reduce_sum(blk->comm, be, sub, err); /* TP: sum the heads' wo_b partials */
-    if (!rc) rc = be->hc_post(be, X, sub, post, comb, n_hc, X2, err);
     /* MoE half: X2 → X */
-    if (!rc) rc = hc_pre_normed(be, X2, &blk->w.hc_ffn, n_hc, cfg->hc_sinkhorn_iters, hc_eps, &blk->w.ffn_norm, d, eps,
-                                y, post, comb, err);
+    if (!rc)
+        rc = hc_post_pre(be, X, sub, pp[nxt], cc[nxt], n_hc, X2, &blk->w.hc_ffn, iters, hc_eps, &blk->w.ffn_norm, d,
+                         eps, y, pp[cur], cc[cur], err);
     if (!rc) rc = moe_block(cfg, blk, be, b, y, sub, &s, err);
     if (!rc && blk->comm) rc = blk->comm->all_reduce_sum(blk->comm, be, sub, err); /* TP: sum the experts' w2 partials */
-    if (!rc) rc = be->hc_post(be, X2, sub, post, comb, n_hc, X, err);
+    if (!rc && carry && defer) {
+        carry->pending = 1, carry->cur = cur; /* X = hc_post(X2, sub, pp[cur], cc[cur]) runs in the next block */
+    } else if (!rc) {
+        rc = be->hc_post(be, X2, sub, pp[cur], cc[cur], n_hc, X, err);
+    }
     sc_free(&s);
     if (rc) dsv4_err_prefix(err, "layer %d: ", blk->w.layer_id);
     return rc;
+}
+
+int dsv4_block_forward(const dsv4_config *cfg, const dsv4_block_dev *blk, dsv4_layer_state *ls,
+                       dsv4_backend *be, const dsv4_batch *b, dsv4_buf *X, dsv4_err *err) {
+    return dsv4_block_forward_carry(cfg, blk, ls, be, b, X, NULL, 0, err);
 }

@@ -125,8 +125,17 @@ int dsv4_forward_launch(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, cons
     int rc = be->buf_alloc(be, be->act_dtype, T, (int64_t)n_hc * d, &X, err);
     if (!rc && dev_taps && !taps.data) rc = be->buf_alloc(be, DSV4_DT_F32, T, (int64_t)n_taps * d, &taps, err);
     if (!rc) rc = be->embed(be, &m->embed, b, n_hc, &X, err);
+    /* where the backend fuses hc_post into the next hc_pre, a block's last hc_post waits for the next
+     * block (not past a tap layer, whose streams are read, nor the last layer) */
+    dsv4_hc_carry carry = {0};
+    const int use_carry = be->hc_post_pre_norm != NULL && m->n_layers > 1;
+    if (!rc && use_carry) rc = dsv4_hc_carry_init(be, cfg, T, &carry, err);
     for (int l = 0; l < m->n_layers && !rc; l++) {
-        rc = dsv4_block_forward(cfg, &m->layers[l], &st->layers[l], be, b, &X, err);
+        int tap = 0;
+        for (int i = 0; i < n_taps; i++) tap |= out->tap_layers[i] == l;
+        const int defer = use_carry && !tap && l + 1 < m->n_layers;
+        rc = dsv4_block_forward_carry(cfg, &m->layers[l], &st->layers[l], be, b, &X, use_carry ? &carry : NULL,
+                                      defer, err);
         int read = 0;
         for (int i = 0; i < n_taps && !rc; i++) {
             if (out->tap_layers[i] != l) continue;
@@ -138,6 +147,8 @@ int dsv4_forward_launch(dsv4_model *m, dsv4_state *st, const dsv4_batch *b, cons
             if (!rc) tap_mean(host, out->read_rows > 0 && out->read_rows < T ? out->read_rows : T, n_hc, d, i, n_taps, out->taps);
         }
     }
+    if (!rc) rc = dsv4_hc_carry_flush(be, n_hc, &carry, &X, err); /* (none pending: the last layer wrote X) */
+    if (use_carry) dsv4_hc_carry_free(be, &carry);
     if (!rc && n_logits > 0) {
         rc = be->buf_alloc(be, be->act_dtype, T, d, &y, err);
         if (!rc) rc = be->hc_head(be, &X, &m->hc_head.fn, &m->hc_head.base, &m->hc_head.scale, n_hc,

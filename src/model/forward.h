@@ -223,6 +223,39 @@ int dsv4_block_forward(const dsv4_config *cfg, const dsv4_block_dev *blk, dsv4_l
                        dsv4_backend *be, const dsv4_batch *b, dsv4_buf *X, dsv4_err *err);
 
 /*
+ * dsv4_hc_carry — a block's last hc_post left pending so that the next
+ * block's first hc_pre runs it, fused, in one op (be->hc_post_pre_norm;
+ * issue 7: one launch fewer a layer at decode). Owned by the caller of the
+ * blocks: X2 [T][hc_mult·d] and sub [T][d] (act dtype) hold the pending
+ * hc_post's streams and sub-layer output, post[cur] [T][hc_mult] and
+ * comb[cur] [T][hc_mult²] (F32) its weights; the blocks also use these as
+ * their own X2 / sub / post / comb. pending = 1: X is not yet the block's
+ * output; dsv4_hc_carry_flush makes it so.
+ */
+typedef struct dsv4_hc_carry {
+    dsv4_buf X2, sub, post[2], comb[2];
+    int cur, pending;
+} dsv4_hc_carry;
+
+/* Allocates the carry's buffers for T rows on be (buf_alloc). Errors: DSV4_ENOMEM / backend allocation
+ * failures, nothing left allocated. */
+int dsv4_hc_carry_init(dsv4_backend *be, const dsv4_config *cfg, int T, dsv4_hc_carry *c, dsv4_err *err);
+/* Runs the pending hc_post into X [T][hc_mult·d] (nothing when none is pending). */
+int dsv4_hc_carry_flush(dsv4_backend *be, int n_hc, dsv4_hc_carry *c, dsv4_buf *X, dsv4_err *err);
+/* Frees the carry's buffers (NULL-data safe). */
+void dsv4_hc_carry_free(dsv4_backend *be, dsv4_hc_carry *c);
+
+/*
+ * dsv4_block_forward with a carry (NULL = dsv4_block_forward): a pending
+ * hc_post in carry runs first, fused with this block's first hc_pre; with
+ * defer != 0 this block's last hc_post is left pending instead of written
+ * to X (carry required). Same outputs as dsv4_block_forward once flushed.
+ */
+int dsv4_block_forward_carry(const dsv4_config *cfg, const dsv4_block_dev *blk, dsv4_layer_state *ls,
+                             dsv4_backend *be, const dsv4_batch *b, dsv4_buf *X, dsv4_hc_carry *carry, int defer,
+                             dsv4_err *err);
+
+/*
  * dsv4_forward — the target model on one batch.
  *  logit_rows[n_logits]: batch rows whose logits are wanted (e.g. the last
  *    row of each prefill segment, every verify row); logits: host F32

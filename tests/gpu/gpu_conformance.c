@@ -729,6 +729,21 @@ static void sm_check_ids(sm_ctx *s, const char *what, int T, dsv4_buf b[2]) {
     free(y);
 }
 
+/* Two outputs of the CUDA backend (a fused op and the ops it replaces) must be the same bits. */
+static void sm_same_bits(sm_ctx *s, const char *what, int T, const dsv4_buf *a, const dsv4_buf *b) {
+    size_t n = (size_t)(a->rows * a->cols), nd = 0;
+    float *x = malloc(n * 4), *y = malloc(n * 4);
+    int bad = !x || !y || a->rows != b->rows || a->cols != b->cols || s->be[0]->buf_read(s->be[0], a, x, &s->e) ||
+              s->be[0]->buf_read(s->be[0], b, y, &s->e);
+    for (size_t i = 0; !bad && i < n; i++) nd += memcmp(&x[i], &y[i], 4) != 0;
+    printf("%-34s T=%-5d %zu of %zu floats differ from the unfused ops: %s\n", what, T, nd, n,
+           bad ? "ERROR" : nd ? "FAIL" : "ok");
+    s->err += bad;
+    s->bad += !bad && nd != 0;
+    free(x);
+    free(y);
+}
+
 #define SMCK(x)                                                         \
     do {                                                                \
         if (x) {                                                        \
@@ -894,6 +909,46 @@ static int small_ops(double tol) {
                 SMCK(s->be[i]->hc_post(s->be[i], &X[i], &fb[i], &pp[i], &pc[i], NHC, &xo[i], &s->e));
             sm_check(s, "hc_post", T, xo);
             SMTIME("hc_post", T, reps, s->be[0]->hc_post(s->be[0], &X[0], &fb[0], &pp[0], &pc[0], NHC, &xo[0], &s->e));
+            /* hc_post_pre_norm (hc_post folded into the next mixes' launch below 16 rows): against the CPU's
+             * composition by normalised error, and bit for bit against CUDA's hc_post (xo above) + hc_pre_norm */
+            if (s->be[0]->hc_post_pre_norm) {
+                dsv4_buf xo2[2], y2[2], p2[2], c2[2], y3[2], p3[2], c3[2];
+                SMCK(sm_pair(s, DSV4_DT_F32, T, N, NULL, xo2) || sm_pair(s, DSV4_DT_F32, T, D, NULL, y2) ||
+                     sm_pair(s, DSV4_DT_F32, T, NHC, NULL, p2) || sm_pair(s, DSV4_DT_F32, T, NHC * NHC, NULL, c2) ||
+                     sm_pair(s, DSV4_DT_F32, T, D, NULL, y3) || sm_pair(s, DSV4_DT_F32, T, NHC, NULL, p3) ||
+                     sm_pair(s, DSV4_DT_F32, T, NHC * NHC, NULL, c3));
+                for (int i = 0; i < 2; i++) {
+                    dsv4_backend *bi = s->be[i];
+                    if (bi->hc_post_pre_norm)
+                        SMCK(bi->hc_post_pre_norm(bi, &X[i], &fb[i], &pp[i], &pc[i], NHC, &xo2[i], &vfn[i], &vbase[i],
+                                                  &vsc[i], 20, 1e-6f, &vnw[i], 1e-6f, &y2[i], &p2[i], &c2[i], &s->e));
+                    else
+                        SMCK(bi->hc_post(bi, &X[i], &fb[i], &pp[i], &pc[i], NHC, &xo2[i], &s->e) ||
+                             bi->hc_pre(bi, &xo2[i], &vfn[i], &vbase[i], &vsc[i], NHC, 20, 1e-6f, &y2[i], &p2[i],
+                                        &c2[i], &s->e) ||
+                             bi->rmsnorm(bi, &y2[i], &vnw[i], D, 1e-6f, &y2[i], &s->e));
+                }
+                sm_check(s, "hc_post_pre_norm Xout", T, xo2);
+                sm_check(s, "hc_post_pre_norm y", T, y2);
+                sm_check(s, "hc_post_pre_norm post", T, p2);
+                sm_check(s, "hc_post_pre_norm comb", T, c2);
+                SMCK(s->be[0]->hc_pre_norm(s->be[0], &xo[0], &vfn[0], &vbase[0], &vsc[0], NHC, 20, 1e-6f, &vnw[0],
+                                           1e-6f, &y3[0], &p3[0], &c3[0], &s->e));
+                sm_same_bits(s, "hc_post_pre_norm Xout (exact)", T, &xo2[0], &xo[0]);
+                sm_same_bits(s, "hc_post_pre_norm y (exact)", T, &y2[0], &y3[0]);
+                sm_same_bits(s, "hc_post_pre_norm post (exact)", T, &p2[0], &p3[0]);
+                sm_same_bits(s, "hc_post_pre_norm comb (exact)", T, &c2[0], &c3[0]);
+                SMTIME("hc_post_pre_norm", T, reps,
+                       s->be[0]->hc_post_pre_norm(s->be[0], &X[0], &fb[0], &pp[0], &pc[0], NHC, &xo2[0], &vfn[0],
+                                                  &vbase[0], &vsc[0], 20, 1e-6f, &vnw[0], 1e-6f, &y2[0], &p2[0],
+                                                  &c2[0], &s->e));
+                SMTIME("hc_post + hc_pre_norm", T, reps,
+                       s->be[0]->hc_post(s->be[0], &X[0], &fb[0], &pp[0], &pc[0], NHC, &xo[0], &s->e) ||
+                           s->be[0]->hc_pre_norm(s->be[0], &xo[0], &vfn[0], &vbase[0], &vsc[0], NHC, 20, 1e-6f,
+                                                 &vnw[0], 1e-6f, &y3[0], &p3[0], &c3[0], &s->e));
+                dsv4_buf *fz[] = {xo2, y2, p2, c2, y3, p3, c3};
+                for (size_t i = 0; i < sizeof fz / sizeof fz[0]; i++) sm_free(s, fz[i]);
+            }
             dsv4_rope rp;
             SMCK(dsv4_rope_init(&rp, 64, 10000.0, 0, 0, 0, 0, &s->e));
             static const int nhs[] = {32, 1}; /* 32 x 512 = the columns of hx */
@@ -912,6 +967,50 @@ static int small_ops(double tol) {
             sm_free(s, xo);
             free(hp);
             free(hf);
+        }
+        /* linear_swiglu_add (the shared expert's w2, FP8 4096 x 2048, added into the routed output; u reaches
+         * the ±10 clamp): against the CPU's swiglu, linear, add, and bit for bit against CUDA's three ops */
+        if (s->be[0]->linear_swiglu_add) {
+            enum { SF = 2048 };
+            dsv4_linear hw2 = host_lin(DSV4_DT_F8_E4M3, D, SF), lw2[2];
+            for (int i = 0; i < 2; i++) {
+                if (s->be[i]->upload_linear) {
+                    SMCK(s->be[i]->upload_linear(s->be[i], &hw2, &lw2[i], &s->e));
+                } else {
+                    lw2[i] = hw2;
+                    SMCK(s->be[i]->upload(s->be[i], &hw2.w, &lw2[i].w, &s->e) ||
+                         s->be[i]->upload(s->be[i], &hw2.scale, &lw2[i].scale, &s->e));
+                }
+            }
+            float *hg = malloc((size_t)T * SF * 4), *hu = malloc((size_t)T * SF * 4), *hy = malloc((size_t)T * D * 4);
+            SMCK(!hg || !hu || !hy);
+            for (size_t i = 0; i < (size_t)T * SF; i++) hg[i] = 4 * frnd(), hu[i] = 20 * frnd();
+            for (size_t i = 0; i < (size_t)T * D; i++) hy[i] = frnd();
+            dsv4_buf gb[2], ub[2], yb2[2], yb3[2], hb[2], tb[2];
+            SMCK(sm_pair(s, DSV4_DT_F32, T, SF, hg, gb) || sm_pair(s, DSV4_DT_F32, T, SF, hu, ub) ||
+                 sm_pair(s, DSV4_DT_F32, T, D, hy, yb2) || sm_pair(s, DSV4_DT_F32, T, D, hy, yb3) ||
+                 sm_pair(s, DSV4_DT_F32, T, SF, NULL, hb) || sm_pair(s, DSV4_DT_F32, T, D, NULL, tb));
+            SMCK(s->be[0]->linear_swiglu_add(s->be[0], &gb[0], &ub[0], 10.0f, &lw2[0], &yb2[0], &s->e));
+            for (int i = 0; i < 2; i++) { /* the three ops: CPU into yb2[1], CUDA into yb3[0] */
+                dsv4_backend *bi = s->be[i];
+                dsv4_buf *yo = i ? &yb2[1] : &yb3[0];
+                SMCK(bi->swiglu(bi, &gb[i], &ub[i], 10.0f, &hb[i], &s->e) ||
+                     bi->linear(bi, &hb[i], &lw2[i], &tb[i], &s->e) || bi->add(bi, yo, &tb[i], yo, &s->e));
+            }
+            sm_check(s, "linear_swiglu_add (shared w2)", T, yb2);
+            sm_same_bits(s, "linear_swiglu_add (exact)", T, &yb2[0], &yb3[0]);
+            SMTIME("linear_swiglu_add", T, reps,
+                   s->be[0]->linear_swiglu_add(s->be[0], &gb[0], &ub[0], 10.0f, &lw2[0], &yb2[0], &s->e));
+            SMTIME("swiglu + linear + add", T, reps,
+                   s->be[0]->swiglu(s->be[0], &gb[0], &ub[0], 10.0f, &hb[0], &s->e) ||
+                       s->be[0]->linear(s->be[0], &hb[0], &lw2[0], &tb[0], &s->e) ||
+                       s->be[0]->add(s->be[0], &yb3[0], &tb[0], &yb3[0], &s->e));
+            dsv4_buf *fz[] = {gb, ub, yb2, yb3, hb, tb};
+            for (size_t i = 0; i < sizeof fz / sizeof fz[0]; i++) sm_free(s, fz[i]);
+            free(hg);
+            free(hu);
+            free(hy);
+            free_host_lin(&hw2);
         }
         static const int groups[] = {4096, 1024, 512, 64};
         for (int gi = 0; gi < 4; gi++) {

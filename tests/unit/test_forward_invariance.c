@@ -172,6 +172,37 @@ int main(void) {
         CHECK(dsv4_forward_ex(model, st, &tb1.b, &out3, &e) == DSV4_EINVAL);
     }
 
+    /* The hc carry (forward.c, block.c): where the backend has hc_post_pre_norm, each block's last hc_post
+     * runs fused with the next block's first hc_pre, except after a tap layer and the last layer. The CPU's op
+     * is the same ops in the same order, so logits, streams and taps are the same bits as with the op
+     * removed (each hc_post then run on its own): a wrong post / comb pair, a lost or doubled hc_post or a
+     * tap read before its hc_post would show here. */
+    {
+        enum { T = 9 };
+        CHECK(be->hc_post_pre_norm != NULL);
+        static float lg2[2][T * V], st2[2][T * 4 * 64], tp2[2][T * 64];
+        int32_t rows2[T], tap1[1] = {1};
+        for (int t = 0; t < T; t++) rows2[t] = t;
+        const dsv4_backend keep = *be;
+        for (int v = 0; v < 2; v++) {
+            if (v) be->hc_post_pre_norm = NULL;
+            tu_batch tb2;
+            tu_batch_init(&tb2);
+            tu_batch_add(&tb2, 0, 0, T, toks + 5);
+            dsv4_state_reset_slot(st, 0, NULL);
+            dsv4_fwd_out o = {.logit_rows = rows2, .n_logits = T, .logits = lg2[v], .streams = st2[v],
+                              .tap_layers = tap1, .n_taps = 1, .taps = tp2[v]};
+            CHECK_EQ_INT(dsv4_forward_ex(model, st, &tb2.b, &o, &e), 0);
+        }
+        be->hc_post_pre_norm = keep.hc_post_pre_norm;
+        CHECK(memcmp(lg2[0], lg2[1], sizeof lg2[0]) == 0);
+        CHECK(memcmp(st2[0], st2[1], sizeof st2[0]) == 0);
+        CHECK(memcmp(tp2[0], tp2[1], sizeof tp2[0]) == 0);
+        double mx = 0; /* (and the logits are real numbers, not two equal empty buffers) */
+        for (int i = 0; i < T * V; i++) mx = isfinite(lg2[0][i]) ? fmax(mx, fabs(lg2[0][i])) : INFINITY;
+        CHECK(mx > 0 && isfinite(mx));
+    }
+
     /* errors name what is wrong */
     tu_batch tb;
     tu_batch_init(&tb);

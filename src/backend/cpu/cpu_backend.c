@@ -186,6 +186,7 @@ dsv4_backend *dsv4_backend_cpu_create(dsv4_numerics numerics, dsv4_err *err) {
     be->linear_grouped = dsv4_cpu_linear_grouped;
     be->hc_pre = dsv4_cpu_hc_pre;
     be->hc_post = dsv4_cpu_hc_post;
+    be->hc_post_pre_norm = dsv4_cpu_hc_post_pre_norm;
     be->hc_head = dsv4_cpu_hc_head;
     be->hc_mean = dsv4_cpu_hc_mean;
     be->win_store = dsv4_cpu_win_store;

@@ -126,6 +126,23 @@ int dsv4_cpu_hc_post(dsv4_backend *be, const dsv4_buf *X, const dsv4_buf *f, con
     return DSV4_OK;
 }
 
+/* hc_post, then hc_pre and the norm on its output: the ops composed (backend.h hc_post_pre_norm). On
+ * the CPU nothing is gained by fusing; having the op makes the forward carry each block's last hc_post
+ * into the next block here too, so the CPU tests run the carry path the GPU takes. */
+int dsv4_cpu_hc_post_pre_norm(dsv4_backend *be, const dsv4_buf *X, const dsv4_buf *f, const dsv4_buf *post_in,
+                              const dsv4_buf *comb_in, int n_hc, dsv4_buf *Xout, const dsv4_tview *fn,
+                              const dsv4_tview *base, const dsv4_tview *scale, int iters, float eps,
+                              const dsv4_tview *norm, float norm_eps, dsv4_buf *y, dsv4_buf *post, dsv4_buf *comb,
+                              dsv4_err *err) {
+    if (!X || !f || !post_in || !comb_in || !Xout || !y || !post || !comb || !norm)
+        return dsv4_err_set(err, DSV4_EINVAL, "cpu: hc_post_pre_norm: NULL argument");
+    if (post->data == post_in->data || comb->data == comb_in->data || y->data == f->data)
+        return dsv4_err_set(err, DSV4_EINVAL, "cpu: hc_post_pre_norm: post / comb / y alias the hc_post inputs");
+    int rc = dsv4_cpu_hc_post(be, X, f, post_in, comb_in, n_hc, Xout, err);
+    if (!rc) rc = dsv4_cpu_hc_pre(be, Xout, fn, base, scale, n_hc, iters, eps, y, post, comb, err);
+    return rc ? rc : dsv4_cpu_rmsnorm(be, y, norm, (int)y->cols, norm_eps, y, err);
+}
+
 int dsv4_cpu_hc_head(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn, const dsv4_tview *base,
                      const dsv4_tview *scale, int n_hc, float eps, dsv4_buf *y, dsv4_err *err) {
     int rc = dsv4_cpu_check_f32(X, -1, -1, "hc_head X", err);

@@ -116,6 +116,11 @@ int dsv4_cpu_hc_pre(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn, c
                     dsv4_buf *post, dsv4_buf *comb, dsv4_err *err);
 int dsv4_cpu_hc_post(dsv4_backend *be, const dsv4_buf *X, const dsv4_buf *f, const dsv4_buf *post,
                      const dsv4_buf *comb, int n_hc, dsv4_buf *Xout, dsv4_err *err);
+int dsv4_cpu_hc_post_pre_norm(dsv4_backend *be, const dsv4_buf *X, const dsv4_buf *f, const dsv4_buf *post_in,
+                              const dsv4_buf *comb_in, int n_hc, dsv4_buf *Xout, const dsv4_tview *fn,
+                              const dsv4_tview *base, const dsv4_tview *scale, int iters, float eps,
+                              const dsv4_tview *norm, float norm_eps, dsv4_buf *y, dsv4_buf *post, dsv4_buf *comb,
+                              dsv4_err *err);
 int dsv4_cpu_hc_head(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn, const dsv4_tview *base,
                      const dsv4_tview *scale, int n_hc, float eps, dsv4_buf *y, dsv4_err *err);
 /* DSpark tap features: y[:, col0 .. col0+d) = mean over the n_hc streams of X (backend.h hc_mean). */

@@ -573,6 +573,48 @@ static int cu_linear(dsv4_backend *be, const dsv4_buf *x, const dsv4_linear *w, 
     return dsv4_cuda_linear(cb->ctx, &l->cw, (const float *)x->data, (int)x->rows, (float *)y->data, 0, err);
 }
 
+/* y += w·swiglu(g, u) (backend.h linear_swiglu_add): FP8 weights at decode sizes in two kernels
+ * (dsv4_cuda_linear_swiglu_add: the quantiser makes h, the GEMV adds); anything else as swiglu, linear
+ * and add on stream-ordered scratch (same bits either way). DSV4_CUDA_SHARED_FUSE=1|0 picks; default
+ * CU_SHARED_FUSE_DEFAULT (cuda_internal.cuh). */
+static int cu_linear_swiglu_add(dsv4_backend *be, const dsv4_buf *g, const dsv4_buf *u, float limit,
+                                const dsv4_linear *w, dsv4_buf *y, dsv4_err *err) {
+    cu_be *cb = cube(be);
+    const cu_lin *l = lin_of(w, "linear_swiglu_add", err);
+    if (!l) return DSV4_EINVAL;
+    int rc = cu_be_check(g, DSV4_DT_F32, -1, l->in, "linear_swiglu_add g", err);
+    if (!rc) rc = cu_be_check(u, DSV4_DT_F32, g->rows, l->in, "linear_swiglu_add u", err);
+    if (!rc) rc = cu_be_check(y, DSV4_DT_F32, g->rows, l->out, "linear_swiglu_add y", err);
+    if (!rc && (y->data == g->data || y->data == u->data))
+        rc = cu_err(err, DSV4_EINVAL, "cuda: linear_swiglu_add %s: y aliases g or u", lin_name(w));
+    if (rc) return rc;
+    if (g->rows == 0) return DSV4_OK;
+    static int fuse = -1;
+    if (fuse < 0) {
+        const char *e = getenv("DSV4_CUDA_SHARED_FUSE");
+        fuse = e && e[0] ? e[0] != '0' : CU_SHARED_FUSE_DEFAULT;
+    }
+    if (fuse && !l->f32 && l->cw.kind == DSV4_CUDA_W_FP8 && l->cw.out == l->out && l->cw.in == l->in &&
+        be->numerics == DSV4_NUMERICS_REFERENCE) {
+        rc = dsv4_cuda_linear_swiglu_add(cb->ctx, &l->cw, (const float *)g->data, (const float *)u->data, limit,
+                                         (int)g->rows, (float *)y->data, 0, err);
+        if (rc != DSV4_EUNSUPPORTED) return rc;
+    }
+    void *hp = NULL, *tp = NULL;
+    if ((rc = cu_arena_alloc(cb->ctx, (size_t)g->rows * (size_t)l->in * sizeof(float), &hp, err))) return rc;
+    if ((rc = cu_arena_alloc(cb->ctx, (size_t)g->rows * (size_t)l->out * sizeof(float), &tp, err))) {
+        cu_arena_free(cb->ctx, hp);
+        return rc;
+    }
+    dsv4_buf h = {hp, DSV4_DT_F32, g->rows, l->in}, t = {tp, DSV4_DT_F32, g->rows, l->out};
+    rc = cu_be_swiglu(be, g, u, limit, &h, err);
+    if (!rc) rc = cu_linear(be, &h, w, &t, err);
+    if (!rc) rc = cu_be_add(be, y, &t, y, err);
+    cu_arena_free(cb->ctx, tp); /* stream-ordered, newest first */
+    cu_arena_free(cb->ctx, hp);
+    return rc;
+}
+
 /* linear_multi: the FP8 weights (reference numerics) go through
  * dsv4_cuda_linear_group — one activation quantisation, up to 4 weights per
  * launch, the same per-tile sums as the single-weight kernel, so every y[i]
@@ -961,6 +1003,7 @@ extern "C" dsv4_backend *dsv4_backend_cuda_create(dsv4_numerics numerics, int de
     be->hc_pre = cu_be_hc_pre;
     be->hc_pre_norm = cu_be_hc_pre_norm;
     be->hc_post = cu_be_hc_post;
+    be->hc_post_pre_norm = cu_be_hc_post_pre_norm;
     be->hc_head = cu_be_hc_head;
     be->win_store = cu_be_win_store;
     be->compress = cu_be_compress;
@@ -971,6 +1014,7 @@ extern "C" dsv4_backend *dsv4_backend_cuda_create(dsv4_numerics numerics, int de
     be->moe_experts = cu_moe_experts;
     be->experts_ready = cu_experts_ready;
     be->swiglu = cu_be_swiglu;
+    be->linear_swiglu_add = cu_linear_swiglu_add;
     be->hc_mean = cu_hc_mean;
     be->logit_top = cu_be_logit_top;
     be->graph_begin = cu_graph_begin;

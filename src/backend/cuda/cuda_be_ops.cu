@@ -85,8 +85,7 @@ __global__ void k_swiglu(const float *g, const float *u, float limit, float *h, 
     pdl_wait();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    float gv = fminf(g[i], limit), uv = fminf(fmaxf(u[i], -limit), limit);
-    h[i] = gv / (1.0f + expf(-gv)) * uv;
+    h[i] = cu_swiglu1(g[i], u[i], limit);
 }
 
 int cu_be_swiglu(dsv4_backend *be, const dsv4_buf *g, const dsv4_buf *u, float limit, dsv4_buf *h,
@@ -497,9 +496,32 @@ int cu_be_rope_qat_hadamard_fp4(dsv4_backend *be, dsv4_buf *x, int head_dim, con
  * part[t·nch + ch][k] = Σ_col fn[k][col]·x[col] (k < NM) and ssp[t·nch + ch] = Σ x² (double),
  * each summed within warps (xor tree) then over the warps in warp order. fn is loaded before
  * the PDL wait (weights), X after. Shared by k_hc_part_s and k_hc_fused (same sums per chunk). */
-template <int NM, int TH>
+/* The previous sub-layer's hc_post, folded into the mixes' launch (hc_post_pre_norm): X is then the
+ * streams before that hc_post, and Xo receives its output. */
+struct HcPostIn {
+    const float *f, *post, *comb; /* [T][d], [T][NH], [T][NH²] */
+    float *Xo;                    /* [T][NH·d] */
+};
+
+/* hc_post of one output element, stream j at column k of a row (§3.2.4: post_j·f + Σ_i comb[i][j]·x_i),
+ * x = the row's streams + k. The one expression of k_hc_post_v and the fused partials (explicit
+ * roundings, so both compile to the same operations): same bits. */
+template <int NH>
+__device__ __forceinline__ float hc_post_elem(const float (&xv)[NH], float fv, const float *C, const float *po, int j) {
+    float acc = __fmul_rn(po[j], fv);
+#pragma unroll
+    for (int i = 0; i < NH; i++) acc = __fmaf_rn(C[i * NH + j], xv[i], acc);
+    return acc;
+}
+
+template <int NM>
+struct HcNH { /* n_hc from the mix count n_hc (2 + n_hc) */
+    static constexpr int v = NM == 3 ? 1 : NM == 8 ? 2 : NM == 15 ? 3 : 4;
+};
+
+template <int NM, int TH, bool POST = false>
 __device__ __forceinline__ void hc_chunk_partials(const float *__restrict__ X, int64_t n, const void *fn, int fbf16,
-                                                  int nch, float *part, double *ssp) {
+                                                  int nch, float *part, double *ssp, const HcPostIn &pi = HcPostIn{}) {
     __shared__ float sp[TH / 32][NM];
     __shared__ double sq[TH / 32];
     const int t = blockIdx.y, ch = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
@@ -509,7 +531,21 @@ __device__ __forceinline__ void hc_chunk_partials(const float *__restrict__ X, i
 #pragma unroll
     for (int k = 0; k < NM; k++) acc[k] = i < n ? cu_ldf(fn, fbf16, (int64_t)k * n + i) : 0.f; /* weights: before the wait */
     pdl_wait();
-    const float xi = i < n ? X[(int64_t)t * n + i] : 0.f;
+    float xi = 0.f;
+    if (POST) {
+        constexpr int NH = HcNH<NM>::v;
+        if (i < n) { /* (n = NH·d < 2^31: 32-bit division) */
+            const int d = (int)(n / NH), k = (int)i % d, j = (int)i / d;
+            float xv[NH];
+#pragma unroll
+            for (int q = 0; q < NH; q++) xv[q] = X[(int64_t)t * n + (int64_t)q * d + k];
+            xi = hc_post_elem<NH>(xv, pi.f[(int64_t)t * d + k], pi.comb + (int64_t)t * NH * NH,
+                                  pi.post + (int64_t)t * NH, j);
+            pi.Xo[(int64_t)t * n + i] = xi;
+        }
+    } else {
+        xi = i < n ? X[(int64_t)t * n + i] : 0.f;
+    }
     double ss = (double)xi * xi;
 #pragma unroll
     for (int k = 0; k < NM; k++) acc[k] *= xi;
@@ -984,17 +1020,18 @@ static int vec_bf16(const dsv4_tview *v) { return v->dtype == DSV4_DT_BF16; }
 #define HC_F_COLS 9   /* k_hc_fused: y columns per thread (d <= 480·9 = 4320) */
 #define HC_F_MAXT CU_HC_CNT /* rows with an arrival counter (16 = HC_NORM_MIN_T) */
 
-template <int NM>
+template <int NM, bool POST = false>
 __global__ void __launch_bounds__(HC_F_TH) k_hc_fused(const float *__restrict__ X, int64_t n, const void *fn,
                                                      int fbf16, int nch, float *part, double *ssp, unsigned *cnt,
                                                      int n_hc, const void *base, int bbf16, const void *scale,
                                                      int sbf16, int iters, float eps, float *y, float *post,
-                                                     float *comb, const void *nw, int nwbf16, float neps) {
+                                                     float *comb, const void *nw, int nwbf16, float neps,
+                                                     HcPostIn pi) {
     __shared__ float m[HC_MAXM + 1], pre[4];
     __shared__ double ssum;
     __shared__ int last;
     const int t = blockIdx.y, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    hc_chunk_partials<NM, HC_F_TH>(X, n, fn, fbf16, nch, part, ssp);
+    hc_chunk_partials<NM, HC_F_TH, POST>(X, n, fn, fbf16, nch, part, ssp, pi);
     __threadfence(); /* this block's partials are visible before its arrival is counted */
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -1041,14 +1078,15 @@ __global__ void __launch_bounds__(HC_F_TH) k_hc_fused(const float *__restrict__ 
     }
     __shared__ float rs[HC_F_TH / 32];
     const int64_t d = n / n_hc;
-    const float *x = X + (int64_t)t * n;
+    /* POST: the streams this launch's blocks wrote (visible after the fences; read from L2) */
+    const float *x = (POST ? pi.Xo : X) + (int64_t)t * n;
     float *yr = y + (int64_t)t * d;
     float xv[HC_F_COLS][4], yv[HC_F_COLS], ss = 0.f;
 #pragma unroll
     for (int u = 0; u < HC_F_COLS; u++) {
         const int64_t c = threadIdx.x + (int64_t)u * yth;
 #pragma unroll
-        for (int h = 0; h < 4; h++) xv[u][h] = c < d && h < n_hc ? x[h * d + c] : 0.f;
+        for (int h = 0; h < 4; h++) xv[u][h] = c < d && h < n_hc ? (POST ? __ldcg(x + h * d + c) : x[h * d + c]) : 0.f;
     }
 #pragma unroll
     for (int u = 0; u < HC_F_COLS; u++) {
@@ -1120,7 +1158,8 @@ static cudaError_t hc_part(dsv4_cuda_ctx *c, int big, unsigned nch, const float 
 /* k_hc_fused (hc_pre: post != NULL) for T < HC_F_MAXT rows, d <= (HC_F_TH - 32)·HC_F_COLS (hc_run checks). */
 static int hc_run_fused(cu_be *cb, const float *X, int T, int64_t n, int n_hc, int nm, const dsv4_tview *fn,
                         const dsv4_tview *base, const dsv4_tview *scale, int iters, float eps, float *y, float *post,
-                        float *comb, const dsv4_tview *norm, float neps, const char *what, dsv4_err *err) {
+                        float *comb, const dsv4_tview *norm, float neps, const char *what, dsv4_err *err,
+                        const HcPostIn *pi = nullptr) {
     const unsigned nch = (unsigned)((n + HC_F_TH - 1) / HC_F_TH);
     const size_t pb = cu_align((size_t)T * nch * nm * sizeof(float));
     void *ws = NULL;
@@ -1133,9 +1172,14 @@ static int hc_run_fused(cu_be *cb, const float *X, int T, int64_t n, int n_hc, i
     const int nwb = norm && vec_bf16(norm);
     dsv4_cuda_ctx *c = cb->ctx;
     const dim3 g(nch, (unsigned)T), bl(HC_F_TH);
-#define HC_F_LAUNCH(NMV)                                                                                            \
-    cu_launch(c, k_hc_fused<NMV>, g, bl, 0, X, n, fn->data, fb, (int)nch, part, ssp, cb->d_hc_cnt, n_hc, base->data, \
-              vec_bf16(base), scale->data, vec_bf16(scale), iters, eps, y, post, comb, nw, nwb, neps)
+    const HcPostIn pin = pi ? *pi : HcPostIn{};
+#define HC_F_LAUNCH(NMV)                                                                                             \
+    (pi ? cu_launch(c, k_hc_fused<NMV, true>, g, bl, 0, X, n, fn->data, fb, (int)nch, part, ssp, cb->d_hc_cnt, n_hc, \
+                    base->data, vec_bf16(base), scale->data, vec_bf16(scale), iters, eps, y, post, comb, nw, nwb,    \
+                    neps, pin)                                                                                       \
+        : cu_launch(c, k_hc_fused<NMV>, g, bl, 0, X, n, fn->data, fb, (int)nch, part, ssp, cb->d_hc_cnt, n_hc,       \
+                    base->data, vec_bf16(base), scale->data, vec_bf16(scale), iters, eps, y, post, comb, nw, nwb,    \
+                    neps, pin))
     cudaError_t e;
     switch (nm) { /* n_hc (2 + n_hc) for n_hc = 1..4 */
     case 3: e = HC_F_LAUNCH(3); break;
@@ -1284,12 +1328,7 @@ __global__ void k_hc_post_v(const float *X, const float *f, const float *post, c
     const float fv = f[t * d + k];
     float *o = Xo + t * NH * d + k;
 #pragma unroll
-    for (int j = 0; j < NH; j++) {
-        float acc = po[j] * fv;
-#pragma unroll
-        for (int i = 0; i < NH; i++) acc += c[i * NH + j] * xv[i];
-        o[j * d] = acc;
-    }
+    for (int j = 0; j < NH; j++) o[j * d] = hc_post_elem<NH>(xv, fv, c, po, j);
 }
 
 int cu_be_hc_post(dsv4_backend *be, const dsv4_buf *X, const dsv4_buf *f, const dsv4_buf *post,
@@ -1325,6 +1364,69 @@ int cu_be_hc_post(dsv4_backend *be, const dsv4_buf *X, const dsv4_buf *f, const 
     CU_TRY(cu_launch(c, k_hc_post, dim3(nblk(total, 256)), dim3(256), 0, xp, fp, pp, cp, n_hc, d, total, op), err,
            "hc_post");
     return DSV4_OK;
+}
+
+/* DSV4_CUDA_HC_POSTFUSE=1|0: hc_post_pre_norm folds hc_post into k_hc_fused, or runs hc_post, then
+ * hc_pre_norm (same bits). Default CU_HC_POSTFUSE_DEFAULT (cuda_internal.cuh). */
+static int hc_postfuse_on(void) {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("DSV4_CUDA_HC_POSTFUSE");
+        v = e && e[0] ? e[0] != '0' : CU_HC_POSTFUSE_DEFAULT;
+    }
+    return v;
+}
+
+/*
+ * hc_post, then hc_pre_norm on its output (backend.h hc_post_pre_norm). Below
+ * HC_F_MAXT rows (decode / verify) one k_hc_fused launch: every thread
+ * computes its column's hc_post output as k_hc_post_v does (hc_post_elem),
+ * writes it and takes it into the mix partials; the finishing block reads
+ * the new streams back from L2. So the hc_post kernel and its 64 KB round
+ * trip between launches go (H200, batch 1: ~4.4 us a call in the stream,
+ * bench/results/2026-12-02-decode-l2-prefetch-h200.md section 4). Larger
+ * steps run the two ops.
+ */
+int cu_be_hc_post_pre_norm(dsv4_backend *be, const dsv4_buf *X, const dsv4_buf *f, const dsv4_buf *post_in,
+                           const dsv4_buf *comb_in, int n_hc, dsv4_buf *Xout, const dsv4_tview *fn,
+                           const dsv4_tview *base, const dsv4_tview *scale, int iters, float eps,
+                           const dsv4_tview *norm, float norm_eps, dsv4_buf *y, dsv4_buf *post, dsv4_buf *comb,
+                           dsv4_err *err) {
+    if (!X || !f || !post_in || !comb_in || !Xout || !y || !post || !comb || !norm)
+        return cu_err(err, DSV4_EINVAL, "cuda: hc_post_pre_norm: NULL argument");
+    if (post->data == post_in->data || comb->data == comb_in->data || y->data == f->data)
+        return cu_err(err, DSV4_EINVAL, "cuda: hc_post_pre_norm: post / comb / y alias the hc_post inputs");
+    const int64_t T = X->rows, n = X->cols;
+    if (!(hc_postfuse_on() && n_hc > 0 && n_hc <= 4 && T > 0 && hc_fused_fits(T, n, n_hc))) {
+        int rc = cu_be_hc_post(be, X, f, post_in, comb_in, n_hc, Xout, err);
+        return rc ? rc : cu_be_hc_pre_norm(be, Xout, fn, base, scale, n_hc, iters, eps, norm, norm_eps, y, post,
+                                           comb, err);
+    }
+    /* the checks of both ops */
+    int rc = cu_be_check(X, DSV4_DT_F32, -1, -1, "hc_post X", err);
+    if (!rc && (X->cols % n_hc || iters < 1))
+        rc = cu_err(err, DSV4_EINVAL, "cuda: hc_post_pre_norm: cols %lld, n_hc %d, iters %d", (long long)X->cols,
+                    n_hc, iters);
+    if (rc) return rc;
+    const int64_t d = n / n_hc, nm = n_hc * (2 + n_hc);
+    rc = cu_be_check(f, DSV4_DT_F32, T, d, "hc_post f", err);
+    if (!rc) rc = cu_be_check(post_in, DSV4_DT_F32, T, n_hc, "hc_post post", err);
+    if (!rc) rc = cu_be_check(comb_in, DSV4_DT_F32, T, n_hc * n_hc, "hc_post comb", err);
+    if (!rc) rc = cu_be_check(Xout, DSV4_DT_F32, T, n, "hc_post Xout", err);
+    if (!rc && Xout->data == X->data) rc = cu_err(err, DSV4_EINVAL, "cuda: hc_post_pre_norm: Xout aliases X");
+    if (!rc) rc = cu_be_check_vec(fn, nm * n, "hc fn", err);
+    if (!rc) rc = cu_be_check_vec(base, nm, "hc base", err);
+    if (!rc) rc = cu_be_check_vec(scale, 3, "hc scale", err);
+    if (!rc) rc = cu_be_check_vec(norm, d, "hc_pre_norm weight", err);
+    if (!rc) rc = cu_be_check(y, DSV4_DT_F32, T, d, "hc_pre y", err);
+    if (!rc) rc = cu_be_check(post, DSV4_DT_F32, T, n_hc, "hc_pre post", err);
+    if (!rc) rc = cu_be_check(comb, DSV4_DT_F32, T, n_hc * n_hc, "hc_pre comb", err);
+    if (rc) return rc;
+    const HcPostIn pi = {(const float *)f->data, (const float *)post_in->data, (const float *)comb_in->data,
+                         (float *)Xout->data};
+    return hc_run_fused(cube(be), (const float *)X->data, (int)T, n, n_hc, (int)nm, fn, base, scale, iters, eps,
+                        (float *)y->data, (float *)post->data, (float *)comb->data, norm, norm_eps,
+                        "hc_post_pre_norm", err, &pi);
 }
 
 int cu_be_hc_head(dsv4_backend *be, const dsv4_buf *X, const dsv4_tview *fn, const dsv4_tview *base,

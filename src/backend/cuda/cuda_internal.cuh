@@ -141,6 +141,18 @@ __device__ __forceinline__ float pow2_ceil(float r) {
     return __uint_as_float(e << 23);
 }
 
+/* The shared expert's clamped SwiGLU of one element (§3.5): silu(min(g, limit))·clamp(u, ±limit), with
+ * expf and an IEEE division (the CPU's expression). One definition for k_swiglu and the quantiser that
+ * fuses it (same bits). */
+__device__ __forceinline__ float cu_swiglu1(float g, float u, float limit) {
+    const float gv = fminf(g, limit), uv = fminf(fmaxf(u, -limit), limit);
+    return gv / (1.0f + expf(-gv)) * uv;
+}
+
+/* Internal flags of the small-n FP8 GEMV (k_fp8_small), above the public DSV4_CUDA_* output flags:
+ * its input is swiglu(x, u) (FQ form), its output is added to y's old value. */
+enum { CU_LIN_SWIGLU_IN = 1 << 8, CU_LIN_ADD_OUT = 1 << 9 };
+
 __device__ __forceinline__ float round_bf16(float v) {
     return __bfloat162float(__float2bfloat16_rn(v));
 }
@@ -346,8 +358,9 @@ __device__ __forceinline__ float quant_quad(const float (&v)[32], uint32_t (&q)[
 }
 
 /* Internal launchers shared between files (cuda_linear.cu). */
+/* u != NULL: quantise h = cu_swiglu1(x, u, limit) instead of x (the shared expert's w2 input). */
 int cu_act_quant(dsv4_cuda_ctx *ctx, const float *x, int n, int dim, uint8_t *q, float *s,
-                 dsv4_err *err);
+                 dsv4_err *err, const float *u = nullptr, float limit = 0.f);
 /* FP4 GEMV over a token list (cuda_moe.cu uses it for dense FP4 linears too). */
 int cu_fp4_linear(dsv4_cuda_ctx *ctx, const dsv4_cuda_weight *w, const float *x,
                   const uint8_t *xq, const float *xs, int n, float *y, int flags, dsv4_err *err);
@@ -382,5 +395,10 @@ int cu_lt_algo(dsv4_cuda_ctx *c, const cu_lt_shape *sh, cublasLtMatmulDesc_t op,
                size_t ws_bytes, cublasLtMatmulAlgo_t *algo);
 
 #define CU_FUSED_QUANT_MAX 0 /* measured: fusing was slower (bench/results) */
+/* The decode fusions of hc_post into the next hc_pre_norm (hc_post_pre_norm) and of the shared expert's
+ * swiglu + add into its w2 (linear_swiglu_add): on by default once checked and measured on a GPU
+ * (DSV4_CUDA_HC_POSTFUSE / DSV4_CUDA_SHARED_FUSE override). */
+#define CU_HC_POSTFUSE_DEFAULT 0
+#define CU_SHARED_FUSE_DEFAULT 0
 
 #endif

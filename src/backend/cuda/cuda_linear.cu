@@ -22,15 +22,21 @@
 /* ---------------------------------------------------------------- act quant */
 
 /* One warp per (row, 128-block); each lane quantises 4 consecutive values. */
+/* u != NULL: x is g and the values quantised are h = cu_swiglu1(g, u, limit) (the shared expert's w2 input). */
 __global__ void k_act_quant(const float *__restrict__ x, int n, int dim, uint8_t *__restrict__ q,
-                            float *__restrict__ s) {
+                            float *__restrict__ s, const float *__restrict__ u, float limit) {
     pdl_trigger();
     pdl_wait();
     int wid = (int)(((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5);
     int lane = threadIdx.x & 31, nb = dim >> 7;
     if (wid >= n * nb) return;
     int r = wid / nb, b = wid % nb;
-    const float4 v = ((const float4 *)(x + (size_t)r * dim + b * 128))[lane];
+    float4 v = ((const float4 *)(x + (size_t)r * dim + b * 128))[lane];
+    if (u) {
+        const float4 uv = ((const float4 *)(u + (size_t)r * dim + b * 128))[lane];
+        v = make_float4(cu_swiglu1(v.x, uv.x, limit), cu_swiglu1(v.y, uv.y, limit), cu_swiglu1(v.z, uv.z, limit),
+                        cu_swiglu1(v.w, uv.w, limit));
+    }
     float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
 #pragma unroll
     for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
@@ -43,11 +49,11 @@ __global__ void k_act_quant(const float *__restrict__ x, int n, int dim, uint8_t
 }
 
 int cu_act_quant(dsv4_cuda_ctx *c, const float *x, int n, int dim, uint8_t *q, float *s,
-                 dsv4_err *err) {
+                 dsv4_err *err, const float *u, float limit) {
     if (n <= 0) return DSV4_OK;
     size_t warps = (size_t)n * (dim / 128);
     unsigned blocks = (unsigned)((warps * 32 + 255) / 256);
-    CU_TRY(cu_launch(c, k_act_quant, dim3(blocks), dim3(256), 0, x, n, dim, q, s), err, "act_quant");
+    CU_TRY(cu_launch(c, k_act_quant, dim3(blocks), dim3(256), 0, x, n, dim, q, s, u, limit), err, "act_quant");
     return DSV4_OK;
 }
 
@@ -223,7 +229,7 @@ template <bool FQ, bool GROUP>
 __global__ void __launch_bounds__(512, 2) k_fp8_small(const Fp8Group G8, const float *__restrict__ x,
                                                    const uint8_t *__restrict__ xq,
                                                    const float *__restrict__ xs, int n, int K,
-                                                   int flags) {
+                                                   int flags, const float *__restrict__ u, float limit) {
     extern __shared__ __align__(16) uint8_t sm[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, KW = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -243,7 +249,12 @@ __global__ void __launch_bounds__(512, 2) k_fp8_small(const Fp8Group G8, const f
     if (FQ) {
         for (int task = warp; task < n * C; task += KW) {
             const int r = task / C, b = task % C;
-            const float4 v = __ldg((const float4 *)(x + (size_t)r * K + b * 128) + lane);
+            float4 v = __ldg((const float4 *)(x + (size_t)r * K + b * 128) + lane);
+            if (FQ && (flags & CU_LIN_SWIGLU_IN)) { /* x is g: the input is swiglu(g, u) (cu_swiglu1) */
+                const float4 uv = __ldg((const float4 *)(u + (size_t)r * K + b * 128) + lane);
+                v = make_float4(cu_swiglu1(v.x, uv.x, limit), cu_swiglu1(v.y, uv.y, limit),
+                                cu_swiglu1(v.z, uv.z, limit), cu_swiglu1(v.w, uv.w, limit));
+            }
             float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
 #pragma unroll
             for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
@@ -314,6 +325,16 @@ __global__ void __launch_bounds__(512, 2) k_fp8_small(const Fp8Group G8, const f
                     for (int i = 0; i < 4; i++) v[i] = round_bf16(v[i]);
                 float *y = G8.y[wt];
                 const int R = G8.R[wt], r0 = lt * 16 + g, r1 = r0 + 8;
+                if (flags & CU_LIN_ADD_OUT) { /* y += W·x: y's old value + this sum, as k_add (a + b) */
+                    if (t0 < n) {
+                        v[0] = y[(size_t)t0 * R + r0] + v[0];
+                        v[2] = y[(size_t)t0 * R + r1] + v[2];
+                    }
+                    if (t0 + 1 < n) {
+                        v[1] = y[(size_t)(t0 + 1) * R + r0] + v[1];
+                        v[3] = y[(size_t)(t0 + 1) * R + r1] + v[3];
+                    }
+                }
                 if (t0 < n) {
                     y[(size_t)t0 * R + r0] = v[0];
                     y[(size_t)t0 * R + r1] = v[2];
@@ -330,7 +351,8 @@ __global__ void __launch_bounds__(512, 2) k_fp8_small(const Fp8Group G8, const f
 
 template <bool FQ, bool GROUP>
 static int launch_fp8_small(dsv4_cuda_ctx *c, const Fp8Group &G8, int K, const float *x,
-                            const uint8_t *xq, const float *xs, int n, int flags, dsv4_err *err) {
+                            const uint8_t *xq, const float *xs, int n, int flags, dsv4_err *err,
+                            const float *u = nullptr, float limit = 0.f) {
     const int C = K / 128, T = G8.tile0[G8.nw];
     int kw = 1; /* a power of two dividing C, leaving >= 4 chunks per warp and tile */
     while (kw < 16 && C % (kw * 2) == 0 && C / (kw * 2) >= 4) kw *= 2;
@@ -347,7 +369,7 @@ static int launch_fp8_small(dsv4_cuda_ctx *c, const Fp8Group &G8, int K, const f
     int gx = per_sm * c->prop.multiProcessorCount;
     if (gx > T) gx = T;
     CU_TRY(cu_launch(c, k_fp8_small<FQ, GROUP>, dim3((unsigned)gx), dim3(kw * 32), smem, G8, x, xq, xs, n,
-                     K, flags),
+                     K, flags, u, limit),
            err, "fp8 linear (small n)");
     return DSV4_OK;
 }
@@ -355,7 +377,7 @@ static int launch_fp8_small(dsv4_cuda_ctx *c, const Fp8Group &G8, int K, const f
 template <bool FQ>
 static int launch_fp8_small(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const float *x,
                             const uint8_t *xq, const float *xs, int n, float *y, int flags,
-                            dsv4_err *err) {
+                            dsv4_err *err, const float *u = nullptr, float limit = 0.f) {
     Fp8Group G8;
     memset(&G8, 0, sizeof G8);
     G8.nw = 1;
@@ -364,7 +386,7 @@ static int launch_fp8_small(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const f
     G8.y[0] = y;
     G8.R[0] = (int)w->out;
     G8.tile0[1] = (int)(w->out / 16);
-    return launch_fp8_small<FQ, false>(c, G8, (int)w->in, x, xq, xs, n, flags, err);
+    return launch_fp8_small<FQ, false>(c, G8, (int)w->in, x, xq, xs, n, flags, err, u, limit);
 }
 
 template <int NT, bool FQ>
@@ -630,6 +652,35 @@ extern "C" int dsv4_cuda_linear(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, con
     if ((rc = cu_act_quant(c, x, n, (int)w->in, xq, xs, err))) return rc;
     if (w->kind == DSV4_CUDA_W_FP8) return fp8_linear(c, w, x, xq, xs, n, y, flags, err);
     return cu_fp4_linear(c, w, x, xq, xs, n, y, flags, err);
+}
+
+/*
+ * y [n][out] += W · swiglu(g, u) for n <= fuseq_max rows and an FP8 weight
+ * (the shared expert's w2 at decode, spec/MODEL.md §3.5): the activation
+ * quantiser computes h = cu_swiglu1(g, u) as it reads its input and the
+ * small-n GEMV adds the old y in its epilogue, so the swiglu and add kernels
+ * go (~2 us each a layer at batch 1 on an H200, bench/results/2026-12-02-
+ * decode-l2-prefetch-h200.md section 4). Same bits as swiglu, linear, add.
+ * Returns DSV4_EUNSUPPORTED where this path does not apply (the caller
+ * composes the three ops); DSV4_EINVAL on bad arguments.
+ */
+extern "C" int dsv4_cuda_linear_swiglu_add(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const float *g,
+                                           const float *u, float limit, int n, float *y, int flags, dsv4_err *err) {
+    if (!c || !w || n < 0 || (n && (!g || !u || !y)))
+        return cu_err(err, DSV4_EINVAL, "dsv4_cuda_linear_swiglu_add: bad argument");
+    if (n == 0) return DSV4_OK;
+    if (w->kind != DSV4_CUDA_W_FP8 || n > 8 || w->in % 128 || w->out % 16) return DSV4_EUNSUPPORTED;
+    if (n <= c->fuseq_max) /* one launch: the GEMV computes h and quantises it itself */
+        return launch_fp8_small<true>(c, w, g, NULL, NULL, n, y, flags | CU_LIN_SWIGLU_IN | CU_LIN_ADD_OUT, err,
+                                      u, limit);
+    size_t qb = cu_align((size_t)n * w->in), sb = cu_align((size_t)n * (w->in / 128) * sizeof(float));
+    void *ws = NULL;
+    int rc = cu_workspace(c, qb + sb, &ws, err);
+    if (rc) return rc;
+    uint8_t *xq = (uint8_t *)ws;
+    float *xs = (float *)((uint8_t *)ws + qb);
+    if ((rc = cu_act_quant(c, g, n, (int)w->in, xq, xs, err, u, limit))) return rc;
+    return launch_fp8_small<false>(c, w, NULL, xq, xs, n, y, flags | CU_LIN_ADD_OUT, err);
 }
 
 extern "C" int dsv4_cuda_linear_q(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const uint8_t *xq,

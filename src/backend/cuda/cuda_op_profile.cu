@@ -217,6 +217,7 @@ void cu_op_profile_install(dsv4_backend *be) {
     PF_WRAP(hc_pre);
     PF_WRAP(hc_pre_norm);
     PF_WRAP(hc_post);
+    PF_WRAP(hc_post_pre_norm);
     PF_WRAP(hc_head);
     PF_WRAP(win_store);
     PF_WRAP(compress);
@@ -226,6 +227,7 @@ void cu_op_profile_install(dsv4_backend *be) {
     PF_WRAP(moe_route);
     PF_WRAP(moe_experts);
     PF_WRAP(swiglu);
+    PF_WRAP(linear_swiglu_add);
     PF_WRAP(hc_mean);
     PF_WRAP(logit_top);
     be->batch_begin = pf_batch_begin;

@@ -157,6 +157,18 @@ int dsv4_cuda_linear(dsv4_cuda_ctx *ctx, const dsv4_cuda_weight *w, const float 
                      float *y, int flags, dsv4_err *err);
 
 /*
+ * dsv4_cuda_linear_swiglu_add — y [n][out] += W·h, h = silu(min(g, limit))·
+ * clamp(u, ±limit) (g, u [n][in] F32 device; the shared expert's w2,
+ * spec/MODEL.md §3.5), for an FP8 weight and n <= 8: h is made inside the
+ * activation quantiser and the add inside the GEMV, the same bits as
+ * swiglu, dsv4_cuda_linear and an add. flags: as dsv4_cuda_linear (applied
+ * to W·h before the add). DSV4_EUNSUPPORTED (nothing launched) for other
+ * weights or more rows: compose the ops. DSV4_EINVAL on NULL arguments.
+ */
+int dsv4_cuda_linear_swiglu_add(dsv4_cuda_ctx *ctx, const dsv4_cuda_weight *w, const float *g, const float *u,
+                                float limit, int n, float *y, int flags, dsv4_err *err);
+
+/*
  * dsv4_cuda_linear_q — dsv4_cuda_linear for FP8/FP4 weights from activations
  * already quantised by dsv4_cuda_act_quant (xq [n, in] E4M3, xs [n, in/128]),
  * so linears that share an input (wq_a and wkv; shared w1, w3 and the routed
