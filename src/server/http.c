@@ -54,7 +54,7 @@ static enum MHD_Result add_header_bytes(void *cls, enum MHD_ValueKind kind, cons
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     dsv4_stream_src *s = cls;
     long n = s->read(s->ctx, buf, max);
-    return n < 0 ? MHD_CONTENT_READER_END_OF_STREAM : (ssize_t)n;
+    return n == -2 ? MHD_CONTENT_READER_END_WITH_ERROR : n < 0 ? MHD_CONTENT_READER_END_OF_STREAM : (ssize_t)n;
 }
 
 static void stream_free(void *cls) {

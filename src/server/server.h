@@ -47,6 +47,7 @@ void dsv4_server_opts_default(dsv4_server_opts *opts);
  * at the end. close is called exactly once, at the end or when the client
  * goes away (then the producer cancels its request).
  */
+/* read: bytes written to buf (> 0), -1 at the end of the stream, -2 to abort it (the client is gone). */
 typedef struct dsv4_stream_src {
     void *ctx;
     long (*read)(void *ctx, char *buf, size_t max);
@@ -63,7 +64,9 @@ typedef struct dsv4_reply {
     dsv4_stream_src stream;
     /* Set by the HTTP layer before dsv4_router_handle (which keeps them):
      * client_gone(gone_ctx) is nonzero once the client has hung up, so a
-     * non-streaming request can be aborted (SERVING.md §3.5). NULL = unknown. */
+     * request can be aborted while nothing is written to it (a non-streaming
+     * request, a stream before its first chunk; SERVING.md §3.5). Valid while
+     * the connection lives (the stream's close). NULL = unknown. */
     int (*client_gone)(void *gone_ctx);
     void *gone_ctx;
 } dsv4_reply;

@@ -84,7 +84,14 @@ typedef struct job {
     int sent_role, sent_done;
     char *echo_text;
     dsv4_grammar *grammar;   /* the choices' constraint grammar, owned, or NULL */
+    /* streams: the HTTP layer's hang-up test (dsv4_reply.client_gone), checked while nothing is written
+     * (the prefill before the first chunk); NULL = unknown */
+    int (*gone)(void *);
+    void *gone_ctx;
 } job;
+
+/* The stream's client has hung up (only asked while the stream writes nothing: a write would tell too). */
+static int stream_client_gone(job *j) { return j->gone && j->gone(j->gone_ctx); }
 
 static double now_s(void) {
     struct timespec t;
@@ -328,7 +335,8 @@ static cJSON *logprobs_upto(choice *c, int upto) {
 /* Wait up to timeout_ms (-1: no limit) for choice 0's prefill to produce the
  * prompt records. Returns 1 when there is nothing more to wait for (fetched,
  * not asked, or the request ended without them: cancelled or failed), 0 on
- * timeout. HTTP thread, j->mu NOT held. */
+ * timeout, -1 when a stream's client hung up meanwhile. HTTP thread, j->mu
+ * NOT held. */
 static int fetch_prompt_logprobs(job *j, int timeout_ms) {
     if (j->n_plp || j->plp_gone || (!j->echo_lp && j->plp_n < 0)) return 1;
     if (!j->plp) j->plp = malloc(sizeof *j->plp * (size_t)j->n_prompt);
@@ -348,6 +356,7 @@ static int fetch_prompt_logprobs(job *j, int timeout_ms) {
             if (!j->n_plp) j->plp_gone = 1;
             return 1;
         }
+        if (j->stream && stream_client_gone(j)) return -1;
         if (timeout_ms >= 0 && now_s() >= t_end) return 0;
     }
 }
@@ -639,11 +648,15 @@ static int pump_all(job *j) {
 
 /*
  * Wait up to timeout_ms for choice 0's first token (or its end). Returns 1
- * once there, 0 on timeout. Why the first chunk waits for it: vLLM sends its
- * first chunk (the chat role, or completion text) with the first output, and
- * clients measure TTFT at the first chunk — vLLM's `bench serve` counts any
- * chunk with choices — so a chunk sent before the prefill made every TTFT
- * read ~1 ms and moved the prefill into the first inter-token gap.
+ * once there, 0 on timeout, -1 when the client hung up meanwhile. Why the
+ * first chunk waits for it: vLLM sends its first chunk (the chat role, or
+ * completion text) with the first output, and clients measure TTFT at the
+ * first chunk — vLLM's `bench serve` counts any chunk with choices — so a
+ * chunk sent before the prefill made every TTFT read ~1 ms and moved the
+ * prefill into the first inter-token gap. Why the hang-up check: nothing is
+ * written during the prefill, so a client that goes away (a cancelled agent
+ * call) was noticed only at its first token, after the whole prefill ran
+ * for nobody; now within a poll period (50 ms) as a non-streaming request.
  */
 static int first_output(job *j, int timeout_ms) {
     choice *c = &j->c[0];
@@ -653,6 +666,7 @@ static int first_output(job *j, int timeout_ms) {
     for (;;) {
         int got = 0;
         if (pump(c, 50, &got) || got > 0) return 1;
+        if (stream_client_gone(j)) return -1;
         if (now_s() >= t_end) return 0;
     }
 }
@@ -666,7 +680,10 @@ static long stream_read(void *ctx, char *buf, size_t max) {
             /* the first chunk carries the prompt's logprobs and comes with the first token: wait
              * for both, one 14.5 s budget between keep-alives, as any stream (§3.5) */
             const double t_ka = now_s() + 14.5;
-            if (!fetch_prompt_logprobs(j, 14500) || !first_output(j, (int)(1000 * (t_ka - now_s())))) {
+            int ready = fetch_prompt_logprobs(j, 14500);
+            if (ready > 0) ready = first_output(j, (int)(1000 * (t_ka - now_s())));
+            if (ready < 0) return -2; /* hung up: end the response; stream_close cancels the request */
+            if (!ready) {
                 emit(j, ": keep-alive\n\n");
                 j->t_out = now_s();
                 continue;
@@ -806,6 +823,8 @@ void dsv4_service_run_job(dsv4_service *s, int chat, const int32_t *ids, int n_i
         }
     }
     if (p->stream) {
+        j->gone = out->client_gone;
+        j->gone_ctx = out->gone_ctx;
         out->status = 200;
         out->content_type = "text/event-stream";
         out->stream = (dsv4_stream_src){j, stream_read, stream_close};

@@ -272,6 +272,50 @@ def test_streaming_client_hang_up_cancels_and_logs(default_server):
     assert status == 200
 
 
+def test_streaming_client_hang_up_during_prefill_cancels_before_any_token(server_factory):
+    """A streaming client that closes its socket while its prompt is still being
+    prefilled (a cancelled agent call): nothing has been written yet, so no failed
+    write tells the server; it must notice the hang-up itself and cancel the request
+    before its first token (SERVING.md §3.5), not prefill the whole prompt for nobody.
+    The prompt is prefilled in 188 chunks of 8 tokens; the server checks every 50 ms."""
+    import re
+    import socket
+    import time
+    s = server_factory(DEFAULT_MODEL, "--max-model-len", "4096", "--max-num-batched-tokens", "8",
+                       "--max-num-seqs", "4", "--no-enable-prefix-caching", ready=True)
+    m0 = _metrics(s.base)
+    body = json.dumps({"prompt": [19923] * 1500, "max_tokens": 20, "stream": True, "temperature": 0,
+                       "ignore_eos": True}).encode()
+    sock = socket.create_connection(("127.0.0.1", s.port))
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    sock.close()
+    deadline = time.time() + 120  # a guard against hanging, not a speed bound
+    m1 = m0
+    while time.time() < deadline:
+        m1 = _metrics(s.base)
+        if _metric(m1, "vllm:request_success_total") > _metric(m0, "vllm:request_success_total"):
+            break
+        time.sleep(0.05)
+    abort = 'finished_reason="abort"'
+    assert _metric(m1, "vllm:request_success_total", abort) - _metric(m0, "vllm:request_success_total", abort) == 1
+    assert _metric(m1, "vllm:generation_tokens_total") == _metric(m0, "vllm:generation_tokens_total")
+    deadline = time.time() + 30
+    while True:
+        s.log.seek(0)
+        lines = [ln for ln in s.log.read().decode(errors="replace").splitlines() if "client disconnected" in ln]
+        if lines or time.time() > deadline:
+            break
+        time.sleep(0.1)
+    assert len(lines) == 1, lines
+    assert "during the stream" in lines[0] and re.search(r"after 0 generated tokens", lines[0]), lines[0]
+    # nothing left running, every page back, and the server still answers
+    m2 = _metrics(s.base)
+    assert _metric(m2, "vllm:num_requests_running") == 0 and _metric(m2, "vllm:kv_cache_usage_perc") == 0
+    status, r = request(s.base, "POST", "/v1/completions", {"prompt": "Hello", "max_tokens": 2})
+    assert status == 200, r
+
+
 def test_half_open_connection_flood_does_not_lock_out_clients(default_server):
     """~1000 clients that send half a request and wait must not lock others out
     (select() stopped at FD_SETSIZE=1024 and the soft fd limit was 1024)."""
