@@ -631,6 +631,19 @@ int cu_bf16_linear(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const float *x, 
 int cu_bf16_linear_group(dsv4_cuda_ctx *c, int nw, const dsv4_cuda_weight *const *w, const float *x, int n,
                          float *const *y, int flags, dsv4_err *err);
 
+/* x [n][K] (or h = swiglu(x, u) when u != NULL) quantised W8A8 into the context's workspace:
+ * *xq [n][K] E4M3, *xs [n][K/128] scales (valid until the next workspace user). */
+static int quant_input(dsv4_cuda_ctx *c, const float *x, const float *u, float limit, int n, int K, uint8_t **xq,
+                       float **xs, dsv4_err *err) {
+    size_t qb = cu_align((size_t)n * K), sb = cu_align((size_t)n * (K / 128) * sizeof(float));
+    void *ws = NULL;
+    int rc = cu_workspace(c, qb + sb, &ws, err);
+    if (rc) return rc;
+    *xq = (uint8_t *)ws;
+    *xs = (float *)((uint8_t *)ws + qb);
+    return cu_act_quant(c, x, n, K, *xq, *xs, err, u, limit);
+}
+
 extern "C" int dsv4_cuda_linear(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const float *x, int n,
                                 float *y, int flags, dsv4_err *err) {
     if (!c || !w || n < 0 || (n && (!x || !y)))
@@ -643,19 +656,16 @@ extern "C" int dsv4_cuda_linear(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, con
         if (w->kind == DSV4_CUDA_W_FP8) return fp8_linear(c, w, x, NULL, NULL, n, y, flags, err);
         return cu_fp4_linear(c, w, x, NULL, NULL, n, y, flags, err);
     }
-    size_t qb = cu_align((size_t)n * w->in), sb = cu_align((size_t)n * (w->in / 128) * sizeof(float));
-    void *ws = NULL;
-    int rc = cu_workspace(c, qb + sb, &ws, err);
+    uint8_t *xq;
+    float *xs;
+    int rc = quant_input(c, x, NULL, 0.f, n, (int)w->in, &xq, &xs, err);
     if (rc) return rc;
-    uint8_t *xq = (uint8_t *)ws;
-    float *xs = (float *)((uint8_t *)ws + qb);
-    if ((rc = cu_act_quant(c, x, n, (int)w->in, xq, xs, err))) return rc;
     if (w->kind == DSV4_CUDA_W_FP8) return fp8_linear(c, w, x, xq, xs, n, y, flags, err);
     return cu_fp4_linear(c, w, x, xq, xs, n, y, flags, err);
 }
 
 /*
- * y [n][out] += W · swiglu(g, u) for n <= fuseq_max rows and an FP8 weight
+ * y [n][out] += W · swiglu(g, u) for n <= 8 rows and an FP8 weight
  * (the shared expert's w2 at decode, spec/MODEL.md §3.5): the activation
  * quantiser computes h = cu_swiglu1(g, u) as it reads its input and the
  * small-n GEMV adds the old y in its epilogue, so the swiglu and add kernels
@@ -673,13 +683,10 @@ extern "C" int dsv4_cuda_linear_swiglu_add(dsv4_cuda_ctx *c, const dsv4_cuda_wei
     if (n <= c->fuseq_max) /* one launch: the GEMV computes h and quantises it itself */
         return launch_fp8_small<true>(c, w, g, NULL, NULL, n, y, flags | CU_LIN_SWIGLU_IN | CU_LIN_ADD_OUT, err,
                                       u, limit);
-    size_t qb = cu_align((size_t)n * w->in), sb = cu_align((size_t)n * (w->in / 128) * sizeof(float));
-    void *ws = NULL;
-    int rc = cu_workspace(c, qb + sb, &ws, err);
+    uint8_t *xq;
+    float *xs;
+    int rc = quant_input(c, g, u, limit, n, (int)w->in, &xq, &xs, err);
     if (rc) return rc;
-    uint8_t *xq = (uint8_t *)ws;
-    float *xs = (float *)((uint8_t *)ws + qb);
-    if ((rc = cu_act_quant(c, g, n, (int)w->in, xq, xs, err, u, limit))) return rc;
     return launch_fp8_small<false>(c, w, NULL, xq, xs, n, y, flags | CU_LIN_ADD_OUT, err);
 }
 
