@@ -34,3 +34,15 @@ for F in 1 0 1 0; do
     --warmup 3 --steps 20 --logits ids 2>&1 | grep -v "CUDA graph for\|captured a graph\|INFO" | grep -E "^ *[0-9]+ |rror" \
     | tee -a "$O/perf_$F.txt"
 done
+# 3 (STAMPS=1, a second call if the first ran long): per-op time inside the replayed batch-1 graph, both ways
+if [ -n "${STAMPS:-}" ]; then
+  for F in 1 0; do
+    for R in 1 6; do
+      echo "== op stamps fused=$F rows $R"
+      DSV4_CUDA_HC_POSTFUSE=$F DSV4_CUDA_SHARED_FUSE=$F DSV4_CUDA_OP_PROFILE=2 timeout 90 bin/dsv4 perf v4-0731 \
+        --load-format dummy --hf-overrides '{"num_hidden_layers": 24}' --device cuda --batch 1 --rows-per-seq $R \
+        --context 4096 --warmup 3 --steps 20 --logits ids 2>&1 | grep -E "op stamps" | tail -1 | cut -c1-600 \
+        | tee -a "$O/stamps_$F.txt"
+    done
+  done
+fi
