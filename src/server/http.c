@@ -54,7 +54,7 @@ static enum MHD_Result add_header_bytes(void *cls, enum MHD_ValueKind kind, cons
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     dsv4_stream_src *s = cls;
     long n = s->read(s->ctx, buf, max);
-    return n == -2 ? MHD_CONTENT_READER_END_WITH_ERROR : n < 0 ? MHD_CONTENT_READER_END_OF_STREAM : (ssize_t)n;
+    return n < 0 ? MHD_CONTENT_READER_END_OF_STREAM : (ssize_t)n;
 }
 
 static void stream_free(void *cls) {
@@ -86,9 +86,12 @@ static enum MHD_Result send_reply(struct MHD_Connection *c, dsv4_reply *r) {
     return ret;
 }
 
-/* The client of this connection has closed it (EOF or a socket error). Runs on
- * the connection's own thread while MHD is not reading it, so peeking is safe;
- * pipelined bytes of a next request do not count as a hang-up. */
+/* Has the client of this connection gone? 1: the connection is broken (reset
+ * or a socket error); 2: the client sent EOF (it closed the socket, or only
+ * shut down its sending side and still reads: the two look the same until
+ * something is written); 0: no sign. Runs on the connection's own thread
+ * while MHD is not reading it, so peeking is safe; pipelined bytes of a next
+ * request do not count. */
 static int client_gone(void *ctx) {
     int fd = (int)(intptr_t)ctx;
     struct pollfd p = {.fd = fd, .events = POLLIN};
@@ -96,7 +99,8 @@ static int client_gone(void *ctx) {
     if (p.revents & (POLLERR | POLLNVAL)) return 1;
     char b;
     ssize_t k = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-    return k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+    if (k == 0) return 2;
+    return k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,

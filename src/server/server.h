@@ -47,7 +47,7 @@ void dsv4_server_opts_default(dsv4_server_opts *opts);
  * at the end. close is called exactly once, at the end or when the client
  * goes away (then the producer cancels its request).
  */
-/* read: bytes written to buf (> 0), -1 at the end of the stream, -2 to abort it (the client is gone). */
+/* read: bytes written to buf (> 0), or -1 to end the stream (done, or the client is gone: close says which). */
 typedef struct dsv4_stream_src {
     void *ctx;
     long (*read)(void *ctx, char *buf, size_t max);
@@ -65,8 +65,11 @@ typedef struct dsv4_reply {
     /* Set by the HTTP layer before dsv4_router_handle (which keeps them):
      * client_gone(gone_ctx) is nonzero once the client has hung up, so a
      * request can be aborted while nothing is written to it (a non-streaming
-     * request, a stream before its first chunk; SERVING.md §3.5). Valid while
-     * the connection lives (the stream's close). NULL = unknown. */
+     * request, a stream before its first chunk; SERVING.md §3.5): 1 = the
+     * connection is broken, 2 = the client sent EOF (closed, or half-closed
+     * and still reading: a stream tells them apart by writing a keep-alive
+     * comment, which a closed socket answers with a reset). Valid while the
+     * connection lives (the stream's close). NULL = unknown. */
     int (*client_gone)(void *gone_ctx);
     void *gone_ctx;
 } dsv4_reply;

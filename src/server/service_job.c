@@ -88,10 +88,17 @@ typedef struct job {
      * (the prefill before the first chunk); NULL = unknown */
     int (*gone)(void *);
     void *gone_ctx;
+    int probed;              /* the client sent EOF and a keep-alive went out to see whether it still reads */
 } job;
 
-/* The stream's client has hung up (only asked while the stream writes nothing: a write would tell too). */
-static int stream_client_gone(job *j) { return j->gone && j->gone(j->gone_ctx); }
+/* Has the stream's client hung up? Asked only while the stream writes nothing (a write would tell too).
+ * 1: gone (the connection is broken); 2: it sent EOF and no keep-alive has probed it yet (a closed socket
+ * answers the keep-alive with a reset, seen by the next call; a half-closed client reads it and stays);
+ * 0: no sign. */
+static int stream_client_gone(job *j) {
+    const int g = j->gone ? j->gone(j->gone_ctx) : 0;
+    return g == 1 ? 1 : g == 2 && !j->probed ? 2 : 0;
+}
 
 static double now_s(void) {
     struct timespec t;
@@ -335,7 +342,8 @@ static cJSON *logprobs_upto(choice *c, int upto) {
 /* Wait up to timeout_ms (-1: no limit) for choice 0's prefill to produce the
  * prompt records. Returns 1 when there is nothing more to wait for (fetched,
  * not asked, or the request ended without them: cancelled or failed), 0 on
- * timeout, -1 when a stream's client hung up meanwhile. HTTP thread, j->mu
+ * timeout, -1 / -2 when a stream's client hung up / sent EOF meanwhile
+ * (stream_client_gone). HTTP thread, j->mu
  * NOT held. */
 static int fetch_prompt_logprobs(job *j, int timeout_ms) {
     if (j->n_plp || j->plp_gone || (!j->echo_lp && j->plp_n < 0)) return 1;
@@ -356,7 +364,8 @@ static int fetch_prompt_logprobs(job *j, int timeout_ms) {
             if (!j->n_plp) j->plp_gone = 1;
             return 1;
         }
-        if (j->stream && stream_client_gone(j)) return -1;
+        const int g = j->stream ? stream_client_gone(j) : 0;
+        if (g) return -g;
         if (timeout_ms >= 0 && now_s() >= t_end) return 0;
     }
 }
@@ -648,7 +657,8 @@ static int pump_all(job *j) {
 
 /*
  * Wait up to timeout_ms for choice 0's first token (or its end). Returns 1
- * once there, 0 on timeout, -1 when the client hung up meanwhile. Why the
+ * once there, 0 on timeout, -1 / -2 when the client hung up / sent EOF
+ * meanwhile (stream_client_gone). Why the
  * first chunk waits for it: vLLM sends its first chunk (the chat role, or
  * completion text) with the first output, and clients measure TTFT at the
  * first chunk — vLLM's `bench serve` counts any chunk with choices — so a
@@ -666,7 +676,8 @@ static int first_output(job *j, int timeout_ms) {
     for (;;) {
         int got = 0;
         if (pump(c, 50, &got) || got > 0) return 1;
-        if (stream_client_gone(j)) return -1;
+        const int g = stream_client_gone(j);
+        if (g) return -g;
         if (now_s() >= t_end) return 0;
     }
 }
@@ -682,8 +693,9 @@ static long stream_read(void *ctx, char *buf, size_t max) {
             const double t_ka = now_s() + 14.5;
             int ready = fetch_prompt_logprobs(j, 14500);
             if (ready > 0) ready = first_output(j, (int)(1000 * (t_ka - now_s())));
-            if (ready < 0) return -2; /* hung up: end the response; stream_close cancels the request */
-            if (!ready) {
+            if (ready == -1) return -1; /* hung up: end the response; stream_close cancels the request */
+            if (ready == -2) j->probed = 1; /* EOF: the keep-alive below tells a closed client from a half-closed one */
+            if (ready <= 0) {
                 emit(j, ": keep-alive\n\n");
                 j->t_out = now_s();
                 continue;

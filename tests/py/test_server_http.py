@@ -316,6 +316,42 @@ def test_streaming_client_hang_up_during_prefill_cancels_before_any_token(server
     assert status == 200, r
 
 
+def test_streaming_client_that_half_closes_still_gets_its_stream(default_server):
+    """A streaming client that shuts down only its sending side after the request
+    (shutdown(SHUT_WR)) and keeps reading is not a hang-up: the server sees EOF, sends one
+    keep-alive comment to tell it from a closed socket (which answers with a reset), and
+    the whole stream arrives, ending with [DONE]; nothing is aborted."""
+    import socket
+    import time
+    s = default_server
+    m0 = _metrics(s.base)
+    body = json.dumps({"prompt": "Hi", "max_tokens": 4, "stream": True, "temperature": 0,
+                       "ignore_eos": True}).encode()
+    sock = socket.create_connection(("127.0.0.1", s.port))
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    sock.shutdown(socket.SHUT_WR)
+    sock.settimeout(120)  # a guard against hanging, not a speed bound
+    got = b""
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        got += chunk
+    sock.close()
+    assert b"data: [DONE]" in got, got[-200:]
+    assert got.count(b'"text"') >= 4, got
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        m1 = _metrics(s.base)
+        if _metric(m1, "vllm:request_success_total") > _metric(m0, "vllm:request_success_total"):
+            break
+        time.sleep(0.05)
+    abort = 'finished_reason="abort"'
+    assert _metric(m1, "vllm:request_success_total", abort) == _metric(m0, "vllm:request_success_total", abort)
+    assert _metric(m1, "vllm:generation_tokens_total") - _metric(m0, "vllm:generation_tokens_total") == 4
+
+
 def test_half_open_connection_flood_does_not_lock_out_clients(default_server):
     """~1000 clients that send half a request and wait must not lock others out
     (select() stopped at FD_SETSIZE=1024 and the soft fd limit was 1024)."""
