@@ -246,7 +246,7 @@ int dsv4_block_forward_carry(const dsv4_config *cfg, const dsv4_block_dev *blk, 
     if (ls->ratio != blk->w.ratio)
         return dsv4_err_set(err, DSV4_EINTERNAL, "block %d: state ratio %d != layer ratio %d", blk->w.layer_id,
                             ls->ratio, blk->w.ratio);
-    if (carry && (carry->X2.rows != T || carry->pending < 0))
+    if (carry && carry->X2.rows != T)
         return dsv4_err_set(err, DSV4_EINTERNAL, "block %d: hc carry of %lld rows for a batch of %d",
                             blk->w.layer_id, (long long)carry->X2.rows, T);
     scratch s = {.be = be};
