@@ -142,16 +142,16 @@ __device__ __forceinline__ float pow2_ceil(float r) {
 }
 
 /* The shared expert's clamped SwiGLU of one element (§3.5): silu(min(g, limit))·clamp(u, ±limit), with
- * expf and an IEEE division (the CPU's expression). One definition for k_swiglu and the quantiser that
+ * expf and an IEEE division (the CPU's expression). One definition for k_swiglu and k_act_quant, which
  * fuses it (same bits). */
 __device__ __forceinline__ float cu_swiglu1(float g, float u, float limit) {
     const float gv = fminf(g, limit), uv = fminf(fmaxf(u, -limit), limit);
     return gv / (1.0f + expf(-gv)) * uv;
 }
 
-/* Internal flags of the small-n FP8 GEMV (k_fp8_small), above the public DSV4_CUDA_* output flags:
- * its input is swiglu(x, u) (FQ form), its output is added to y's old value. */
-enum { CU_LIN_SWIGLU_IN = 1 << 8, CU_LIN_ADD_OUT = 1 << 9 };
+/* Internal flag of the small-n FP8 GEMV (k_fp8_small), above the public DSV4_CUDA_* output flags: its
+ * output is added to y's old value. */
+enum { CU_LIN_ADD_OUT = 1 << 9 };
 
 __device__ __forceinline__ float round_bf16(float v) {
     return __bfloat162float(__float2bfloat16_rn(v));

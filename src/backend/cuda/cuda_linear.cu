@@ -229,7 +229,7 @@ template <bool FQ, bool GROUP>
 __global__ void __launch_bounds__(512, 2) k_fp8_small(const Fp8Group G8, const float *__restrict__ x,
                                                    const uint8_t *__restrict__ xq,
                                                    const float *__restrict__ xs, int n, int K,
-                                                   int flags, const float *__restrict__ u, float limit) {
+                                                   int flags) {
     extern __shared__ __align__(16) uint8_t sm[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, KW = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -249,12 +249,7 @@ __global__ void __launch_bounds__(512, 2) k_fp8_small(const Fp8Group G8, const f
     if (FQ) {
         for (int task = warp; task < n * C; task += KW) {
             const int r = task / C, b = task % C;
-            float4 v = __ldg((const float4 *)(x + (size_t)r * K + b * 128) + lane);
-            if (FQ && (flags & CU_LIN_SWIGLU_IN)) { /* x is g: the input is swiglu(g, u) (cu_swiglu1) */
-                const float4 uv = __ldg((const float4 *)(u + (size_t)r * K + b * 128) + lane);
-                v = make_float4(cu_swiglu1(v.x, uv.x, limit), cu_swiglu1(v.y, uv.y, limit),
-                                cu_swiglu1(v.z, uv.z, limit), cu_swiglu1(v.w, uv.w, limit));
-            }
+            const float4 v = __ldg((const float4 *)(x + (size_t)r * K + b * 128) + lane);
             float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
 #pragma unroll
             for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
@@ -351,8 +346,7 @@ __global__ void __launch_bounds__(512, 2) k_fp8_small(const Fp8Group G8, const f
 
 template <bool FQ, bool GROUP>
 static int launch_fp8_small(dsv4_cuda_ctx *c, const Fp8Group &G8, int K, const float *x,
-                            const uint8_t *xq, const float *xs, int n, int flags, dsv4_err *err,
-                            const float *u = nullptr, float limit = 0.f) {
+                            const uint8_t *xq, const float *xs, int n, int flags, dsv4_err *err) {
     const int C = K / 128, T = G8.tile0[G8.nw];
     int kw = 1; /* a power of two dividing C, leaving >= 4 chunks per warp and tile */
     while (kw < 16 && C % (kw * 2) == 0 && C / (kw * 2) >= 4) kw *= 2;
@@ -369,7 +363,7 @@ static int launch_fp8_small(dsv4_cuda_ctx *c, const Fp8Group &G8, int K, const f
     int gx = per_sm * c->prop.multiProcessorCount;
     if (gx > T) gx = T;
     CU_TRY(cu_launch(c, k_fp8_small<FQ, GROUP>, dim3((unsigned)gx), dim3(kw * 32), smem, G8, x, xq, xs, n,
-                     K, flags, u, limit),
+                     K, flags),
            err, "fp8 linear (small n)");
     return DSV4_OK;
 }
@@ -377,7 +371,7 @@ static int launch_fp8_small(dsv4_cuda_ctx *c, const Fp8Group &G8, int K, const f
 template <bool FQ>
 static int launch_fp8_small(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const float *x,
                             const uint8_t *xq, const float *xs, int n, float *y, int flags,
-                            dsv4_err *err, const float *u = nullptr, float limit = 0.f) {
+                            dsv4_err *err) {
     Fp8Group G8;
     memset(&G8, 0, sizeof G8);
     G8.nw = 1;
@@ -386,7 +380,7 @@ static int launch_fp8_small(dsv4_cuda_ctx *c, const dsv4_cuda_weight *w, const f
     G8.y[0] = y;
     G8.R[0] = (int)w->out;
     G8.tile0[1] = (int)(w->out / 16);
-    return launch_fp8_small<FQ, false>(c, G8, (int)w->in, x, xq, xs, n, flags, err, u, limit);
+    return launch_fp8_small<FQ, false>(c, G8, (int)w->in, x, xq, xs, n, flags, err);
 }
 
 template <int NT, bool FQ>
@@ -680,9 +674,6 @@ extern "C" int dsv4_cuda_linear_swiglu_add(dsv4_cuda_ctx *c, const dsv4_cuda_wei
         return cu_err(err, DSV4_EINVAL, "dsv4_cuda_linear_swiglu_add: bad argument");
     if (n == 0) return DSV4_OK;
     if (w->kind != DSV4_CUDA_W_FP8 || n > 8 || w->in % 128 || w->out % 16) return DSV4_EUNSUPPORTED;
-    if (n <= c->fuseq_max) /* one launch: the GEMV computes h and quantises it itself */
-        return launch_fp8_small<true>(c, w, g, NULL, NULL, n, y, flags | CU_LIN_SWIGLU_IN | CU_LIN_ADD_OUT, err,
-                                      u, limit);
     uint8_t *xq;
     float *xs;
     int rc = quant_input(c, g, u, limit, n, (int)w->in, &xq, &xs, err);
