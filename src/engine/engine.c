@@ -4,6 +4,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "engine/engine.h"
 #include "engine/spec_verify.h"
@@ -38,6 +41,14 @@ struct dsv4_request {
     struct dsv4_request *next;
 };
 
+/* Host sampling scratch of one thread (decode_segment). */
+typedef struct samp_ws {
+    float *probs;    /* [(k+1)][vocab] */
+    float *vscratch; /* [vocab] */
+    float *mlogits;  /* [vocab] masked copy of a row (constrained requests) */
+    void *sscratch;  /* dsv4_sampling_scratch_bytes(vocab) */
+} samp_ws;
+
 struct dsv4_engine {
     dsv4_engine_opts o;
     dsv4_runner run;
@@ -70,10 +81,8 @@ struct dsv4_engine {
     /* step scratch (engine thread only) */
     float *logits;
     size_t logits_cap;
-    float *probs;         /* [(k+1)][vocab] */
-    float *vscratch;      /* [vocab] */
-    float *mlogits;       /* [vocab] masked copy of a row (constrained requests) */
-    void *sscratch;
+    samp_ws *ws;          /* [n_ws] sampling scratch, one per sampling thread (ws[0]: the engine thread) */
+    int n_ws;
     /* greedy ids from the runner (forward_ids) instead of logits, issue 7 */
     int ids_on;           /* runner has forward_ids and DSV4_DEVICE_ARGMAX is not "0" */
     int32_t *ids;         /* [ids_cap] */
@@ -138,11 +147,22 @@ int dsv4_engine_create(const dsv4_engine_opts *opts, const dsv4_runner *runner, 
     e->free_slots = malloc(sizeof(int) * (size_t)runner->n_slots);
     e->cache = calloc((size_t)runner->n_slots, sizeof *e->cache);
     e->caching = opts->enable_prefix_caching && runner->reusable && runner->resume;
-    e->probs = malloc(sizeof(float) * V * (size_t)(opts->spec_k + 1));
-    e->vscratch = malloc(sizeof(float) * V);
-    e->mlogits = malloc(sizeof(float) * V);
-    e->sscratch = malloc(dsv4_sampling_scratch_bytes(runner->vocab));
-    if (!e->free_slots || !e->cache || !e->probs || !e->vscratch || !e->mlogits || !e->sscratch) {
+    /* one sampling scratch per OpenMP thread (OMP_NUM_THREADS; 1 without OpenMP): decode_segments */
+    e->n_ws = 1;
+#ifdef _OPENMP
+    e->n_ws = omp_get_max_threads() < 1 ? 1 : omp_get_max_threads();
+#endif
+    e->ws = calloc((size_t)e->n_ws, sizeof *e->ws);
+    int ws_ok = e->ws != NULL;
+    for (int i = 0; ws_ok && i < e->n_ws; i++) {
+        samp_ws *w = &e->ws[i];
+        w->probs = malloc(sizeof(float) * V * (size_t)(opts->spec_k + 1));
+        w->vscratch = malloc(sizeof(float) * V);
+        w->mlogits = malloc(sizeof(float) * V);
+        w->sscratch = malloc(dsv4_sampling_scratch_bytes(runner->vocab));
+        ws_ok = w->probs && w->vscratch && w->mlogits && w->sscratch;
+    }
+    if (!e->free_slots || !e->cache || !ws_ok) {
         dsv4_engine_free(e);
         return dsv4_err_set(err, DSV4_ENOMEM, "out of memory creating the engine");
     }
@@ -640,11 +660,11 @@ typedef struct seg {
 
 /* The row a request samples from: the raw logits, or a copy masked by the
  * request's logits processor (constrained decoding, engine.h). */
-static const float *sample_row(dsv4_engine *e, dsv4_request *r, const float *lg) {
+static const float *sample_row(dsv4_engine *e, samp_ws *w, dsv4_request *r, const float *lg) {
     if (!r->p.logits_proc) return lg;
-    memcpy(e->mlogits, lg, sizeof(float) * (size_t)e->run.vocab);
-    r->p.logits_proc(r->p.proc_user, r->tok + r->n_prompt, r->n_tok - r->n_prompt, e->mlogits, e->run.vocab);
-    return e->mlogits;
+    memcpy(w->mlogits, lg, sizeof(float) * (size_t)e->run.vocab);
+    r->p.logits_proc(r->p.proc_user, r->tok + r->n_prompt, r->n_tok - r->n_prompt, w->mlogits, e->run.vocab);
+    return w->mlogits;
 }
 
 /* Prompt logprobs of a computed prefill chunk (lock held): row i (position
@@ -678,6 +698,15 @@ static int greedy_plain(const dsv4_request *r) {
            sp->presence_penalty == 0 && sp->frequency_penalty == 0 && !r->p.logits_proc && !r->lp;
 }
 
+/* Speculation counters of one verified segment: k drafts, n tokens emitted (n - 1 drafts accepted). */
+static void spec_stats_locked(dsv4_engine *e, int k, int n) {
+    e->st.spec_drafts++;
+    e->st.spec_draft_tokens += (uint64_t)k;
+    e->st.spec_accepted_tokens += (uint64_t)(n - 1);
+    for (int j = 0; j < n - 1; j++) e->st.spec_accepted_per_pos[j]++;
+    for (int j = 0; j < k && j < DSV4_MAX_SPEC_K; j++) e->st.spec_draft_per_pos[j]++;
+}
+
 /* Greedy ids of a segment's logit rows (ids path): decode, or verify by exact match. */
 static int decode_segment_ids(dsv4_engine *e, seg *s, const int32_t *ids, int32_t *em) {
     dsv4_request *r = s->r;
@@ -688,16 +717,19 @@ static int decode_segment_ids(dsv4_engine *e, seg *s, const int32_t *ids, int32_
         return 1;
     }
     int n = dsv4_verify_greedy(am, r->drafts, k, em);
-    e->st.spec_drafts++;
-    e->st.spec_draft_tokens += (uint64_t)k;
-    e->st.spec_accepted_tokens += (uint64_t)(n - 1);
-    for (int j = 0; j < n - 1; j++) e->st.spec_accepted_per_pos[j]++;
-    for (int j = 0; j < k && j < DSV4_MAX_SPEC_K; j++) e->st.spec_draft_per_pos[j]++;
+    spec_stats_locked(e, k, n);
     return n;
 }
 
-/* Sample or verify one decode segment; returns the number of emitted tokens. */
-static int decode_segment(dsv4_engine *e, seg *s, int32_t *em) {
+/*
+ * Sample or verify one decode segment; returns the number of emitted tokens
+ * (the caller counts the speculation statistics). Reads the engine's logits
+ * and writes only this request (its drafts' copy after the committed
+ * tokens, its logprobs) and w, so the segments of a step can run on
+ * different threads (dsv4_engine_step), each with its own w; the result does
+ * not depend on which thread runs it.
+ */
+static int decode_segment(dsv4_engine *e, samp_ws *w, seg *s, int32_t *em) {
     dsv4_request *r = s->r;
     int V = e->run.vocab, k = s->k;
     const float *lg = e->logits + (size_t)s->logit0 * (size_t)V;
@@ -708,28 +740,23 @@ static int decode_segment(dsv4_engine *e, seg *s, int32_t *em) {
     memcpy(r->tok + r->n_tok, s->r->drafts, sizeof(int32_t) * (size_t)k);
     int32_t am[DSV4_MAX_SPEC_K + 1];
     for (int j = 0; j <= k; j++)
-        am[j] = dsv4_sampling_probs(sp, k == 0 ? sample_row(e, r, lg) : lg + (size_t)j * V, V, r->tok, r->n_prompt,
-                                    r->tok + r->n_prompt, r->n_tok - r->n_prompt + j, e->probs + (size_t)j * V,
-                                    e->sscratch);
+        am[j] = dsv4_sampling_probs(sp, k == 0 ? sample_row(e, w, r, lg) : lg + (size_t)j * V, V, r->tok,
+                                    r->n_prompt, r->tok + r->n_prompt, r->n_tok - r->n_prompt + j,
+                                    w->probs + (size_t)j * V, w->sscratch);
     if (k == 0) {
         em[0] = sp->temperature == 0 ? am[0]
-                                     : dsv4_sample_from(e->probs, V, dsv4_rng_u01(sp->seed, P + 1, DSV4_RNG_SAMPLE));
+                                     : dsv4_sample_from(w->probs, V, dsv4_rng_u01(sp->seed, P + 1, DSV4_RNG_SAMPLE));
         if (r->lp) dsv4_token_logprob_compute(lg, V, em[0], r->p.top_logprobs, &r->lp[r->n_tok - r->n_prompt]);
         return 1;
     }
     int n = sp->temperature == 0
                 ? dsv4_verify_greedy(am, r->drafts, k, em)
-                : dsv4_verify_sampled(e->probs, r->q_valid ? r->q : NULL, r->drafts, k, V, sp->seed, P + 1,
-                                      e->vscratch, em);
+                : dsv4_verify_sampled(w->probs, r->q_valid ? r->q : NULL, r->drafts, k, V, sp->seed, P + 1,
+                                      w->vscratch, em);
     if (r->lp) /* emitted token j came from verify row j (accepted drafts, then the correction / bonus) */
         for (int j = 0; j < n; j++)
             dsv4_token_logprob_compute(lg + (size_t)j * V, V, em[j], r->p.top_logprobs,
                                        &r->lp[r->n_tok - r->n_prompt + j]);
-    e->st.spec_drafts++;
-    e->st.spec_draft_tokens += (uint64_t)k;
-    e->st.spec_accepted_tokens += (uint64_t)(n - 1);
-    for (int j = 0; j < n - 1; j++) e->st.spec_accepted_per_pos[j]++;
-    for (int j = 0; j < k && j < DSV4_MAX_SPEC_K; j++) e->st.spec_draft_per_pos[j]++;
     return n;
 }
 
@@ -968,6 +995,28 @@ replan:
     e->st.greedy_id_steps += (uint64_t)(use_ids && !frc);
     if (has_verify) e->st.spec_verify_seconds += fwd_s;
     int32_t em[DSV4_MAX_SPEC_K + 1];
+    /* Host sampling of the decode segments first, on several threads when
+     * there are several (each ~1-10 ms at a 129K vocabulary: penalties,
+     * softmax, top-k/top-p, verification; a DSpark request has k+1 rows), then
+     * the commits below in segment order. One segment per request, so this
+     * is the order-independent part of the loop. */
+    int32_t (*pem)[DSV4_MAX_SPEC_K + 1] = NULL;
+    int *pn = NULL, npar = 0;
+    for (int s = 0; !frc && !use_ids && s < nseg; s++) npar += segs[s].decode && segs[s].r->st != RQ_DONE;
+    if (npar > 1 && e->n_ws > 1) {
+        pem = malloc(sizeof *pem * (size_t)nseg);
+        pn = malloc(sizeof *pn * (size_t)nseg);
+    }
+    if (pem && pn) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(e->n_ws)
+        for (int s = 0; s < nseg; s++) {
+            int tid = 0;
+#ifdef _OPENMP
+            tid = omp_get_thread_num();
+#endif
+            pn[s] = segs[s].decode && segs[s].r->st != RQ_DONE ? decode_segment(e, &e->ws[tid], &segs[s], pem[s]) : 0;
+        }
+    }
     for (int s = 0; s < nseg; s++) {
         seg *sg = &segs[s];
         dsv4_request *r = sg->r;
@@ -980,7 +1029,17 @@ replan:
         int n = 0;
         if (sg->decode) {
             int64_t P = r->n_tok - 1;
-            n = use_ids ? decode_segment_ids(e, sg, e->ids, em) : decode_segment(e, sg, em);
+            if (use_ids) {
+                n = decode_segment_ids(e, sg, e->ids, em);
+            } else {
+                if (pem && pn) {
+                    n = pn[s];
+                    memcpy(em, pem[s], sizeof(int32_t) * (size_t)n);
+                } else {
+                    n = decode_segment(e, &e->ws[0], sg, em);
+                }
+                if (sg->k > 0) spec_stats_locked(e, sg->k, n);
+            }
             r->n_computed = P + n; /* anchor + accepted drafts are committed */
             r->n_drafts = 0;
         } else {
@@ -995,11 +1054,12 @@ replan:
             } else if (sg->logit0 >= 0) {
                 const dsv4_sampling *sp = &r->p.sampling;
                 const float *lg = e->logits + (size_t)sg->logit0 * (size_t)e->run.vocab;
-                int32_t am = dsv4_sampling_probs(sp, sample_row(e, r, lg), e->run.vocab, r->tok, r->n_prompt, NULL, 0,
-                                                 e->probs, e->sscratch);
+                samp_ws *w = &e->ws[0];
+                int32_t am = dsv4_sampling_probs(sp, sample_row(e, w, r, lg), e->run.vocab, r->tok, r->n_prompt, NULL,
+                                                 0, w->probs, w->sscratch);
                 em[0] = sp->temperature == 0
                             ? am
-                            : dsv4_sample_from(e->probs, e->run.vocab,
+                            : dsv4_sample_from(w->probs, e->run.vocab,
                                                dsv4_rng_u01(sp->seed, r->n_prompt, DSV4_RNG_SAMPLE));
                 if (r->lp) dsv4_token_logprob_compute(lg, e->run.vocab, em[0], r->p.top_logprobs, &r->lp[0]);
                 n = 1;
@@ -1024,6 +1084,8 @@ replan:
                  "step %.2f ms", (unsigned long long)e->st.steps, nrows, prows, drows, nseg, fwd_s * 1e3,
                  (mono_s() - t_step) * 1e3);
     }
+    free(pem);
+    free(pn);
     free(buf);
     free(segs);
     return live;
@@ -1113,9 +1175,12 @@ void dsv4_engine_free(dsv4_engine *e) {
     free(e->cache);
     free(e->logits);
     free(e->ids);
-    free(e->probs);
-    free(e->vscratch);
-    free(e->mlogits);
-    free(e->sscratch);
+    for (int i = 0; e->ws && i < e->n_ws; i++) {
+        free(e->ws[i].probs);
+        free(e->ws[i].vscratch);
+        free(e->ws[i].mlogits);
+        free(e->ws[i].sscratch);
+    }
+    free(e->ws);
     free(e);
 }

@@ -54,6 +54,17 @@ size_t dsv4_sampling_scratch_bytes(int vocab);
 int32_t dsv4_sampling_probs(const dsv4_sampling *s, const float *logits, int vocab, const int32_t *prompt,
                             int n_prompt, const int32_t *output, int n_output, float *probs, void *scratch);
 
+/*
+ * dsv4_sampling_nucleus — the top_k / top_p stage of dsv4_sampling_probs on
+ * its own (exposed for tests): zeroes probs [vocab] (f32, >= 0, not
+ * renormalised) outside the kept set: the top_k most likely ids (top_k <= 0
+ * or >= vocab: all), then the shortest prefix of those, in descending
+ * probability with ties to the lower id, whose mass reaches top_p (in
+ * (0, 1]) of theirs (SERVING.md §7.2). Zero-probability ids are never kept.
+ * scratch: dsv4_sampling_scratch_bytes(vocab) bytes.
+ */
+void dsv4_sampling_nucleus(float *probs, int vocab, int top_k, float top_p, void *scratch);
+
 /* Draw from probs [vocab] by inverse CDF with u in [0, 1). Never returns a zero-probability id. */
 int32_t dsv4_sample_from(const float *probs, int vocab, double u);
 

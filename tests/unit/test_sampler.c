@@ -1,4 +1,5 @@
 /* Sampler and speculative verification (spec/SERVING.md §7, spec/DSPARK.md §4). */
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "engine/sampler.h"
@@ -216,8 +217,105 @@ static void stat_test(int deterministic_draft) {
     CHECK(accepted > 0); /* drafts do get accepted */
 }
 
+/* ---- top_k / top_p by partial selection == by a full sort (the way it was done before 2026-12-08) ---- */
+
+static const float *ref_vals;
+static int ref_desc(const void *a, const void *b) {
+    int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
+    float x = ref_vals[i], y = ref_vals[j];
+    if (x > y) return -1;
+    if (x < y) return 1;
+    return (i > j) - (i < j);
+}
+
+/* The plain definition: sort every id (descending, ties to the lower id), keep top_k, then the shortest
+ * prefix whose mass (summed in sorted order) reaches top_p of the kept mass (summed in id order). */
+static void ref_nucleus(float *p, int n, int top_k, float top_p) {
+    int32_t *idx = malloc(sizeof *idx * (size_t)n);
+    char *kept = calloc((size_t)n, 1);
+    for (int v = 0; v < n; v++) idx[v] = v;
+    ref_vals = p;
+    qsort(idx, (size_t)n, sizeof *idx, ref_desc);
+    int keep = n;
+    if (top_k > 0 && top_k < keep) keep = top_k;
+    if (top_p < 1) {
+        for (int r = 0; r < keep; r++) kept[idx[r]] = 1;
+        double tot = 0, acc = 0;
+        for (int v = 0; v < n; v++)
+            if (kept[v]) tot += p[v];
+        int r = 0;
+        while (r < keep) {
+            acc += p[idx[r++]];
+            if (acc >= top_p * tot) break;
+        }
+        keep = r;
+    }
+    memset(kept, 0, (size_t)n);
+    for (int r = 0; r < keep; r++) kept[idx[r]] = 1;
+    for (int v = 0; v < n; v++)
+        if (!kept[v]) p[v] = 0;
+    free(kept);
+    free(idx);
+}
+
+static uint64_t nrng = 88172645463325252ull;
+static double nuni(void) {
+    nrng ^= nrng << 13;
+    nrng ^= nrng >> 7;
+    nrng ^= nrng << 17;
+    return (double)(nrng >> 11) * (1.0 / 9007199254740992.0);
+}
+
+static void test_nucleus_vs_full_sort(void) {
+    const int sizes[] = {6, 7, 300, 5000, 129280};
+    const int ks[] = {0, 1, 2, 50, 4096, -1 /* n - 1 */};
+    const float ps[] = {1.0f, 0.999f, 0.95f, 0.5f, 0.1f, 1e-6f};
+    int cases = 0, same = 0, keeps_checked = 0;
+    for (int si = 0; si < 5; si++) {
+        const int n = sizes[si];
+        float *base = malloc(sizeof *base * (size_t)n), *a = malloc(sizeof *a * (size_t)n),
+              *b = malloc(sizeof *b * (size_t)n);
+        void *scratch = malloc(dsv4_sampling_scratch_bytes(n));
+        for (int shape = 0; shape < 5; shape++) {
+            /* 0: spread softmax; 1: peaked; 2: many exact ties (quantised); 3: zeros (as after min_p);
+             * 4: flat (all equal) */
+            double sum = 0;
+            for (int v = 0; v < n; v++) {
+                double g = sqrt(-2 * log(nuni() + 1e-300)) * cos(6.283185307179586 * nuni());
+                double x = shape == 1 ? 8 * g : shape == 2 ? floor(2 * g) : shape == 4 ? 0 : 2 * g;
+                base[v] = (float)exp(x);
+                if (shape == 3 && nuni() < 0.7) base[v] = 0;
+                sum += base[v];
+            }
+            for (int v = 0; v < n; v++) base[v] = (float)(base[v] / sum);
+            for (int ki = 0; ki < 6; ki++)
+                for (int pi = 0; pi < 6; pi++) {
+                    int k = ks[ki] < 0 ? n - 1 : ks[ki];
+                    memcpy(a, base, sizeof *a * (size_t)n);
+                    memcpy(b, base, sizeof *b * (size_t)n);
+                    dsv4_sampling_nucleus(a, n, k, ps[pi], scratch);
+                    ref_nucleus(b, n, k, ps[pi]);
+                    cases++;
+                    int eq = !memcmp(a, b, sizeof *a * (size_t)n);
+                    same += eq;
+                    if (!eq)
+                        fprintf(stderr, "nucleus differs: n %d shape %d top_k %d top_p %g: kept %d vs %d\n", n,
+                                shape, k, ps[pi], nonzero(a, n), nonzero(b, n));
+                    keeps_checked += nonzero(a, n) > 0;
+                }
+        }
+        free(scratch);
+        free(b);
+        free(a);
+        free(base);
+    }
+    CHECK_EQ_INT(same, cases);
+    CHECK_EQ_INT(keeps_checked, cases); /* every case kept at least one id */
+}
+
 int main(void) {
     test_transforms();
+    test_nucleus_vs_full_sort();
     test_rng();
     test_greedy_verify();
     /* Markov chains: T random-ish, Q deliberately different (TV(T[2], Q[2]) large). */
