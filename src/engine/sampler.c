@@ -99,56 +99,107 @@ static void select_first(int32_t *idx, int n, int m, const float *p) {
     }
 }
 
+/* The nonzero ids whose probability lies in binade lo or above (float exponent field >= lo), into idx. */
+static int collect_from(const float *probs, int vocab, uint32_t lo, int32_t *idx) {
+    int n = 0;
+    const uint32_t min_bits = lo << 23;
+    for (int v = 0; v < vocab; v++) {
+        uint32_t b;
+        memcpy(&b, &probs[v], sizeof b);
+        if (probs[v] > 0 && b >= min_bits) idx[n++] = v;
+    }
+    return n;
+}
+
 /*
  * top_k, then top_p over the tokens in descending probability (ties: lower id
  * first), as vLLM. Only tokens of nonzero probability are candidates (a zero
- * adds nothing to any prefix and stays zero). The head is found by partial
- * selection and sorted in growing pieces (64 ids, then x4) until the nucleus
- * is complete, not by sorting the vocabulary: the same kept set, ~1-2 ms
- * instead of ~20 a row on 129K tokens. tot, the mass top_p is a share of, is
- * summed in id order (before 2026-12-08 in sorted order: the two differ in
- * the last bits of a double, so a kept set could only differ where a
- * prefix's mass lies within ~1e-15 of the threshold).
+ * adds nothing to any prefix and stays zero). Not by sorting the vocabulary
+ * (~20 ms a row at 129K ids): one pass counts the ids and sums the mass per
+ * binade (float exponent), which bounds from below the probability of any id
+ * the result can keep (the top_k-th id's binade; for top_p the highest binade
+ * whose mass from the top reaches top_p of the total, with a 1e-6 margin for
+ * the order of the sums); only the ids at or above it are candidates. Among
+ * them top_k is Hoare's FIND and top_p walks a prefix sorted in growing
+ * pieces (64 ids, then x4); should the walk run out of candidates (it cannot
+ * but for rounding) it starts again over every nonzero id. The kept set is
+ * the full sort's; tot, the mass top_p is a share of, is summed in id order
+ * (before 2026-12-08 in sorted order: the two differ in the last bits of a
+ * double, so a kept set could only differ where a prefix's mass lies within
+ * ~1e-15 of the threshold).
  */
 void dsv4_sampling_nucleus(float *probs, int vocab, int top_k, float top_p, void *scratch) {
     float *mark = scratch;                                /* [vocab] */
     int32_t *idx = (int32_t *)(mark + 2 * (size_t)vocab); /* [vocab], where dsv4_sampling_probs keeps it */
-    int n = 0;
-    for (int v = 0; v < vocab; v++)
-        if (probs[v] > 0) idx[n++] = v;
-    int keep = n;
-    if (top_k > 0 && top_k < n) {
-        select_first(idx, n, top_k, probs);
+    int cnt[256] = {0}, n = 0;
+    double bmass[256] = {0}, all = 0;
+    for (int v = 0; v < vocab; v++) {
+        const float p = probs[v];
+        if (!(p > 0)) continue;
+        uint32_t b;
+        memcpy(&b, &p, sizeof b);
+        cnt[b >> 23]++;
+        bmass[b >> 23] += p;
+        all += p;
+        n++;
+    }
+    const int hk = top_k > 0 && top_k < n;
+    int lo = 0;
+    if (hk) {
+        for (int b = 255, c = 0; b >= 0; b--)
+            if ((c += cnt[b]) >= top_k) {
+                lo = b;
+                break;
+            }
+    } else if (top_p < 1) {
+        const double target = (double)top_p * all * (1 + 1e-6);
+        double acc = 0;
+        for (int b = 255; b >= 0; b--)
+            if ((acc += bmass[b]) >= target) {
+                lo = b;
+                break;
+            }
+    }
+    int nc = collect_from(probs, vocab, (uint32_t)lo, idx);
+    int keep = nc;
+    if (hk) {
+        select_first(idx, nc, top_k, probs);
         keep = top_k;
     }
     if (top_p < 1 && keep > 0) {
-        double tot = 0, acc = 0;
-        if (keep == n) {
-            for (int v = 0; v < vocab; v++) tot += probs[v];
-        } else {
+        double tot = all;
+        if (hk) {
+            tot = 0;
             memset(mark, 0, (size_t)vocab * sizeof *mark);
             for (int r = 0; r < keep; r++) mark[idx[r]] = 1;
             for (int v = 0; v < vocab; v++)
                 if (mark[v] != 0) tot += probs[v];
         }
         /* smallest prefix whose mass reaches top_p of the (renormalised) kept mass */
-        int r = 0, sorted = 0;
-        for (int reached = 0; !reached && r < keep;) {
-            int next = sorted == 0 ? 64 : sorted * 4;
-            if (next > keep) next = keep;
-            if (next < keep) select_first(idx + sorted, keep - sorted, next - sorted, probs);
-            qsort_r(idx + sorted, (size_t)(next - sorted), sizeof *idx, by_value_desc, probs);
-            sorted = next;
-            while (r < sorted) {
-                acc += probs[idx[r]];
-                r++;
-                if (acc >= top_p * tot) {
-                    reached = 1;
-                    break;
+        for (int pass = 0; pass < 2; pass++) {
+            int r = 0, sorted = 0, reached = 0;
+            double acc = 0;
+            while (!reached && r < keep) {
+                int next = sorted == 0 ? 64 : sorted * 4;
+                if (next > keep) next = keep;
+                if (next < keep) select_first(idx + sorted, keep - sorted, next - sorted, probs);
+                qsort_r(idx + sorted, (size_t)(next - sorted), sizeof *idx, by_value_desc, probs);
+                sorted = next;
+                while (r < sorted) {
+                    acc += probs[idx[r]];
+                    r++;
+                    if (acc >= top_p * tot) {
+                        reached = 1;
+                        break;
+                    }
                 }
             }
+            if (reached || hk || nc == n) {
+                keep = r;
+                break;
+            }
+            keep = nc = collect_from(probs, vocab, 0, idx); /* ran out of candidates: all nonzero ids */
         }
-        keep = r;
     }
     memset(mark, 0, (size_t)vocab * sizeof *mark);
     for (int r = 0; r < keep; r++) mark[idx[r]] = 1;
