@@ -147,11 +147,16 @@ int dsv4_engine_create(const dsv4_engine_opts *opts, const dsv4_runner *runner, 
     e->free_slots = malloc(sizeof(int) * (size_t)runner->n_slots);
     e->cache = calloc((size_t)runner->n_slots, sizeof *e->cache);
     e->caching = opts->enable_prefix_caching && runner->reusable && runner->resume;
-    /* one sampling scratch per OpenMP thread (OMP_NUM_THREADS; 1 without OpenMP): decode_segments */
+    /* one sampling scratch (~(k+2)·vocab·4 + vocab·16 bytes, 5.7 MB at k = 5) per sampling thread: the
+     * OpenMP threads (OMP_NUM_THREADS; 1 without OpenMP), at most max_num_seqs (one decode segment per
+     * request) and at most 32 (a step's rows split 32 ways already take well under a GPU step) */
     e->n_ws = 1;
 #ifdef _OPENMP
-    e->n_ws = omp_get_max_threads() < 1 ? 1 : omp_get_max_threads();
+    e->n_ws = omp_get_max_threads();
 #endif
+    if (e->n_ws > opts->max_num_seqs) e->n_ws = opts->max_num_seqs;
+    if (e->n_ws > 32) e->n_ws = 32;
+    if (e->n_ws < 1) e->n_ws = 1;
     e->ws = calloc((size_t)e->n_ws, sizeof *e->ws);
     int ws_ok = e->ws != NULL;
     for (int i = 0; ws_ok && i < e->n_ws; i++) {
@@ -1008,7 +1013,7 @@ replan:
         pn = malloc(sizeof *pn * (size_t)nseg);
     }
     if (pem && pn) {
-#pragma omp parallel for schedule(dynamic, 1) num_threads(e->n_ws)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(npar < e->n_ws ? npar : e->n_ws)
         for (int s = 0; s < nseg; s++) {
             int tid = 0;
 #ifdef _OPENMP

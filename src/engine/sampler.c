@@ -121,7 +121,7 @@ static int collect_from(const float *probs, int vocab, uint32_t lo, int32_t *idx
  * whose mass from the top reaches top_p of the total, with a 1e-6 margin for
  * the order of the sums); only the ids at or above it are candidates. Among
  * them top_k is Hoare's FIND and top_p walks a prefix sorted in growing
- * pieces (64 ids, then x4); should the walk run out of candidates (it cannot
+ * pieces (64 ids, then x4, the rest at once past a quarter); should the walk run out of candidates (it cannot
  * but for rounding) it starts again over every nonzero id. The kept set is
  * the full sort's; tot, the mass top_p is a share of, is summed in id order
  * (before 2026-12-08 in sorted order: the two differ in the last bits of a
@@ -181,7 +181,7 @@ void dsv4_sampling_nucleus(float *probs, int vocab, int top_k, float top_p, void
             double acc = 0;
             while (!reached && r < keep) {
                 int next = sorted == 0 ? 64 : sorted * 4;
-                if (next > keep) next = keep;
+                if (next > keep / 4) next = keep; /* most of them: one sort beats more selection passes */
                 if (next < keep) select_first(idx + sorted, keep - sorted, next - sorted, probs);
                 qsort_r(idx + sorted, (size_t)(next - sorted), sizeof *idx, by_value_desc, probs);
                 sorted = next;

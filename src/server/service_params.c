@@ -96,10 +96,13 @@ int dsv4_req_params_parse(dsv4_service *s, const cJSON *req, int chat, dsv4_req_
     if (num_field(req, "temperature", 0, 2, &d, out)) return 1;
     sp->temperature = (float)d;
     d = sp->top_p;
-    if (num_field(req, "top_p", 0, 1, &d, out)) return 1;
-    if (d <= 0) {
-        dsv4_reply_error(out, 400, "top_p", "`top_p` must be in (0, 1]");
-        return 1;
+    const cJSON *tp = cJSON_GetObjectItemCaseSensitive(req, "top_p");
+    if (tp && !cJSON_IsNull(tp)) { /* (0, 1]: one message for every value outside it */
+        if (!cJSON_IsNumber(tp) || !(tp->valuedouble > 0 && tp->valuedouble <= 1)) {
+            dsv4_reply_error(out, 400, "top_p", "`top_p` must be a number in (0, 1]");
+            return 1;
+        }
+        d = tp->valuedouble;
     }
     sp->top_p = (float)d;
     ll = 0;

@@ -110,7 +110,8 @@ def test_completions_and_echo(default_server):
 def test_bad_requests(default_server):
     b = default_server.base
     cases = [({"temperature": 5}, "temperature"), ({"n": 9}, "n"), ({"stop": [""]}, "stop"),
-             ({"max_tokens": 0}, "max_tokens"), ({"min_tokens": 20, "max_tokens": 5}, "min_tokens"), ({"top_p": 0}, "top_p"), ({"top_logprobs": 3}, "top_logprobs"),
+             ({"max_tokens": 0}, "max_tokens"), ({"min_tokens": 20, "max_tokens": 5}, "min_tokens"), ({"top_p": 0}, "top_p"), ({"top_p": 1.5}, "(0, 1]"), ({"top_p": "0.5"}, "(0, 1]"),
+             ({"top_logprobs": 3}, "top_logprobs"),
              ({"reasoning_effort": "ludicrous"}, "reasoning_effort"),
              ({"messages": []}, "messages"), ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0]")]
     for extra, field in cases:
