@@ -11,16 +11,23 @@ int dsv4_service_is_token_id(const cJSON *it, int vocab) {
            it->valuedouble == floor(it->valuedouble);
 }
 
-/* A numeric field: absent -> keep *v; wrong type or out of [lo, hi] -> 400. */
-static int num_field(const cJSON *req, const char *name, double lo, double hi, double *v, dsv4_reply *out) {
+/* A numeric field: absent -> keep *v; wrong type or out of [lo, hi] ((lo, hi] when lo_open) -> 400 naming
+ * the interval the field accepts. */
+static int num_field_in(const cJSON *req, const char *name, double lo, int lo_open, double hi, double *v,
+                        dsv4_reply *out) {
     const cJSON *j = cJSON_GetObjectItemCaseSensitive(req, name);
     if (!j || cJSON_IsNull(j)) return 0;
-    if (!cJSON_IsNumber(j) || !isfinite(j->valuedouble) || j->valuedouble < lo || j->valuedouble > hi) {
-        dsv4_reply_error(out, 400, name, "`%s` must be a number in [%g, %g]", name, lo, hi);
+    if (!cJSON_IsNumber(j) || !isfinite(j->valuedouble) || j->valuedouble < lo || (lo_open && j->valuedouble == lo) ||
+        j->valuedouble > hi) {
+        dsv4_reply_error(out, 400, name, "`%s` must be a number in %c%g, %g]", name, lo_open ? '(' : '[', lo, hi);
         return 1;
     }
     *v = j->valuedouble;
     return 0;
+}
+
+static int num_field(const cJSON *req, const char *name, double lo, double hi, double *v, dsv4_reply *out) {
+    return num_field_in(req, name, lo, 0, hi, v, out);
 }
 
 static int int_field(const cJSON *req, const char *name, double lo, double hi, long long *v, dsv4_reply *out) {
@@ -96,14 +103,7 @@ int dsv4_req_params_parse(dsv4_service *s, const cJSON *req, int chat, dsv4_req_
     if (num_field(req, "temperature", 0, 2, &d, out)) return 1;
     sp->temperature = (float)d;
     d = sp->top_p;
-    const cJSON *tp = cJSON_GetObjectItemCaseSensitive(req, "top_p");
-    if (tp && !cJSON_IsNull(tp)) { /* (0, 1]: one message for every value outside it */
-        if (!cJSON_IsNumber(tp) || !(tp->valuedouble > 0 && tp->valuedouble <= 1)) {
-            dsv4_reply_error(out, 400, "top_p", "`top_p` must be a number in (0, 1]");
-            return 1;
-        }
-        d = tp->valuedouble;
-    }
+    if (num_field_in(req, "top_p", 0, 1, 1, &d, out)) return 1;
     sp->top_p = (float)d;
     ll = 0;
     if (int_field(req, "top_k", -1, 1e9, &ll, out)) return 1;
@@ -118,11 +118,7 @@ int dsv4_req_params_parse(dsv4_service *s, const cJSON *req, int chat, dsv4_req_
     if (num_field(req, "frequency_penalty", -2, 2, &d, out)) return 1;
     sp->frequency_penalty = (float)d;
     d = 1;
-    if (num_field(req, "repetition_penalty", 0, 2, &d, out)) return 1;
-    if (d <= 0) {
-        dsv4_reply_error(out, 400, "repetition_penalty", "`repetition_penalty` must be in (0, 2]");
-        return 1;
-    }
+    if (num_field_in(req, "repetition_penalty", 0, 1, 2, &d, out)) return 1;
     sp->repetition_penalty = (float)d;
     const cJSON *seed = cJSON_GetObjectItemCaseSensitive(req, "seed");
     if (seed && !cJSON_IsNull(seed)) {

@@ -111,6 +111,7 @@ def test_bad_requests(default_server):
     b = default_server.base
     cases = [({"temperature": 5}, "temperature"), ({"n": 9}, "n"), ({"stop": [""]}, "stop"),
              ({"max_tokens": 0}, "max_tokens"), ({"min_tokens": 20, "max_tokens": 5}, "min_tokens"), ({"top_p": 0}, "top_p"), ({"top_p": 1.5}, "(0, 1]"), ({"top_p": "0.5"}, "(0, 1]"),
+             ({"repetition_penalty": 0}, "(0, 2]"), ({"repetition_penalty": 2.5}, "(0, 2]"),
              ({"top_logprobs": 3}, "top_logprobs"),
              ({"reasoning_effort": "ludicrous"}, "reasoning_effort"),
              ({"messages": []}, "messages"), ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0]")]
