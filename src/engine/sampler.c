@@ -49,18 +49,16 @@ static int32_t argmax(const float *x, int n) {
     return best;
 }
 
-/* qsort_r over indices by descending value, ties by ascending id (deterministic). */
-static int by_value_desc(const void *a, const void *b, void *vals) {
-    int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
-    float x = ((const float *)vals)[i], y = ((const float *)vals)[j];
-    if (x > y) return -1;
-    if (x < y) return 1;
-    return (i > j) - (i < j);
-}
-
-/* 1 when id i comes before id j in by_value_desc's order. */
+/* 1 when id i comes before id j: higher value first, ties by ascending id (deterministic). A total
+ * order on the ids it is used for (positive finite probabilities). */
 static int before(const float *p, int32_t i, int32_t j) {
     return p[i] > p[j] || (p[i] == p[j] && i < j);
+}
+
+/* qsort_r over indices in before()'s order. */
+static int by_value_desc(const void *a, const void *b, void *vals) {
+    const int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
+    return before(vals, i, j) ? -1 : before(vals, j, i);
 }
 
 /*
@@ -121,8 +119,9 @@ static int collect_from(const float *probs, int vocab, uint32_t lo, int32_t *idx
  * whose mass from the top reaches top_p of the total, with a 1e-6 margin for
  * the order of the sums); only the ids at or above it are candidates. Among
  * them top_k is Hoare's FIND and top_p walks a prefix sorted in growing
- * pieces (64 ids, then x4, the rest at once past a quarter); should the walk run out of candidates (it cannot
- * but for rounding) it starts again over every nonzero id. The kept set is
+ * pieces (64 ids, then x4, the rest at once past a quarter); should the
+ * walk run out of candidates (it cannot but for rounding) it starts again
+ * over every nonzero id. The kept set is
  * the full sort's; tot, the mass top_p is a share of, is summed in id order
  * (before 2026-12-08 in sorted order: the two differ in the last bits of a
  * double, so a kept set could only differ where a prefix's mass lies within
@@ -258,7 +257,8 @@ int32_t dsv4_sampling_probs(const dsv4_sampling *s, const float *logits, int voc
         for (int v = 0; v < vocab; v++)
             if (probs[v] < thr) probs[v] = 0;
     }
-    if ((s->top_k > 0 && s->top_k < vocab) || s->top_p < 1) dsv4_sampling_nucleus(probs, vocab, s->top_k, s->top_p, scratch);
+    if ((s->top_k > 0 && s->top_k < vocab) || s->top_p < 1)
+        dsv4_sampling_nucleus(probs, vocab, s->top_k, s->top_p, scratch);
     sum = 0;
     for (int v = 0; v < vocab; v++) sum += probs[v];
     for (int v = 0; v < vocab; v++) probs[v] = (float)(probs[v] / sum);
